@@ -1,0 +1,175 @@
+"""A small blob store over ``file://`` directories and ``s3://`` buckets.
+
+The engine keeps deltas and global versions here; the Django side reuses this module for its
+``OBJECT_STORE_URL``. Keys are ``/``-separated relative names (``runs/7/versions/f0/v00000003``).
+
+    store = open_store("file:///var/lib/switchyard/objects")
+    store = open_store("s3://bucket/prefix", endpoint_url="http://127.0.0.1:9000")
+    store.put("a/b", b"...");  store.get("a/b");  store.exists("a/b")
+    store.list("a/")                  # sorted keys under a prefix
+    store.put_if_absent("a/c", b"x")  # True if this call wrote it, False if it existed
+
+``put_if_absent`` is what makes publishing a global version idempotent. On ``file://`` it is
+atomic (``os.link`` of a finished temp file refuses to overwrite). On S3 it uses a conditional
+write (``If-None-Match: *``), which AWS S3, MinIO and moto honour.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import unquote, urlparse
+
+
+class ObjectStore(Protocol):
+    """What every store offers. Keys never start with ``/``."""
+
+    url: str
+
+    def put(self, key: str, data: bytes) -> None: ...
+
+    def get(self, key: str) -> bytes: ...
+
+    def exists(self, key: str) -> bool: ...
+
+    def list(self, prefix: str = "") -> list[str]: ...
+
+    def put_if_absent(self, key: str, data: bytes) -> bool: ...
+
+
+class ObjectNotFoundError(KeyError):
+    """Raised by ``get`` for a missing key."""
+
+
+def _check_key(key: str) -> str:
+    if not key or key.startswith("/") or ".." in key.split("/"):
+        raise ValueError(f"bad object key: {key!r}")
+    return key
+
+
+class FileStore:
+    """Objects as files under a root directory; writes are atomic (temp file + rename)."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.url = f"file://{self.root}"
+
+    def _path(self, key: str) -> Path:
+        return self.root / _check_key(key)
+
+    def _temp(self, path: Path, data: bytes) -> str:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        return tmp
+
+    def put(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        os.replace(self._temp(path, data), path)
+
+    def get(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError:
+            raise ObjectNotFoundError(key) from None
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def list(self, prefix: str = "") -> list[str]:
+        keys = []
+        for p in self.root.rglob("*"):
+            if p.is_file() and not p.name.startswith(".tmp-"):
+                key = p.relative_to(self.root).as_posix()
+                if key.startswith(prefix):
+                    keys.append(key)
+        return sorted(keys)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        path = self._path(key)
+        tmp = self._temp(path, data)
+        try:
+            os.link(tmp, path)  # fails if path exists: the first writer wins, atomically
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
+
+
+class S3Store:
+    """Objects in an S3 (or S3-compatible) bucket under an optional prefix, via boto3."""
+
+    def __init__(
+        self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None, client: Any = None
+    ) -> None:
+        if client is None:
+            import boto3  # imported lazily: only S3 users need it
+
+            client = boto3.client("s3", endpoint_url=endpoint_url)
+        self.client = client
+        self.bucket = bucket
+        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        self.url = f"s3://{bucket}/{self.prefix}"
+
+    def _key(self, key: str) -> str:
+        return self.prefix + _check_key(key)
+
+    def put(self, key: str, data: bytes) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+
+    def get(self, key: str) -> bytes:
+        try:
+            resp = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
+        except self.client.exceptions.NoSuchKey:
+            raise ObjectNotFoundError(key) from None
+        return bytes(resp["Body"].read())
+
+    def exists(self, key: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+            return True
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise
+
+    def list(self, prefix: str = "") -> list[str]:
+        keys: list[str] = []
+        paginator = self.client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix + prefix):
+            for obj in page.get("Contents", []):
+                keys.append(obj["Key"][len(self.prefix) :])
+        return sorted(keys)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.put_object(
+                Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*"
+            )
+            return True
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code")
+            if code in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
+                return False
+            raise
+
+
+def open_store(url: str, *, endpoint_url: str | None = None) -> ObjectStore:
+    """A store for ``file:///abs/dir``, ``file://rel/dir`` or ``s3://bucket[/prefix]``."""
+    parsed = urlparse(url)
+    if parsed.scheme == "file":
+        return FileStore(unquote(parsed.netloc + parsed.path))
+    if parsed.scheme == "s3":
+        if not parsed.netloc:
+            raise ValueError(f"s3 url needs a bucket: {url!r}")
+        return S3Store(parsed.netloc, parsed.path, endpoint_url=endpoint_url)
+    raise ValueError(f"unsupported object store url: {url!r}")

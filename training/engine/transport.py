@@ -1,0 +1,118 @@
+"""How deltas reach the syncer and global versions reach learners.
+
+``Transport`` is the interface; :class:`InMemoryTransport` serves tests and the benchmark,
+:class:`ObjectStoreTransport` keeps everything in an object store (``file://`` or ``s3://``,
+see :mod:`training.engine.objectstore`) for the orchestration layer. Keys:
+
+    <prefix>/deltas/f<fragment>/<delta id>.syd
+    <prefix>/versions/f<fragment>/v<version>.syd
+
+A global version is written with ``put_if_absent``: the first publisher of version v wins
+and a second attempt (a resumed or duplicated syncer) is told so instead of overwriting.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Protocol
+
+from training.engine.messages import (
+    FragmentDelta,
+    GlobalVersion,
+    delta_from_bytes,
+    delta_to_bytes,
+    version_from_bytes,
+    version_to_bytes,
+)
+from training.engine.objectstore import ObjectStore
+
+
+class Transport(Protocol):
+    def put_delta(self, delta: FragmentDelta) -> None: ...
+
+    def delta_ids(self, fragment: int) -> list[str]: ...
+
+    def get_delta(self, fragment: int, delta_id: str) -> FragmentDelta: ...
+
+    def publish(self, version: GlobalVersion) -> bool:
+        """Write a version once; False if that (fragment, version) already exists."""
+        ...
+
+    def versions(self, fragment: int) -> list[int]: ...
+
+    def get_version(self, fragment: int, version: int) -> GlobalVersion: ...
+
+
+def latest_version(transport: Transport, fragment: int) -> GlobalVersion | None:
+    found = transport.versions(fragment)
+    return transport.get_version(fragment, max(found)) if found else None
+
+
+class InMemoryTransport:
+    """Dicts in one process; objects are copied in and out so nobody aliases anybody."""
+
+    def __init__(self) -> None:
+        self._deltas: dict[int, dict[str, FragmentDelta]] = {}
+        self._versions: dict[int, dict[int, GlobalVersion]] = {}
+        self.bytes_up = 0
+        self.bytes_down = 0
+
+    def put_delta(self, delta: FragmentDelta) -> None:
+        self._deltas.setdefault(delta.fragment, {})[delta.id] = delta
+        self.bytes_up += delta.nbytes
+
+    def delta_ids(self, fragment: int) -> list[str]:
+        return sorted(self._deltas.get(fragment, {}))
+
+    def get_delta(self, fragment: int, delta_id: str) -> FragmentDelta:
+        return self._deltas[fragment][delta_id]
+
+    def publish(self, version: GlobalVersion) -> bool:
+        slot = self._versions.setdefault(version.fragment, {})
+        if version.version in slot:
+            return False
+        slot[version.version] = copy.deepcopy(version)
+        return True
+
+    def versions(self, fragment: int) -> list[int]:
+        return sorted(self._versions.get(fragment, {}))
+
+    def get_version(self, fragment: int, version: int) -> GlobalVersion:
+        v = self._versions[fragment][version]
+        self.bytes_down += v.nbytes
+        return copy.deepcopy(v)
+
+
+class ObjectStoreTransport:
+    """Deltas and versions as blobs under ``prefix`` in an object store."""
+
+    def __init__(self, store: ObjectStore, prefix: str = "") -> None:
+        self.store = store
+        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+
+    def _delta_key(self, fragment: int, delta_id: str) -> str:
+        return f"{self.prefix}deltas/f{fragment:03d}/{delta_id}.syd"
+
+    def _version_key(self, fragment: int, version: int) -> str:
+        return f"{self.prefix}versions/f{fragment:03d}/v{version:08d}.syd"
+
+    def put_delta(self, delta: FragmentDelta) -> None:
+        self.store.put(self._delta_key(delta.fragment, delta.id), delta_to_bytes(delta))
+
+    def delta_ids(self, fragment: int) -> list[str]:
+        head = f"{self.prefix}deltas/f{fragment:03d}/"
+        return [k[len(head) : -len(".syd")] for k in self.store.list(head) if k.endswith(".syd")]
+
+    def get_delta(self, fragment: int, delta_id: str) -> FragmentDelta:
+        return delta_from_bytes(self.store.get(self._delta_key(fragment, delta_id)))
+
+    def publish(self, version: GlobalVersion) -> bool:
+        key = self._version_key(version.fragment, version.version)
+        return self.store.put_if_absent(key, version_to_bytes(version))
+
+    def versions(self, fragment: int) -> list[int]:
+        head = f"{self.prefix}versions/f{fragment:03d}/v"
+        return sorted(int(k[len(head) : -len(".syd")]) for k in self.store.list(head))
+
+    def get_version(self, fragment: int, version: int) -> GlobalVersion:
+        return version_from_bytes(self.store.get(self._version_key(fragment, version)))
