@@ -1,0 +1,125 @@
+"""Price books and the append-only usage ledger."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any, NoReturn
+
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.utils import timezone
+
+from stack.models import Cluster, Deployment, ImmutableRowError, Provider, RegisteredModel, Workflow
+
+
+class Unit(models.TextChoices):
+    ACCELERATOR_HOUR = "accelerator_hour", "accelerator-hour"
+    INPUT_TOKENS_1M = "input_tokens_1m", "1M input tokens"
+    OUTPUT_TOKENS_1M = "output_tokens_1m", "1M output tokens"
+    REQUEST = "request", "request"
+
+
+class PriceBook(models.Model):
+    """One version of one price: for a cluster, a deployment or a whole provider.
+
+    Prices are never edited in place once used: a new version with a later
+    effective_from supersedes the old one, and every usage record keeps a
+    reference to the version that priced it.
+    """
+
+    provider = models.ForeignKey(
+        Provider, null=True, blank=True, on_delete=models.PROTECT, related_name="prices"
+    )
+    cluster = models.ForeignKey(
+        Cluster, null=True, blank=True, on_delete=models.PROTECT, related_name="prices"
+    )
+    deployment = models.ForeignKey(
+        Deployment, null=True, blank=True, on_delete=models.PROTECT, related_name="prices"
+    )
+    unit = models.CharField(max_length=32, choices=Unit.choices)
+    unit_price = models.DecimalField(
+        max_digits=24, decimal_places=9, validators=[MinValueValidator(Decimal("0"))]
+    )
+    currency = models.CharField(max_length=3, default="USD")
+    effective_from = models.DateTimeField(default=timezone.now)
+    version = models.PositiveIntegerField(default=1)
+    note = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["-effective_from"]
+        constraints = [
+            models.CheckConstraint(
+                name="price_has_one_target",
+                condition=(
+                    models.Q(cluster__isnull=False, deployment__isnull=True)
+                    | models.Q(cluster__isnull=True, deployment__isnull=False)
+                    | models.Q(cluster__isnull=True, deployment__isnull=True, provider__isnull=False)
+                ),
+            ),
+        ]
+        indexes = [
+            # billing.selectors.price_in_force: newest version of (target, unit) at a time.
+            models.Index(fields=["cluster", "unit", "-effective_from"], name="price_cluster_idx"),
+            models.Index(fields=["deployment", "unit", "-effective_from"], name="price_deploy_idx"),
+        ]
+
+    def __str__(self) -> str:
+        target = self.cluster or self.deployment or self.provider
+        return f"{target} {self.unit} v{self.version}: {self.unit_price} {self.currency}"
+
+
+class AppendOnlyQuerySet(models.QuerySet["UsageRecord"]):
+    def update(self, **kwargs: Any) -> NoReturn:
+        raise ImmutableRowError("the usage ledger is append-only; write a reversal instead")
+
+    def delete(self) -> NoReturn:  # type: ignore[override]
+        raise ImmutableRowError("the usage ledger is append-only; write a reversal instead")
+
+
+class UsageRecord(models.Model):
+    """One priced unit of work. Written only by billing.services.usage_record."""
+
+    occurred_at = models.DateTimeField()
+    recorded_at = models.DateTimeField(default=timezone.now, editable=False)
+    subject_type = models.CharField(max_length=32, help_text="probe_job, training_run, …")
+    subject_id = models.CharField(max_length=64)
+    description = models.CharField(max_length=200, blank=True)
+    provider = models.ForeignKey(Provider, null=True, on_delete=models.PROTECT, related_name="+")
+    cluster = models.ForeignKey(Cluster, null=True, on_delete=models.PROTECT, related_name="+")
+    deployment = models.ForeignKey(Deployment, null=True, on_delete=models.PROTECT, related_name="+")
+    model = models.ForeignKey(RegisteredModel, null=True, on_delete=models.PROTECT, related_name="+")
+    workflow = models.ForeignKey(Workflow, null=True, on_delete=models.PROTECT, related_name="+")
+    team = models.CharField(max_length=64, blank=True)
+    quantity = models.DecimalField(max_digits=24, decimal_places=9)
+    unit = models.CharField(max_length=32, choices=Unit.choices)
+    unit_price = models.DecimalField(max_digits=24, decimal_places=9)
+    amount = models.DecimalField(max_digits=24, decimal_places=9)
+    currency = models.CharField(max_length=3)
+    price_book = models.ForeignKey(PriceBook, on_delete=models.PROTECT, related_name="usage")
+    reverses = models.OneToOneField(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="reversed_by"
+    )
+    # Lets a retried task bill the same work exactly once.
+    idempotency_key = models.CharField(max_length=128, unique=True)
+
+    objects = AppendOnlyQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-occurred_at", "-id"]
+        indexes = [
+            # Spend per provider per day (the overview chart) scans by time.
+            models.Index(fields=["occurred_at", "provider"], name="usage_time_provider_idx"),
+            models.Index(fields=["subject_type", "subject_id"], name="usage_subject_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.subject_type}:{self.subject_id} {self.quantity} {self.unit} = {self.amount} {self.currency}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self._state.adding:
+            raise ImmutableRowError("the usage ledger is append-only; write a reversal instead")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise ImmutableRowError("the usage ledger is append-only; write a reversal instead")

@@ -1,0 +1,256 @@
+"""Serializers for the registry API. Objects are addressed by slug."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from rest_framework import serializers
+
+from stack.models import (
+    Cluster,
+    Deployment,
+    FailoverEvent,
+    Provider,
+    RegisteredModel,
+    RoutingPolicyVersion,
+    Workflow,
+)
+from stack.selectors import workflow_current_policy
+from stack.services import provider_set_credentials
+
+
+class ProviderSerializer(serializers.ModelSerializer[Provider]):
+    credentials = serializers.CharField(
+        write_only=True,
+        required=False,
+        allow_blank=True,
+        trim_whitespace=False,
+        style={"input_type": "password"},
+        help_text="write-only; an empty string clears them; never returned",
+    )
+    has_credentials = serializers.BooleanField(read_only=True)
+
+    class Meta:
+        model = Provider
+        fields = [
+            "id",
+            "slug",
+            "display_name",
+            "kind",
+            "region",
+            "base_url",
+            "credentials",
+            "has_credentials",
+            "enabled",
+            "created_at",
+        ]
+        read_only_fields = ["id", "created_at"]
+
+    def create(self, validated_data: dict[str, Any]) -> Provider:
+        credentials = validated_data.pop("credentials", None)
+        provider = super().create(validated_data)
+        return provider_set_credentials(provider=provider, credentials=credentials)
+
+    def update(self, instance: Provider, validated_data: dict[str, Any]) -> Provider:
+        credentials = validated_data.pop("credentials", None)
+        provider = super().update(instance, validated_data)
+        return provider_set_credentials(provider=provider, credentials=credentials)
+
+
+class ClusterSerializer(serializers.ModelSerializer[Cluster]):
+    provider = serializers.SlugRelatedField(slug_field="slug", queryset=Provider.objects.all())
+    queue = serializers.CharField(read_only=True)
+
+    class Meta:
+        model = Cluster
+        fields = [
+            "id",
+            "slug",
+            "provider",
+            "region",
+            "accelerator_type",
+            "accelerator_count",
+            "memory_per_node_gb",
+            "capacity_type",
+            "capacity",
+            "queue",
+            "status",
+            "status_changed_at",
+            "last_heartbeat_at",
+            "created_at",
+        ]
+        read_only_fields = ["id", "status", "status_changed_at", "last_heartbeat_at", "created_at"]
+
+
+class RegisteredModelSerializer(serializers.ModelSerializer[RegisteredModel]):
+    class Meta:
+        model = RegisteredModel
+        fields = [
+            "id",
+            "slug",
+            "family",
+            "parameter_count",
+            "artifact_uri",
+            "produced_by_run_id",
+            "tokenizer",
+            "context_length",
+            "created_at",
+        ]
+        read_only_fields = ["id", "created_at"]
+
+    def validate_artifact_uri(self, value: str) -> str:
+        if value and not value.startswith(("file://", "s3://")):
+            raise serializers.ValidationError("must start with file:// or s3://")
+        return value
+
+
+class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
+    model = serializers.SlugRelatedField(slug_field="slug", queryset=RegisteredModel.objects.all())
+    provider = serializers.SlugRelatedField(slug_field="slug", queryset=Provider.objects.all())
+
+    class Meta:
+        model = Deployment
+        fields = [
+            "id",
+            "slug",
+            "model",
+            "provider",
+            "provider_model_id",
+            "base_url",
+            "enabled",
+            "created_at",
+        ]
+        read_only_fields = ["id", "created_at"]
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        model_id = attrs.get("provider_model_id", getattr(self.instance, "provider_model_id", ""))
+        base_url = attrs.get("base_url", getattr(self.instance, "base_url", ""))
+        if not model_id and not base_url:
+            raise serializers.ValidationError(
+                {"provider_model_id": ["give the provider's model id or a local endpoint base_url"]}
+            )
+        return attrs
+
+
+class PolicyVersionSerializer(serializers.ModelSerializer[RoutingPolicyVersion]):
+    deployments = serializers.SerializerMethodField()
+    author = serializers.CharField(source="author.get_username", read_only=True)
+
+    class Meta:
+        model = RoutingPolicyVersion
+        fields = [
+            "version",
+            "strategy",
+            "quality_floor",
+            "max_cost_per_request",
+            "deployments",
+            "author",
+            "reason",
+            "created_at",
+        ]
+
+    def get_deployments(self, obj: RoutingPolicyVersion) -> list[str]:
+        return [d.slug for d in obj.ordered_deployments()]
+
+
+class RouteInputSerializer(serializers.Serializer[Any]):
+    """A route as given by a user: ordered deployment slugs plus policy knobs."""
+
+    deployments = serializers.ListField(
+        child=serializers.SlugRelatedField(slug_field="slug", queryset=Deployment.objects.all()),
+        allow_empty=False,
+    )
+    strategy = serializers.ChoiceField(
+        choices=RoutingPolicyVersion.Strategy.choices, default=RoutingPolicyVersion.Strategy.PRIORITY
+    )
+    quality_floor = serializers.DecimalField(
+        max_digits=6,
+        decimal_places=4,
+        required=False,
+        allow_null=True,
+        min_value=Decimal("0"),
+        max_value=Decimal("1"),
+    )
+    max_cost_per_request = serializers.DecimalField(
+        max_digits=20, decimal_places=9, required=False, allow_null=True, min_value=Decimal("0")
+    )
+
+    def validate_deployments(self, value: list[Deployment]) -> list[Deployment]:
+        if len({d.pk for d in value}) != len(value):
+            raise serializers.ValidationError("a deployment appears twice")
+        return value
+
+
+class PolicyChangeSerializer(RouteInputSerializer):
+    reason = serializers.CharField(max_length=500)
+
+
+class WorkflowSerializer(serializers.ModelSerializer[Workflow]):
+    owner = serializers.CharField(source="owner.get_username", read_only=True)
+    current_policy = serializers.SerializerMethodField()
+    route = RouteInputSerializer(write_only=True, required=True)
+
+    class Meta:
+        model = Workflow
+        fields = ["id", "slug", "owner", "team", "description", "current_policy", "route", "created_at"]
+        read_only_fields = ["id", "created_at"]
+
+    def get_current_policy(self, obj: Workflow) -> dict[str, Any] | None:
+        policy = workflow_current_policy(workflow=obj)
+        return PolicyVersionSerializer(policy).data if policy is not None else None
+
+    def get_fields(self) -> dict[str, serializers.Field[Any, Any, Any, Any]]:
+        fields = super().get_fields()
+        if self.instance is not None:
+            # Routes change through /switch/ or /policy/, which record a reason.
+            fields.pop("route", None)
+        return fields
+
+
+class SwitchPrimarySerializer(serializers.Serializer[Any]):
+    deployment = serializers.SlugRelatedField(slug_field="slug", queryset=Deployment.objects.all())
+    reason = serializers.CharField(max_length=500)
+
+
+class FailoverEventSerializer(serializers.ModelSerializer[FailoverEvent]):
+    from_provider: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True
+    )
+    to_provider: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True
+    )
+    from_cluster: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True
+    )
+    to_cluster: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True
+    )
+    from_deployment: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True
+    )
+    to_deployment: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True
+    )
+
+    class Meta:
+        model = FailoverEvent
+        fields = [
+            "id",
+            "kind",
+            "subject",
+            "from_provider",
+            "to_provider",
+            "from_cluster",
+            "to_cluster",
+            "from_deployment",
+            "to_deployment",
+            "reason",
+            "detected_at",
+            "recovered_at",
+            "time_lost",
+            "extra_cost",
+            "currency",
+            "details",
+        ]
+        read_only_fields = fields

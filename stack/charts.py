@@ -1,0 +1,65 @@
+"""Plotly figures built in Python from ledger and job data.
+
+Pages embed the figure as a <div> and load plotly.js from the copy that ships
+inside the `plotly` package (stack.views.plotly_js), never from a CDN.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from datetime import date
+from decimal import Decimal
+
+from billing.selectors import DailySpend
+
+_CONFIG = {"displaylogo": False, "responsive": True}
+
+
+def _to_div(figure: object, div_id: str) -> str:
+    return figure.to_html(  # type: ignore[attr-defined, no-any-return]
+        full_html=False, include_plotlyjs=False, div_id=div_id, config=_CONFIG
+    )
+
+
+def spend_per_provider_chart(rows: Sequence[DailySpend], days: Sequence[date]) -> str:
+    """Stacked bars: spend per provider per day (one trace per provider and currency)."""
+    import plotly.graph_objects as go
+
+    by_series: dict[str, dict[date, Decimal]] = defaultdict(dict)
+    for row in rows:
+        by_series[f"{row.provider} ({row.currency})"][row.day] = row.amount
+    figure = go.Figure()
+    for name, per_day in sorted(by_series.items()):
+        figure.add_bar(
+            name=name,
+            x=[d.isoformat() for d in days],
+            # Plotly needs numbers; the Decimal ledger values are only rounded for drawing.
+            y=[float(per_day.get(d, Decimal("0"))) for d in days],
+        )
+    figure.update_layout(
+        barmode="stack",
+        height=320,
+        margin={"l": 50, "r": 10, "t": 30, "b": 40},
+        title={"text": "Spend per provider per day", "font": {"size": 14}},
+        yaxis={"title": {"text": "amount"}, "rangemode": "tozero"},
+        legend={"orientation": "h"},
+    )
+    return _to_div(figure, "spend-chart")
+
+
+def loss_curve_chart(curve: Sequence[Sequence[float]], title: str) -> str:
+    import plotly.graph_objects as go
+
+    figure = go.Figure()
+    figure.add_scatter(
+        x=[p[0] for p in curve], y=[p[1] for p in curve], mode="lines+markers", name="train loss"
+    )
+    figure.update_layout(
+        height=300,
+        margin={"l": 50, "r": 10, "t": 30, "b": 40},
+        title={"text": title, "font": {"size": 14}},
+        xaxis={"title": {"text": "step"}},
+        yaxis={"title": {"text": "loss (nats/byte)"}},
+    )
+    return _to_div(figure, "loss-chart")

@@ -1,0 +1,113 @@
+"""The demo stack that `make demo` runs: idempotent, safe to seed twice."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import User
+from django.db import transaction
+
+from billing.models import PriceBook, Unit
+from billing.services import price_book_publish
+from stack.models import Cluster, Deployment, Provider, RegisteredModel, Workflow
+from stack.services import workflow_create
+
+# (provider slug, display name, kind, region)
+PROVIDERS = [
+    ("onprem", "On-prem lab", Provider.Kind.ON_PREM, "eu-west-lab"),
+    ("aws", "AWS", Provider.Kind.AWS, "us-east-1"),
+    ("openai", "OpenAI", Provider.Kind.OPENAI_COMPATIBLE, ""),
+]
+# (cluster slug, provider, region, accelerator, count, memory GB, capacity type, learners, $/accel-hour)
+CLUSTERS = [
+    ("onprem-a100", "onprem", "eu-west-lab", "A100-80GB", 8, 1024, "on-demand", 2, Decimal("1.100000")),
+    ("aws-g5-use1", "aws", "us-east-1", "A10G", 4, 192, "spot", 2, Decimal("0.452500")),
+]
+
+
+@dataclass(frozen=True)
+class DemoStack:
+    admin: User
+    clusters: list[Cluster]
+
+
+def demo_stack_seed(*, admin_password: str, now: datetime) -> DemoStack:
+    User = get_user_model()
+    with transaction.atomic():
+        admin, _ = User.objects.get_or_create(
+            username="admin", defaults={"is_staff": True, "is_superuser": True, "email": "admin@localhost"}
+        )
+        admin.is_staff = admin.is_superuser = True
+        admin.set_password(admin_password)
+        admin.save()
+
+        providers = {}
+        for slug, name, kind, region in PROVIDERS:
+            providers[slug], _ = Provider.objects.get_or_create(
+                slug=slug, defaults={"display_name": name, "kind": kind, "region": region}
+            )
+        clusters = []
+        for slug, prov, region, accel, count, mem, cap_type, learners, price in CLUSTERS:
+            cluster, _ = Cluster.objects.get_or_create(
+                slug=slug,
+                defaults={
+                    "provider": providers[prov],
+                    "region": region,
+                    "accelerator_type": accel,
+                    "accelerator_count": count,
+                    "memory_per_node_gb": mem,
+                    "capacity_type": cap_type,
+                    "capacity": learners,
+                },
+            )
+            if not PriceBook.objects.filter(cluster=cluster, unit=Unit.ACCELERATOR_HOUR).exists():
+                price_book_publish(
+                    unit=Unit.ACCELERATOR_HOUR,
+                    unit_price=price,
+                    effective_from=now,
+                    cluster=cluster,
+                    note="demo price",
+                )
+            clusters.append(cluster)
+
+        tiny, _ = RegisteredModel.objects.get_or_create(
+            slug="gpt-byte-tiny",
+            defaults={
+                "family": "gpt-byte",
+                "parameter_count": 0,
+                "tokenizer": "bytes",
+                "context_length": 128,
+            },
+        )
+        hosted, _ = RegisteredModel.objects.get_or_create(
+            slug="gpt-4o-mini",
+            defaults={"family": "gpt-4o", "tokenizer": "o200k_base", "context_length": 128000},
+        )
+        local, _ = Deployment.objects.get_or_create(
+            slug="gpt-byte-onprem",
+            defaults={"model": tiny, "provider": providers["onprem"], "base_url": "http://127.0.0.1:8100/v1"},
+        )
+        remote, _ = Deployment.objects.get_or_create(
+            slug="openai-gpt-4o-mini",
+            defaults={"model": hosted, "provider": providers["openai"], "provider_model_id": "gpt-4o-mini"},
+        )
+        for deployment, unit, price in [
+            (remote, Unit.INPUT_TOKENS_1M, Decimal("0.150000")),
+            (remote, Unit.OUTPUT_TOKENS_1M, Decimal("0.600000")),
+        ]:
+            if not PriceBook.objects.filter(deployment=deployment, unit=unit).exists():
+                price_book_publish(
+                    unit=unit, unit_price=price, effective_from=now, deployment=deployment, note="demo price"
+                )
+        if not Workflow.objects.filter(slug="support-triage").exists():
+            workflow_create(
+                slug="support-triage",
+                owner=admin,
+                team="support",
+                description="Classify incoming support tickets.",
+                deployments=[remote, local],
+            )
+    return DemoStack(admin=admin, clusters=clusters)

@@ -1,0 +1,105 @@
+"""Typed readers for environment variables.
+
+Every setting Switchyard reads from the environment goes through one of these
+helpers, so that a bad value stops the process at start-up with a message that
+names the variable, instead of surfacing later as a confusing runtime error.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from urllib.parse import urlparse
+
+from django.core.exceptions import ImproperlyConfigured
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def env_str(name: str, default: str | None = None, *, environ: Mapping[str, str] | None = None) -> str:
+    """Return the variable as a string; fail loudly when it is unset and has no default."""
+    source = os.environ if environ is None else environ
+    value = source.get(name)
+    if value is None:
+        if default is None:
+            raise ImproperlyConfigured(f"{name} must be set")
+        return default
+    return value
+
+
+def env_bool(name: str, default: bool, *, environ: Mapping[str, str] | None = None) -> bool:
+    source = os.environ if environ is None else environ
+    raw = source.get(name)
+    if raw is None:
+        return default
+    lowered = raw.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ImproperlyConfigured(f"{name} must be a boolean (true/false/1/0), got {raw!r}")
+
+
+def env_int(
+    name: str,
+    default: int,
+    *,
+    minimum: int | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> int:
+    source = os.environ if environ is None else environ
+    raw = source.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be an integer, got {raw!r}") from None
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfigured(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def env_float(
+    name: str,
+    default: float,
+    *,
+    minimum: float | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> float:
+    source = os.environ if environ is None else environ
+    raw = source.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be a number, got {raw!r}") from None
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfigured(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def env_url(
+    name: str,
+    default: str,
+    *,
+    schemes: tuple[str, ...],
+    environ: Mapping[str, str] | None = None,
+) -> str:
+    """Return a URL whose scheme is one of `schemes`."""
+    value = env_str(name, default, environ=environ)
+    scheme = urlparse(value).scheme
+    if scheme not in schemes:
+        allowed = ", ".join(f"{s}://" for s in schemes)
+        raise ImproperlyConfigured(f"{name} must start with one of {allowed}; got {value!r}")
+    return value
+
+
+def env_list(name: str, default: list[str], *, environ: Mapping[str, str] | None = None) -> list[str]:
+    source = os.environ if environ is None else environ
+    raw = source.get(name)
+    if raw is None:
+        return list(default)
+    return [item.strip() for item in raw.split(",") if item.strip()]

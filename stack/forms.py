@@ -1,0 +1,94 @@
+"""Forms for the registry pages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+
+from stack.models import Cluster, Deployment, Provider, RegisteredModel, Workflow
+
+
+class ProviderForm(forms.ModelForm[Provider]):
+    credentials = forms.CharField(
+        required=False,
+        strip=False,
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
+        help_text="Write-only: stored encrypted and never shown again. Leave empty to keep the current value.",
+    )
+    clear_credentials = forms.BooleanField(required=False, label="Clear stored credentials")
+
+    class Meta:
+        model = Provider
+        fields = ["slug", "display_name", "kind", "region", "base_url", "enabled"]
+
+    def credentials_change(self) -> str | None:
+        """'' to clear, a new value to store, None to keep what is stored."""
+        if self.cleaned_data.get("clear_credentials"):
+            return ""
+        value: str = self.cleaned_data.get("credentials") or ""
+        return value or None
+
+
+class ClusterForm(forms.ModelForm[Cluster]):
+    class Meta:
+        model = Cluster
+        fields = [
+            "provider",
+            "slug",
+            "region",
+            "accelerator_type",
+            "accelerator_count",
+            "memory_per_node_gb",
+            "capacity_type",
+            "capacity",
+        ]
+
+
+class RegisteredModelForm(forms.ModelForm[RegisteredModel]):
+    class Meta:
+        model = RegisteredModel
+        fields = ["slug", "family", "parameter_count", "artifact_uri", "tokenizer", "context_length"]
+
+    def clean_artifact_uri(self) -> str:
+        value: str = self.cleaned_data["artifact_uri"]
+        if value and not value.startswith(("file://", "s3://")):
+            raise forms.ValidationError("Must start with file:// or s3://")
+        return value
+
+
+class DeploymentForm(forms.ModelForm[Deployment]):
+    class Meta:
+        model = Deployment
+        fields = ["slug", "model", "provider", "provider_model_id", "base_url", "enabled"]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if not data.get("provider_model_id") and not data.get("base_url"):
+            self.add_error("provider_model_id", "Give the provider's model id or a local endpoint base URL.")
+        return data
+
+
+class WorkflowForm(forms.ModelForm[Workflow]):
+    deployments = forms.ModelMultipleChoiceField(
+        queryset=Deployment.objects.filter(enabled=True),
+        help_text="The route, in the order chosen (first is primary).",
+    )
+
+    class Meta:
+        model = Workflow
+        fields = ["slug", "team", "description"]
+
+
+class SwitchPrimaryForm(forms.Form):
+    deployment = forms.ModelChoiceField(queryset=Deployment.objects.filter(enabled=True))
+    reason = forms.CharField(max_length=500)
+
+
+class ProbeJobForm(forms.Form):
+    cluster = forms.ModelChoiceField(queryset=Cluster.objects.all(), to_field_name="slug")
+    steps = forms.IntegerField(min_value=10, max_value=5000, initial=300)
+
+
+class ApiTokenForm(forms.Form):
+    name = forms.CharField(max_length=100)

@@ -1,0 +1,47 @@
+"""Create, list and revoke API tokens."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from stack.models import ApiToken
+from stack.services import api_token_create, api_token_revoke
+
+
+class Command(BaseCommand):
+    help = "Manage API tokens: create (printed once), list, revoke."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        sub = parser.add_subparsers(dest="action", required=True)
+        create = sub.add_parser("create", help="create a token and print it once")
+        create.add_argument("--user", required=True)
+        create.add_argument("--name", default="cli")
+        listing = sub.add_parser("list", help="list a user's tokens (never their values)")
+        listing.add_argument("--user", required=True)
+        revoke = sub.add_parser("revoke", help="revoke a token by its prefix")
+        revoke.add_argument("prefix")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        action = options["action"]
+        if action == "revoke":
+            token = ApiToken.objects.filter(prefix=options["prefix"]).first()
+            if token is None:
+                raise CommandError(f"no token with prefix {options['prefix']!r}")
+            api_token_revoke(token=token)
+            self.stdout.write(f"revoked {token.prefix}")
+            return
+        User = get_user_model()
+        try:
+            user = User.objects.get(**{User.USERNAME_FIELD: options["user"]})
+        except User.DoesNotExist:
+            raise CommandError(f"no user named {options['user']!r}") from None
+        if action == "create":
+            _, raw = api_token_create(user=user, name=options["name"])
+            self.stdout.write(raw)
+        else:
+            for token in ApiToken.objects.filter(user=user):
+                state = "revoked" if token.revoked_at else "active"
+                self.stdout.write(f"{token.prefix}\t{token.name}\t{state}\t{token.created_at:%Y-%m-%d %H:%M}")

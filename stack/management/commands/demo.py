@@ -1,0 +1,162 @@
+"""Run the whole demo stack: web, one worker per demo cluster, control worker, beat.
+
+Seeds the demo registry, starts every process, waits until /healthz reports all
+demo clusters healthy, runs a probe job on each cluster and prints the results.
+Ctrl-C stops everything it started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import transaction
+from django.utils import timezone
+
+from billing.selectors import usage_for_subject
+from stack.demo_seed import demo_stack_seed
+from training.models import ProbeJob
+from training.services import probe_job_create
+
+
+class Command(BaseCommand):
+    help = "Start the demo stack and run a probe job on each demo cluster (Ctrl-C stops it)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument(
+            "--timeout", type=float, default=300.0, help="seconds to wait for health and probes"
+        )
+        parser.add_argument("--once", action="store_true", help="stop after the probe jobs finish")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        host, port = options["host"], options["port"]
+        with socket.socket() as probe:
+            if probe.connect_ex((host, port)) == 0:
+                raise CommandError(f"{host}:{port} is already in use; stop what runs there or pass --port")
+        started = time.monotonic()
+        password = os.environ.get("DEMO_ADMIN_PASSWORD") or secrets.token_urlsafe(12)
+        stack = demo_stack_seed(admin_password=password, now=timezone.now())
+        log_dir = Path(settings.VAR_DIR) / "demo-logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        manage = [sys.executable, str(Path(settings.BASE_DIR) / "manage.py")]
+        commands = {
+            "web": [*manage, "runserver", f"{host}:{port}", "--noreload"],
+            "control": [*manage, "worker", "--control", "--loglevel", "warning"],
+            "beat": [*manage, "beat", "--loglevel", "warning"],
+        }
+        for cluster in stack.clusters:
+            commands[f"worker-{cluster.slug}"] = [
+                *manage,
+                "worker",
+                "--cluster",
+                cluster.slug,
+                "--loglevel",
+                "warning",
+            ]
+        children: dict[str, subprocess.Popen[bytes]] = {}
+        try:
+            for name, argv in commands.items():
+                log = (log_dir / f"{name}.log").open("ab")
+                # Own session: Ctrl-C reaches only this supervisor, which then
+                # stops the children in order instead of all at once.
+                children[name] = subprocess.Popen(  # noqa: S603 (our own manage.py)
+                    argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                )
+                self.stdout.write(f"started {name} (pid {children[name].pid}), log {log.name}")
+            base = f"http://{host}:{port}"
+            self._wait_healthy(base, children, deadline=started + options["timeout"])
+            self.stdout.write(self.style.SUCCESS(f"stack healthy after {time.monotonic() - started:.1f}s"))
+            with transaction.atomic():
+                jobs = [
+                    probe_job_create(cluster=c, created_by=stack.admin, steps=300) for c in stack.clusters
+                ]
+            self._wait_jobs([j.pk for j in jobs], deadline=started + options["timeout"])
+            self.stdout.write("")
+            self.stdout.write(self.style.SUCCESS(f"Switchyard is running at {base}/"))
+            self.stdout.write(f"  log in as: admin / {password}")
+            self.stdout.write(f"  health:    {base}/healthz     API schema: {base}/api/schema/")
+            self.stdout.write(f"  logs:      {log_dir}")
+            if options["once"]:
+                return
+            self.stdout.write("Press Ctrl-C to stop.")
+            while True:
+                for name, child in children.items():
+                    if child.poll() is not None:
+                        raise CommandError(
+                            f"{name} exited with code {child.returncode}; see {log_dir / name}.log"
+                        )
+                time.sleep(1)
+        except KeyboardInterrupt:
+            self.stdout.write("\nstopping…")
+        finally:
+            self._stop(children)
+
+    def _wait_healthy(self, base: str, children: dict[str, subprocess.Popen[bytes]], deadline: float) -> None:
+        last = ""
+        while time.monotonic() < deadline:
+            for name, child in children.items():
+                if child.poll() is not None:
+                    raise CommandError(f"{name} exited with code {child.returncode} during start-up")
+            try:
+                with urllib.request.urlopen(f"{base}/healthz", timeout=5) as response:  # noqa: S310 (loopback)
+                    body = json.load(response)
+                if body["ok"] and body["all_clusters_healthy"]:
+                    return
+                last = ", ".join(f"{c['slug']}={c['status']}" for c in body["clusters"])
+            except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+                last = str(exc)
+            time.sleep(1)
+        raise CommandError(f"the stack did not become healthy in time (last: {last})")
+
+    def _wait_jobs(self, job_ids: list[int], deadline: float) -> None:
+        pending = set(job_ids)
+        while pending and time.monotonic() < deadline:
+            for job in ProbeJob.objects.filter(pk__in=pending).select_related("cluster"):
+                if not job.is_finished:
+                    continue
+                pending.discard(job.pk)
+                usage = usage_for_subject(subject_type="probe_job", subject_id=str(job.pk)).first()
+                billed = (
+                    f"billed {usage.amount:.6f} {usage.currency} at price v{usage.price_book.version} "
+                    f"({usage.unit_price}/{usage.unit})"
+                    if usage
+                    else "not billed"
+                )
+                line = (
+                    f"probe #{job.pk} on {job.cluster.slug}: {job.status}, "
+                    f"loss {job.loss_curve[0][1] if job.loss_curve else float('nan'):.3f} → "
+                    f"{job.final_loss if job.final_loss is not None else float('nan'):.3f}, "
+                    f"{job.accelerator_seconds} accelerator-s, {billed}"
+                )
+                style = self.style.SUCCESS if job.status == ProbeJob.Status.SUCCEEDED else self.style.ERROR
+                self.stdout.write(style(line))
+            time.sleep(1)
+        if pending:
+            raise CommandError(f"probe jobs {sorted(pending)} did not finish in time")
+
+    def _stop(self, children: dict[str, subprocess.Popen[bytes]]) -> None:
+        for child in children.values():
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+        stop_by = time.monotonic() + 15
+        for name, child in children.items():
+            try:
+                child.wait(timeout=max(0.1, stop_by - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+            self.stdout.write(f"stopped {name}")

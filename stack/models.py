@@ -1,0 +1,285 @@
+"""The registry: providers, clusters, models, deployments, workflows and their
+routing-policy versions, API tokens, and the one failover log of the stack."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.utils import timezone
+
+from stack.queues import cluster_queue
+
+
+class Provider(models.Model):
+    class Kind(models.TextChoices):
+        ON_PREM = "on-prem", "On-prem"
+        AWS = "aws", "AWS"
+        GCP = "gcp", "Google Cloud"
+        AZURE = "azure", "Azure"
+        OPENAI_COMPATIBLE = "openai-compatible", "OpenAI-compatible"
+        BEDROCK = "bedrock", "Amazon Bedrock"
+        OTHER = "other", "Other"
+
+    slug = models.SlugField(max_length=64, unique=True)
+    display_name = models.CharField(max_length=128)
+    kind = models.CharField(max_length=32, choices=Kind.choices)
+    region = models.CharField(max_length=64, blank=True)
+    base_url = models.URLField(blank=True)
+    # Fernet token (stack.crypto); never returned by the API nor shown in a form.
+    credentials_encrypted = models.TextField(blank=True, editable=False)
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.display_name or self.slug
+
+    @property
+    def has_credentials(self) -> bool:
+        return bool(self.credentials_encrypted)
+
+
+class Cluster(models.Model):
+    class Status(models.TextChoices):
+        HEALTHY = "healthy", "Healthy"
+        DEGRADED = "degraded", "Degraded"
+        DOWN = "down", "Down"
+        DRAINING = "draining", "Draining"
+
+    class CapacityType(models.TextChoices):
+        ON_DEMAND = "on-demand", "On-demand"
+        SPOT = "spot", "Spot"
+
+    provider = models.ForeignKey(Provider, on_delete=models.PROTECT, related_name="clusters")
+    slug = models.SlugField(max_length=64, unique=True)
+    region = models.CharField(max_length=64, blank=True)
+    accelerator_type = models.CharField(max_length=64, help_text="e.g. H100, A10G, cpu")
+    accelerator_count = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    memory_per_node_gb = models.PositiveIntegerField(default=0)
+    capacity_type = models.CharField(
+        max_length=16, choices=CapacityType.choices, default=CapacityType.ON_DEMAND
+    )
+    capacity = models.PositiveIntegerField(
+        default=1, validators=[MinValueValidator(1)], help_text="concurrent learners"
+    )
+    # Derived from worker heartbeats by stack.services.cluster_health_check,
+    # except DRAINING, which an operator sets and only an operator clears.
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.DOWN)
+    status_changed_at = models.DateTimeField(default=timezone.now)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["slug"]
+        indexes = [
+            # The health check scans clusters by status every few seconds.
+            models.Index(fields=["status"], name="cluster_status_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return self.slug
+
+    @property
+    def queue(self) -> str:
+        return cluster_queue(self.slug)
+
+
+class WorkerHeartbeat(models.Model):
+    """The last heartbeat of one worker process of a cluster."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="workers")
+    hostname = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField(default=0)
+    started_at = models.DateTimeField()
+    last_seen_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "hostname"], name="uniq_worker_per_cluster")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.hostname} ({self.cluster.slug})"
+
+
+class RegisteredModel(models.Model):
+    slug = models.SlugField(max_length=64, unique=True)
+    family = models.CharField(max_length=64, help_text="family or architecture, e.g. gpt-byte")
+    parameter_count = models.BigIntegerField(default=0, validators=[MinValueValidator(0)])
+    artifact_uri = models.CharField(max_length=512, blank=True, help_text="file://… or s3://…")
+    # The training run that produced it; the training-run issue turns this into
+    # a foreign key once TrainingRun exists.
+    produced_by_run_id = models.BigIntegerField(null=True, blank=True)
+    tokenizer = models.CharField(max_length=64, default="bytes")
+    context_length = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["slug"]
+        verbose_name = "model"
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Deployment(models.Model):
+    """A model served by a provider: remote model id or a local endpoint."""
+
+    slug = models.SlugField(max_length=64, unique=True)
+    model = models.ForeignKey(RegisteredModel, on_delete=models.PROTECT, related_name="deployments")
+    provider = models.ForeignKey(Provider, on_delete=models.PROTECT, related_name="deployments")
+    provider_model_id = models.CharField(max_length=255, blank=True)
+    base_url = models.URLField(blank=True)
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Workflow(models.Model):
+    slug = models.SlugField(max_length=64, unique=True)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="workflows")
+    team = models.CharField(max_length=64, blank=True)
+    description = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class ImmutableRowError(Exception):
+    """Raised when code tries to change a row that is append-only."""
+
+
+class RoutingPolicyVersion(models.Model):
+    """One immutable version of a workflow's route; the newest one is in force."""
+
+    class Strategy(models.TextChoices):
+        PRIORITY = "priority", "Priority (ordered fallbacks)"
+        CHEAPEST = "cheapest", "Cheapest above the quality floor"
+        FASTEST = "fastest", "Fastest (rolling p50)"
+        WEIGHTED = "weighted", "Weighted split"
+
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="policy_versions")
+    version = models.PositiveIntegerField()
+    strategy = models.CharField(max_length=16, choices=Strategy.choices, default=Strategy.PRIORITY)
+    quality_floor = models.DecimalField(max_digits=6, decimal_places=4, null=True, blank=True)
+    max_cost_per_request = models.DecimalField(max_digits=20, decimal_places=9, null=True, blank=True)
+    deployments: models.ManyToManyField[Deployment, RoutingPolicyEntry] = models.ManyToManyField(
+        Deployment, through="RoutingPolicyEntry", related_name="policy_versions"
+    )
+    author = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="policy_versions"
+    )
+    reason = models.CharField(max_length=500)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["workflow", "-version"]
+        constraints = [models.UniqueConstraint(fields=["workflow", "version"], name="uniq_policy_version")]
+
+    def __str__(self) -> str:
+        return f"{self.workflow.slug} v{self.version}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self._state.adding:
+            raise ImmutableRowError("routing policy versions are immutable; create a new version")
+        super().save(*args, **kwargs)
+
+    def ordered_deployments(self) -> list[Deployment]:
+        return [e.deployment for e in self.entries.select_related("deployment").order_by("position")]
+
+
+class RoutingPolicyEntry(models.Model):
+    policy = models.ForeignKey(RoutingPolicyVersion, on_delete=models.CASCADE, related_name="entries")
+    deployment = models.ForeignKey(Deployment, on_delete=models.PROTECT, related_name="+")
+    position = models.PositiveIntegerField()
+    weight = models.PositiveIntegerField(default=1)
+
+    class Meta:
+        ordering = ["policy", "position"]
+        constraints = [
+            models.UniqueConstraint(fields=["policy", "position"], name="uniq_policy_position"),
+            models.UniqueConstraint(fields=["policy", "deployment"], name="uniq_policy_deployment"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.policy} #{self.position}: {self.deployment.slug}"
+
+
+class FailoverEvent(models.Model):
+    """Every failover in the stack, written only by stack.services.failover_event_*."""
+
+    class Kind(models.TextChoices):
+        CLUSTER_HEALTH = "cluster-health", "Cluster health"
+        TRAINING = "training", "Training"
+        INFERENCE = "inference", "Inference"
+
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    from_provider = models.ForeignKey(
+        Provider, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    to_provider = models.ForeignKey(
+        Provider, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    from_cluster = models.ForeignKey(
+        Cluster, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    to_cluster = models.ForeignKey(Cluster, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    from_deployment = models.ForeignKey(
+        Deployment, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    to_deployment = models.ForeignKey(
+        Deployment, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    subject = models.CharField(
+        max_length=128, blank=True, help_text="what failed over, e.g. training-run:4/learner:1"
+    )
+    reason = models.CharField(max_length=500)
+    detected_at = models.DateTimeField()
+    recovered_at = models.DateTimeField(null=True, blank=True)
+    time_lost = models.DurationField(null=True, blank=True)
+    extra_cost = models.DecimalField(max_digits=20, decimal_places=9, default=Decimal("0"))
+    currency = models.CharField(max_length=3, default="USD")
+    details = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-detected_at"]
+        indexes = [
+            # The health check looks up the open cluster-health event of a cluster.
+            models.Index(fields=["kind", "from_cluster", "recovered_at"], name="failover_open_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} at {self.detected_at:%Y-%m-%d %H:%M:%S}: {self.reason}"
+
+
+class ApiToken(models.Model):
+    """A bearer token for the API; only its SHA-256 is stored."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=16, unique=True)
+    key_hash = models.CharField(max_length=64)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"

@@ -1,0 +1,41 @@
+"""Roles: viewer, operator, admin, auditor, held as Django groups of those names.
+
+A superuser is an admin. Admin may do everything; the other roles are granted
+per endpoint through `read_roles` / `write_roles` on views (see
+stack.api.permissions.RolePermission).
+"""
+
+from __future__ import annotations
+
+from django.contrib.auth.models import AnonymousUser, User
+from django.db import models
+
+
+class Role(models.TextChoices):
+    VIEWER = "viewer", "Viewer"
+    OPERATOR = "operator", "Operator"
+    ADMIN = "admin", "Admin"
+    AUDITOR = "auditor", "Auditor"
+
+
+ALL_ROLES = frozenset(Role)
+OPERATORS = frozenset({Role.OPERATOR, Role.ADMIN})
+ADMINS = frozenset({Role.ADMIN})
+
+
+def user_roles(user: User | AnonymousUser) -> frozenset[Role]:
+    if not user.is_authenticated:
+        return frozenset()
+    if getattr(user, "is_superuser", False):
+        return frozenset({Role.ADMIN})
+    cached = getattr(user, "_switchyard_roles", None)
+    if cached is None:
+        names = set(user.groups.values_list("name", flat=True))
+        cached = frozenset(r for r in Role if r.value in names)
+        setattr(user, "_switchyard_roles", cached)  # noqa: B010 (per-request cache on the user object)
+    return cached
+
+
+def user_has_role(user: User | AnonymousUser, allowed: frozenset[Role]) -> bool:
+    roles = user_roles(user)
+    return Role.ADMIN in roles or bool(roles & allowed)

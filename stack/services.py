@@ -1,0 +1,390 @@
+"""Writes to the registry. Views, API viewsets, tasks and commands call these."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.db import transaction
+from django.db.models import Max, Q
+from django.utils import timezone
+
+from stack.crypto import encrypt_secret
+from stack.models import (
+    ApiToken,
+    Cluster,
+    Deployment,
+    FailoverEvent,
+    Provider,
+    RoutingPolicyEntry,
+    RoutingPolicyVersion,
+    WorkerHeartbeat,
+    Workflow,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class RegistryError(ValueError):
+    """A registry change that is not allowed; the message is shown to the user."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+# --- Providers ------------------------------------------------------------------
+
+
+def provider_set_credentials(*, provider: Provider, credentials: str | None) -> Provider:
+    """Store (encrypted) or clear a provider's credentials. None leaves them as they are."""
+    if credentials is None:
+        return provider
+    provider.credentials_encrypted = encrypt_secret(credentials) if credentials else ""
+    provider.save(update_fields=["credentials_encrypted"])
+    return provider
+
+
+# --- Failover events ----------------------------------------------------------------
+
+
+def failover_event_record(
+    *,
+    kind: FailoverEvent.Kind,
+    reason: str,
+    detected_at: datetime,
+    from_provider: Provider | None = None,
+    to_provider: Provider | None = None,
+    from_cluster: Cluster | None = None,
+    to_cluster: Cluster | None = None,
+    from_deployment: Deployment | None = None,
+    to_deployment: Deployment | None = None,
+    subject: str = "",
+    recovered_at: datetime | None = None,
+    time_lost: timedelta | None = None,
+    extra_cost: Decimal = Decimal("0"),
+    currency: str = "USD",
+    details: dict[str, object] | None = None,
+) -> FailoverEvent:
+    """The only writer of FailoverEvent rows."""
+    if from_cluster is not None and from_provider is None:
+        from_provider = from_cluster.provider
+    if to_cluster is not None and to_provider is None:
+        to_provider = to_cluster.provider
+    if from_deployment is not None and from_provider is None:
+        from_provider = from_deployment.provider
+    if to_deployment is not None and to_provider is None:
+        to_provider = to_deployment.provider
+    if time_lost is None and recovered_at is not None:
+        time_lost = recovered_at - detected_at
+    return FailoverEvent.objects.create(
+        kind=kind,
+        reason=reason[:500],
+        detected_at=detected_at,
+        recovered_at=recovered_at,
+        time_lost=time_lost,
+        from_provider=from_provider,
+        to_provider=to_provider,
+        from_cluster=from_cluster,
+        to_cluster=to_cluster,
+        from_deployment=from_deployment,
+        to_deployment=to_deployment,
+        subject=subject,
+        extra_cost=extra_cost,
+        currency=currency,
+        details=details or {},
+    )
+
+
+def failover_event_recover(
+    *, event: FailoverEvent, recovered_at: datetime, to_cluster: Cluster | None = None
+) -> FailoverEvent:
+    """Close an open event: when it recovered and how long was lost."""
+    event.recovered_at = recovered_at
+    event.time_lost = recovered_at - event.detected_at
+    fields = ["recovered_at", "time_lost"]
+    if to_cluster is not None:
+        event.to_cluster = to_cluster
+        event.to_provider = to_cluster.provider
+        fields += ["to_cluster", "to_provider"]
+    event.save(update_fields=fields)
+    return event
+
+
+# --- Cluster health -------------------------------------------------------------------
+
+
+def cluster_heartbeat(*, cluster_slug: str, hostname: str, pid: int, started_at: datetime) -> Cluster | None:
+    """Record that a worker of the cluster is alive; a silent cluster turns healthy.
+
+    Returns None when the cluster no longer exists (the worker keeps running, it
+    just has nothing to report to).
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        cluster = Cluster.objects.select_for_update().filter(slug=cluster_slug).first()
+        if cluster is None:
+            return None
+        WorkerHeartbeat.objects.update_or_create(
+            cluster=cluster,
+            hostname=hostname,
+            defaults={"pid": pid, "started_at": started_at, "last_seen_at": now},
+        )
+        cluster.last_heartbeat_at = now
+        fields = ["last_heartbeat_at"]
+        if cluster.status in (Cluster.Status.DOWN, Cluster.Status.DEGRADED):
+            _cluster_recovered(cluster=cluster, now=now)
+            cluster.status = Cluster.Status.HEALTHY
+            cluster.status_changed_at = now
+            fields += ["status", "status_changed_at"]
+        cluster.save(update_fields=fields)
+    return cluster
+
+
+def _cluster_recovered(*, cluster: Cluster, now: datetime) -> None:
+    open_events = FailoverEvent.objects.filter(
+        kind=FailoverEvent.Kind.CLUSTER_HEALTH, from_cluster=cluster, recovered_at__isnull=True
+    )
+    for event in open_events:
+        failover_event_recover(event=event, recovered_at=now)
+
+
+@dataclass(frozen=True)
+class HealthTransition:
+    cluster_slug: str
+    old: str
+    new: str
+
+
+def cluster_health_check(*, now: datetime | None = None) -> list[HealthTransition]:
+    """Derive each cluster's status from its last heartbeat.
+
+    healthy → degraded after DEGRADED_AFTER_SECONDS of silence, → down after
+    DOWN_AFTER_SECONDS; going down records a cluster-health FailoverEvent.
+    Draining clusters are left alone: an operator owns that state.
+    """
+    now = now or timezone.now()
+    degraded_before = now - timedelta(seconds=settings.DEGRADED_AFTER_SECONDS)
+    down_before = now - timedelta(seconds=settings.DOWN_AFTER_SECONDS)
+    transitions: list[HealthTransition] = []
+    candidates = Cluster.objects.filter(status__in=[Cluster.Status.HEALTHY, Cluster.Status.DEGRADED]).filter(
+        Q(last_heartbeat_at__isnull=True) | Q(last_heartbeat_at__lt=degraded_before)
+    )
+    for cluster_id in candidates.values_list("id", flat=True):
+        with transaction.atomic():
+            # Re-read under a lock: a heartbeat may have landed since the scan.
+            cluster = Cluster.objects.select_for_update().select_related("provider").get(id=cluster_id)
+            last = cluster.last_heartbeat_at
+            if cluster.status not in (Cluster.Status.HEALTHY, Cluster.Status.DEGRADED):
+                continue
+            if last is not None and last >= degraded_before:
+                continue
+            new = Cluster.Status.DOWN if last is None or last < down_before else Cluster.Status.DEGRADED
+            if new == cluster.status:
+                continue
+            old = cluster.status
+            cluster.status = new
+            cluster.status_changed_at = now
+            cluster.save(update_fields=["status", "status_changed_at"])
+            if new == Cluster.Status.DOWN:
+                silent = "never" if last is None else f"{(now - last).total_seconds():.0f}s"
+                failover_event_record(
+                    kind=FailoverEvent.Kind.CLUSTER_HEALTH,
+                    reason=f"{old} → down: no worker heartbeat for {silent}",
+                    detected_at=now,
+                    from_cluster=cluster,
+                    subject=f"cluster:{cluster.slug}",
+                    details={"previous_status": old, "last_heartbeat_at": last.isoformat() if last else None},
+                )
+            transitions.append(HealthTransition(cluster.slug, old, new))
+            logger.warning("cluster %s: %s → %s", cluster.slug, old, new)
+    return transitions
+
+
+def cluster_set_draining(*, cluster: Cluster, draining: bool) -> Cluster:
+    now = timezone.now()
+    if draining:
+        cluster.status = Cluster.Status.DRAINING
+    else:
+        # Back to whatever the heartbeats say; the next check refines it.
+        cluster.status = Cluster.Status.HEALTHY if cluster.last_heartbeat_at else Cluster.Status.DOWN
+    cluster.status_changed_at = now
+    cluster.save(update_fields=["status", "status_changed_at"])
+    return cluster
+
+
+# --- Workflows and routing policies ------------------------------------------------------
+
+
+def _validate_route(deployments: Sequence[Deployment]) -> None:
+    if not deployments:
+        raise RegistryError("a route needs at least one deployment", field="deployments")
+    if len({d.pk for d in deployments}) != len(deployments):
+        raise RegistryError("a deployment appears twice in the route", field="deployments")
+
+
+def workflow_policy_change(
+    *,
+    workflow: Workflow,
+    deployments: Sequence[Deployment],
+    author: User,
+    reason: str,
+    strategy: str = RoutingPolicyVersion.Strategy.PRIORITY,
+    quality_floor: Decimal | None = None,
+    max_cost_per_request: Decimal | None = None,
+    weights: Sequence[int] | None = None,
+) -> RoutingPolicyVersion:
+    """Create the next immutable policy version of a workflow."""
+    _validate_route(deployments)
+    if not reason.strip():
+        raise RegistryError("say why the route changes", field="reason")
+    if weights is not None and len(weights) != len(deployments):
+        raise RegistryError("one weight per deployment", field="weights")
+    with transaction.atomic():
+        # Lock the workflow so two concurrent changes get versions n+1 and n+2.
+        Workflow.objects.select_for_update().filter(pk=workflow.pk).first()
+        latest = workflow.policy_versions.aggregate(m=Max("version"))["m"] or 0
+        policy = RoutingPolicyVersion.objects.create(
+            workflow=workflow,
+            version=latest + 1,
+            strategy=strategy,
+            quality_floor=quality_floor,
+            max_cost_per_request=max_cost_per_request,
+            author=author,
+            reason=reason.strip(),
+        )
+        RoutingPolicyEntry.objects.bulk_create(
+            RoutingPolicyEntry(
+                policy=policy,
+                deployment=d,
+                position=i,
+                weight=weights[i] if weights is not None else 1,
+            )
+            for i, d in enumerate(deployments)
+        )
+    return policy
+
+
+def workflow_create(
+    *,
+    slug: str,
+    owner: User,
+    deployments: Sequence[Deployment],
+    description: str = "",
+    team: str = "",
+    strategy: str = RoutingPolicyVersion.Strategy.PRIORITY,
+    quality_floor: Decimal | None = None,
+    max_cost_per_request: Decimal | None = None,
+) -> Workflow:
+    _validate_route(deployments)
+    with transaction.atomic():
+        workflow = Workflow.objects.create(slug=slug, owner=owner, description=description, team=team)
+        workflow_policy_change(
+            workflow=workflow,
+            deployments=deployments,
+            author=owner,
+            reason="created",
+            strategy=strategy,
+            quality_floor=quality_floor,
+            max_cost_per_request=max_cost_per_request,
+        )
+    return workflow
+
+
+def workflow_switch_primary(
+    *, workflow: Workflow, deployment: Deployment, author: User, reason: str
+) -> RoutingPolicyVersion:
+    """Make `deployment` the first choice; the rest of the route keeps its order."""
+    from stack.selectors import workflow_current_policy
+
+    if not deployment.enabled:
+        raise RegistryError(f"deployment {deployment.slug} is disabled", field="deployment")
+    current = workflow_current_policy(workflow=workflow)
+    if current is None:
+        order = [deployment]
+        strategy: str = RoutingPolicyVersion.Strategy.PRIORITY
+        floor = max_cost = None
+    else:
+        existing = current.ordered_deployments()
+        if existing and existing[0].pk == deployment.pk:
+            raise RegistryError(f"{deployment.slug} is already the primary deployment", field="deployment")
+        order = [deployment] + [d for d in existing if d.pk != deployment.pk]
+        strategy = current.strategy
+        floor, max_cost = current.quality_floor, current.max_cost_per_request
+    return workflow_policy_change(
+        workflow=workflow,
+        deployments=order,
+        author=author,
+        reason=reason,
+        strategy=strategy,
+        quality_floor=floor,
+        max_cost_per_request=max_cost,
+    )
+
+
+# --- API tokens ---------------------------------------------------------------------------
+
+TOKEN_PREFIX = "sy"  # noqa: S105 (a label, not a secret)
+
+
+def _hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def api_token_create(*, user: User, name: str) -> tuple[ApiToken, str]:
+    """Create a token and return it with its raw value, which is never stored."""
+    if not name.strip():
+        raise RegistryError("a token needs a name", field="name")
+    prefix = secrets.token_hex(6)
+    secret = secrets.token_urlsafe(32)
+    token = ApiToken.objects.create(
+        user=user, name=name.strip(), prefix=prefix, key_hash=_hash_secret(secret)
+    )
+    return token, f"{TOKEN_PREFIX}_{prefix}_{secret}"
+
+
+def api_token_authenticate(*, raw: str) -> ApiToken | None:
+    parts = raw.split("_", 2)
+    if len(parts) != 3 or parts[0] != TOKEN_PREFIX:
+        return None
+    _, prefix, secret = parts
+    token = ApiToken.objects.select_related("user").filter(prefix=prefix, revoked_at__isnull=True).first()
+    if token is None or not hmac.compare_digest(token.key_hash, _hash_secret(secret)):
+        return None
+    now = timezone.now()
+    # Touch at most once a minute: a token used in a hot loop must not turn
+    # every request into a write.
+    if token.last_used_at is None or now - token.last_used_at > timedelta(minutes=1):
+        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+    return token
+
+
+def api_token_revoke(*, token: ApiToken) -> ApiToken:
+    ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+    token.refresh_from_db()
+    return token
+
+
+__all__ = [
+    "RegistryError",
+    "api_token_authenticate",
+    "api_token_create",
+    "api_token_revoke",
+    "cluster_health_check",
+    "cluster_heartbeat",
+    "cluster_set_draining",
+    "failover_event_record",
+    "failover_event_recover",
+    "provider_set_credentials",
+    "workflow_create",
+    "workflow_policy_change",
+    "workflow_switch_primary",
+]

@@ -1,0 +1,250 @@
+"""Django settings for Switchyard.
+
+Everything configurable comes from the environment through the typed helpers in
+`stack.env`. With no environment at all the project runs on embedded defaults
+(SQLite file and a filesystem broker under `var/`), which is what `make demo`
+uses; production (`SWITCHYARD_ENV=production`) refuses to start without a
+SECRET_KEY.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import dj_database_url
+import django_stubs_ext
+from django.core.exceptions import ImproperlyConfigured
+
+from stack.env import env_bool, env_float, env_int, env_list, env_str, env_url
+
+# Lets Django's classes be subscripted at run time (ModelForm[Provider]) as the
+# type stubs describe them.
+django_stubs_ext.monkeypatch()
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env_str("SWITCHYARD_VAR_DIR", str(BASE_DIR / "var")))
+VAR_DIR.mkdir(parents=True, exist_ok=True)
+
+SWITCHYARD_ENV = env_str("SWITCHYARD_ENV", "development")
+if SWITCHYARD_ENV not in {"development", "production", "test"}:
+    raise ImproperlyConfigured(
+        f"SWITCHYARD_ENV must be development, production or test; got {SWITCHYARD_ENV!r}"
+    )
+PRODUCTION = SWITCHYARD_ENV == "production"
+
+
+def _development_secret_key() -> str:
+    # A development checkout gets its own random key, kept under var/ so that
+    # credentials encrypted with it stay readable across restarts.
+    key_file = VAR_DIR / "secret_key"
+    if not key_file.exists():
+        key_file.write_text(secrets.token_urlsafe(50))
+        key_file.chmod(0o600)
+    return key_file.read_text().strip()
+
+
+if PRODUCTION:
+    SECRET_KEY = env_str("SECRET_KEY")
+else:
+    SECRET_KEY = env_str("SECRET_KEY", "") or _development_secret_key()
+
+# Key for credentials at rest; defaults to one derived from SECRET_KEY
+# (see stack.crypto). Set it separately to rotate SECRET_KEY independently.
+CREDENTIALS_KEY = env_str("CREDENTIALS_KEY", "")
+
+DEBUG = env_bool("DEBUG", default=not PRODUCTION)
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "django_celery_beat",
+    "stack.apps.StackConfig",
+    "billing.apps.BillingConfig",
+    "training.apps.TrainingConfig",
+    "inference.apps.InferenceConfig",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "stack.urls"
+WSGI_APPLICATION = "stack.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database -----------------------------------------------------------------
+DATABASE_URL = env_url(
+    "DATABASE_URL",
+    f"sqlite:///{VAR_DIR / 'switchyard.sqlite3'}",
+    schemes=("sqlite", "postgres", "postgresql", "pgsql"),
+)
+_db = dj_database_url.parse(DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 0, minimum=0))
+if _db["ENGINE"] == "django.db.backends.sqlite3":
+    # Several processes (web, workers, beat) share the file: WAL lets readers
+    # run beside a writer, IMMEDIATE transactions take the write lock up front
+    # so two writers queue on `timeout` instead of failing with "locked".
+    _db["OPTIONS"] = {
+        "timeout": 30,
+        "transaction_mode": "IMMEDIATE",
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+    # Tests start real worker processes, which must see the same database, so
+    # the SQLite test database is a file, not pytest's in-memory default.
+    _db["TEST"] = {"NAME": str(VAR_DIR / "test-switchyard.sqlite3")}
+_db["ATOMIC_REQUESTS"] = True  # a failed request writes nothing
+DATABASES = {"default": _db}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Auth -----------------------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "overview"
+LOGOUT_REDIRECT_URL = "login"
+
+# --- Internationalisation and time --------------------------------------------
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+# --- Static files ----------------------------------------------------------------
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
+
+# --- Security in production ------------------------------------------------------
+if PRODUCTION:
+    SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", True)
+    CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", True)
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+# --- Broker and Celery -------------------------------------------------------------
+REDIS_URL = env_str("REDIS_URL", "")
+if REDIS_URL:
+    env_url("REDIS_URL", REDIS_URL, schemes=("redis", "rediss"))
+BROKER_DIR = VAR_DIR / "broker"
+_default_broker = REDIS_URL or "filesystem://"
+CELERY_BROKER_URL = env_url(
+    "CELERY_BROKER_URL", _default_broker, schemes=("redis", "rediss", "amqp", "filesystem")
+)
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    # Kombu's filesystem transport: an embedded broker that needs no server,
+    # shared by every process on this machine through files under var/.
+    for sub in ("queue", "processed", "control"):
+        (BROKER_DIR / sub).mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {
+        "data_folder_in": str(BROKER_DIR / "queue"),
+        "data_folder_out": str(BROKER_DIR / "queue"),
+        "processed_folder": str(BROKER_DIR / "processed"),
+        "control_folder": str(BROKER_DIR / "control"),
+        "store_processed": False,
+    }
+else:
+    # Longer than the longest task (training chunks are bounded well below
+    # this), so an unacknowledged message is not handed out twice.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 3600, minimum=60)
+    }
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_IGNORE_RESULT = True  # task outcomes live in our own tables
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_DEFAULT_QUEUE = "control"
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+CELERY_TASK_EAGER_PROPAGATES = True
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+
+# --- Cluster health ---------------------------------------------------------------
+HEARTBEAT_SECONDS = env_float("SWITCHYARD_HEARTBEAT_SECONDS", 5.0, minimum=0.1)
+DEGRADED_AFTER_SECONDS = env_float("SWITCHYARD_DEGRADED_AFTER_SECONDS", 15.0, minimum=0.1)
+DOWN_AFTER_SECONDS = env_float("SWITCHYARD_DOWN_AFTER_SECONDS", 30.0, minimum=0.1)
+HEALTH_CHECK_SECONDS = env_float("SWITCHYARD_HEALTH_CHECK_SECONDS", 5.0, minimum=1.0)
+if not HEARTBEAT_SECONDS < DEGRADED_AFTER_SECONDS < DOWN_AFTER_SECONDS:
+    raise ImproperlyConfigured(
+        "Heartbeat timings must satisfy SWITCHYARD_HEARTBEAT_SECONDS < "
+        "SWITCHYARD_DEGRADED_AFTER_SECONDS < SWITCHYARD_DOWN_AFTER_SECONDS"
+    )
+
+# Periodic work, declared in one place. django-celery-beat copies these into its
+# tables when beat starts; operators can tune them in the admin afterwards.
+CELERY_BEAT_SCHEDULE = {
+    "cluster-health-check": {
+        "task": "stack.cluster_health_check",
+        "schedule": HEALTH_CHECK_SECONDS,
+        "options": {"queue": "control", "expires": HEALTH_CHECK_SECONDS * 2},
+    },
+}
+
+# --- Object store -----------------------------------------------------------------
+OBJECT_STORE_URL = env_url("OBJECT_STORE_URL", f"file://{VAR_DIR / 'objects'}", schemes=("file", "s3"))
+OBJECT_STORE_ENDPOINT_URL = env_str("OBJECT_STORE_ENDPOINT_URL", "") or None
+
+# --- REST API ---------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        # Bearer first: its WWW-Authenticate header makes DRF answer 401
+        # (not 403) to requests that carry no credentials.
+        "stack.api.authentication.BearerTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["stack.api.permissions.RolePermission"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 100,
+    "EXCEPTION_HANDLER": "stack.api.exceptions.exception_handler",
+    "COERCE_DECIMAL_TO_STRING": True,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Switchyard API",
+    "DESCRIPTION": "Registry, jobs and usage ledger of the Switchyard control plane.",
+    "VERSION": "0.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

@@ -1,0 +1,37 @@
+from __future__ import annotations
+
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView
+from rest_framework.routers import DefaultRouter
+
+from billing.api import PriceBookViewSet, UsageRecordViewSet
+from stack import views
+from stack.api.views import (
+    ClusterViewSet,
+    DeploymentViewSet,
+    FailoverEventViewSet,
+    ProviderViewSet,
+    RegisteredModelViewSet,
+    WorkflowViewSet,
+)
+from training.api import ProbeJobViewSet
+
+router = DefaultRouter()
+router.register("providers", ProviderViewSet)
+router.register("clusters", ClusterViewSet)
+router.register("models", RegisteredModelViewSet)
+router.register("deployments", DeploymentViewSet)
+router.register("workflows", WorkflowViewSet)
+router.register("failover-events", FailoverEventViewSet, basename="failoverevent")
+router.register("probe-jobs", ProbeJobViewSet)
+router.register("usage-records", UsageRecordViewSet, basename="usagerecord")
+router.register("price-books", PriceBookViewSet)
+
+urlpatterns = [
+    path("", include("stack.web_urls")),
+    path("healthz", views.healthz, name="healthz"),
+    path("admin/", admin.site.urls),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/", include(router.urls)),
+]

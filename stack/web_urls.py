@@ -1,0 +1,65 @@
+"""URLs of the server-rendered pages."""
+
+from __future__ import annotations
+
+from django.contrib.auth import views as auth_views
+from django.urls import URLPattern, path
+
+from stack import views
+from stack.models import Workflow
+
+urlpatterns: list[URLPattern] = [
+    path("", views.OverviewView.as_view(), name="overview"),
+    path("login/", auth_views.LoginView.as_view(), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("assets/plotly.min.js", views.plotly_js, name="plotly-js"),
+    path("jobs/", views.JobListView.as_view(), name="jobs"),
+    path("jobs/<int:pk>/", views.JobDetailView.as_view(), name="job-detail"),
+    path("tokens/", views.TokenView.as_view(), name="tokens"),
+    path(
+        "workflows/",
+        views.RegistryListView.as_view(
+            model=Workflow,
+            title="Workflows",
+            columns=[("slug", "Slug"), ("owner", "Owner"), ("team", "Team"), ("description", "Description")],
+            create_url_name="workflows-new",
+            edit_url_name="workflow-detail",
+        ),
+        name="workflows",
+    ),
+    path("workflows/new/", views.WorkflowCreateView.as_view(), name="workflows-new"),
+    path("workflows/<slug:slug>/", views.WorkflowDetailView.as_view(), name="workflow-detail"),
+]
+
+_SPECIAL_FORMS = {"providers": (views.ProviderCreateView, views.ProviderUpdateView)}
+
+for name, page in views.REGISTRY_PAGES.items():
+    create_view, update_view = _SPECIAL_FORMS.get(name, (views.RegistryCreateView, views.RegistryUpdateView))
+    title = name.capitalize()
+    urlpatterns += [
+        path(
+            f"{name}/",
+            views.RegistryListView.as_view(
+                model=page["model"],
+                title=title,
+                columns=page["columns"],
+                create_url_name=f"{name}-new",
+                edit_url_name=f"{name}-edit",
+            ),
+            name=name,
+        ),
+        path(
+            f"{name}/new/",
+            create_view.as_view(
+                model=page["model"], form_class=page["form"], title=f"New {name[:-1]}", success_url_name=name
+            ),
+            name=f"{name}-new",
+        ),
+        path(
+            f"{name}/<slug:slug>/edit/",
+            update_view.as_view(
+                model=page["model"], form_class=page["form"], title=f"Edit {name[:-1]}", success_url_name=name
+            ),
+            name=f"{name}-edit",
+        ),
+    ]

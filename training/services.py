@@ -1,0 +1,150 @@
+"""Writes for training jobs."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from datetime import datetime
+from decimal import Decimal
+
+from django.contrib.auth.models import User
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from billing.models import Unit
+from billing.services import usage_record
+from stack.models import Cluster
+from training.models import ProbeJob
+
+logger = logging.getLogger(__name__)
+
+SECONDS_PER_HOUR = Decimal(3600)
+
+
+class DispatchError(ValueError):
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def probe_job_create(*, cluster: Cluster, created_by: User | None, steps: int = 300) -> ProbeJob:
+    """Create a probe job and enqueue it on the cluster's queue once committed."""
+    from training.tasks import probe_job_run
+
+    if cluster.status == Cluster.Status.DRAINING:
+        raise DispatchError(f"cluster {cluster.slug} is draining", field="cluster")
+    job = ProbeJob.objects.create(cluster=cluster, created_by=created_by, steps=steps)
+    queue = cluster.queue
+    job_id = job.pk
+    transaction.on_commit(lambda: probe_job_run.apply_async(args=(job_id,), queue=queue))
+    return job
+
+
+def probe_job_claim(*, job_id: int, worker_hostname: str) -> ProbeJob | None:
+    """Claim a job for this worker; None when it is finished or gone (a no-op).
+
+    A job still `running` may be claimed again: that happens when the worker
+    that had it died and the broker redelivered the message.
+    """
+    now = timezone.now()
+    claimed = ProbeJob.objects.filter(
+        pk=job_id, status__in=[ProbeJob.Status.PENDING, ProbeJob.Status.RUNNING]
+    ).update(
+        status=ProbeJob.Status.RUNNING,
+        started_at=now,
+        worker_hostname=worker_hostname[:255],
+        loss_curve=[],
+        error="",
+        attempts=F("attempts") + 1,
+    )
+    if claimed != 1:
+        return None
+    return ProbeJob.objects.select_related("cluster__provider").get(pk=job_id)
+
+
+def probe_job_progress(*, job_id: int, loss_curve: list[tuple[int, float]]) -> None:
+    ProbeJob.objects.filter(pk=job_id, status=ProbeJob.Status.RUNNING).update(
+        loss_curve=[list(p) for p in loss_curve]
+    )
+
+
+def probe_job_finish(
+    *,
+    job: ProbeJob,
+    succeeded: bool,
+    wall_seconds: float,
+    finished_at: datetime,
+    loss_curve: list[tuple[int, float]],
+    final_loss: float | None,
+    device: str,
+    error: str = "",
+) -> ProbeJob:
+    """Record the outcome and bill the accelerator-seconds, in one transaction."""
+    # One accelerator group ran the probe; bill what it held for the run.
+    accelerator_seconds = Decimal(str(round(wall_seconds, 3)))
+    with transaction.atomic():
+        updated = ProbeJob.objects.filter(pk=job.pk, status=ProbeJob.Status.RUNNING).update(
+            status=ProbeJob.Status.SUCCEEDED if succeeded else ProbeJob.Status.FAILED,
+            finished_at=finished_at,
+            loss_curve=[list(p) for p in loss_curve],
+            final_loss=final_loss,
+            device=device,
+            accelerator_seconds=accelerator_seconds,
+            error=error[:5000],
+        )
+        if updated == 1:
+            usage_record(
+                unit=Unit.ACCELERATOR_HOUR,
+                quantity=accelerator_seconds / SECONDS_PER_HOUR,
+                occurred_at=finished_at,
+                idempotency_key=f"probe_job:{job.pk}",
+                subject_type="probe_job",
+                subject_id=str(job.pk),
+                cluster=job.cluster,
+                description=f"probe job #{job.pk}: {accelerator_seconds}s on {job.cluster.slug}",
+            )
+    job.refresh_from_db()
+    return job
+
+
+def probe_job_execute(*, job_id: int, worker_hostname: str | None = None) -> ProbeJob | None:
+    """Run a claimed probe job to completion (called by the worker task)."""
+    from training.probe import ProbeConfig, run_probe
+
+    job = probe_job_claim(job_id=job_id, worker_hostname=worker_hostname or socket.gethostname())
+    if job is None:
+        logger.info("probe job %s already finished or gone; nothing to do", job_id)
+        return None
+    curve: list[tuple[int, float]] = []
+
+    def on_progress(step: int, loss: float) -> None:
+        curve.append((step, round(loss, 5)))
+        if len(curve) % 5 == 0:
+            probe_job_progress(job_id=job_id, loss_curve=curve)
+
+    started = timezone.now()
+    try:
+        result = run_probe(ProbeConfig(steps=job.steps), on_progress)
+    except Exception as exc:
+        finished = timezone.now()
+        logger.exception("probe job %s failed", job_id)
+        return probe_job_finish(
+            job=job,
+            succeeded=False,
+            wall_seconds=(finished - started).total_seconds(),
+            finished_at=finished,
+            loss_curve=curve,
+            final_loss=None,
+            device="",
+            error=f"{type(exc).__name__}: {exc}",
+        )
+    return probe_job_finish(
+        job=job,
+        succeeded=True,
+        wall_seconds=result.wall_seconds,
+        finished_at=timezone.now(),
+        loss_curve=result.loss_curve,
+        final_loss=result.final_loss,
+        device=result.device,
+    )
