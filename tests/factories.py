@@ -1,0 +1,104 @@
+"""Test data builders: small functions with sensible defaults, overridable per test."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from django.contrib.auth.models import Group, User
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from billing.models import PriceBook, Unit
+from billing.services import price_book_publish
+from stack.models import Cluster, Deployment, Provider, RegisteredModel, Workflow
+from stack.roles import Role
+from stack.services import api_token_create, workflow_create
+
+_seq = itertools.count(1)
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{next(_seq)}"
+
+
+def make_user(role: Role | None = None, *, username: str | None = None, password: str = "pw-for-tests-1") -> User:
+    user = User.objects.create_user(username=username or unique("user"), password=password)
+    if role is not None:
+        user.groups.add(Group.objects.get(name=role.value))
+    return user
+
+
+def api_client(user: User) -> APIClient:
+    """An API client that authenticates with a real bearer token of `user`."""
+    _, raw = api_token_create(user=user, name="tests")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    return client
+
+
+def make_provider(**overrides: Any) -> Provider:
+    fields: dict[str, Any] = {
+        "slug": unique("prov"),
+        "display_name": "Test provider",
+        "kind": Provider.Kind.AWS,
+        "region": "us-east-1",
+    }
+    fields.update(overrides)
+    return Provider.objects.create(**fields)
+
+
+def make_cluster(*, price: Decimal | None = Decimal("2.000000"), **overrides: Any) -> Cluster:
+    fields: dict[str, Any] = {
+        "slug": unique("cl"),
+        "accelerator_type": "A10G",
+        "accelerator_count": 4,
+        "capacity": 2,
+    }
+    fields.update(overrides)
+    if "provider" not in fields:
+        fields["provider"] = make_provider()
+    cluster = Cluster.objects.create(**fields)
+    if price is not None:
+        make_price(cluster=cluster, unit_price=price)
+    return cluster
+
+
+def make_price(
+    *,
+    unit_price: Decimal,
+    unit: Unit = Unit.ACCELERATOR_HOUR,
+    effective_from: datetime | None = None,
+    **target: Any,
+) -> PriceBook:
+    return price_book_publish(
+        unit=unit,
+        unit_price=unit_price,
+        effective_from=effective_from or timezone.now() - timezone.timedelta(days=30),
+        **target,
+    )
+
+
+def make_model(**overrides: Any) -> RegisteredModel:
+    fields: dict[str, Any] = {"slug": unique("model"), "family": "gpt-byte", "context_length": 128}
+    fields.update(overrides)
+    return RegisteredModel.objects.create(**fields)
+
+
+def make_deployment(**overrides: Any) -> Deployment:
+    fields: dict[str, Any] = {"slug": unique("dep"), "provider_model_id": "m-1"}
+    fields.update(overrides)
+    fields.setdefault("model", make_model())
+    fields.setdefault("provider", make_provider(kind=Provider.Kind.OPENAI_COMPATIBLE))
+    return Deployment.objects.create(**fields)
+
+
+def make_workflow(*, owner: User, deployments: list[Deployment] | None = None, **overrides: Any) -> Workflow:
+    return workflow_create(
+        slug=overrides.pop("slug", unique("wf")),
+        owner=owner,
+        deployments=deployments or [make_deployment(), make_deployment()],
+        **overrides,
+    )
