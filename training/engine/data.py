@@ -181,4 +181,4 @@ def evaluate(model: torch.nn.Module, batches: Sequence[tuple[torch.Tensor, torch
         total += float(model(x.to(device), y.to(device))) * x.numel()
         count += x.numel()
     model.train(was_training)
-    return total / count
+    return total / count if count else float("nan")

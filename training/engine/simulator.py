@@ -94,7 +94,8 @@ class SimResult:
     tokens_lost: int
     bytes_up: list[int]
     bytes_down: list[int]
-    peak_push_bytes: int
+    peak_push_bytes: int  # most bytes one learner pushed at one scheduled sync
+    flush_bytes: int  # bytes of the end-of-run flush (all learners), outside the schedule
     publishes: int
     curve: list[dict[str, float]] = field(default_factory=list)  # time, tokens_merged, eval_loss
 
@@ -131,6 +132,7 @@ class _Rt:
     bytes_up: int = 0
     bytes_down: int = 0
     peak_push: int = 0
+    flush_bytes: int = 0
 
 
 class Simulator:
@@ -238,6 +240,7 @@ class Simulator:
             bytes_up=[rt.bytes_up for rt in self.rts],
             bytes_down=[rt.bytes_down for rt in self.rts],
             peak_push_bytes=max(rt.peak_push for rt in self.rts),
+            flush_bytes=sum(rt.flush_bytes for rt in self.rts),
             publishes=self.publishes,
             curve=self.curve,
         )
@@ -271,10 +274,15 @@ class Simulator:
         if final:  # flush whatever is not synced yet, so the global params hold all work
             to_push = [f for f in range(len(self.fragments))
                        if f in to_push or rt.learner.pending_steps[f] > 0]
+        scheduled = due(rt.steps, h=self.cfg.h, fragment_offsets=self.offsets)
         pushed = 0
         for f in to_push:
             delta = rt.learner.make_delta(f, now=self.now)
-            pushed += self._upload(rt, delta)
+            nbytes = self._upload(rt, delta)
+            if f in scheduled:  # the end-of-run flush is not part of the sync schedule
+                pushed += nbytes
+            else:
+                rt.flush_bytes += nbytes
             if barrier:
                 tau = self.cfg.streaming.overlap
                 if tau == 0 or final:
