@@ -57,6 +57,9 @@ def usage_record(
         provider = deployment.provider
     if deployment is not None and model is None:
         model = deployment.model
+    # The row must explain itself: amount is computed from the stored (rounded)
+    # quantity, so quantity × unit_price reproduces it exactly.
+    quantity = _quantize(quantity)
     price = price_in_force(
         unit=unit, at=occurred_at, cluster=cluster, deployment=deployment, provider=provider
     )
@@ -76,7 +79,7 @@ def usage_record(
                 model=model,
                 workflow=workflow,
                 team=team or (workflow.team if workflow is not None else ""),
-                quantity=_quantize(quantity),
+                quantity=quantity,
                 unit=unit,
                 unit_price=price.unit_price,
                 amount=_quantize(quantity * price.unit_price),

@@ -9,6 +9,7 @@ SECRET_KEY.
 
 from __future__ import annotations
 
+import os
 import secrets
 from pathlib import Path
 
@@ -120,10 +121,12 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
     }
     # Tests start real worker processes, which must see the same database, so
     # the SQLite test database is a file, not pytest's in-memory default.
-    _db["TEST"] = {"NAME": str(VAR_DIR / "test-switchyard.sqlite3")}
+    # The pid keeps two concurrent test sessions on one checkout apart.
+    _db["TEST"] = {"NAME": str(VAR_DIR / f"test-switchyard-{os.getpid()}.sqlite3")}
 _db["ATOMIC_REQUESTS"] = True  # a failed request writes nothing
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+FORMS_URLFIELD_ASSUME_HTTPS = True  # the Django 6 default, opted into now
 
 # --- Auth -----------------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [

@@ -27,7 +27,8 @@ def unique(prefix: str) -> str:
 def make_user(role: Role | None = None, *, username: str | None = None, password: str = "pw-for-tests-1") -> User:
     user = User.objects.create_user(username=username or unique("user"), password=password)
     if role is not None:
-        user.groups.add(Group.objects.get(name=role.value))
+        # get_or_create: transactional tests flush the groups the migration made.
+        user.groups.add(Group.objects.get_or_create(name=role.value)[0])
     return user
 
 

@@ -31,7 +31,7 @@ DROP FUNCTION IF EXISTS billing_usage_append_only();
 def _on_postgres(sql: str):  # type: ignore[no-untyped-def]
     def run(apps, schema_editor):  # type: ignore[no-untyped-def]
         if schema_editor.connection.vendor == "postgresql":
-            schema_editor.execute(sql)
+            schema_editor.execute(sql, None)  # None: the % in RAISE is not a placeholder
 
     return run
 
