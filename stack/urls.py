@@ -7,6 +7,7 @@ from rest_framework.routers import DefaultRouter
 
 from billing.api import PriceBookViewSet, UsageRecordViewSet
 from stack import views
+from stack.api.permissions import RolePermission
 from stack.api.views import (
     ClusterViewSet,
     DeploymentViewSet,
@@ -32,6 +33,8 @@ urlpatterns = [
     path("", include("stack.web_urls")),
     path("healthz", views.healthz, name="healthz"),
     path("admin/", admin.site.urls),
-    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    # drf-spectacular serves the schema to anyone by default; like every other
+    # /api/ call it needs a token or a session (401 without).
+    path("api/schema/", SpectacularAPIView.as_view(permission_classes=[RolePermission]), name="schema"),
     path("api/", include(router.urls)),
 ]
