@@ -210,7 +210,7 @@ class WorkflowCreateView(RegistryCreateView):
         except services.RegistryError as exc:
             form.add_error(None, str(exc))
             return self.form_invalid(form)
-        return HttpResponseRedirect(reverse("workflow-detail", args=[workflow.slug]))
+        return HttpResponseRedirect(reverse("workflow-page", args=[workflow.slug]))
 
 
 class WorkflowDetailView(RoleRequiredMixin, View):
@@ -236,7 +236,7 @@ class WorkflowDetailView(RoleRequiredMixin, View):
                     request,
                     f"Primary is now {form.cleaned_data['deployment'].slug} (policy v{policy.version}).",
                 )
-                return HttpResponseRedirect(reverse("workflow-detail", args=[workflow.slug]))
+                return HttpResponseRedirect(reverse("workflow-page", args=[workflow.slug]))
         return self._render(request, workflow, form, status=400)
 
     def _render(

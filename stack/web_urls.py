@@ -23,12 +23,13 @@ urlpatterns: list[URLPattern] = [
             title="Workflows",
             columns=[("slug", "Slug"), ("owner", "Owner"), ("team", "Team"), ("description", "Description")],
             create_url_name="workflows-new",
-            edit_url_name="workflow-detail",
+            edit_url_name="workflow-page",
         ),
         name="workflows",
     ),
     path("workflows/new/", views.WorkflowCreateView.as_view(), name="workflows-new"),
-    path("workflows/<slug:slug>/", views.WorkflowDetailView.as_view(), name="workflow-detail"),
+    # Not "workflow-detail": the API router already names /api/workflows/<slug>/ so.
+    path("workflows/<slug:slug>/", views.WorkflowDetailView.as_view(), name="workflow-page"),
 ]
 
 _SPECIAL_FORMS = {"providers": (views.ProviderCreateView, views.ProviderUpdateView)}
