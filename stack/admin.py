@@ -3,6 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
+from django.db import models
 from django.http import HttpRequest
 
 from stack import services
@@ -24,6 +25,7 @@ from stack.models import (
 @admin.register(Provider)
 class ProviderAdmin(admin.ModelAdmin[Provider]):
     form = ProviderForm
+    formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
     list_display = ["slug", "display_name", "kind", "region", "has_credentials", "enabled"]
     list_filter = ["kind", "enabled"]
     search_fields = ["slug", "display_name"]
@@ -60,6 +62,7 @@ class RegisteredModelAdmin(admin.ModelAdmin[RegisteredModel]):
 
 @admin.register(Deployment)
 class DeploymentAdmin(admin.ModelAdmin[Deployment]):
+    formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
     list_display = ["slug", "model", "provider", "enabled"]
 
 

@@ -43,6 +43,7 @@ def spend_per_provider_chart(rows: Sequence[DailySpend], days: Sequence[date]) -
         margin={"l": 50, "r": 10, "t": 30, "b": 40},
         title={"text": "Spend per provider per day", "font": {"size": 14}},
         yaxis={"title": {"text": "amount"}, "rangemode": "tozero"},
+        showlegend=True,
         legend={"orientation": "h"},
     )
     return _to_div(figure, "spend-chart")

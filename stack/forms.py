@@ -5,8 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from django import forms
+from django.db import models
 
 from stack.models import Cluster, Deployment, Provider, RegisteredModel, Workflow
+
+
+def _formfield(field: models.Field[Any, Any], **kwargs: Any) -> forms.Field | None:
+    # URLs without a scheme mean https (Django 6's default, chosen explicitly now).
+    if isinstance(field, models.URLField):
+        kwargs.setdefault("assume_scheme", "https")
+    return field.formfield(**kwargs)
 
 
 class ProviderForm(forms.ModelForm[Provider]):
@@ -21,6 +29,7 @@ class ProviderForm(forms.ModelForm[Provider]):
     class Meta:
         model = Provider
         fields = ["slug", "display_name", "kind", "region", "base_url", "enabled"]
+        formfield_callback = _formfield
 
     def credentials_change(self) -> str | None:
         """'' to clear, a new value to store, None to keep what is stored."""
@@ -61,6 +70,7 @@ class DeploymentForm(forms.ModelForm[Deployment]):
     class Meta:
         model = Deployment
         fields = ["slug", "model", "provider", "provider_model_id", "base_url", "enabled"]
+        formfield_callback = _formfield
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}

@@ -126,7 +126,6 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
 _db["ATOMIC_REQUESTS"] = True  # a failed request writes nothing
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-FORMS_URLFIELD_ASSUME_HTTPS = True  # the Django 6 default, opted into now
 
 # --- Auth -----------------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [
