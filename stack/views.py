@@ -42,6 +42,7 @@ from stack.models import (
     RegisteredModel,
     Workflow,
 )
+from stack.objectstore import object_store_health
 from stack.roles import ALL_ROLES, OPERATORS, Role, user_has_role, user_roles
 from stack.selectors import cluster_list_with_workers, get_workflow_for_user, workflow_current_policy
 from training.models import ProbeJob
@@ -367,7 +368,7 @@ def _broker_ok() -> tuple[bool, str]:
 
 
 def healthz(request: HttpRequest) -> JsonResponse:
-    """Database, broker and per-cluster worker status, as JSON (no login)."""
+    """Database, broker, object store and per-cluster worker status, as JSON (no login)."""
     try:
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")
@@ -393,11 +394,13 @@ def healthz(request: HttpRequest) -> JsonResponse:
                     ],
                 }
             )
-    ok = bool(database["ok"]) and broker_ok
+    object_store = object_store_health()
+    ok = bool(database["ok"]) and broker_ok and bool(object_store["ok"])
     body = {
         "ok": ok,
         "database": database,
         "broker": {"ok": broker_ok, "detail": broker_detail},
+        "object_store": object_store,
         "clusters": clusters,
         "all_clusters_healthy": all(c["status"] == Cluster.Status.HEALTHY for c in clusters),
     }

@@ -1,0 +1,86 @@
+"""docker-compose.yml stays runnable: no Docker engine here, so parse and check it."""
+
+from __future__ import annotations
+
+import importlib
+import shlex
+from pathlib import Path
+from typing import Any
+
+import yaml
+from django.conf import settings
+from django.core.management import get_commands
+
+COMPOSE = Path(settings.BASE_DIR) / "docker-compose.yml"
+APP_SERVICES = {"init", "web", "beat", "control", "worker-onprem-a100", "worker-aws-g5-use1"}
+
+
+def _compose() -> dict[str, Any]:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def _argv(command: Any) -> list[str]:
+    return list(command) if isinstance(command, list) else shlex.split(command)
+
+
+def _check_project_command(argv: list[str]) -> None:
+    """Every command an app service runs must exist in this project."""
+    if argv[:2] == ["sh", "-c"]:
+        for part in argv[2].split("&&"):
+            _check_project_command(shlex.split(part))
+        return
+    if argv[:2] == ["python", "manage.py"]:
+        assert argv[2] in get_commands(), f"no management command {argv[2]!r}"
+        return
+    if argv[0] == "gunicorn":
+        module, _, attr = argv[1].partition(":")
+        assert hasattr(importlib.import_module(module), attr or "application")
+        return
+    if argv[0] == "celery":
+        assert argv[1:3] == ["-A", "stack"]
+        importlib.import_module("stack.celery")
+        return
+    raise AssertionError(f"unexpected command {argv}")
+
+
+def test_the_compose_file_describes_the_production_shape() -> None:
+    services = _compose()["services"]
+    assert {"postgres", "redis", "minio"} <= services.keys()
+    assert APP_SERVICES <= services.keys()
+    # Two example cluster workers, each on its own cluster queue.
+    workers = [s for s in services if s.startswith("worker-")]
+    assert len(workers) >= 2
+    for name in workers:
+        argv = _argv(services[name]["command"])
+        assert argv[2:4] == ["worker", "--cluster"] and name == f"worker-{argv[4]}"
+
+
+def test_every_long_running_service_has_a_healthcheck() -> None:
+    for name, service in _compose()["services"].items():
+        if name == "init":
+            assert service["restart"] == "no"
+            continue
+        assert "healthcheck" in service, f"{name} has no healthcheck"
+        assert service["healthcheck"]["test"], name
+
+
+def test_every_app_service_runs_a_command_that_exists_in_the_project() -> None:
+    services = _compose()["services"]
+    for name in APP_SERVICES:
+        _check_project_command(_argv(services[name]["command"]))
+        check = services[name].get("healthcheck", {}).get("test")
+        if check and check[0] == "CMD-SHELL":
+            _check_project_command(shlex.split(check[1].replace("$$", "$")))
+        elif check and check[0] == "CMD" and check[1:3] == ["python", "manage.py"]:
+            _check_project_command(check[1:])
+
+
+def test_app_services_get_their_configuration_from_the_environment() -> None:
+    services = _compose()["services"]
+    for name in APP_SERVICES:
+        env = services[name]["environment"]
+        assert env["SWITCHYARD_ENV"] == "production"
+        assert env["DATABASE_URL"].startswith("postgres://")
+        assert env["REDIS_URL"].startswith("redis://")
+        assert env["OBJECT_STORE_URL"].startswith("s3://")
+        assert "${SECRET_KEY:?" in env["SECRET_KEY"]  # required, never defaulted
