@@ -1,6 +1,6 @@
 """Benchmarks (they measure and print JSON; tests never assert on wall-clock time).
 
-    python manage.py bench diloco --quick --json var/bench-diloco.json
+python manage.py bench diloco --quick --json var/bench-diloco.json
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("benchmark", choices=["diloco"])
-        parser.add_argument("args", nargs="*", help="options passed to the benchmark, e.g. --quick --json PATH")
+        parser.add_argument(
+            "args", nargs="*", help="options passed to the benchmark, e.g. --quick --json PATH"
+        )
 
     def run_from_argv(self, argv: list[str]) -> None:
         # Pass every option after the benchmark's name through untouched, so the

@@ -93,12 +93,20 @@ class Command(BaseCommand):
             if options["once"]:
                 return
             self.stdout.write("Press Ctrl-C to stop.")
+            reported: set[str] = set()
             while True:
                 for name, child in children.items():
-                    if child.poll() is not None:
-                        raise CommandError(
-                            f"{name} exited with code {child.returncode}; see {log_dir / name}.log"
+                    if child.poll() is None or name in reported:
+                        continue
+                    # Keep the rest running: a dead cluster worker is exactly
+                    # what the failover drill in the README wants to show.
+                    reported.add(name)
+                    self.stdout.write(
+                        self.style.WARNING(
+                            f"{name} exited with code {child.returncode} (log {log_dir / name}.log); "
+                            f"restart it with: {' '.join(commands[name][1:])}"
                         )
+                    )
                 time.sleep(1)
         except KeyboardInterrupt:
             self.stdout.write("\nstopping…")
