@@ -13,6 +13,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from billing.models import Unit
+from billing.selectors import price_in_force
 from billing.services import usage_record
 from stack.models import Cluster
 from training.models import ProbeJob
@@ -34,6 +35,13 @@ def probe_job_create(*, cluster: Cluster, created_by: User | None, steps: int = 
 
     if cluster.status == Cluster.Status.DRAINING:
         raise DispatchError(f"cluster {cluster.slug} is draining", field="cluster")
+    # Refuse up front what could not be billed at the end: without a price the
+    # finished job's ledger write fails and the job would stay `running`.
+    price = price_in_force(
+        unit=Unit.ACCELERATOR_HOUR, at=timezone.now(), cluster=cluster, provider=cluster.provider
+    )
+    if price is None:
+        raise DispatchError(f"cluster {cluster.slug} has no accelerator-hour price in force", field="cluster")
     job = ProbeJob.objects.create(cluster=cluster, created_by=created_by, steps=steps)
     queue = cluster.queue
     job_id = job.pk
