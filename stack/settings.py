@@ -163,7 +163,8 @@ REDIS_URL = env_str("REDIS_URL", "")
 if REDIS_URL:
     env_url("REDIS_URL", REDIS_URL, schemes=("redis", "rediss"))
 BROKER_DIR = VAR_DIR / "broker"
-_default_broker = REDIS_URL or "filesystem://"
+# (A host part keeps kombu from warning that none was given; the transport ignores it.)
+_default_broker = REDIS_URL or "filesystem://localhost/"
 CELERY_BROKER_URL = env_url(
     "CELERY_BROKER_URL", _default_broker, schemes=("redis", "rediss", "amqp", "filesystem")
 )

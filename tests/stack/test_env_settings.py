@@ -126,7 +126,7 @@ def load_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
 def test_settings_with_no_environment_use_the_embedded_defaults(load_settings: Any, tmp_path: Path) -> None:
     loaded = load_settings()
     assert loaded["DATABASES"]["default"]["ENGINE"] == "django.db.backends.sqlite3"
-    assert loaded["CELERY_BROKER_URL"] == "filesystem://"
+    assert loaded["CELERY_BROKER_URL"] == "filesystem://localhost/"
     assert loaded["OBJECT_STORE_URL"] == f"file://{tmp_path / 'var' / 'objects'}"
     assert loaded["USE_TZ"] is True
     assert loaded["TIME_ZONE"] == "UTC"
