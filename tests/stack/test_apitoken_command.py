@@ -1,0 +1,91 @@
+"""`manage.py apitoken` and the argument checks of `manage.py worker`."""
+
+from __future__ import annotations
+
+import hashlib
+from io import StringIO
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.management import CommandError, call_command
+from django.db import connection
+from rest_framework.test import APIClient
+
+from stack.models import ApiToken
+
+pytestmark = pytest.mark.django_db
+
+
+def _run(*args: str) -> str:
+    out = StringIO()
+    call_command(*args, stdout=out)
+    return out.getvalue()
+
+
+def _every_text_value_in_the_database() -> list[str]:
+    """All string column values of every table, read with raw SQL."""
+    values: list[str] = []
+    with connection.cursor() as cursor:
+        for table in connection.introspection.table_names(cursor):
+            quoted = connection.ops.quote_name(table)
+            cursor.execute(f"SELECT * FROM {quoted}")  # noqa: S608 (table names come from introspection)
+            values += [v for row in cursor.fetchall() for v in row if isinstance(v, str)]
+    return values
+
+
+def test_apitoken_create_prints_a_token_that_authenticates(viewer: User) -> None:
+    raw = _run("apitoken", "create", "--user", viewer.username).strip()
+    assert raw.startswith("sy_")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    assert client.get("/api/clusters/").status_code == 200
+
+    token = ApiToken.objects.get(user=viewer)
+    assert token.name == "cli"
+    assert token.revoked_at is None
+
+
+def test_apitoken_stores_only_the_sha256_of_the_secret(viewer: User) -> None:
+    raw = _run("apitoken", "create", "--user", viewer.username, "--name", "ci").strip()
+    _, prefix, secret = raw.split("_", 2)
+    token = ApiToken.objects.get(user=viewer, name="ci")
+    assert token.prefix == prefix
+    assert token.key_hash == hashlib.sha256(secret.encode()).hexdigest()
+    stored = _every_text_value_in_the_database()
+    assert not any(secret in value for value in stored)
+    assert not any(raw in value for value in stored)
+
+
+def test_apitoken_create_for_an_unknown_user_is_a_command_error() -> None:
+    with pytest.raises(CommandError, match="no user named 'ghost'"):
+        _run("apitoken", "create", "--user", "ghost")
+    assert not ApiToken.objects.exists()
+
+
+def test_apitoken_list_shows_prefixes_never_values_and_revoke_turns_a_token_off(viewer: User) -> None:
+    raw = _run("apitoken", "create", "--user", viewer.username, "--name", "laptop").strip()
+    _, prefix, secret = raw.split("_", 2)
+    listing = _run("apitoken", "list", "--user", viewer.username)
+    assert f"{prefix}\tlaptop\tactive" in listing
+    assert secret not in listing
+
+    assert _run("apitoken", "revoke", prefix).strip() == f"revoked {prefix}"
+    assert f"{prefix}\tlaptop\trevoked" in _run("apitoken", "list", "--user", viewer.username)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    assert client.get("/api/clusters/").status_code == 401
+
+
+def test_apitoken_revoke_of_an_unknown_prefix_is_a_command_error() -> None:
+    with pytest.raises(CommandError, match="no token with prefix"):
+        _run("apitoken", "revoke", "000000000000")
+
+
+def test_worker_for_an_unregistered_cluster_is_a_command_error() -> None:
+    with pytest.raises(CommandError, match="no cluster with slug 'nope'"):
+        _run("worker", "--cluster", "nope")
+
+
+def test_worker_refuses_a_concurrency_below_one() -> None:
+    with pytest.raises(CommandError, match="--concurrency must be at least 1"):
+        _run("worker", "--control", "--concurrency", "0")
