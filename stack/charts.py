@@ -39,8 +39,8 @@ def spend_per_provider_chart(rows: Sequence[DailySpend], days: Sequence[date]) -
         )
     figure.update_layout(
         barmode="stack",
-        height=320,
-        margin={"l": 50, "r": 10, "t": 30, "b": 40},
+        height=340,
+        margin={"l": 50, "r": 10, "t": 30, "b": 60},
         title={"text": "Spend per provider per day", "font": {"size": 14}},
         yaxis={"title": {"text": "amount"}, "rangemode": "tozero"},
         showlegend=True,

@@ -89,6 +89,20 @@ class Cluster(models.Model):
     def queue(self) -> str:
         return cluster_queue(self.slug)
 
+    @property
+    def heartbeat_overdue(self) -> bool:
+        """Shown as healthy/degraded but silent for longer than the down threshold.
+
+        The status is only refreshed by beat's health check; when beat itself is
+        not running, pages say so instead of showing a stale "healthy".
+        """
+        if self.status not in (self.Status.HEALTHY, self.Status.DEGRADED):
+            return False
+        if self.last_heartbeat_at is None:
+            return True
+        silent = (timezone.now() - self.last_heartbeat_at).total_seconds()
+        return silent > settings.DOWN_AFTER_SECONDS
+
 
 class WorkerHeartbeat(models.Model):
     """The last heartbeat of one worker process of a cluster."""

@@ -388,6 +388,7 @@ def healthz(request: HttpRequest) -> JsonResponse:
                     "queue": cluster.queue,
                     "last_heartbeat_at": last.isoformat() if last else None,
                     "seconds_since_heartbeat": round((now - last).total_seconds(), 1) if last else None,
+                    "heartbeat_overdue": cluster.heartbeat_overdue,
                     "workers": [
                         {"hostname": w.hostname, "pid": w.pid, "last_seen_at": w.last_seen_at.isoformat()}
                         for w in cluster.workers.all()

@@ -16,7 +16,7 @@ from playwright.sync_api import Browser, sync_playwright
 from billing.models import Unit
 from billing.services import usage_record
 from stack.roles import Role
-from tests.factories import make_cluster, make_user
+from tests.factories import make_cluster, make_deployment, make_user, make_workflow
 
 CHROMIUM = os.environ.get("CHROMIUM_PATH") or shutil.which("chromium") or "/usr/bin/chromium"
 # The flags keep Chromium off the network it cannot reach from here.
@@ -77,3 +77,26 @@ def test_an_operator_logs_in_and_sees_the_spend_chart_drawn(live_server: Any, br
     )
     assert "7.5000 USD" in page.inner_text("main")  # 1 h + 2 h at 2.50
     assert page.locator("[data-cluster=browser-cluster]").count() == 1
+
+
+def test_an_operator_switches_the_primary_deployment_in_one_click(live_server: Any, browser: Browser) -> None:
+    operator = make_user(Role.OPERATOR, username="ops", password="ops-password-1")
+    first, second = make_deployment(slug="dep-first"), make_deployment(slug="dep-second")
+    workflow = make_workflow(owner=operator, deployments=[first, second], slug="triage")
+
+    page = browser.new_page()
+    page.goto(f"{live_server.url}/login/?next=/workflows/triage/")
+    page.fill("input[name=username]", "ops")
+    page.fill("input[name=password]", "ops-password-1")
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{live_server.url}/workflows/triage/")
+
+    page.fill("input[name=reason]", "primary is rate-limited")
+    page.click("text=Make dep-second primary")
+    page.wait_for_selector("text=Primary is now dep-second")
+
+    assert page.locator("#route li").first.inner_text().startswith("dep-second")
+    policy = workflow.policy_versions.order_by("-version").first()
+    assert policy is not None and policy.version == 2
+    assert [d.slug for d in policy.ordered_deployments()] == ["dep-second", "dep-first"]
+    assert policy.reason == "primary is rate-limited" and policy.author == operator
