@@ -61,7 +61,11 @@ def test_a_record_is_priced_from_the_version_in_force_when_the_work_happened(clu
 
     assert (january.price_book, january.unit_price, january.amount) == (v1, Decimal("1.10"), Decimal("1.10"))
     assert (late_january.price_book, late_january.unit_price) == (v1, Decimal("1.10"))
-    assert (february.price_book, february.unit_price, february.amount) == (v2, Decimal("2.50"), Decimal("2.50"))
+    assert (february.price_book, february.unit_price, february.amount) == (
+        v2,
+        Decimal("2.50"),
+        Decimal("2.50"),
+    )
 
     january.refresh_from_db()
     assert (january.price_book_id, january.amount) == (v1.pk, Decimal("1.10"))
@@ -153,13 +157,17 @@ def test_negative_or_float_quantities_are_refused(cluster: Cluster, quantity: ob
 
 def test_publishing_prices_numbers_versions_per_target_and_unit(cluster: Cluster) -> None:
     other = make_cluster(price=None)
-    second = price_book_publish(unit=Unit.ACCELERATOR_HOUR, unit_price=Decimal("3"), effective_from=FEB_1, cluster=cluster)
+    second = price_book_publish(
+        unit=Unit.ACCELERATOR_HOUR, unit_price=Decimal("3"), effective_from=FEB_1, cluster=cluster
+    )
     first_of_other = price_book_publish(
         unit=Unit.ACCELERATOR_HOUR, unit_price=Decimal("3"), effective_from=FEB_1, cluster=other
     )
     assert (second.version, first_of_other.version) == (2, 1)
     with pytest.raises(ValueError, match="negative"):
-        price_book_publish(unit=Unit.ACCELERATOR_HOUR, unit_price=Decimal("-1"), effective_from=FEB_1, cluster=other)
+        price_book_publish(
+            unit=Unit.ACCELERATOR_HOUR, unit_price=Decimal("-1"), effective_from=FEB_1, cluster=other
+        )
     assert PriceBook.objects.count() == 3
 
 
@@ -190,7 +198,9 @@ def _trigger_names() -> set[str]:
                 "SELECT tgname FROM pg_trigger WHERE tgrelid = 'billing_usagerecord'::regclass AND NOT tgisinternal"
             )
         else:
-            cursor.execute("SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'billing_usagerecord'")
+            cursor.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'billing_usagerecord'"
+            )
         return {row[0] for row in cursor.fetchall()}
 
 
@@ -298,8 +308,15 @@ def test_the_ledger_api_lists_records_with_their_price_version_and_is_read_only(
     assert UsageRecord.objects.count() == 1
 
 
-def test_only_an_admin_publishes_a_price_through_the_api(cluster: Cluster, operator: User, admin_user: User) -> None:
-    body = {"cluster": cluster.slug, "unit": "accelerator_hour", "unit_price": "1.25", "effective_from": "2026-03-01T00:00:00Z"}
+def test_only_an_admin_publishes_a_price_through_the_api(
+    cluster: Cluster, operator: User, admin_user: User
+) -> None:
+    body = {
+        "cluster": cluster.slug,
+        "unit": "accelerator_hour",
+        "unit_price": "1.25",
+        "effective_from": "2026-03-01T00:00:00Z",
+    }
     assert api_client(operator).post("/api/price-books/", body, format="json").status_code == 403
     response = api_client(admin_user).post("/api/price-books/", body, format="json")
     assert response.status_code == 201, response.json()

@@ -87,7 +87,10 @@ def test_env_float_parses_numbers_and_enforces_the_minimum() -> None:
 
 
 def test_env_list_splits_on_commas_and_drops_blanks() -> None:
-    assert env_list("HOSTS", ["a"], environ={"HOSTS": " x.example , y.example,, "}) == ["x.example", "y.example"]
+    assert env_list("HOSTS", ["a"], environ={"HOSTS": " x.example , y.example,, "}) == [
+        "x.example",
+        "y.example",
+    ]
     assert env_list("HOSTS", ["a"], environ={}) == ["a"]
 
 

@@ -37,7 +37,13 @@ def test_an_admin_creates_a_provider_whose_credentials_are_stored_encrypted_and_
     client = api_client(admin_user)
     response = client.post(
         "/api/providers/",
-        {"slug": "aws-main", "display_name": "AWS", "kind": "aws", "region": "eu-west-1", "credentials": SECRET},
+        {
+            "slug": "aws-main",
+            "display_name": "AWS",
+            "kind": "aws",
+            "region": "eu-west-1",
+            "credentials": SECRET,
+        },
         format="json",
     )
     assert response.status_code == 201, response.json()
@@ -93,7 +99,13 @@ def test_a_bad_provider_gets_per_field_messages_and_nothing_is_written(admin_use
     before = Provider.objects.count()
     response = api_client(admin_user).post(
         "/api/providers/",
-        {"slug": "taken", "display_name": "", "kind": "mainframe", "base_url": "not a url", "credentials": SECRET},
+        {
+            "slug": "taken",
+            "display_name": "",
+            "kind": "mainframe",
+            "base_url": "not a url",
+            "credentials": SECRET,
+        },
         format="json",
     )
     assert response.status_code == 400
@@ -165,7 +177,14 @@ def test_a_bad_cluster_gets_per_field_messages_and_nothing_is_written(operator: 
     )
     assert response.status_code == 400
     body = response.json()
-    assert {"slug", "provider", "accelerator_type", "accelerator_count", "capacity_type", "capacity"} <= body.keys()
+    assert {
+        "slug",
+        "provider",
+        "accelerator_type",
+        "accelerator_count",
+        "capacity_type",
+        "capacity",
+    } <= body.keys()
     assert all(isinstance(messages, list) and messages for messages in body.values())
     assert Cluster.objects.count() == before
 

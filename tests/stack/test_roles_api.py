@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 import pytest
 from django.contrib.auth.models import User
 from rest_framework.test import APIClient
@@ -9,8 +11,8 @@ from rest_framework.test import APIClient
 from stack.models import ApiToken, Cluster, Provider
 from stack.roles import Role
 from stack.services import api_token_create, api_token_revoke
+from tests.factories import api_client, make_cluster, make_price, make_provider, make_user
 from training.models import ProbeJob
-from tests.factories import api_client, make_cluster, make_provider, make_user
 
 pytestmark = pytest.mark.django_db
 
@@ -155,6 +157,7 @@ def test_an_operator_creates_clusters_and_probe_jobs(operator: User) -> None:
     provider = make_provider()
     client = api_client(operator)
     assert client.post("/api/clusters/", _cluster_body(provider, "op-made"), format="json").status_code == 201
+    make_price(cluster=Cluster.objects.get(slug="op-made"), unit_price=Decimal("1.5"))
     response = client.post("/api/probe-jobs/", {"cluster": "op-made", "steps": 20}, format="json")
     assert response.status_code == 201, response.json()
     job = ProbeJob.objects.get()

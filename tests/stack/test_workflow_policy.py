@@ -49,7 +49,12 @@ def test_creating_a_workflow_makes_policy_v1_with_the_given_order(operator: User
     workflow = Workflow.objects.get(slug="support-bot")
     assert workflow.owner == operator
     policy = RoutingPolicyVersion.objects.get(workflow=workflow)
-    assert (policy.version, policy.strategy, policy.author, policy.reason) == (1, "cheapest", operator, "created")
+    assert (policy.version, policy.strategy, policy.author, policy.reason) == (
+        1,
+        "cheapest",
+        operator,
+        "created",
+    )
     assert policy.quality_floor == Decimal("0.8")
     assert policy.max_cost_per_request == Decimal("0.002")
     assert _route(workflow) == ["fast", "cheap", "local"]
@@ -65,7 +70,9 @@ def test_creating_a_workflow_makes_policy_v1_with_the_given_order(operator: User
         ({"deployments": ["a"], "quality_floor": "1.5"}, "quality_floor"),
     ],
 )
-def test_a_bad_route_is_400_and_writes_no_workflow(operator: User, route: dict[str, object], field: str) -> None:
+def test_a_bad_route_is_400_and_writes_no_workflow(
+    operator: User, route: dict[str, object], field: str
+) -> None:
     make_deployment(slug="a")
     response = api_client(operator).post("/api/workflows/", {"slug": "wf", "route": route}, format="json")
     assert response.status_code == 400
@@ -81,7 +88,9 @@ def test_a_workflow_needs_a_route(operator: User) -> None:
     assert not Workflow.objects.exists()
 
 
-def test_switching_the_primary_makes_a_new_version_and_leaves_the_old_one(operator: User, admin_user: User) -> None:
+def test_switching_the_primary_makes_a_new_version_and_leaves_the_old_one(
+    operator: User, admin_user: User
+) -> None:
     a, b, c = make_deployment(slug="a"), make_deployment(slug="b"), make_deployment(slug="c")
     workflow = make_workflow(owner=admin_user, deployments=[a, b, c], slug="wf")
     v1 = workflow_current_policy(workflow=workflow)
@@ -162,13 +171,16 @@ def test_switching_to_a_deployment_outside_the_route_puts_it_first(operator: Use
 def test_a_viewer_cannot_switch_the_primary(viewer: User, operator: User) -> None:
     a, b = make_deployment(slug="a"), make_deployment(slug="b")
     make_workflow(owner=operator, deployments=[a, b], slug="wf")
-    response = api_client(viewer).post("/api/workflows/wf/switch/", {"deployment": "b", "reason": "x"}, format="json")
+    response = api_client(viewer).post(
+        "/api/workflows/wf/switch/", {"deployment": "b", "reason": "x"}, format="json"
+    )
     assert response.status_code == 403
     assert RoutingPolicyVersion.objects.count() == 1
 
 
 def test_replacing_the_whole_route_records_a_version_with_its_knobs(operator: User) -> None:
-    a, b = make_deployment(slug="a"), make_deployment(slug="b")
+    a = make_deployment(slug="a")
+    make_deployment(slug="b")
     workflow = make_workflow(owner=operator, deployments=[a], slug="wf")
     response = api_client(operator).post(
         "/api/workflows/wf/policy/",

@@ -80,7 +80,11 @@ def test_posting_a_probe_job_enqueues_it_on_the_cluster_queue_after_commit(
 
         callbacks[0]()  # what the commit does
         assert published == [
-            {"task": "training.probe_job_run", "routing_key": f"cluster.{cluster.slug}", "argsrepr": f"({job.pk},)"}
+            {
+                "task": "training.probe_job_run",
+                "routing_key": f"cluster.{cluster.slug}",
+                "argsrepr": f"({job.pk},)",
+            }
         ]
     finally:
         after_task_publish.disconnect(on_publish)
@@ -90,7 +94,9 @@ def test_posting_a_probe_job_enqueues_it_on_the_cluster_queue_after_commit(
     assert [(m.headers["task"], m.payload[0]) for m in messages] == [("training.probe_job_run", [job.pk])]
 
 
-def test_running_a_probe_job_records_its_loss_curve_and_bills_it_once(cluster: Cluster, operator: User) -> None:
+def test_running_a_probe_job_records_its_loss_curve_and_bills_it_once(
+    cluster: Cluster, operator: User
+) -> None:
     job = probe_job_create(cluster=cluster, created_by=operator, steps=STEPS)
 
     finished = probe_job_execute(job_id=job.pk, worker_hostname="unit-test@host")
@@ -176,6 +182,12 @@ def test_bad_probe_job_input_is_400_with_field_errors(
 def test_probe_job_results_are_read_only_through_the_api(cluster: Cluster, operator: User) -> None:
     job = probe_job_create(cluster=cluster, created_by=operator, steps=STEPS)
     client = api_client(operator)
-    assert client.patch(f"/api/probe-jobs/{job.pk}/", {"status": "succeeded"}, format="json").status_code == 405
+    assert (
+        client.patch(f"/api/probe-jobs/{job.pk}/", {"status": "succeeded"}, format="json").status_code == 405
+    )
     body = client.get(f"/api/probe-jobs/{job.pk}/").json()
-    assert (body["status"], body["cluster"], body["created_by"]) == ("pending", cluster.slug, operator.username)
+    assert (body["status"], body["cluster"], body["created_by"]) == (
+        "pending",
+        cluster.slug,
+        operator.username,
+    )
