@@ -13,7 +13,7 @@ from django.contrib.auth.mixins import LoginRequiredMixin
 from django.core.exceptions import PermissionDenied
 from django.db import connection, models
 from django.forms import ModelForm
-from django.http import FileResponse, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
+from django.http import FileResponse, Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.utils import timezone
@@ -324,6 +324,8 @@ class TokenView(RoleRequiredMixin, View):
 
     def post(self, request: HttpRequest) -> HttpResponse:
         if "revoke" in request.POST:
+            if not request.POST["revoke"].isdigit():  # a malformed id is a missing token, not a 500
+                raise Http404("no such token")
             token = get_object_or_404(ApiToken, pk=request.POST["revoke"], user_id=request.user.pk)
             services.api_token_revoke(token=token)
             messages.success(request, f"Token {token.name} revoked.")

@@ -303,3 +303,11 @@ def test_a_token_is_revoked_from_the_tokens_page_by_its_owner_only(viewer: User,
     assert _client(viewer).post("/tokens/", {"revoke": token.pk}).status_code == 302
     token.refresh_from_db()
     assert token.revoked_at is not None
+
+
+@pytest.mark.parametrize("value", ["abc", "", "1 OR 1=1"])
+def test_a_malformed_revoke_on_the_tokens_page_is_404_not_an_error(viewer: User, value: str) -> None:
+    _client(viewer).post("/tokens/", {"name": "mine"})
+    response = _client(viewer).post("/tokens/", {"revoke": value})
+    assert response.status_code == 404
+    assert ApiToken.objects.get(user=viewer).revoked_at is None
