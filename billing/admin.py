@@ -6,12 +6,22 @@ from django.contrib import admin
 from django.http import HttpRequest
 
 from billing.models import PriceBook, UsageRecord
+from billing.selectors import price_book_next_version
 
 
 @admin.register(PriceBook)
 class PriceBookAdmin(admin.ModelAdmin[PriceBook]):
     list_display = ["__str__", "unit", "unit_price", "currency", "effective_from", "version"]
     list_filter = ["unit", "currency"]
+    readonly_fields = ["version"]
+
+    def save_model(self, request: HttpRequest, obj: PriceBook, form: Any, change: bool) -> None:
+        if not change:
+            # Number it like billing.services.price_book_publish does.
+            obj.version = price_book_next_version(
+                cluster=obj.cluster, deployment=obj.deployment, provider=obj.provider, unit=obj.unit
+            )
+        super().save_model(request, obj, form, change)
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         # A price that priced usage is history; supersede it with a new version.

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal
 
-from django.db.models import QuerySet, Sum
+from django.db.models import Max, QuerySet, Sum
 from django.db.models.functions import TruncDate
 
 from billing.models import PriceBook, Unit, UsageRecord
@@ -34,6 +34,22 @@ def price_in_force(
     if provider is not None:
         return base.filter(provider=provider, cluster__isnull=True, deployment__isnull=True).first()
     return None
+
+
+def price_book_next_version(
+    *,
+    unit: Unit | str,
+    cluster: Cluster | None = None,
+    deployment: Deployment | None = None,
+    provider: Provider | None = None,
+) -> int:
+    """The version number the next price for this (target, unit) gets."""
+    if cluster is not None or deployment is not None:
+        provider = None  # provider-wide prices are those with no narrower target
+    latest = PriceBook.objects.filter(
+        cluster=cluster, deployment=deployment, provider=provider, unit=unit
+    ).aggregate(m=Max("version"))["m"]
+    return (latest or 0) + 1
 
 
 @dataclass(frozen=True)

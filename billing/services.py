@@ -8,7 +8,7 @@ from decimal import ROUND_HALF_EVEN, Decimal
 from django.db import IntegrityError, transaction
 
 from billing.models import PriceBook, Unit, UsageRecord
-from billing.selectors import price_in_force
+from billing.selectors import price_book_next_version, price_in_force
 from stack.models import Cluster, Deployment, Provider, RegisteredModel, Workflow
 
 AMOUNT_QUANTUM = Decimal("0.000000001")  # matches UsageRecord.amount's 9 places
@@ -138,21 +138,25 @@ def price_book_publish(
         raise ValueError("a price cannot be negative")
     if cluster is None and deployment is None and provider is None:
         raise ValueError("a price needs a cluster, a deployment or a provider")
+    if cluster is not None or deployment is not None:
+        provider = None  # a cluster or deployment price is not also provider-wide
     with transaction.atomic():
-        previous = (
-            PriceBook.objects.select_for_update()
-            .filter(cluster=cluster, deployment=deployment, provider=provider, unit=unit)
-            .order_by("-version")
-            .first()
+        # Lock the target's existing versions so two publishers get n+1 and n+2.
+        list(
+            PriceBook.objects.select_for_update().filter(
+                cluster=cluster, deployment=deployment, provider=provider, unit=unit
+            )
         )
         return PriceBook.objects.create(
             cluster=cluster,
             deployment=deployment,
-            provider=provider if cluster is None and deployment is None else None,
+            provider=provider,
             unit=unit,
             unit_price=unit_price,
             currency=currency,
             effective_from=effective_from,
-            version=(previous.version + 1) if previous else 1,
+            version=price_book_next_version(
+                cluster=cluster, deployment=deployment, provider=provider, unit=unit
+            ),
             note=note,
         )

@@ -214,8 +214,11 @@ def cluster_set_draining(*, cluster: Cluster, draining: bool) -> Cluster:
     if draining:
         cluster.status = Cluster.Status.DRAINING
     else:
-        # Back to whatever the heartbeats say; the next check refines it.
-        cluster.status = Cluster.Status.HEALTHY if cluster.last_heartbeat_at else Cluster.Status.DOWN
+        # Back to what the heartbeats say: healthy only if one arrived recently,
+        # so resuming a silent cluster does not claim it is alive.
+        last = cluster.last_heartbeat_at
+        recent = last is not None and (now - last).total_seconds() <= settings.DEGRADED_AFTER_SECONDS
+        cluster.status = Cluster.Status.HEALTHY if recent else Cluster.Status.DOWN
     cluster.status_changed_at = now
     cluster.save(update_fields=["status", "status_changed_at"])
     return cluster

@@ -113,15 +113,19 @@ class RegistryListView(RoleRequiredMixin, ListView[Any]):
     columns: list[tuple[str, str]] = []  # (attribute, heading)
     create_url_name = ""
     edit_url_name = ""
+    # Registry rows link to an edit form that only writers may open; workflow
+    # rows link to a page every role may read.
+    link_needs_write = True
 
     def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
         context = super().get_context_data(**kwargs)
         context["title"] = self.title
         context["headings"] = [h for _, h in self.columns]
+        show_links = bool(self.edit_url_name) and (context["can_write"] or not self.link_needs_write)
         context["rows"] = [
             {
                 "cells": [_display(obj, attr) for attr, _ in self.columns],
-                "edit_url": reverse(self.edit_url_name, args=[obj.slug]) if self.edit_url_name else "",
+                "edit_url": reverse(self.edit_url_name, args=[obj.slug]) if show_links else "",
                 "obj": obj,
             }
             for obj in context["object_list"]

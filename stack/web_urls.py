@@ -24,6 +24,7 @@ urlpatterns: list[URLPattern] = [
             columns=[("slug", "Slug"), ("owner", "Owner"), ("team", "Team"), ("description", "Description")],
             create_url_name="workflows-new",
             edit_url_name="workflow-page",
+            link_needs_write=False,
         ),
         name="workflows",
     ),

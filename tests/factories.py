@@ -24,7 +24,9 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{next(_seq)}"
 
 
-def make_user(role: Role | None = None, *, username: str | None = None, password: str = "pw-for-tests-1") -> User:
+def make_user(
+    role: Role | None = None, *, username: str | None = None, password: str = "pw-for-tests-1"
+) -> User:
     user = User.objects.create_user(username=username or unique("user"), password=password)
     if role is not None:
         # get_or_create: transactional tests flush the groups the migration made.

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from billing.models import Unit
 from billing.selectors import price_in_force
-from billing.services import usage_record
+from billing.services import NoPriceError, usage_record
 from stack.models import Cluster
 from training.models import ProbeJob
 
@@ -102,16 +102,25 @@ def probe_job_finish(
             error=error[:5000],
         )
         if updated == 1:
-            usage_record(
-                unit=Unit.ACCELERATOR_HOUR,
-                quantity=accelerator_seconds / SECONDS_PER_HOUR,
-                occurred_at=finished_at,
-                idempotency_key=f"probe_job:{job.pk}",
-                subject_type="probe_job",
-                subject_id=str(job.pk),
-                cluster=job.cluster,
-                description=f"probe job #{job.pk}: {accelerator_seconds}s on {job.cluster.slug}",
-            )
+            try:
+                with transaction.atomic():  # a savepoint: a billing error keeps the outcome
+                    usage_record(
+                        unit=Unit.ACCELERATOR_HOUR,
+                        quantity=accelerator_seconds / SECONDS_PER_HOUR,
+                        occurred_at=finished_at,
+                        idempotency_key=f"probe_job:{job.pk}",
+                        subject_type="probe_job",
+                        subject_id=str(job.pk),
+                        cluster=job.cluster,
+                        description=f"probe job #{job.pk}: {accelerator_seconds}s on {job.cluster.slug}",
+                    )
+            except NoPriceError as exc:
+                # The price vanished after dispatch (it is checked there): the
+                # job must not stay `running` forever; it fails, saying why.
+                logger.error("probe job %s could not be billed: %s", job.pk, exc)
+                ProbeJob.objects.filter(pk=job.pk).update(
+                    status=ProbeJob.Status.FAILED, error=f"not billed: {exc}"[:5000]
+                )
     job.refresh_from_db()
     return job
 

@@ -173,6 +173,18 @@ def test_draining_clusters_are_left_alone_by_the_check_and_by_heartbeats(last_be
     assert cluster.last_heartbeat_at > last_beat
 
 
+def test_resuming_a_drained_cluster_follows_how_recent_its_last_heartbeat_is(last_beat: datetime) -> None:
+    silent = _healthy_cluster(last_beat)
+    alive = _healthy_cluster(last_beat)
+    for cluster in (silent, alive):
+        services.cluster_set_draining(cluster=cluster, draining=True)
+    _beat(alive)
+
+    assert services.cluster_set_draining(cluster=silent, draining=False).status == Cluster.Status.DOWN
+    alive.refresh_from_db()
+    assert services.cluster_set_draining(cluster=alive, draining=False).status == Cluster.Status.HEALTHY
+
+
 def test_only_silent_clusters_change_in_a_check(last_beat: datetime) -> None:
     silent = _healthy_cluster(last_beat)
     alive = _healthy_cluster(_after(last_beat, DOWN_AFTER))

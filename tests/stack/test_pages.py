@@ -139,6 +139,17 @@ def test_the_workflows_list_links_to_the_workflow_page_not_the_api(
 # --- Registry forms ------------------------------------------------------------------------------------
 
 
+def test_registry_lists_link_edit_forms_only_for_writers_but_workflow_pages_for_everyone(
+    viewer: User, operator: User
+) -> None:
+    cluster = make_cluster()
+    workflow = make_workflow(owner=operator)
+    edit_link = f'href="/clusters/{cluster.slug}/edit/"'
+    assert edit_link not in _text(_client(viewer).get("/clusters/"))
+    assert edit_link in _text(_client(operator).get("/clusters/"))
+    assert f'href="/workflows/{workflow.slug}/"' in _text(_client(viewer).get("/workflows/"))
+
+
 def test_a_viewer_cannot_open_or_post_the_cluster_form(viewer: User) -> None:
     provider = make_provider()
     client = _client(viewer)

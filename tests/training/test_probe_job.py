@@ -191,3 +191,16 @@ def test_probe_job_results_are_read_only_through_the_api(cluster: Cluster, opera
         cluster.slug,
         operator.username,
     )
+
+
+def test_a_probe_whose_price_vanished_after_dispatch_fails_saying_why_instead_of_hanging(
+    operator: User,
+) -> None:
+    cluster = make_cluster(price=None)
+    job = ProbeJob.objects.create(cluster=cluster, created_by=operator, steps=10)
+    finished = probe_job_execute(job_id=job.pk, worker_hostname="w@host")
+    assert finished is not None
+    assert finished.status == ProbeJob.Status.FAILED
+    assert finished.error.startswith("not billed: no accelerator_hour price in force")
+    assert finished.loss_curve  # the training outcome is kept
+    assert not UsageRecord.objects.filter(subject_type="probe_job", subject_id=str(job.pk)).exists()
