@@ -10,6 +10,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from django.db import connections
 from django.utils import timezone
 from playwright.sync_api import Browser, sync_playwright
 
@@ -43,6 +44,10 @@ def browser() -> Iterator[Browser]:
             yield browser
         finally:
             browser.close()
+            # ORM calls made while Playwright's loop runs get connections of their
+            # own (Django keys them per async context); close them here, in that
+            # context, or the test database cannot be dropped at the end.
+            connections.close_all()
     os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
 
 
