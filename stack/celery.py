@@ -6,7 +6,11 @@ import os
 
 from celery import Celery
 
+from stack import embedded_broker
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "stack.settings")
+# `filesystem://` (the embedded default broker) writes messages atomically.
+embedded_broker.install()
 
 app = Celery("switchyard")
 app.config_from_object("django.conf:settings", namespace="CELERY")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shlex
 import signal
 import socket
 import subprocess
@@ -104,7 +105,7 @@ class Command(BaseCommand):
                     self.stdout.write(
                         self.style.WARNING(
                             f"{name} exited with code {child.returncode} (log {log_dir / name}.log); "
-                            f"restart it with: {' '.join(commands[name][1:])}"
+                            f"restart it with: {shlex.join(commands[name])}"
                         )
                     )
                 time.sleep(1)
