@@ -32,6 +32,10 @@ from training.models import ProbeJob
 from training.services import probe_job_create
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 class Command(BaseCommand):
     help = "Start the demo stack and run a probe job on each demo cluster (Ctrl-C stops it)."
 
@@ -69,6 +73,10 @@ class Command(BaseCommand):
                 "warning",
             ]
         children: dict[str, subprocess.Popen[bytes]] = {}
+        # Stop the children on Ctrl-C, on `kill` and when the terminal closes.
+        # (SIGINT is set explicitly: a shell starts background jobs with it ignored.)
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, _interrupt)
         try:
             for name, argv in commands.items():
                 log = (log_dir / f"{name}.log").open("ab")
