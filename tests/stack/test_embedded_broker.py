@@ -19,6 +19,7 @@ def _options(folder: Path) -> dict[str, object]:
         "data_folder_in": str(folder),
         "data_folder_out": str(folder),
         "store_processed": False,
+        "control_folder": str(folder / "control"),  # else Kombu makes ./control
         "polling_interval": 0.0005,  # poll hard, to hit the window the race needs
     }
 
