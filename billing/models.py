@@ -16,7 +16,16 @@ class Unit(models.TextChoices):
     ACCELERATOR_HOUR = "accelerator_hour", "accelerator-hour"
     INPUT_TOKENS_1M = "input_tokens_1m", "1M input tokens"
     OUTPUT_TOKENS_1M = "output_tokens_1m", "1M output tokens"
+    CACHED_INPUT_TOKENS_1M = "cached_input_tokens_1m", "1M cached input tokens"
     REQUEST = "request", "request"
+    STORAGE_GB_MONTH = "storage_gb_month", "GB-month of storage"
+    EGRESS_GB = "egress_gb", "GB of egress"
+
+
+class PriceSource(models.TextChoices):
+    MANUAL = "manual", "Manual"
+    CSV = "csv", "CSV import"
+    CATALOG = "catalog", "Provider catalog file"
 
 
 class PriceBook(models.Model):
@@ -42,6 +51,9 @@ class PriceBook(models.Model):
     )
     currency = models.CharField(max_length=3, default="USD")
     effective_from = models.DateTimeField(default=timezone.now)
+    # Optional end (a contract that stops); a later version supersedes anyway.
+    effective_to = models.DateTimeField(null=True, blank=True)
+    source = models.CharField(max_length=16, choices=PriceSource.choices, default=PriceSource.MANUAL)
     version = models.PositiveIntegerField(default=1)
     note = models.CharField(max_length=200, blank=True)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
@@ -67,6 +79,23 @@ class PriceBook(models.Model):
     def __str__(self) -> str:
         target = self.cluster or self.deployment or self.provider
         return f"{target} {self.unit} v{self.version}: {self.unit_price} {self.currency}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        # A version that priced usage is history: it can only be superseded.
+        if not self._state.adding and UsageRecord.objects.filter(price_book_id=self.pk).exists():
+            raise ImmutableRowError(f"price {self} has priced usage; publish a new version instead")
+        super().save(*args, **kwargs)
+
+
+class LedgerHead(models.Model):
+    """The end of a ledger hash chain. Its row lock serialises appends to the chain."""
+
+    partition = models.CharField(max_length=32, primary_key=True)
+    last_sequence = models.BigIntegerField(default=0)
+    last_hash = models.CharField(max_length=64, default="0" * 64)
+
+    def __str__(self) -> str:
+        return f"ledger {self.partition} @ {self.last_sequence}"
 
 
 class AppendOnlyQuerySet(models.QuerySet["UsageRecord"]):
@@ -102,6 +131,11 @@ class UsageRecord(models.Model):
     )
     # Lets a retried task bill the same work exactly once.
     idempotency_key = models.CharField(max_length=128, unique=True)
+    # Hash chain (billing.chain): sha256 over the canonical fields and prev_hash.
+    partition = models.CharField(max_length=32, default="main")
+    sequence = models.BigIntegerField()
+    prev_hash = models.CharField(max_length=64)
+    row_hash = models.CharField(max_length=64)
 
     objects = AppendOnlyQuerySet.as_manager()
 
@@ -111,6 +145,10 @@ class UsageRecord(models.Model):
             # Spend per provider per day (the overview chart) scans by time.
             models.Index(fields=["occurred_at", "provider"], name="usage_time_provider_idx"),
             models.Index(fields=["subject_type", "subject_id"], name="usage_subject_idx"),
+        ]
+        constraints = [
+            # `ledger verify` and the rollup watermark walk the chain in this order.
+            models.UniqueConstraint(fields=["partition", "sequence"], name="usage_chain_position"),
         ]
 
     def __str__(self) -> str:

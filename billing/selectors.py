@@ -9,8 +9,60 @@ from decimal import Decimal
 from django.db.models import Max, QuerySet, Sum
 from django.db.models.functions import TruncDate
 
-from billing.models import PriceBook, Unit, UsageRecord
+from billing.chain import CHAINED_FIELDS, GENESIS_HASH, chain_hash
+from billing.models import LedgerHead, PriceBook, Unit, UsageRecord
 from stack.models import Cluster, Deployment, Provider
+
+
+class PriceResolver:
+    """Finds the price version in force for usage; caches each target's versions.
+
+    One lookup (`price_in_force`) or a whole batch of ledger writes share this
+    logic: the target-specific price (cluster, else deployment) wins over a
+    provider-wide one; among a target's versions, the newest effective_from at
+    or before the usage time wins, unless it has ended (effective_to).
+    """
+
+    def __init__(self) -> None:
+        self._versions: dict[tuple[str, str, int | None], list[PriceBook]] = {}
+
+    def _for(self, unit: str, field: str, target_id: int | None) -> list[PriceBook]:
+        key = (unit, field, target_id)
+        if key not in self._versions:
+            rows = PriceBook.objects.filter(unit=unit, **{field: target_id})
+            if field == "provider_id":
+                rows = rows.filter(cluster__isnull=True, deployment__isnull=True)
+            self._versions[key] = list(rows.order_by("-effective_from", "-version"))
+        return self._versions[key]
+
+    @staticmethod
+    def _pick(versions: list[PriceBook], at: datetime) -> PriceBook | None:
+        for version in versions:
+            if version.effective_from <= at:
+                if version.effective_to is not None and at >= version.effective_to:
+                    return None
+                return version
+        return None
+
+    def resolve(
+        self,
+        *,
+        unit: Unit | str,
+        at: datetime,
+        cluster_id: int | None = None,
+        deployment_id: int | None = None,
+        provider_id: int | None = None,
+    ) -> PriceBook | None:
+        for field, target_id in (
+            ("cluster_id", cluster_id),
+            ("deployment_id", deployment_id),
+            ("provider_id", provider_id),
+        ):
+            if target_id is not None:
+                found = self._pick(self._for(str(unit), field, target_id), at)
+                if found is not None:
+                    return found
+        return None
 
 
 def price_in_force(
@@ -21,19 +73,14 @@ def price_in_force(
     deployment: Deployment | None = None,
     provider: Provider | None = None,
 ) -> PriceBook | None:
-    """The newest price version effective at `at`: target-specific first, then provider-wide."""
-    base = PriceBook.objects.filter(unit=unit, effective_from__lte=at).order_by("-effective_from", "-version")
-    if cluster is not None:
-        found = base.filter(cluster=cluster).first()
-        if found is not None:
-            return found
-    if deployment is not None:
-        found = base.filter(deployment=deployment).first()
-        if found is not None:
-            return found
-    if provider is not None:
-        return base.filter(provider=provider, cluster__isnull=True, deployment__isnull=True).first()
-    return None
+    """The price version in force at `at` (see PriceResolver for the rules)."""
+    return PriceResolver().resolve(
+        unit=unit,
+        at=at,
+        cluster_id=cluster.pk if cluster is not None else None,
+        deployment_id=deployment.pk if deployment is not None else None,
+        provider_id=provider.pk if provider is not None else None,
+    )
 
 
 def price_book_next_version(
@@ -97,3 +144,64 @@ def usage_for_subject(*, subject_type: str, subject_id: str) -> QuerySet[UsageRe
 
 
 __all__ = ["price_in_force", "spend_per_provider_per_day", "spend_total", "usage_for_subject"]
+
+
+@dataclass(frozen=True)
+class LedgerVerification:
+    partition: str
+    rows_checked: int
+    ok: bool
+    first_bad_id: int | None = None
+    first_bad_sequence: int | None = None
+    problem: str = ""
+
+
+def ledger_verify(*, partition: str = "main", chunk_size: int = 5000) -> LedgerVerification:
+    """Walk a partition's hash chain; report the first row that does not match.
+
+    Catches a row changed behind the ORM's back (its hash no longer matches its
+    fields), a deleted row (a gap in the sequence) and an inserted or reordered
+    row (prev_hash does not match the row before), and a chain cut short (the
+    head says more rows were written than exist).
+    """
+    columns = ("id", "sequence", "prev_hash", "row_hash", *CHAINED_FIELDS)
+    rows = (
+        UsageRecord.objects.filter(partition=partition)
+        .order_by("sequence")
+        .values_list(*columns)
+        .iterator(chunk_size=chunk_size)
+    )
+    expected_sequence, prev = 1, GENESIS_HASH
+    checked = 0
+
+    def bad(row_id: int, sequence: int, problem: str) -> LedgerVerification:
+        return LedgerVerification(partition, checked, False, row_id, sequence, problem)
+
+    for values in rows:
+        row = dict(zip(columns, values, strict=True))
+        if row["sequence"] != expected_sequence:
+            return bad(
+                row["id"],
+                row["sequence"],
+                f"sequence {expected_sequence} is missing (found {row['sequence']}): a row was removed",
+            )
+        if row["prev_hash"] != prev:
+            return bad(row["id"], row["sequence"], "prev_hash does not match the previous row's hash")
+        if chain_hash(row, prev) != row["row_hash"]:
+            return bad(
+                row["id"], row["sequence"], "the row's fields no longer match its hash: it was changed"
+            )
+        prev = row["row_hash"]
+        expected_sequence += 1
+        checked += 1
+    head = LedgerHead.objects.filter(partition=partition).first()
+    if head is not None and (head.last_sequence, head.last_hash) != (checked, prev):
+        return LedgerVerification(
+            partition,
+            checked,
+            False,
+            None,
+            head.last_sequence,
+            f"the chain ends at sequence {checked} but its head records {head.last_sequence}: rows are missing",
+        )
+    return LedgerVerification(partition, checked, True)

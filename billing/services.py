@@ -1,14 +1,18 @@
-"""Writes to the ledger. `usage_record` is the only writer of UsageRecord."""
+"""Writes to the ledger. `usage_record_batch` (and `usage_record`, one row) is the only writer of UsageRecord."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import ROUND_HALF_EVEN, Decimal
+from typing import Any
 
 from django.db import IntegrityError, transaction
 
-from billing.models import PriceBook, Unit, UsageRecord
-from billing.selectors import price_book_next_version, price_in_force
+from billing.chain import CHAINED_FIELDS, chain_hash
+from billing.models import LedgerHead, PriceBook, PriceSource, Unit, UsageRecord
+from billing.selectors import PriceResolver, price_book_next_version
 from stack.models import Cluster, Deployment, Provider, RegisteredModel, Workflow
 
 AMOUNT_QUANTUM = Decimal("0.000000001")  # matches UsageRecord.amount's 9 places
@@ -20,6 +24,27 @@ class NoPriceError(LookupError):
 
 def _quantize(value: Decimal) -> Decimal:
     return value.quantize(AMOUNT_QUANTUM, rounding=ROUND_HALF_EVEN)
+
+
+@dataclass(frozen=True)
+class UsageInput:
+    """One unit of work to bill (see usage_record for the fields' meaning)."""
+
+    unit: Unit | str
+    quantity: Decimal
+    occurred_at: datetime
+    idempotency_key: str
+    subject_type: str
+    subject_id: str
+    cluster: Cluster | None = None
+    deployment: Deployment | None = None
+    provider: Provider | None = None
+    model: RegisteredModel | None = None
+    workflow: Workflow | None = None
+    team: str = ""
+    description: str = ""
+    # Reversals only: the row being cancelled (its price is reused).
+    reverses: UsageRecord | None = None
 
 
 def usage_record(
@@ -44,82 +69,152 @@ def usage_record(
     cluster or deployment (falling back to a provider-wide price), and the
     record keeps that version, so a later price change never rewrites history.
     """
-    if not isinstance(quantity, Decimal):
-        raise TypeError("quantity must be a Decimal")
-    if quantity < 0:
-        raise ValueError("quantity must not be negative; corrections are reversals")
-    existing = UsageRecord.objects.filter(idempotency_key=idempotency_key).first()
-    if existing is not None:
-        return existing
-    if cluster is not None and provider is None:
-        provider = cluster.provider
-    if deployment is not None and provider is None:
-        provider = deployment.provider
-    if deployment is not None and model is None:
-        model = deployment.model
-    # The row must explain itself: amount is computed from the stored (rounded)
-    # quantity, so quantity × unit_price reproduces it exactly.
-    quantity = _quantize(quantity)
-    price = price_in_force(
-        unit=unit, at=occurred_at, cluster=cluster, deployment=deployment, provider=provider
+    item = UsageInput(
+        unit=unit,
+        quantity=quantity,
+        occurred_at=occurred_at,
+        idempotency_key=idempotency_key,
+        subject_type=subject_type,
+        subject_id=subject_id,
+        cluster=cluster,
+        deployment=deployment,
+        provider=provider,
+        model=model,
+        workflow=workflow,
+        team=team,
+        description=description,
     )
-    if price is None:
-        target = cluster or deployment or provider
-        raise NoPriceError(f"no {unit} price in force for {target} at {occurred_at.isoformat()}")
+    return usage_record_batch(items=[item])[0]
+
+
+def _lock_head(partition: str) -> LedgerHead:
+    """Lock the chain's head row; every append to the partition queues here."""
+    head = LedgerHead.objects.select_for_update().filter(partition=partition).first()
+    if head is not None:
+        return head
     try:
         with transaction.atomic():
-            return UsageRecord.objects.create(
-                occurred_at=occurred_at,
-                subject_type=subject_type,
-                subject_id=subject_id,
-                description=description[:200],
-                provider=provider,
-                cluster=cluster,
-                deployment=deployment,
-                model=model,
-                workflow=workflow,
-                team=team or (workflow.team if workflow is not None else ""),
-                quantity=quantity,
-                unit=unit,
-                unit_price=price.unit_price,
-                amount=_quantize(quantity * price.unit_price),
-                currency=price.currency,
-                price_book=price,
-                idempotency_key=idempotency_key,
-            )
+            LedgerHead.objects.create(partition=partition)
     except IntegrityError:
-        # Another process billed the same key first: that row stands.
-        return UsageRecord.objects.get(idempotency_key=idempotency_key)
+        pass  # another writer created it first
+    return LedgerHead.objects.select_for_update().get(partition=partition)
+
+
+def _chain_values(row: UsageRecord) -> dict[str, Any]:
+    return {name: getattr(row, name) for name in CHAINED_FIELDS}
+
+
+def usage_record_batch(*, items: Sequence[UsageInput], partition: str = "main") -> list[UsageRecord]:
+    """Append many usage records in one transaction: priced, chained, idempotent.
+
+    Returns one record per item, in order (an existing record for a key that was
+    billed before). Any item without a price fails the whole batch: nothing is
+    written (NoPriceError).
+    """
+    for item in items:
+        if not isinstance(item.quantity, Decimal):
+            raise TypeError("quantity must be a Decimal")
+        if item.quantity < 0 and item.reverses is None:
+            raise ValueError("quantity must not be negative; corrections are reversals")
+        if item.occurred_at.tzinfo is None:
+            raise ValueError("occurred_at must be timezone-aware")
+    keys = [item.idempotency_key for item in items]
+    with transaction.atomic():
+        head = _lock_head(partition)
+        # Under the head lock no other writer can add these keys meanwhile.
+        by_key = {r.idempotency_key: r for r in UsageRecord.objects.filter(idempotency_key__in=keys)}
+        prices = PriceResolver()
+        new_rows: list[UsageRecord] = []
+        for item in items:
+            if item.idempotency_key in by_key:
+                continue
+            row = _priced_row(item, prices)
+            head.last_sequence += 1
+            row.partition = partition
+            row.sequence = head.last_sequence
+            row.prev_hash = head.last_hash
+            row.row_hash = chain_hash(_chain_values(row), row.prev_hash)
+            head.last_hash = row.row_hash
+            new_rows.append(row)
+            by_key[item.idempotency_key] = row
+        if new_rows:
+            UsageRecord.objects.bulk_create(new_rows, batch_size=2000)
+            head.save(update_fields=["last_sequence", "last_hash"])
+    return [by_key[key] for key in keys]
+
+
+def _priced_row(item: UsageInput, prices: PriceResolver) -> UsageRecord:
+    provider = item.provider
+    if item.cluster is not None and provider is None:
+        provider = item.cluster.provider
+    if item.deployment is not None and provider is None:
+        provider = item.deployment.provider
+    model = item.model
+    if item.deployment is not None and model is None:
+        model = item.deployment.model
+    # The row must explain itself: amount is computed from the stored (rounded)
+    # quantity, so quantity × unit_price reproduces it exactly.
+    quantity = _quantize(item.quantity)
+    if item.reverses is not None:
+        price = item.reverses.price_book
+        unit_price = item.reverses.unit_price
+    else:
+        found = prices.resolve(
+            unit=item.unit,
+            at=item.occurred_at,
+            cluster_id=item.cluster.pk if item.cluster is not None else None,
+            deployment_id=item.deployment.pk if item.deployment is not None else None,
+            provider_id=provider.pk if provider is not None else None,
+        )
+        if found is None:
+            target = item.cluster or item.deployment or provider
+            raise NoPriceError(
+                f"no {item.unit} price in force for {target} at {item.occurred_at.isoformat()}"
+            )
+        price, unit_price = found, found.unit_price
+    return UsageRecord(
+        occurred_at=item.occurred_at,
+        subject_type=item.subject_type,
+        subject_id=item.subject_id,
+        description=item.description[:200],
+        provider=provider,
+        cluster=item.cluster,
+        deployment=item.deployment,
+        model=model,
+        workflow=item.workflow,
+        team=item.team or (item.workflow.team if item.workflow is not None else ""),
+        quantity=quantity,
+        unit=str(item.unit),
+        unit_price=unit_price,
+        amount=_quantize(quantity * unit_price),
+        currency=price.currency,
+        price_book=price,
+        reverses=item.reverses,
+        idempotency_key=item.idempotency_key,
+    )
 
 
 def usage_reverse(*, record: UsageRecord, reason: str, occurred_at: datetime) -> UsageRecord:
     """Append a reversal row that cancels `record` (the ledger is never edited)."""
     if record.reverses_id is not None:
         raise ValueError("a reversal cannot itself be reversed")
-    key = f"reversal:{record.pk}"
-    existing = UsageRecord.objects.filter(idempotency_key=key).first()
-    if existing is not None:
-        return existing
-    return UsageRecord.objects.create(
+    item = UsageInput(
+        unit=record.unit,
+        quantity=-record.quantity,
         occurred_at=occurred_at,
+        idempotency_key=f"reversal:{record.pk}",
         subject_type=record.subject_type,
         subject_id=record.subject_id,
-        description=f"reversal: {reason}"[:200],
-        provider=record.provider,
         cluster=record.cluster,
         deployment=record.deployment,
+        provider=record.provider,
         model=record.model,
         workflow=record.workflow,
         team=record.team,
-        quantity=-record.quantity,
-        unit=record.unit,
-        unit_price=record.unit_price,
-        amount=-record.amount,
-        currency=record.currency,
-        price_book=record.price_book,
+        description=f"reversal: {reason}",
         reverses=record,
-        idempotency_key=key,
     )
+    return usage_record_batch(items=[item])[0]
 
 
 def price_book_publish(
@@ -132,8 +227,12 @@ def price_book_publish(
     deployment: Deployment | None = None,
     provider: Provider | None = None,
     note: str = "",
+    effective_to: datetime | None = None,
+    source: PriceSource | str = PriceSource.MANUAL,
 ) -> PriceBook:
     """Add a new price version for a target; older versions stay for history."""
+    if effective_to is not None and effective_to <= effective_from:
+        raise ValueError("effective_to must be after effective_from")
     if unit_price < 0:
         raise ValueError("a price cannot be negative")
     if cluster is None and deployment is None and provider is None:
@@ -155,6 +254,8 @@ def price_book_publish(
             unit_price=unit_price,
             currency=currency,
             effective_from=effective_from,
+            effective_to=effective_to,
+            source=source,
             version=price_book_next_version(
                 cluster=cluster, deployment=deployment, provider=provider, unit=unit
             ),
