@@ -5,6 +5,7 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any, NoReturn
 
+from django.conf import settings
 from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
@@ -161,3 +162,220 @@ class UsageRecord(models.Model):
 
     def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise ImmutableRowError("the usage ledger is append-only; write a reversal instead")
+
+
+# --- Rollups -----------------------------------------------------------------------------------
+
+
+class DailyRollup(models.Model):
+    """Daily totals per (day, provider, cluster, deployment, model, workflow, run, team, unit, currency).
+
+    Derived from the ledger by billing.rollups (incrementally, idempotently) so
+    that dashboards never scan raw usage; `manage.py rollups rebuild` reproduces
+    them exactly from the ledger.
+    """
+
+    day = models.DateField()
+    provider = models.ForeignKey(Provider, null=True, on_delete=models.PROTECT, related_name="+")
+    cluster = models.ForeignKey(Cluster, null=True, on_delete=models.PROTECT, related_name="+")
+    deployment = models.ForeignKey(Deployment, null=True, on_delete=models.PROTECT, related_name="+")
+    model = models.ForeignKey(RegisteredModel, null=True, on_delete=models.PROTECT, related_name="+")
+    workflow = models.ForeignKey(Workflow, null=True, on_delete=models.PROTECT, related_name="+")
+    training_run_id = models.CharField(max_length=64, blank=True)
+    team = models.CharField(max_length=64, blank=True)
+    unit = models.CharField(max_length=32, choices=Unit.choices)
+    currency = models.CharField(max_length=3)
+    # All the dimensions above in one string: a portable unique key (NULL ids
+    # would otherwise count as distinct in a unique constraint).
+    dims_key = models.CharField(max_length=255, unique=True)
+    quantity = models.DecimalField(max_digits=28, decimal_places=9, default=Decimal("0"))
+    amount = models.DecimalField(max_digits=28, decimal_places=9, default=Decimal("0"))
+    row_count = models.BigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["day"]
+        indexes = [
+            # Dashboard: spend per day (and provider) over a period.
+            models.Index(fields=["day", "provider"], name="rollup_day_provider_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.day} {self.dims_key}: {self.amount} {self.currency}"
+
+
+class RollupWatermark(models.Model):
+    """The last ledger sequence folded into DailyRollup, per ledger partition."""
+
+    partition = models.CharField(max_length=32, primary_key=True)
+    last_sequence = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"rollups of {self.partition} @ {self.last_sequence}"
+
+
+# --- Budgets -----------------------------------------------------------------------------------
+
+
+class Budget(models.Model):
+    class Scope(models.TextChoices):
+        WORKFLOW = "workflow", "Workflow"
+        PROVIDER = "provider", "Provider"
+        CLUSTER = "cluster", "Cluster"
+        TEAM = "team", "Team"
+        TRAINING_RUN = "training_run", "Training run"
+
+    class Period(models.TextChoices):
+        MONTHLY = "monthly", "Monthly"
+        WEEKLY = "weekly", "Weekly"
+        CUSTOM = "custom", "Custom"
+
+    name = models.CharField(max_length=100, unique=True)
+    scope = models.CharField(max_length=16, choices=Scope.choices)
+    workflow = models.ForeignKey(
+        Workflow, null=True, blank=True, on_delete=models.CASCADE, related_name="budgets"
+    )
+    provider = models.ForeignKey(
+        Provider, null=True, blank=True, on_delete=models.CASCADE, related_name="budgets"
+    )
+    cluster = models.ForeignKey(
+        Cluster, null=True, blank=True, on_delete=models.CASCADE, related_name="budgets"
+    )
+    team = models.CharField(max_length=64, blank=True)
+    training_run_id = models.CharField(max_length=64, blank=True)
+    period = models.CharField(max_length=16, choices=Period.choices, default=Period.MONTHLY)
+    custom_start = models.DateTimeField(null=True, blank=True)
+    custom_end = models.DateTimeField(null=True, blank=True)
+    limit_amount = models.DecimalField(
+        max_digits=24, decimal_places=9, validators=[MinValueValidator(Decimal("0"))]
+    )
+    currency = models.CharField(max_length=3, default="USD")
+    thresholds = models.JSONField(default=list, blank=True, help_text="percentages, e.g. [50, 80, 100]")
+    hard_limit = models.BooleanField(default=False, help_text="refuse new spending once the limit is reached")
+    email_to = models.CharField(max_length=500, blank=True, help_text="comma-separated addresses")
+    webhook_url = models.URLField(blank=True)
+    # Fernet token (stack.crypto); the HMAC key for webhook signatures, write-only.
+    webhook_secret_encrypted = models.TextField(blank=True, editable=False)
+    active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class BudgetPeriod(models.Model):
+    """A budget's running totals for one period; its row lock orders admissions."""
+
+    budget = models.ForeignKey(Budget, on_delete=models.CASCADE, related_name="periods")
+    start = models.DateTimeField()
+    end = models.DateTimeField()
+    spent = models.DecimalField(max_digits=28, decimal_places=9, default=Decimal("0"))
+    reserved = models.DecimalField(max_digits=28, decimal_places=9, default=Decimal("0"))
+
+    class Meta:
+        ordering = ["budget", "-start"]
+        constraints = [models.UniqueConstraint(fields=["budget", "start"], name="uniq_budget_period")]
+
+    def __str__(self) -> str:
+        return f"{self.budget} {self.start:%Y-%m-%d}: {self.spent}"
+
+
+class BudgetAlert(models.Model):
+    budget = models.ForeignKey(Budget, on_delete=models.CASCADE, related_name="alerts")
+    period_start = models.DateTimeField()
+    threshold_percent = models.PositiveIntegerField()
+    spent = models.DecimalField(max_digits=28, decimal_places=9)
+    limit_amount = models.DecimalField(max_digits=24, decimal_places=9)
+    triggered_at = models.DateTimeField()
+    email_sent_at = models.DateTimeField(null=True, blank=True)
+    webhook_sent_at = models.DateTimeField(null=True, blank=True)
+    webhook_status = models.CharField(max_length=200, blank=True)
+    acknowledged_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-triggered_at"]
+        constraints = [
+            # One alert per threshold per period, however often the check runs.
+            models.UniqueConstraint(
+                fields=["budget", "period_start", "threshold_percent"], name="uniq_budget_alert"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.budget} reached {self.threshold_percent}%"
+
+
+# --- Exports -----------------------------------------------------------------------------------
+
+
+class ExportJob(models.Model):
+    class Status(models.TextChoices):
+        PENDING = "pending", "Pending"
+        RUNNING = "running", "Running"
+        SUCCEEDED = "succeeded", "Succeeded"
+        FAILED = "failed", "Failed"
+
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    filters = models.JSONField(default=dict, blank=True)
+    formats = models.JSONField(default=list, help_text='e.g. ["csv", "jsonl", "parquet"]')
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    object_prefix = models.CharField(max_length=500, blank=True)
+    manifest = models.JSONField(default=dict, blank=True)
+    row_count = models.BigIntegerField(default=0)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"export #{self.pk} ({self.status})"
+
+
+# --- Reconciliation ------------------------------------------------------------------------------
+
+
+class InvoiceImport(models.Model):
+    """A provider invoice or cost report, imported to compare with the ledger."""
+
+    provider = models.ForeignKey(Provider, on_delete=models.PROTECT, related_name="invoice_imports")
+    filename = models.CharField(max_length=255)
+    uploaded_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    uploaded_at = models.DateTimeField(default=timezone.now, editable=False)
+    period_start = models.DateField()
+    period_end = models.DateField()
+    tolerance = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0.01"))
+    row_count = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-uploaded_at"]
+
+    def __str__(self) -> str:
+        return f"{self.provider} {self.filename}"
+
+
+class InvoiceLine(models.Model):
+    invoice = models.ForeignKey(InvoiceImport, on_delete=models.CASCADE, related_name="lines")
+    line_number = models.PositiveIntegerField()
+    day = models.DateField()
+    service = models.CharField(max_length=128)
+    resource_id = models.CharField(max_length=255, blank=True)
+    usage_quantity = models.DecimalField(max_digits=28, decimal_places=9, default=Decimal("0"))
+    amount = models.DecimalField(max_digits=28, decimal_places=9)
+    currency = models.CharField(max_length=3)
+    raw = models.JSONField(default=dict)
+
+    class Meta:
+        ordering = ["invoice", "line_number"]
+        indexes = [models.Index(fields=["invoice", "day", "service"], name="invoice_day_service_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.invoice} line {self.line_number}"

@@ -217,6 +217,11 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": HEALTH_CHECK_SECONDS,
         "options": {"queue": "control", "expires": HEALTH_CHECK_SECONDS * 2},
     },
+    "billing-rollups": {
+        "task": "billing.rollups_update",
+        "schedule": env_float("SWITCHYARD_ROLLUP_SECONDS", 60.0, minimum=1.0),
+        "options": {"queue": "control", "expires": 120},
+    },
 }
 
 # --- Object store -----------------------------------------------------------------

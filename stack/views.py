@@ -82,8 +82,7 @@ class OverviewView(RoleRequiredMixin, View):
         now = timezone.now()
         first_day = (now - timedelta(days=OVERVIEW_DAYS - 1)).date()
         days = [first_day + timedelta(days=i) for i in range(OVERVIEW_DAYS)]
-        since = now.replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=OVERVIEW_DAYS - 1)
-        spend = spend_per_provider_per_day(since=since)
+        spend = spend_per_provider_per_day(since_day=first_day)
         return render(
             request,
             "stack/overview.html",

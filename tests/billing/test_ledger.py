@@ -10,6 +10,7 @@ from django.contrib.auth.models import User
 from django.db import DatabaseError, connection, transaction
 
 from billing.models import PriceBook, Unit, UsageRecord
+from billing.rollups import rollups_update
 from billing.selectors import price_in_force, spend_per_provider_per_day, spend_total
 from billing.services import NoPriceError, price_book_publish, usage_record, usage_reverse
 from stack.models import Cluster, ImmutableRowError
@@ -274,18 +275,27 @@ def test_spend_is_grouped_by_utc_day_and_provider() -> None:
     _bill(b, seconds="7200", at=march_1 + timedelta(hours=12))
     _bill(b, seconds="3600", at=march_1 + timedelta(days=2))  # excluded by `until`
 
-    rows = spend_per_provider_per_day(since=march_1, until=march_1 + timedelta(days=2))
+    rows = spend_per_provider_per_day(since_day=march_1.date(), until_day=date(2026, 3, 3))
     assert [(r.day, r.provider, r.currency, r.amount) for r in rows] == [
         (date(2026, 3, 1), "a-cloud", "USD", Decimal("1.5")),
         (date(2026, 3, 1), "b-cloud", "USD", Decimal("2")),
         (date(2026, 3, 2), "a-cloud", "USD", Decimal("0.25")),
+    ]
+    # The same figures once part of the ledger is folded into the rollups.
+    rollups_update()
+    _bill(b, seconds="1800", at=march_1 + timedelta(hours=13))  # the unfolded tail counts too
+    rows = spend_per_provider_per_day(since_day=march_1.date(), until_day=date(2026, 3, 3))
+    assert [(r.day, r.provider, r.amount) for r in rows] == [
+        (date(2026, 3, 1), "a-cloud", Decimal("1.5")),
+        (date(2026, 3, 1), "b-cloud", Decimal("2.5")),
+        (date(2026, 3, 2), "a-cloud", Decimal("0.25")),
     ]
 
 
 def test_a_reversal_cancels_spend_on_the_day_it_is_booked(cluster: Cluster) -> None:
     day = datetime(2026, 3, 1, 10, tzinfo=UTC)
     usage_reverse(record=_bill(cluster, at=day), reason="refund", occurred_at=day + timedelta(hours=1))
-    rows = spend_per_provider_per_day(since=day.replace(hour=0))
+    rows = spend_per_provider_per_day(since_day=day.date())
     assert [(r.day, r.amount) for r in rows] == [(date(2026, 3, 1), Decimal("0"))]
 
 
