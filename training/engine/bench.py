@@ -87,25 +87,41 @@ class Profile:
 def _profile(name: str) -> Profile:
     if name == "smoke":  # for the test-suite: every code path, seconds of compute
         return Profile(
-            name=name, model=ModelConfig(n_layer=2, n_embd=32, n_head=2, block_size=32),
-            data=DataConfig(max_train_bytes=300_000, max_eval_bytes=60_000), steps=20, batch=8,
-            h=5, inner=InnerConfig(lr=3e-3, warmup_steps=4, total_steps=20), outer=OuterConfig(),
-            eval_windows=32, fragments=2, event_steps=20, overhead_steps=4,
+            name=name,
+            model=ModelConfig(n_layer=2, n_embd=32, n_head=2, block_size=32),
+            data=DataConfig(max_train_bytes=300_000, max_eval_bytes=60_000),
+            steps=20,
+            batch=8,
+            h=5,
+            inner=InnerConfig(lr=3e-3, warmup_steps=4, total_steps=20),
+            outer=OuterConfig(),
+            eval_windows=32,
+            fragments=2,
+            event_steps=20,
+            overhead_steps=4,
         )
     quick = Profile(
-        name="quick", model=ModelConfig(n_layer=4, n_embd=64, n_head=4, block_size=64),
-        data=DataConfig(max_train_bytes=4_000_000, max_eval_bytes=400_000), steps=500, batch=32,
+        name="quick",
+        model=ModelConfig(n_layer=4, n_embd=64, n_head=4, block_size=64),
+        data=DataConfig(max_train_bytes=4_000_000, max_eval_bytes=400_000),
+        steps=500,
+        batch=32,
         # Inner lr 1e-3 for every method (as the DiLoCo paper does, one inner lr for the
         # baseline and DiLoCo). README.md shows how the ratios move with it: data-parallel
         # alone prefers a higher lr here, and DiLoCo's gap grows with the lr.
-        h=25, inner=InnerConfig(lr=1e-3, warmup_steps=50, total_steps=500),
-        outer=OuterConfig(lr=0.7, momentum=0.9), eval_windows=256, fragments=2,
-        event_steps=500, overhead_steps=30,
+        h=25,
+        inner=InnerConfig(lr=1e-3, warmup_steps=50, total_steps=500),
+        outer=OuterConfig(lr=0.7, momentum=0.9),
+        eval_windows=1024,
+        fragments=2,
+        event_steps=500,
+        overhead_steps=30,
     )
     if name == "quick":
         return quick
-    return replace(quick, name="full", sweep_h=(10, 25, 50, 100), sweep_m=(1, 2, 4, 8),
-                   sweep_outer_lr=(0.5, 0.7, 1.0))
+    return replace(
+        quick, name="full", sweep_h=(10, 25, 50, 100), sweep_m=(1, 2, 4, 8), sweep_outer_lr=(0.5, 0.7)
+    )
 
 
 @dataclass(frozen=True)
@@ -151,19 +167,38 @@ def run_spec(p: Profile, spec: RunSpec) -> dict[str, Any]:
     steps = spec.steps or p.steps
     inner = replace(p.inner, schedule="constant") if spec.constant_lr else p.inner
     record: dict[str, Any] = {
-        "name": spec.name, "method": spec.method, "M": spec.m, "H": spec.h or None,
-        "P": spec.fragments, "outer_lr": spec.outer_lr if spec.method != "data_parallel" else None,
-        "compression": spec.compression, "batch_per_learner": spec.batch_per_learner,
-        "steps_per_learner": steps, "model_bytes_fp32": size, **spec.tags,
+        "name": spec.name,
+        "method": spec.method,
+        "M": spec.m,
+        "H": spec.h or None,
+        "P": spec.fragments,
+        "outer_lr": spec.outer_lr if spec.method != "data_parallel" else None,
+        "compression": spec.compression,
+        "batch_per_learner": spec.batch_per_learner,
+        "steps_per_learner": steps,
+        "model_bytes_fp32": size,
+        **spec.tags,
     }
     if spec.method == "data_parallel":
-        dp = train_data_parallel(model_cfg=p.model, inner=inner, corpus=corpus, eval_set=evals,
-                                 batch_size=spec.batch_per_learner, steps=steps, seed=p.seed)
+        dp = train_data_parallel(
+            model_cfg=p.model,
+            inner=inner,
+            corpus=corpus,
+            eval_set=evals,
+            batch_size=spec.batch_per_learner,
+            steps=steps,
+            seed=p.seed,
+        )
         # Ring all-reduce: each of M workers sends 2(M−1)/M·S per step.
         per_learner = {m: steps * 2 * (m - 1) * size // m for m in (2, 4, 8)}
-        record.update(eval_loss=dp.eval_loss, real_seconds=dp.real_seconds, tokens=dp.tokens,
-                      bytes_sent_per_learner=per_learner, virtual_seconds=float(steps),
-                      peak_bytes_per_sync=None)
+        record.update(
+            eval_loss=dp.eval_loss,
+            real_seconds=dp.real_seconds,
+            tokens=dp.tokens,
+            bytes_sent_per_learner=per_learner,
+            virtual_seconds=float(steps),
+            peak_bytes_per_sync=None,
+        )
         return record
     specs = []
     for i in range(spec.m):
@@ -172,30 +207,50 @@ def run_spec(p: Profile, spec: RunSpec) -> dict[str, Any]:
         sched = None
         if spec.time_limit is not None:
             sched = int(spec.time_limit / slow)
-        specs.append(LearnerSpec(step_time=slow, batch_size=spec.batch_per_learner,
-                                 schedule_steps=sched, fail_at=fail[0], recover_at=fail[1]))
+        specs.append(
+            LearnerSpec(
+                step_time=slow,
+                batch_size=spec.batch_per_learner,
+                schedule_steps=sched,
+                fail_at=fail[0],
+                recover_at=fail[1],
+            )
+        )
     cfg = SimConfig(
-        model=p.model, inner=inner, learners=tuple(specs), h=spec.h,
+        model=p.model,
+        inner=inner,
+        learners=tuple(specs),
+        h=spec.h,
         outer=replace(p.outer, lr=spec.outer_lr),
         streaming=StreamingConfig(fragments=spec.fragments, overlap=spec.overlap, alpha=spec.alpha),
         compression=CompressionConfig(kind=spec.compression),
         syncer=SyncerConfig(learners=spec.m, quorum=spec.quorum, grace=spec.grace),
-        network=NetworkConfig(), mode=spec.mode,
+        network=NetworkConfig(),
+        mode=spec.mode,
         max_steps=None if spec.time_limit is not None else steps,
-        time_limit=spec.time_limit, eval_every=spec.eval_every, seed=p.seed,
+        time_limit=spec.time_limit,
+        eval_every=spec.eval_every,
+        seed=p.seed,
     )
     sim = Simulator(cfg, corpus, evals, device="cpu")
     r = sim.run()
     record.update(
-        eval_loss=r.eval_loss, real_seconds=r.real_seconds, virtual_seconds=r.virtual_seconds,
-        tokens=r.tokens_trained, tokens_merged=r.tokens_merged, tokens_lost=r.tokens_lost,
-        bytes_sent_per_learner=statistics.mean(r.bytes_up), bytes_received_per_learner=statistics.mean(r.bytes_down),
-        peak_bytes_per_sync=r.peak_push_bytes, flush_bytes=r.flush_bytes, publishes=r.publishes,
+        eval_loss=r.eval_loss,
+        real_seconds=r.real_seconds,
+        virtual_seconds=r.virtual_seconds,
+        tokens=r.tokens_trained,
+        tokens_merged=r.tokens_merged,
+        tokens_lost=r.tokens_lost,
+        bytes_sent_per_learner=statistics.mean(r.bytes_up),
+        bytes_received_per_learner=statistics.mean(r.bytes_down),
+        peak_bytes_per_sync=r.peak_push_bytes,
+        flush_bytes=r.flush_bytes,
+        publishes=r.publishes,
         steps_per_learner=[rt.steps for rt in sim.rts],
-        curve=[dict(pt) for pt in r.curve if "eval_loss" in pt]
-        if spec.eval_every else [],
+        curve=[dict(pt) for pt in r.curve if "eval_loss" in pt] if spec.eval_every else [],
         merged_curve=[(round(pt["time"], 3), int(pt["tokens_merged"])) for pt in r.curve]
-        if spec.fail or spec.tags.get("goodput") else [],
+        if spec.fail or spec.tags.get("goodput")
+        else [],
     )
     return record
 
@@ -209,11 +264,19 @@ def measure_overhead(p: Profile, *, rounds: int = 5) -> dict[str, Any]:
     def sampler() -> BatchSampler:
         return BatchSampler(corpus.train, block_size=p.model.block_size, batch_size=p.batch, seed=7)
 
-    learner = Learner(learner_id=0, model_cfg=p.model, inner=p.inner, fragments=[list(init)],
-                      sampler=sampler(), init=init, device="cpu")
+    learner = Learner(
+        learner_id=0,
+        model_cfg=p.model,
+        inner=p.inner,
+        fragments=[list(init)],
+        sampler=sampler(),
+        init=init,
+        device="cpu",
+    )
     bare = build_model(p.model, seed=p.seed)
-    opt = torch.optim.AdamW(bare.parameters(), lr=p.inner.lr, betas=p.inner.betas,
-                            weight_decay=p.inner.weight_decay)
+    opt = torch.optim.AdamW(
+        bare.parameters(), lr=p.inner.lr, betas=p.inner.betas, weight_decay=p.inner.weight_decay
+    )
     bare_sampler = sampler()
 
     def bare_step() -> None:
@@ -237,8 +300,13 @@ def measure_overhead(p: Profile, *, rounds: int = 5) -> dict[str, Any]:
         t2 = time.perf_counter()
         eng.append(tokens / (t1 - t0))
         ref.append(tokens / (t2 - t1))
-    return {"name": "learner_overhead", "method": "overhead", "engine_tokens_per_s": eng,
-            "bare_tokens_per_s": ref, "ratio": statistics.median(eng) / statistics.median(ref)}
+    return {
+        "name": "learner_overhead",
+        "method": "overhead",
+        "engine_tokens_per_s": eng,
+        "bare_tokens_per_s": ref,
+        "ratio": statistics.median(eng) / statistics.median(ref),
+    }
 
 
 # ---- the benchmark -------------------------------------------------------------------------
@@ -254,20 +322,67 @@ def core_specs(p: Profile) -> list[RunSpec]:
         RunSpec("diloco_m4_protocol_a", "diloco", m=4, batch_per_learner=b, h=h),
         RunSpec("diloco_m2_int8", "diloco", m=2, batch_per_learner=b // 2, h=h, compression="int8"),
         RunSpec("diloco_m2_4bit", "diloco", m=2, batch_per_learner=b // 2, h=h, compression="4bit"),
-        RunSpec(f"streaming_m2_p{p_frag}", "streaming", m=2, batch_per_learner=b // 2, h=h,
-                fragments=p_frag, overlap=1, alpha=0.5),
-        RunSpec("straggler_barrier", "diloco", m=4, batch_per_learner=b // 4, h=h, slow=slow,
-                constant_lr=True, steps=ev, eval_every=1),
+        RunSpec(
+            f"streaming_m2_p{p_frag}",
+            "streaming",
+            m=2,
+            batch_per_learner=b // 2,
+            h=h,
+            fragments=p_frag,
+            overlap=1,
+            alpha=0.5,
+        ),
+        RunSpec(
+            "straggler_barrier",
+            "diloco",
+            m=4,
+            batch_per_learner=b // 4,
+            h=h,
+            slow=slow,
+            constant_lr=True,
+            steps=ev,
+            eval_every=1,
+        ),
         # Decoupled: quorum 3 of 4, a grace of one step; runs as long as the barrier run.
-        RunSpec("straggler_decoupled", "decoupled", m=4, batch_per_learner=b // 4, h=h,
-                slow=slow, mode="decoupled", quorum=3, grace=1.0, constant_lr=True,
-                time_limit=2 * event_time + 10.0, eval_every=1),
-        RunSpec("failure_free", "decoupled", m=4, batch_per_learner=b // 4, h=h,
-                mode="decoupled", quorum=3, grace=1.0, time_limit=event_time,
-                tags={"goodput": True}),
-        RunSpec("failure_quarter", "decoupled", m=4, batch_per_learner=b // 4, h=h,
-                mode="decoupled", quorum=3, grace=1.0, time_limit=event_time,
-                fail=((3, event_time / 4, event_time / 2),), tags={"goodput": True}),
+        RunSpec(
+            "straggler_decoupled",
+            "decoupled",
+            m=4,
+            batch_per_learner=b // 4,
+            h=h,
+            slow=slow,
+            mode="decoupled",
+            quorum=3,
+            grace=1.0,
+            constant_lr=True,
+            time_limit=2 * event_time + 10.0,
+            eval_every=1,
+        ),
+        RunSpec(
+            "failure_free",
+            "decoupled",
+            m=4,
+            batch_per_learner=b // 4,
+            h=h,
+            mode="decoupled",
+            quorum=3,
+            grace=1.0,
+            time_limit=event_time,
+            tags={"goodput": True},
+        ),
+        RunSpec(
+            "failure_quarter",
+            "decoupled",
+            m=4,
+            batch_per_learner=b // 4,
+            h=h,
+            mode="decoupled",
+            quorum=3,
+            grace=1.0,
+            time_limit=event_time,
+            fail=((3, event_time / 4, event_time / 2),),
+            tags={"goodput": True},
+        ),
     ]
 
 
@@ -276,13 +391,23 @@ def sweep_specs(p: Profile) -> list[RunSpec]:
     for m in p.sweep_m:
         for hh in p.sweep_h:
             for lr in p.sweep_outer_lr:
-                out.append(RunSpec(f"sweep_m{m}_h{hh}_lr{lr}", "diloco", m=m,
-                                   batch_per_learner=max(1, p.batch // m), h=hh, outer_lr=lr,
-                                   tags={"sweep": True}))
+                out.append(
+                    RunSpec(
+                        f"sweep_m{m}_h{hh}_lr{lr}",
+                        "diloco",
+                        m=m,
+                        batch_per_learner=max(1, p.batch // m),
+                        h=hh,
+                        outer_lr=lr,
+                        tags={"sweep": True},
+                    )
+                )
     return out
 
 
-def summarise(runs: dict[str, dict[str, Any]], overhead: dict[str, Any], p: Profile) -> dict[str, float | None]:
+def summarise(
+    runs: dict[str, dict[str, Any]], overhead: dict[str, Any], p: Profile
+) -> dict[str, float | None]:
     dp = runs["dp_b"]
     fp32, int8, q4 = runs["diloco_m2_fp32"], runs["diloco_m2_int8"], runs["diloco_m2_4bit"]
     stream = runs[f"streaming_m2_p{p.fragments}"]
@@ -352,8 +477,11 @@ def _execute(p: Profile, specs: Sequence[RunSpec], jobs: int) -> dict[str, dict[
         results = []
         for s in specs:
             results.append(run_spec(p, s))
-            print(f"  {s.name}: eval {results[-1]['eval_loss']:.4f} "
-                  f"({results[-1]['real_seconds']:.0f}s)", file=sys.stderr, flush=True)
+            print(
+                f"  {s.name}: eval {results[-1]['eval_loss']:.4f} ({results[-1]['real_seconds']:.0f}s)",
+                file=sys.stderr,
+                flush=True,
+            )
     else:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             results = list(pool.map(run_spec, [p] * len(specs), specs))
@@ -369,10 +497,18 @@ def bench_diloco(p: Profile, *, jobs: int = 1) -> dict[str, Any]:
     summary = summarise(runs, overhead, p)
     return {
         "profile": p.name,
-        "config": {"model": asdict(p.model), "inner": asdict(p.inner), "outer": asdict(p.outer),
-                   "batch": p.batch, "H": p.h, "P": p.fragments, "steps": p.steps,
-                   "params": param_count(build_model(p.model)), "torch": torch.__version__,
-                   "threads": torch.get_num_threads()},
+        "config": {
+            "model": asdict(p.model),
+            "inner": asdict(p.inner),
+            "outer": asdict(p.outer),
+            "batch": p.batch,
+            "H": p.h,
+            "P": p.fragments,
+            "steps": p.steps,
+            "params": param_count(build_model(p.model)),
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+        },
         "runs": list(runs.values()) + [overhead],
         "summary": summary,
         "targets": check_targets(summary, p),
@@ -388,8 +524,7 @@ def main(argv: list[str] | None = None) -> int:
     size = d.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_const", dest="profile", const="quick")
     size.add_argument("--full", action="store_const", dest="profile", const="full")
-    size.add_argument("--smoke", action="store_const", dest="profile", const="smoke",
-                      help=argparse.SUPPRESS)
+    size.add_argument("--smoke", action="store_const", dest="profile", const="smoke", help=argparse.SUPPRESS)
     d.add_argument("--json", type=Path, help="also write the JSON here")
     d.add_argument("--chart", type=Path, help="write a Plotly HTML chart of loss vs bytes")
     d.add_argument("--jobs", type=int, default=1, help="runs in parallel processes")

@@ -23,20 +23,32 @@ def figure(result: dict[str, Any]) -> Any:
             groups.setdefault(key, []).append(run)
     for key, runs in sorted(groups.items()):
         runs.sort(key=lambda r: r["bytes_sent_per_learner"])
-        fig.add_trace(go.Scatter(
-            x=[r["bytes_sent_per_learner"] for r in runs], y=[r["eval_loss"] for r in runs],
-            mode="markers+lines", name=key,
-            text=[f"{r['name']} H={r['H']} outer lr={r['outer_lr']}" for r in runs],
-        ))
+        fig.add_trace(
+            go.Scatter(
+                x=[r["bytes_sent_per_learner"] for r in runs],
+                y=[r["eval_loss"] for r in runs],
+                mode="markers+lines",
+                name=key,
+                text=[f"{r['name']} H={r['H']} outer lr={r['outer_lr']}" for r in runs],
+            )
+        )
     dp = next((r for r in result["runs"] if r.get("method") == "data_parallel"), None)
     if dp is not None:
         for m, sent in dp["bytes_sent_per_learner"].items():
-            fig.add_trace(go.Scatter(x=[sent], y=[dp["eval_loss"]], mode="markers",
-                                     marker={"symbol": "x", "size": 12},
-                                     name=f"data-parallel, ring all-reduce M={m}"))
-    fig.update_layout(title="Eval loss of the global parameters vs bytes sent per learner",
-                      xaxis={"title": "bytes sent per learner", "type": "log"},
-                      yaxis={"title": "eval loss (nats/byte)"})
+            fig.add_trace(
+                go.Scatter(
+                    x=[sent],
+                    y=[dp["eval_loss"]],
+                    mode="markers",
+                    marker={"symbol": "x", "size": 12},
+                    name=f"data-parallel, ring all-reduce M={m}",
+                )
+            )
+    fig.update_layout(
+        title="Eval loss of the global parameters vs bytes sent per learner",
+        xaxis={"title": "bytes sent per learner", "type": "log"},
+        yaxis={"title": "eval loss (nats/byte)"},
+    )
     return fig
 
 

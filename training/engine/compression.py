@@ -84,7 +84,8 @@ def decode(e: EncodedTensor) -> torch.Tensor:
     """fp32 tensor of the original shape."""
     if e.kind in ("fp32", "bf16"):
         return e.values.float().reshape(e.shape)
-    assert e.scales is not None
+    if e.scales is None:
+        raise ValueError(f"{e.kind} tensor without scales")
     numel = math.prod(e.shape)
     if e.kind == "int8":
         q = e.values.float()

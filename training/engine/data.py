@@ -40,17 +40,11 @@ class Corpus:
 def stdlib_files(root: Path | None = None) -> list[Path]:
     """Every ``.py`` file of the stdlib, minus tests and site-packages, in sorted path order."""
     base = Path(root or sysconfig.get_paths()["stdlib"])
-    found = [
-        p
-        for p in base.rglob("*.py")
-        if not (set(p.relative_to(base).parts[:-1]) & _SKIP_DIRS)
-    ]
+    found = [p for p in base.rglob("*.py") if not (set(p.relative_to(base).parts[:-1]) & _SKIP_DIRS)]
     return sorted(found, key=lambda p: p.relative_to(base).as_posix())
 
 
-def _split(
-    blobs: Iterable[bytes], *, every_nth: int, max_train: int, max_eval: int
-) -> Corpus:
+def _split(blobs: Iterable[bytes], *, every_nth: int, max_train: int, max_eval: int) -> Corpus:
     train: list[bytes] = []
     held: list[bytes] = []
     n_train = n_eval = 0
@@ -143,9 +137,7 @@ class BatchSampler:
         self.gen = torch.Generator().manual_seed(seed)
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        starts = torch.randint(
-            len(self.data) - self.block_size - 1, (self.batch_size,), generator=self.gen
-        )
+        starts = torch.randint(len(self.data) - self.block_size - 1, (self.batch_size,), generator=self.gen)
         offsets = torch.arange(self.block_size + 1)
         win = self.data[starts[:, None] + offsets].long()
         return win[:, :-1].contiguous(), win[:, 1:].contiguous()

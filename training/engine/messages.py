@@ -76,8 +76,14 @@ def pack(meta: dict[str, Any], tensors: dict[str, torch.Tensor]) -> bytes:
     chunks = []
     for name, t in tensors.items():
         raw = _raw(t)
-        index.append({"name": name, "dtype": str(t.dtype).removeprefix("torch."),
-                      "shape": list(t.shape), "n": len(raw)})
+        index.append(
+            {
+                "name": name,
+                "dtype": str(t.dtype).removeprefix("torch."),
+                "shape": list(t.shape),
+                "n": len(raw),
+            }
+        )
         chunks.append(raw)
     header = json.dumps({"meta": meta, "tensors": index}).encode()
     return _MAGIC + struct.pack("<I", len(header)) + header + b"".join(chunks)
@@ -107,8 +113,13 @@ def delta_to_bytes(d: FragmentDelta) -> bytes:
             tensors[f"s:{name}"] = e.scales
         kinds[name] = {"kind": e.kind, "shape": list(e.shape)}
     meta = {
-        "learner": d.learner, "fragment": d.fragment, "base_version": d.base_version,
-        "seq": d.seq, "steps": d.steps, "tokens": d.tokens, "sent_at": d.sent_at,
+        "learner": d.learner,
+        "fragment": d.fragment,
+        "base_version": d.base_version,
+        "seq": d.seq,
+        "steps": d.steps,
+        "tokens": d.tokens,
+        "sent_at": d.sent_at,
         "kinds": kinds,
     }
     return pack(meta, tensors)
@@ -117,13 +128,17 @@ def delta_to_bytes(d: FragmentDelta) -> bytes:
 def delta_from_bytes(blob: bytes) -> FragmentDelta:
     meta, tensors = unpack(blob)
     enc = {
-        name: EncodedTensor(k["kind"], tuple(k["shape"]), tensors[f"v:{name}"],
-                            tensors.get(f"s:{name}"))
+        name: EncodedTensor(k["kind"], tuple(k["shape"]), tensors[f"v:{name}"], tensors.get(f"s:{name}"))
         for name, k in meta["kinds"].items()
     }
     return FragmentDelta(
-        learner=meta["learner"], fragment=meta["fragment"], base_version=meta["base_version"],
-        seq=meta["seq"], steps=meta["steps"], tokens=meta["tokens"], tensors=enc,
+        learner=meta["learner"],
+        fragment=meta["fragment"],
+        base_version=meta["base_version"],
+        seq=meta["seq"],
+        steps=meta["steps"],
+        tokens=meta["tokens"],
+        tensors=enc,
         sent_at=meta["sent_at"],
     )
 

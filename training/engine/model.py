@@ -18,7 +18,8 @@ from training.engine.config import ModelConfig
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        assert cfg.n_embd % cfg.n_head == 0
+        if cfg.n_embd % cfg.n_head:
+            raise ValueError("n_embd must be a multiple of n_head")
         self.n_head = cfg.n_head
         self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd)

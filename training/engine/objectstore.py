@@ -152,9 +152,7 @@ class S3Store:
         from botocore.exceptions import ClientError
 
         try:
-            self.client.put_object(
-                Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*"
-            )
+            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*")
             return True
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code")

@@ -157,8 +157,9 @@ class Simulator:
         scfg = cfg.syncer or SyncerConfig(learners=m)
         if scfg.learners != m:
             scfg = replace(scfg, learners=m)
-        self.syncer = Syncer(cfg=scfg, outer=cfg.outer, fragments=self.fragments, init=init,
-                             transport=transport)
+        self.syncer = Syncer(
+            cfg=scfg, outer=cfg.outer, fragments=self.fragments, init=init, transport=transport
+        )
         self.eval_model = init_model.to(device or "cpu")
         self.rts: list[_Rt] = []
         for i, spec in enumerate(cfg.learners):
@@ -171,9 +172,16 @@ class Simulator:
                 batch_size=spec.batch_size,
                 seed=cfg.seed * 1000 + i + 1,
             )
-            learner = Learner(learner_id=i, model_cfg=cfg.model, inner=inner,
-                              fragments=self.fragments, sampler=sampler, init=init,
-                              compression=cfg.compression, device=device)
+            learner = Learner(
+                learner_id=i,
+                model_cfg=cfg.model,
+                inner=inner,
+                fragments=self.fragments,
+                sampler=sampler,
+                init=init,
+                compression=cfg.compression,
+                device=device,
+            )
             self.rts.append(_Rt(spec=spec, learner=learner))
         self._heap: list[tuple[float, int, int, int, Any]] = []
         self._seq = 0
@@ -228,8 +236,7 @@ class Simulator:
                 self._on_rejoin(*payload)
         loss = self._evaluate()
         end_time = self.cfg.time_limit if self.cfg.time_limit is not None else self.last_publish
-        self.curve.append({"time": end_time, "tokens_merged": float(self.tokens_merged),
-                           "eval_loss": loss})
+        self.curve.append({"time": end_time, "tokens_merged": float(self.tokens_merged), "eval_loss": loss})
         return SimResult(
             eval_loss=loss,
             virtual_seconds=end_time,
@@ -265,15 +272,15 @@ class Simulator:
                 del rt.due_at[f]
                 snap = rt.inbox.pop(f, None)
                 if snap is not None:
-                    rt.learner.adopt(f, snap.params, snap.version, how="mix",
-                                     alpha=self.cfg.streaming.alpha)
+                    rt.learner.adopt(f, snap.params, snap.version, how="mix", alpha=self.cfg.streaming.alpha)
                 else:
                     rt.waiting[f] = "mix"
         final = self.cfg.max_steps is not None and rt.steps >= self.cfg.max_steps
         to_push = due(rt.steps, h=self.cfg.h, fragment_offsets=self.offsets)
         if final:  # flush whatever is not synced yet, so the global params hold all work
-            to_push = [f for f in range(len(self.fragments))
-                       if f in to_push or rt.learner.pending_steps[f] > 0]
+            to_push = [
+                f for f in range(len(self.fragments)) if f in to_push or rt.learner.pending_steps[f] > 0
+            ]
         scheduled = due(rt.steps, h=self.cfg.h, fragment_offsets=self.offsets)
         pushed = 0
         for f in to_push:
@@ -316,8 +323,7 @@ class Simulator:
             return
         if f in rt.waiting:
             how = rt.waiting.pop(f)
-            rt.learner.adopt(f, snap.params, snap.version, how=how,
-                             alpha=self.cfg.streaming.alpha)
+            rt.learner.adopt(f, snap.params, snap.version, how=how, alpha=self.cfg.streaming.alpha)
             if not rt.waiting and not rt.done:
                 self._schedule_step(i)
         elif f in rt.due_at:
@@ -401,11 +407,20 @@ def train_data_parallel(
     start = time.perf_counter()
     init_model = build_model(model_cfg, seed=seed)
     init = {n: p.detach().clone() for n, p in init_model.named_parameters()}
-    sampler = BatchSampler(corpus.train, block_size=model_cfg.block_size,
-                           batch_size=batch_size, seed=seed * 1000 + 1)
-    learner = Learner(learner_id=0, model_cfg=model_cfg, inner=inner, fragments=[list(init)],
-                      sampler=sampler, init=init, device=device)
+    sampler = BatchSampler(
+        corpus.train, block_size=model_cfg.block_size, batch_size=batch_size, seed=seed * 1000 + 1
+    )
+    learner = Learner(
+        learner_id=0,
+        model_cfg=model_cfg,
+        inner=inner,
+        fragments=[list(init)],
+        sampler=sampler,
+        init=init,
+        device=device,
+    )
     learner.train(steps)
     loss = evaluate(learner.model, eval_set)
-    return DataParallelResult(eval_loss=loss, real_seconds=time.perf_counter() - start,
-                              tokens=learner.total_tokens, steps=steps)
+    return DataParallelResult(
+        eval_loss=loss, real_seconds=time.perf_counter() - start, tokens=learner.total_tokens, steps=steps
+    )

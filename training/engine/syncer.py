@@ -101,8 +101,9 @@ class Syncer:
             versions.append(latest.version)
             for v in transport.versions(f):
                 consumed.update(transport.get_version(f, v).merged)
-        syncer = cls(cfg=cfg, outer=outer, fragments=fragments, init=params,
-                     transport=transport, versions=versions)
+        syncer = cls(
+            cfg=cfg, outer=outer, fragments=fragments, init=params, transport=transport, versions=versions
+        )
         syncer.outer.load_state_dict(momentum)
         syncer.consumed = consumed
         return syncer

@@ -43,10 +43,15 @@ def test_byte_counts_are_exact(kind):
     dims = [(_rows(t).shape[0], _rows(t).shape[1]) for t in tensors]
     assert counted == encoded_nbytes(dims, kind)
     # Per value: 4, 2, 1 + scales, 1/2 + scales bytes.
-    assert encode(torch.zeros(64, 256), kind).nbytes == {
-        "fp32": 4 * 64 * 256, "bf16": 2 * 64 * 256, "int8": 64 * 256 + 2 * 64,
-        "4bit": 64 * 128 + 2 * 64,
-    }[kind]
+    assert (
+        encode(torch.zeros(64, 256), kind).nbytes
+        == {
+            "fp32": 4 * 64 * 256,
+            "bf16": 2 * 64 * 256,
+            "int8": 64 * 256 + 2 * 64,
+            "4bit": 64 * 128 + 2 * 64,
+        }[kind]
+    )
 
 
 def test_error_feedback_carries_the_residual_into_the_next_round():
@@ -67,11 +72,18 @@ def test_error_feedback_carries_the_residual_into_the_next_round():
 def test_a_delta_survives_the_wire_format(kind):
     comp = Compressor(CompressionConfig(kind=kind))
     tensors = {"a.weight": torch.randn(8, 5), "a.bias": torch.randn(5)}
-    d = FragmentDelta(learner=3, fragment=1, base_version=7, seq=9, steps=25, tokens=800,
-                      tensors=comp.compress(tensors), sent_at=1.5)
+    d = FragmentDelta(
+        learner=3,
+        fragment=1,
+        base_version=7,
+        seq=9,
+        steps=25,
+        tokens=800,
+        tensors=comp.compress(tensors),
+        sent_at=1.5,
+    )
     back = delta_from_bytes(delta_to_bytes(d))
-    assert (back.id, back.base_version, back.steps, back.tokens, back.sent_at) == (
-        d.id, 7, 25, 800, 1.5)
+    assert (back.id, back.base_version, back.steps, back.tokens, back.sent_at) == (d.id, 7, 25, 800, 1.5)
     assert back.nbytes == d.nbytes
     for name, t in d.decoded().items():
         assert torch.equal(back.decoded()[name], t)

@@ -12,9 +12,14 @@ INNER = InnerConfig(lr=3e-3, warmup_steps=5, total_steps=40)
 
 def test_diloco_on_stdlib_bytes_lowers_the_eval_loss(tiny_cfg, stdlib_small, tiny_eval):
     before = evaluate(build_model(tiny_cfg, seed=0), tiny_eval)
-    cfg = SimConfig(model=tiny_cfg, inner=INNER, h=10, max_steps=40,
-                    learners=(LearnerSpec(batch_size=8), LearnerSpec(batch_size=8)),
-                    compression=CompressionConfig(kind="4bit"))
+    cfg = SimConfig(
+        model=tiny_cfg,
+        inner=INNER,
+        h=10,
+        max_steps=40,
+        learners=(LearnerSpec(batch_size=8), LearnerSpec(batch_size=8)),
+        compression=CompressionConfig(kind="4bit"),
+    )
     result = Simulator(cfg, stdlib_small, tiny_eval, device="cpu").run()
     assert result.publishes == 4
     assert result.eval_loss < before - 0.5
@@ -23,9 +28,14 @@ def test_diloco_on_stdlib_bytes_lowers_the_eval_loss(tiny_cfg, stdlib_small, tin
 
 def test_streaming_sends_one_fragment_at_a_time(tiny_cfg, stdlib_small, tiny_eval):
     def run(fragments):
-        cfg = SimConfig(model=tiny_cfg, inner=INNER, h=10, max_steps=20,
-                        learners=(LearnerSpec(batch_size=4), LearnerSpec(batch_size=4)),
-                        streaming=StreamingConfig(fragments=fragments, overlap=2, alpha=0.5))
+        cfg = SimConfig(
+            model=tiny_cfg,
+            inner=INNER,
+            h=10,
+            max_steps=20,
+            learners=(LearnerSpec(batch_size=4), LearnerSpec(batch_size=4)),
+            streaming=StreamingConfig(fragments=fragments, overlap=2, alpha=0.5),
+        )
         return Simulator(cfg, stdlib_small, tiny_eval, device="cpu").run()
 
     whole, streamed = run(1), run(2)
@@ -40,8 +50,15 @@ def test_decoupled_learners_do_not_wait_for_a_straggler(tiny_cfg, stdlib_small, 
     specs = (LearnerSpec(batch_size=4), LearnerSpec(batch_size=4), LearnerSpec(batch_size=4, step_time=2.0))
 
     def run(mode, quorum):
-        cfg = SimConfig(model=tiny_cfg, inner=INNER, h=5, learners=specs, mode=mode,
-                        time_limit=40.0, syncer=SyncerConfig(learners=3, quorum=quorum, grace=0.5))
+        cfg = SimConfig(
+            model=tiny_cfg,
+            inner=INNER,
+            h=5,
+            learners=specs,
+            mode=mode,
+            time_limit=40.0,
+            syncer=SyncerConfig(learners=3, quorum=quorum, grace=0.5),
+        )
         return Simulator(cfg, stdlib_small, tiny_eval, device="cpu").run()
 
     barrier, decoupled = run("barrier", None), run("decoupled", 2)
@@ -50,11 +67,21 @@ def test_decoupled_learners_do_not_wait_for_a_straggler(tiny_cfg, stdlib_small, 
 
 
 def test_a_failed_learner_rejoins_and_the_quorum_keeps_merging(tiny_cfg, stdlib_small, tiny_eval):
-    specs = (LearnerSpec(batch_size=4), LearnerSpec(batch_size=4),
-             LearnerSpec(batch_size=4, fail_at=12.0, recover_at=30.0))
-    cfg = SimConfig(model=tiny_cfg, inner=INNER, h=5, learners=specs, mode="decoupled",
-                    time_limit=50.0, eval_every=1,
-                    syncer=SyncerConfig(learners=3, quorum=2, grace=0.5))
+    specs = (
+        LearnerSpec(batch_size=4),
+        LearnerSpec(batch_size=4),
+        LearnerSpec(batch_size=4, fail_at=12.0, recover_at=30.0),
+    )
+    cfg = SimConfig(
+        model=tiny_cfg,
+        inner=INNER,
+        h=5,
+        learners=specs,
+        mode="decoupled",
+        time_limit=50.0,
+        eval_every=1,
+        syncer=SyncerConfig(learners=3, quorum=2, grace=0.5),
+    )
     sim = Simulator(cfg, stdlib_small, tiny_eval, device="cpu")
     result = sim.run()
     merged_by = {}

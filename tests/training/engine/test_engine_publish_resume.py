@@ -21,8 +21,15 @@ INIT = {"a": torch.zeros(3), "b": torch.ones(2)}
 def _delta(learner, fragment, seq, base, value):
     comp = Compressor(CompressionConfig(kind="int8"))
     name = FRAGS[fragment][0]
-    return FragmentDelta(learner=learner, fragment=fragment, base_version=base, seq=seq, steps=5,
-                         tokens=50, tensors=comp.compress({name: torch.full(INIT[name].shape, value)}))
+    return FragmentDelta(
+        learner=learner,
+        fragment=fragment,
+        base_version=base,
+        seq=seq,
+        steps=5,
+        tokens=50,
+        tensors=comp.compress({name: torch.full(INIT[name].shape, value)}),
+    )
 
 
 def _round(transport, r):

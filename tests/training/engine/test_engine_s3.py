@@ -20,8 +20,11 @@ BUCKET = "switchyard-engine-test"
 @pytest.fixture(scope="module")
 def s3_endpoint():
     with pytest.MonkeyPatch.context() as mp:
-        for key, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
-                           ("AWS_DEFAULT_REGION", "us-east-1")):
+        for key, value in (
+            ("AWS_ACCESS_KEY_ID", "testing"),
+            ("AWS_SECRET_ACCESS_KEY", "testing"),
+            ("AWS_DEFAULT_REGION", "us-east-1"),
+        ):
             mp.setenv(key, value)
         server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         server.start()
@@ -59,13 +62,23 @@ def test_a_syncer_publishes_to_s3_and_a_new_one_resumes_from_it(s3_endpoint):
     s = Syncer(cfg=cfg, outer=outer, fragments=[["w"]], init=init, transport=transport)
     comp = Compressor(CompressionConfig(kind="4bit"))
     for learner in (0, 1):
-        transport.put_delta(FragmentDelta(
-            learner=learner, fragment=0, base_version=0, seq=0, steps=3, tokens=96,
-            tensors=comp.compress({"w": torch.full((4, 3), 0.01 * (learner + 1))})))
+        transport.put_delta(
+            FragmentDelta(
+                learner=learner,
+                fragment=0,
+                base_version=0,
+                seq=0,
+                steps=3,
+                tokens=96,
+                tensors=comp.compress({"w": torch.full((4, 3), 0.01 * (learner + 1))}),
+            )
+        )
     assert s.pull(now=0.0) == 2
     (snap,) = s.poll(now=0.0)
     assert store.list("runs/42/versions/") == [
-        "runs/42/versions/f000/v00000000.syd", "runs/42/versions/f000/v00000001.syd"]
+        "runs/42/versions/f000/v00000000.syd",
+        "runs/42/versions/f000/v00000001.syd",
+    ]
     again = Syncer.resume(cfg=cfg, outer=outer, fragments=[["w"]], transport=transport)
     assert again.version == [1]
     assert again.pull(now=1.0) == 0

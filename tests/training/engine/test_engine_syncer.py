@@ -15,9 +15,15 @@ AVG = OuterConfig(lr=1.0, momentum=0.0)  # outer step = apply the mean delta
 
 def _delta(learner, value, *, base=0, tokens=100, seq=0, fragment=0):
     comp = Compressor(CompressionConfig())
-    return FragmentDelta(learner=learner, fragment=fragment, base_version=base, seq=seq,
-                         steps=1, tokens=tokens,
-                         tensors=comp.compress({"w": torch.full((2,), float(value))}))
+    return FragmentDelta(
+        learner=learner,
+        fragment=fragment,
+        base_version=base,
+        seq=seq,
+        steps=1,
+        tokens=tokens,
+        tensors=comp.compress({"w": torch.full((2,), float(value))}),
+    )
 
 
 def _syncer(**kw):
@@ -117,12 +123,26 @@ def test_stale_deltas_do_not_count_towards_the_quorum():
 
 
 def test_radial_directional_averaging_keeps_the_mean_norm():
-    s = Syncer(cfg=SyncerConfig(learners=2, radial_directional=True, token_weighting=False),
-               outer=AVG, fragments=[["w"]], init={"w": torch.zeros(2)})
+    s = Syncer(
+        cfg=SyncerConfig(learners=2, radial_directional=True, token_weighting=False),
+        outer=AVG,
+        fragments=[["w"]],
+        init={"w": torch.zeros(2)},
+    )
     comp = Compressor(CompressionConfig())
     for i, vec in enumerate(([2.0, 0.0], [0.0, 2.0])):
-        s.submit(FragmentDelta(learner=i, fragment=0, base_version=0, seq=0, steps=1, tokens=1,
-                               tensors=comp.compress({"w": torch.tensor(vec)})), now=0.0)
+        s.submit(
+            FragmentDelta(
+                learner=i,
+                fragment=0,
+                base_version=0,
+                seq=0,
+                steps=1,
+                tokens=1,
+                tensors=comp.compress({"w": torch.tensor(vec)}),
+            ),
+            now=0.0,
+        )
     (snap,) = s.poll(now=0.0)
     # A plain mean would give norm sqrt(2); RDA keeps norm 2 along the mean direction.
     torch.testing.assert_close(snap.params["w"], -torch.tensor([2.0, 2.0]) / 2**0.5)

@@ -1,0 +1,49 @@
+"""The bench CLI's contract (not its numbers): keys the Django command and the README rely on."""
+
+from __future__ import annotations
+
+import json
+
+from training.engine.bench import main
+
+SUMMARY_KEYS = {
+    "protocol_b_loss_ratio_m2",
+    "protocol_b_loss_ratio_m4",
+    "protocol_a_loss_ratio_vs_dp1x",
+    "bytes_ratio_fp32",
+    "bytes_ratio_int8",
+    "bytes_ratio_4bit",
+    "loss_ratio_4bit_vs_fp32",
+    "streaming_peak_bytes_ratio",
+    "decoupled_speedup_with_straggler",
+    "goodput_with_failure",
+    "learner_overhead_ratio",
+}
+RUN_KEYS = {
+    "method",
+    "M",
+    "H",
+    "P",
+    "outer_lr",
+    "compression",
+    "eval_loss",
+    "bytes_sent_per_learner",
+    "virtual_seconds",
+    "real_seconds",
+    "tokens",
+}
+
+
+def test_bench_diloco_writes_the_summary_and_runs_it_prints(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert main(["diloco", "--smoke", "--json", str(out)]) == 0
+    written = json.loads(out.read_text())
+    assert json.loads(capsys.readouterr().out) == written
+    assert set(written["summary"]) == SUMMARY_KEYS
+    sim_runs = [r for r in written["runs"] if r["method"] != "overhead"]
+    assert {r["method"] for r in sim_runs} == {"data_parallel", "diloco", "streaming", "decoupled"}
+    for run in sim_runs:
+        assert RUN_KEYS <= set(run), run["name"]
+    # Exact byte accounting: DiLoCo sends S per sync, data-parallel 2(M-1)/M * S per step.
+    assert written["summary"]["bytes_ratio_fp32"] == written["config"]["H"]
+    assert set(written["targets"]) <= SUMMARY_KEYS
