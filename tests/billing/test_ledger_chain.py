@@ -182,3 +182,28 @@ def test_concurrent_writers_from_several_connections_keep_one_unbroken_chain() -
     assert UsageRecord.objects.count() == 60
     assert sorted(UsageRecord.objects.values_list("sequence", flat=True)) == list(range(1, 61))
     assert ledger_verify().ok
+
+
+@pytest.mark.django_db
+def test_the_python_and_database_checks_agree_on_awkward_rows() -> None:
+    cluster = make_cluster()
+    awkward = usage_record(
+        unit=Unit.ACCELERATOR_HOUR,
+        quantity=Decimal("0.000000001"),
+        occurred_at=timezone.now().replace(microsecond=7),
+        idempotency_key="awk\\ward\x1fkey",
+        subject_type="probe_job",
+        subject_id="ünïcode ✓",
+        cluster=cluster,
+        description="back\\slash and \x1f separator",
+    )
+    usage_reverse(record=awkward, reason="zero-ish", occurred_at=timezone.now())
+    _bill(cluster, "plain")
+    methods = ["python", "sql"] if connection.vendor == "postgresql" else ["python"]
+    assert all(ledger_verify(method=m).ok for m in methods)
+
+    _raw("UPDATE billing_usagerecord SET description = %s WHERE id = %s", ["back\\slash and \x1f", awkward.pk])
+    results = [ledger_verify(method=m) for m in methods]
+    assert {(r.ok, r.first_bad_id, r.rows_checked, r.problem) for r in results} == {
+        (False, awkward.pk, 0, "the row's fields no longer match its hash: it was changed")
+    }

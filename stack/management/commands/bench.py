@@ -1,35 +1,50 @@
 """Benchmarks (they measure and print JSON; tests never assert on wall-clock time).
 
 python manage.py bench diloco --quick --json var/bench-diloco.json
+python manage.py bench ledger --rows 1000000 --json var/bench-ledger.json
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from importlib import import_module
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+# name -> "module:function" taking the benchmark's own argv and returning an exit code.
+BENCHMARKS = {
+    "diloco": "training.engine.bench:main",
+    "ledger": "billing.bench:main",
+}
+
+
+def _entry(name: str) -> Callable[[list[str]], int]:
+    module, _, function = BENCHMARKS[name].partition(":")
+    return getattr(import_module(module), function)  # type: ignore[no-any-return]
+
 
 class Command(BaseCommand):
-    help = "Run a benchmark and print its JSON figures. Benchmarks: diloco."
+    help = f"Run a benchmark and print its JSON figures. Benchmarks: {', '.join(BENCHMARKS)}."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("benchmark", choices=["diloco"])
-        parser.add_argument(
-            "args", nargs="*", help="options passed to the benchmark, e.g. --quick --json PATH"
-        )
+        parser.add_argument("benchmark", choices=sorted(BENCHMARKS))
+        parser.add_argument("args", nargs="*", help="the benchmark's own options, e.g. --json PATH")
 
     def run_from_argv(self, argv: list[str]) -> None:
-        # Pass every option after the benchmark's name through untouched, so the
+        # Pass every option after the benchmark's name through untouched, so each
         # benchmark's own --help and flags work as documented.
-        if len(argv) >= 3 and argv[2] == "diloco":
-            from training.engine.bench import main
+        if len(argv) >= 3 and argv[2] in BENCHMARKS:
+            import django
 
-            code = main(["diloco", *argv[3:]])
+            django.setup()
+            name = argv[2]
+            # The engine's CLI takes its benchmark name as the first argument.
+            code = _entry(name)([name, *argv[3:]] if name == "diloco" else argv[3:])
             if code:
                 raise SystemExit(code)
             return
         super().run_from_argv(argv)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        raise CommandError("usage: manage.py bench diloco [--quick | --full] [--json PATH]")
+        raise CommandError(f"usage: manage.py bench {{{','.join(BENCHMARKS)}}} [options]")

@@ -1,0 +1,193 @@
+"""`manage.py bench ledger`: the ledger at scale, on a scratch database.
+
+    python manage.py bench ledger --rows 1000000 --json var/bench-ledger.json
+
+Creates and migrates a scratch database next to the configured one (never
+touching its data), then measures, printing JSON:
+- ingest_rows_per_s: usage rows through billing.services.usage_record_batch,
+  in the batches a worker would send (priced, chained, idempotency-checked);
+- rollup_rows_per_s: billing.rollups.rollups_update folding them all;
+- dashboard_query_p95_ms: the dashboard's spend-per-provider-per-day query
+  over 30 days (rollups plus tail), repeated;
+- verify_rows_per_s: billing.selectors.ledger_verify walking the whole chain;
+- export_csv_rows_per_s and export_peak_rss_mb: streaming every row as CSV
+  (billing.exports, as the HTTP endpoint does) in a fresh process, so that its
+  peak RSS is the export's own.
+Targets (issue 6, PostgreSQL, 2 cores): ingest >= 20000, export >= 200000,
+peak RSS < 200 MB, dashboard p95 < 100 ms, verify >= 100000.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from django.db import connection
+
+BATCH = 5000
+
+
+def _scratch_database() -> str:
+    """Switch the default connection to a new, migrated database; return the old name."""
+    old_name: str = connection.settings_dict["NAME"]
+    connection.settings_dict.setdefault("TEST", {})
+    if connection.vendor == "sqlite":
+        connection.settings_dict["TEST"]["NAME"] = str(
+            Path(old_name).with_name(f"bench-{os.getpid()}.sqlite3")
+        )
+    else:
+        connection.settings_dict["TEST"]["NAME"] = f"switchyard_bench_{os.getpid()}"
+    connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
+    return old_name
+
+
+def _seed() -> list[Any]:
+    from billing.models import Unit
+    from billing.services import price_book_publish
+    from stack.models import Cluster, Provider
+
+    clusters = []
+    for p in range(4):
+        provider = Provider.objects.create(slug=f"bench-p{p}", display_name=f"Bench {p}", kind="aws")
+        for c in range(5):
+            cluster = Cluster.objects.create(
+                provider=provider, slug=f"bench-p{p}-c{c}", accelerator_type="H100", accelerator_count=8
+            )
+            price_book_publish(
+                unit=Unit.ACCELERATOR_HOUR,
+                unit_price=Decimal("2.5") + Decimal(c) / 10,
+                effective_from=datetime(2020, 1, 1, tzinfo=UTC),
+                cluster=cluster,
+            )
+            clusters.append(cluster)
+    return clusters
+
+
+def _ingest(rows: int, clusters: list[Any], start: datetime) -> float:
+    from billing.models import Unit
+    from billing.services import UsageInput, usage_record_batch
+
+    began = time.perf_counter()
+    for offset in range(0, rows, BATCH):
+        items = [
+            UsageInput(
+                unit=Unit.ACCELERATOR_HOUR,
+                quantity=Decimal(30 + i % 600) / Decimal(3600),
+                # Spread over 60 days, in time order like live traffic.
+                occurred_at=start + timedelta(seconds=(i * 5184000) // rows),
+                idempotency_key=f"bench:{i}",
+                subject_type="training_run",
+                subject_id=str(i % 50),
+                cluster=clusters[i % len(clusters)],
+            )
+            for i in range(offset, min(rows, offset + BATCH))
+        ]
+        usage_record_batch(items=items)
+    return rows / (time.perf_counter() - began)
+
+
+def _dashboard_p95_ms(end: datetime, repeats: int = 40) -> float:
+    from billing.selectors import spend_per_provider_per_day
+
+    timings = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        spend_per_provider_per_day(since_day=(end - timedelta(days=30)).date())
+        timings.append((time.perf_counter() - began) * 1000)
+    return statistics.quantiles(timings, n=20)[-1]
+
+
+def _export_in_child(json_out: Path) -> dict[str, Any]:
+    """Stream the whole ledger as CSV in a fresh interpreter; report rows/s and peak RSS."""
+    import subprocess
+
+    env = {**os.environ, "SWITCHYARD_BENCH_DB": connection.settings_dict["NAME"]}
+    code = (
+        "import django, os, sys; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'stack.settings'); "
+        "from django.conf import settings; "
+        "django.setup(); from django.db import connection; "
+        "connection.settings_dict['NAME'] = os.environ['SWITCHYARD_BENCH_DB']; "
+        "from billing.bench import export_phase; export_phase(sys.argv[1])"
+    )
+    subprocess.run([sys.executable, "-c", code, str(json_out)], check=True, env=env)  # noqa: S603
+    return json.loads(json_out.read_text())  # type: ignore[no-any-return]
+
+
+def export_phase(out_path: str) -> None:
+    """Run in a child process by the benchmark: CSV-stream every row to nowhere."""
+    import resource
+
+    from billing import exports
+
+    began = time.perf_counter()
+    lines = 0
+    # Exactly what GET /api/usage-export/?format=csv streams, minus the socket.
+    for chunk in exports.export_stream(filters=exports.export_filters_parse(params={}), fmt="csv"):
+        lines += chunk.count(b"\n")
+    rows = lines - 1  # the header line
+    seconds = time.perf_counter() - began
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    Path(out_path).write_text(
+        json.dumps(
+            {"export_csv_rows_per_s": rows / seconds, "export_peak_rss_mb": peak_kb / 1024, "rows": rows}
+        )
+    )
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="manage.py bench ledger", description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--json", type=Path, help="also write the JSON here")
+    args = parser.parse_args(argv)
+    if args.rows < BATCH:
+        parser.error(f"--rows must be at least {BATCH}")
+
+    from billing.rollups import rollups_update
+    from billing.selectors import ledger_verify
+
+    old_name = _scratch_database()
+    try:
+        clusters = _seed()
+        start = datetime.now(UTC) - timedelta(days=60)
+        result: dict[str, Any] = {"rows": args.rows, "database": connection.vendor, "batch": BATCH}
+        result["ingest_rows_per_s"] = round(_ingest(args.rows, clusters, start), 1)
+
+        began = time.perf_counter()
+        rollups_update()
+        result["rollup_rows_per_s"] = round(args.rows / (time.perf_counter() - began), 1)
+        result["dashboard_query_p95_ms"] = round(_dashboard_p95_ms(datetime.now(UTC)), 2)
+
+        began = time.perf_counter()
+        verified = ledger_verify()
+        if not verified.ok or verified.rows_checked != args.rows:
+            raise RuntimeError(f"ledger verify failed on the benchmark data: {verified}")
+        result["verify_rows_per_s"] = round(args.rows / (time.perf_counter() - began), 1)
+
+        export = _export_in_child(Path(f"/tmp/switchyard-bench-export-{os.getpid()}.json"))  # noqa: S108
+        if export["rows"] != args.rows:
+            raise RuntimeError(f"the export streamed {export['rows']} of {args.rows} rows")
+        result["export_csv_rows_per_s"] = round(export["export_csv_rows_per_s"], 1)
+        result["export_peak_rss_mb"] = round(export["export_peak_rss_mb"], 1)
+        result["targets"] = {
+            "ingest_rows_per_s": ">= 20000",
+            "export_csv_rows_per_s": ">= 200000",
+            "export_peak_rss_mb": "< 200",
+            "dashboard_query_p95_ms": "< 100",
+            "verify_rows_per_s": ">= 100000",
+        }
+    finally:
+        connection.creation.destroy_test_db(old_name, verbosity=0)
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(text + "\n")
+    return 0
