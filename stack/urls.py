@@ -6,6 +6,7 @@ from drf_spectacular.views import SpectacularAPIView
 from rest_framework.routers import DefaultRouter
 
 from billing.api import PriceBookViewSet, UsageRecordViewSet
+from billing.export_views import ExportJobViewSet, UsageExportView
 from stack import views
 from stack.api.permissions import RolePermission
 from stack.api.views import (
@@ -28,13 +29,16 @@ router.register("failover-events", FailoverEventViewSet, basename="failoverevent
 router.register("probe-jobs", ProbeJobViewSet)
 router.register("usage-records", UsageRecordViewSet, basename="usagerecord")
 router.register("price-books", PriceBookViewSet)
+router.register("export-jobs", ExportJobViewSet, basename="exportjob")
 
 urlpatterns = [
     path("", include("stack.web_urls")),
     path("healthz", views.healthz, name="healthz"),
+    path("billing/", include("billing.urls")),
     path("admin/", admin.site.urls),
     # drf-spectacular serves the schema to anyone by default; like every other
     # /api/ call it needs a token or a session (401 without).
     path("api/schema/", SpectacularAPIView.as_view(permission_classes=[RolePermission]), name="schema"),
+    path("api/usage-export/", UsageExportView.as_view(), name="usage-export"),
     path("api/", include(router.urls)),
 ]

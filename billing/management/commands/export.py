@@ -1,0 +1,75 @@
+"""`manage.py export`: cost-audit exports on the command line.
+
+python manage.py export run --format csv --format parquet --start 2026-05-01 --end 2026-06-01 --out DIR
+python manage.py export verify --manifest DIR/manifest.json [--dir DIR]
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from billing.exports import (
+    FILTER_FIELDS,
+    FORMATS,
+    MANIFEST_NAME,
+    ExportFilterError,
+    export_filters_parse,
+    export_verify,
+    export_write_files,
+)
+
+
+class Command(BaseCommand):
+    help = (
+        "Cost-audit exports. run: write an export and its signed manifest to a directory. "
+        "verify: check a downloaded export against its manifest."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        sub = parser.add_subparsers(dest="action", required=True)
+        verify = sub.add_parser(
+            "verify", help="check the signature, each file's sha256 and size, rows and totals"
+        )
+        verify.add_argument("--manifest", required=True, type=Path, help="path to manifest.json")
+        verify.add_argument("--dir", type=Path, help="where the files are (default: the manifest's folder)")
+        run = sub.add_parser("run", help="write an export (files + manifest.json) into a directory")
+        run.add_argument("--format", action="append", choices=FORMATS, help="repeatable; default: all three")
+        run.add_argument("--out", required=True, type=Path, help="output directory")
+        for name in FILTER_FIELDS:
+            run.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["action"] == "verify":
+            self._verify(options["manifest"], options["dir"])
+        else:
+            self._run(options)
+
+    def _verify(self, manifest: Path, directory: Path | None) -> None:
+        checks = export_verify(manifest_path=manifest, directory=directory)
+        for check in checks:
+            self.stdout.write(check.line())
+        failed = [c for c in checks if not c.ok]
+        if failed:
+            raise CommandError(
+                f"export does not match its manifest: {failed[0].name}: {failed[0].detail}"
+                + (f" (and {len(failed) - 1} more)" if len(failed) > 1 else "")
+            )
+        self.stdout.write(f"export verified: {len(checks)} checks passed")
+
+    def _run(self, options: dict[str, Any]) -> None:
+        params = {name: options[name] for name in FILTER_FIELDS if options.get(name)}
+        try:
+            filters = export_filters_parse(params=params)
+        except ExportFilterError as exc:
+            raise CommandError(f"bad filters: {exc}") from None
+        manifest = export_write_files(
+            filters=filters, formats=options["format"] or FORMATS, directory=options["out"]
+        )
+        totals = ", ".join(f"{c} {t}" for c, t in manifest["totals"].items()) or "nothing"
+        self.stdout.write(
+            f"{manifest['row_count']} rows through sequence {manifest['filters']['through_sequence']}, "
+            f"totals {totals}: {', '.join(manifest['files'])} and {MANIFEST_NAME} in {options['out']}"
+        )
