@@ -90,15 +90,16 @@ def _time(value: datetime) -> str:
 
 # One converter per CHAINED_FIELDS entry: the hot path of ingest and verify
 # (canonical_value gives the same text for the same values, slower).
+_SPECIAL: dict[str, Callable[[Any], str]] = {
+    "sequence": str,
+    "price_book_id": str,
+    "occurred_at": _time,
+    "quantity": _decimal,
+    "unit_price": _decimal,
+    "amount": _decimal,
+}
 _CONVERTERS: tuple[Callable[[Any], str], ...] = tuple(
-    {
-        "sequence": str,
-        "price_book_id": str,
-        "occurred_at": _time,
-        "quantity": _decimal,
-        "unit_price": _decimal,
-        "amount": _decimal,
-    }.get(name, _optional_id if name.endswith("_id") and name != "subject_id" else _text)
+    _SPECIAL.get(name, _optional_id if name.endswith("_id") and name != "subject_id" else _text)
     for name in CHAINED_FIELDS
 )
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time
 from decimal import Decimal
 from typing import Any
 
 from django.db import connection
-from django.db.models import Max, QuerySet, Sum
+from django.db.models import Case, CharField, F, Max, QuerySet, Sum, Value, When
 from django.db.models.functions import TruncDate
 
 from billing.chain import CHAINED_FIELDS, GENESIS_HASH, chain_hash_values
@@ -109,39 +110,63 @@ class DailySpend:
     amount: Decimal
 
 
-def spend_per_provider_per_day(*, since_day: date, until_day: date | None = None) -> list[DailySpend]:
-    """Exact spend per (UTC day, provider, currency) from since_day up to until_day (exclusive).
+# Dimensions spend can be grouped by: the same names on DailyRollup and on the
+# annotated ledger tail.
+SPEND_DIMENSIONS = frozenset(
+    {"day", "provider__slug", "cluster__slug", "deployment__slug", "workflow__slug", "training_run_id",
+     "team", "unit", "currency"}
+)  # fmt: skip
+
+
+def spend_grouped(
+    *, by: Sequence[str], since_day: date, until_day: date | None = None, **filters: Any
+) -> dict[tuple[Any, ...], Decimal]:
+    """Exact spend summed per `by` (e.g. ("workflow__slug", "currency")) over UTC days.
 
     Reads the daily rollups plus the ledger rows not folded into them yet (the
     tail after the rollup watermark, small), so it stays fast on a large ledger
-    and still shows a job billed a second ago.
+    and still shows a job billed a second ago. `filters` apply to both (names
+    from SPEND_DIMENSIONS, e.g. provider__slug="aws").
     """
-    totals: dict[tuple[date, str, str], Decimal] = {}
-
-    def add(rows: Any) -> None:
-        for row in rows:
-            key = (row["day"], row["provider__slug"] or "(none)", row["currency"])
-            totals[key] = totals.get(key, Decimal("0")) + row["total"]
-
-    rollups = DailyRollup.objects.filter(day__gte=since_day)
-    tail = UsageRecord.objects.filter(
-        partition="main",
-        sequence__gt=rollup_watermark(partition="main"),
-        occurred_at__gte=datetime.combine(since_day, time.min, tzinfo=UTC),
+    unknown = (set(by) | set(filters)) - SPEND_DIMENSIONS
+    if unknown:
+        raise ValueError(f"cannot group spend by {sorted(unknown)}")
+    rollups = DailyRollup.objects.filter(day__gte=since_day, **filters)
+    tail = (
+        UsageRecord.objects.filter(
+            partition="main",
+            sequence__gt=rollup_watermark(partition="main"),
+            occurred_at__gte=datetime.combine(since_day, time.min, tzinfo=UTC),
+        )
+        .annotate(
+            day=TruncDate("occurred_at", tzinfo=UTC),
+            training_run_id=Case(
+                When(subject_type="training_run", then=F("subject_id")),
+                default=Value(""),
+                output_field=CharField(),
+            ),
+        )
+        .filter(**filters)
     )
     if until_day is not None:
         rollups = rollups.filter(day__lt=until_day)
         tail = tail.filter(occurred_at__lt=datetime.combine(until_day, time.min, tzinfo=UTC))
-    add(rollups.values("day", "provider__slug", "currency").annotate(total=Sum("amount")).order_by())
-    add(
-        tail.annotate(day=TruncDate("occurred_at", tzinfo=UTC))
-        .values("day", "provider__slug", "currency")
-        .annotate(total=Sum("amount"))
-        .order_by()
-    )
+    totals: dict[tuple[Any, ...], Decimal] = {}
+    for rows in (rollups, tail):
+        for row in rows.values(*by).annotate(total=Sum("amount")).order_by():
+            key = tuple(row[name] for name in by)
+            totals[key] = totals.get(key, Decimal("0")) + row["total"]
+    return totals
+
+
+def spend_per_provider_per_day(*, since_day: date, until_day: date | None = None) -> list[DailySpend]:
+    """Exact spend per (UTC day, provider, currency) from since_day up to until_day (exclusive)."""
+    totals = spend_grouped(by=("day", "provider__slug", "currency"), since_day=since_day, until_day=until_day)
     return [
-        DailySpend(day=day, provider=provider, currency=currency, amount=amount)
-        for (day, provider, currency), amount in sorted(totals.items())
+        DailySpend(day=day, provider=provider or "(none)", currency=currency, amount=amount)
+        for (day, provider, currency), amount in sorted(
+            totals.items(), key=lambda kv: (kv[0][0], kv[0][1] or "", kv[0][2])
+        )
     ]
 
 

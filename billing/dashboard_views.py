@@ -1,0 +1,189 @@
+"""The billing dashboard (/billing/) and the ledger rows behind every figure (/billing/ledger/)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import UTC, date, datetime, time, timedelta
+from decimal import Decimal
+from typing import Any
+from urllib.parse import urlencode
+
+from django import forms
+from django.db.models import Sum
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.utils import timezone
+from django.views import View
+
+from billing.api import LEDGER_READERS
+from billing.budgets import budget_state
+from billing.models import Budget, Unit, UsageRecord
+from billing.selectors import spend_grouped, spend_per_provider_per_day
+from stack import charts
+from stack.models import FailoverEvent
+from stack.views import RoleRequiredMixin
+
+CHART_DAYS = 30
+TOP = 10
+# What a unit of spend is for, in the training versus inference split.
+SPLIT = {
+    Unit.ACCELERATOR_HOUR: "training and compute",
+    Unit.INPUT_TOKENS_1M: "inference",
+    Unit.OUTPUT_TOKENS_1M: "inference",
+    Unit.CACHED_INPUT_TOKENS_1M: "inference",
+    Unit.REQUEST: "inference",
+    Unit.STORAGE_GB_MONTH: "storage and transfer",
+    Unit.EGRESS_GB: "storage and transfer",
+}
+
+
+def _ledger_link(**filters: Any) -> str:
+    return "/billing/ledger/?" + urlencode({k: v for k, v in filters.items() if v not in (None, "")})
+
+
+def _ranked(totals: dict[tuple[Any, ...], Decimal], link_field: str, since: date) -> list[dict[str, Any]]:
+    rows = [
+        {"name": name, "currency": currency, "amount": amount,
+         "link": _ledger_link(since=since.isoformat(), **{link_field: name})}
+        for (name, currency), amount in totals.items()
+        if name
+    ]  # fmt: skip
+    return sorted(rows, key=lambda r: r["amount"], reverse=True)[:TOP]
+
+
+class BillingDashboardView(RoleRequiredMixin, View):
+    read_roles = LEDGER_READERS
+
+    def get(self, request: HttpRequest) -> HttpResponse:
+        now = timezone.now()
+        month_start = now.date().replace(day=1)
+        first_day = now.date() - timedelta(days=CHART_DAYS - 1)
+        days = [first_day + timedelta(days=i) for i in range(CHART_DAYS)]
+        daily = spend_per_provider_per_day(since_day=first_day)
+
+        split: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
+        for (unit, currency), amount in spend_grouped(by=("unit", "currency"), since_day=month_start).items():
+            split[(SPLIT.get(unit, "other"), currency)] += amount
+        mtd = spend_grouped(by=("currency",), since_day=month_start)
+        failover = (
+            FailoverEvent.objects.filter(
+                detected_at__gte=datetime.combine(month_start, time.min, tzinfo=UTC), extra_cost__gt=0
+            )
+            .values("kind", "currency")
+            .annotate(total=Sum("extra_cost"))
+            .order_by("kind")
+        )
+        budgets = [
+            state
+            for state in (budget_state(budget=b, now=now) for b in Budget.objects.filter(active=True))
+            if state is not None
+        ]
+        return render(
+            request,
+            "billing/dashboard.html",
+            {
+                "month_start": month_start,
+                "chart": charts.spend_per_provider_chart(daily, days),
+                "chart_link": _ledger_link(since=first_day.isoformat()),
+                "month_to_date": [
+                    {
+                        "currency": c,
+                        "amount": a,
+                        "link": _ledger_link(since=month_start.isoformat(), currency=c),
+                    }
+                    for (c,), a in sorted(mtd.items())
+                ],
+                "budgets": budgets,
+                "top_workflows": _ranked(
+                    spend_grouped(by=("workflow__slug", "currency"), since_day=month_start),
+                    "workflow",
+                    month_start,
+                ),
+                "top_runs": _ranked(
+                    spend_grouped(by=("training_run_id", "currency"), since_day=month_start),
+                    "training_run",
+                    month_start,
+                ),
+                "top_clusters": _ranked(
+                    spend_grouped(by=("cluster__slug", "currency"), since_day=month_start),
+                    "cluster",
+                    month_start,
+                ),
+                "split": [
+                    {"purpose": purpose, "currency": currency, "amount": amount}
+                    for (purpose, currency), amount in sorted(split.items())
+                ],
+                "split_links": {
+                    purpose: _ledger_link(since=month_start.isoformat(), purpose=purpose)
+                    for purpose in set(SPLIT.values())
+                },
+                "failover_costs": list(failover),
+            },
+        )
+
+
+class LedgerFilterForm(forms.Form):
+    since = forms.DateField(required=False, help_text="UTC day, inclusive")
+    until = forms.DateField(required=False, help_text="UTC day, exclusive")
+    provider = forms.SlugField(required=False)
+    cluster = forms.SlugField(required=False)
+    workflow = forms.SlugField(required=False)
+    training_run = forms.CharField(required=False, max_length=64)
+    unit = forms.ChoiceField(required=False, choices=[("", "any"), *Unit.choices])
+    currency = forms.CharField(required=False, max_length=3)
+    purpose = forms.ChoiceField(
+        required=False, choices=[("", "any")] + [(p, p) for p in sorted(set(SPLIT.values()))]
+    )
+    before = forms.IntegerField(required=False, min_value=1, widget=forms.HiddenInput)
+
+
+PAGE_ROWS = 100
+
+
+class LedgerRowsView(RoleRequiredMixin, View):
+    """The ledger rows behind a figure, newest first, paged by chain sequence."""
+
+    read_roles = LEDGER_READERS
+
+    def get(self, request: HttpRequest) -> HttpResponse:
+        form = LedgerFilterForm(request.GET or None)
+        rows = UsageRecord.objects.select_related(
+            "provider", "cluster", "deployment", "workflow", "price_book"
+        )
+        status = 200
+        if form.is_bound and not form.is_valid():
+            rows, status = rows.none(), 400
+        elif form.is_bound:
+            f = form.cleaned_data
+            if f["since"]:
+                rows = rows.filter(occurred_at__gte=datetime.combine(f["since"], time.min, tzinfo=UTC))
+            if f["until"]:
+                rows = rows.filter(occurred_at__lt=datetime.combine(f["until"], time.min, tzinfo=UTC))
+            for name in ("provider", "cluster", "workflow"):
+                if f[name]:
+                    rows = rows.filter(**{f"{name}__slug": f[name]})
+            if f["training_run"]:
+                rows = rows.filter(subject_type="training_run", subject_id=f["training_run"])
+            if f["unit"]:
+                rows = rows.filter(unit=f["unit"])
+            if f["currency"]:
+                rows = rows.filter(currency=f["currency"].upper())
+            if f["purpose"]:
+                rows = rows.filter(unit__in=[u for u, p in SPLIT.items() if p == f["purpose"]])
+            if f["before"]:
+                rows = rows.filter(sequence__lt=f["before"])
+        page = list(rows.order_by("-sequence")[: PAGE_ROWS + 1])
+        more = len(page) > PAGE_ROWS
+        page = page[:PAGE_ROWS]
+        total = rows.aggregate(total=Sum("amount"))["total"] if status == 200 else None
+        older = ""
+        if more:
+            params = request.GET.copy()
+            params["before"] = str(page[-1].sequence)
+            older = "?" + params.urlencode()
+        return render(
+            request,
+            "billing/ledger.html",
+            {"form": form, "rows": page, "older": older, "total": total},
+            status=status,
+        )
