@@ -4,9 +4,17 @@ from __future__ import annotations
 
 from django.urls import URLPattern, path
 
-from billing import export_views
+from billing import budget_views, export_views
 
 urlpatterns: list[URLPattern] = [
+    path("budgets/", budget_views.BudgetListView.as_view(), name="billing-budgets"),
+    path("budgets/new/", budget_views.BudgetFormView.as_view(), name="billing-budget-new"),
+    path("budgets/<int:pk>/edit/", budget_views.BudgetFormView.as_view(), name="billing-budget-edit"),
+    path(
+        "budgets/alerts/<int:pk>/acknowledge/",
+        budget_views.BudgetAlertAcknowledgeView.as_view(),
+        name="billing-budget-alert-ack",
+    ),
     path("export/", export_views.ExportPageView.as_view(), name="billing-export"),
     path("exports/<int:pk>/", export_views.ExportJobPageView.as_view(), name="billing-export-job"),
     path(

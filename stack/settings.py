@@ -225,6 +225,18 @@ CELERY_BEAT_SCHEDULE = {
     },
 }
 
+# --- Email (budget alerts) --------------------------------------------------------
+# The console backend prints mail in development; point EMAIL_BACKEND at
+# django.core.mail.backends.smtp.EmailBackend (and EMAIL_HOST...) in production.
+EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT", 10, minimum=1)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "switchyard@localhost")
+
 # --- Object store -----------------------------------------------------------------
 OBJECT_STORE_URL = env_url("OBJECT_STORE_URL", f"file://{VAR_DIR / 'objects'}", schemes=("file", "s3"))
 OBJECT_STORE_ENDPOINT_URL = env_str("OBJECT_STORE_ENDPOINT_URL", "") or None

@@ -6,6 +6,7 @@ from drf_spectacular.views import SpectacularAPIView
 from rest_framework.routers import DefaultRouter
 
 from billing.api import PriceBookViewSet, UsageRecordViewSet
+from billing.budget_views import BudgetAlertViewSet, BudgetViewSet
 from billing.export_views import ExportJobViewSet, UsageExportView
 from stack import views
 from stack.api.permissions import RolePermission
@@ -29,6 +30,8 @@ router.register("failover-events", FailoverEventViewSet, basename="failoverevent
 router.register("probe-jobs", ProbeJobViewSet)
 router.register("usage-records", UsageRecordViewSet, basename="usagerecord")
 router.register("price-books", PriceBookViewSet)
+router.register("budgets", BudgetViewSet)
+router.register("budget-alerts", BudgetAlertViewSet, basename="budgetalert")
 router.register("export-jobs", ExportJobViewSet, basename="exportjob")
 
 urlpatterns = [

@@ -12,6 +12,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from billing.budgets import budget_may_spend
 from billing.models import Unit
 from billing.selectors import price_in_force
 from billing.services import NoPriceError, usage_record
@@ -42,6 +43,12 @@ def probe_job_create(*, cluster: Cluster, created_by: User | None, steps: int = 
     )
     if price is None:
         raise DispatchError(f"cluster {cluster.slug} has no accelerator-hour price in force", field="cluster")
+    # Hard-limit budgets of the cluster (and its provider) fail closed: a spent
+    # budget stops new jobs. A read-only check: a probe costs cents and is billed
+    # by another process minutes later (see billing.budgets for admit/settle).
+    may_spend, why = budget_may_spend(cluster=cluster, provider=cluster.provider)
+    if not may_spend:
+        raise DispatchError(why, field="cluster")
     job = ProbeJob.objects.create(cluster=cluster, created_by=created_by, steps=steps)
     queue = cluster.queue
     job_id = job.pk
