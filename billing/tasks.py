@@ -15,7 +15,8 @@ def rollups_update_task() -> int:
     return rollups_update()
 
 
-@shared_task(name="billing.export_job_run", ignore_result=True, queue="control")
+# Sent to the control queue by billing.exports.export_job_create.
+@shared_task(name="billing.export_job_run", ignore_result=True)
 def export_job_run_task(job_id: int) -> None:
     """Write an export job's files and signed manifest to the object store (idempotent)."""
     export_job_run(job_id=job_id)

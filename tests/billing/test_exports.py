@@ -20,8 +20,8 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from billing.exports import (
-    COLUMNS,
     CHUNK_ROWS,
+    COLUMNS,
     ExportFilterError,
     ExportFilters,
     export_filters_parse,
@@ -33,7 +33,14 @@ from billing.rollups import rollups_update
 from billing.selectors import spend_per_provider_per_day
 from billing.services import UsageInput, usage_record_batch, usage_reverse
 from stack.models import Cluster, Deployment, Workflow
-from tests.factories import api_client, make_cluster, make_deployment, make_price, make_provider, make_workflow
+from tests.factories import (
+    api_client,
+    make_cluster,
+    make_deployment,
+    make_price,
+    make_provider,
+    make_workflow,
+)
 
 pytestmark = pytest.mark.django_db
 DAY = datetime(2026, 5, 4, 9, tzinfo=UTC)
@@ -101,7 +108,9 @@ def _csv_rows(data: bytes) -> list[dict[str, str]]:
 def _totals(rows: list[dict[str, str]]) -> dict[str, Decimal]:
     totals: dict[str, Decimal] = {}
     for row in rows:
-        totals[row["BillingCurrency"]] = totals.get(row["BillingCurrency"], Decimal(0)) + Decimal(row["BilledCost"])
+        totals[row["BillingCurrency"]] = totals.get(row["BillingCurrency"], Decimal(0)) + Decimal(
+            row["BilledCost"]
+        )
     return totals
 
 
@@ -126,18 +135,24 @@ def test_an_export_sums_to_the_dashboard_and_the_rollups_to_the_cent_across_curr
     assert set(exported) == {"USD", "EUR"}
     assert exported == dashboard == rolled
     # Both prices of the USD cluster are in it, each row at the version that priced it.
-    assert set(UsageRecord.objects.filter(cluster=ledger.usd_cluster).values_list("unit_price", flat=True)) == {
+    assert set(
+        UsageRecord.objects.filter(cluster=ledger.usd_cluster).values_list("unit_price", flat=True)
+    ) == {
         Decimal("1.1"),
         Decimal("1.370000001"),
     }
     manifest = export_write_files(
         filters=ExportFilters(start=start, end=end), formats=["jsonl"], directory=tmp_path
     )
-    assert manifest["totals"] == {currency: format(total, "f") for currency, total in sorted(exported.items())}
+    assert manifest["totals"] == {
+        currency: format(total, "f") for currency, total in sorted(exported.items())
+    }
 
 
 def test_each_format_round_trips_exact_decimals(ledger: Ledger, tmp_path: Path) -> None:
-    manifest = export_write_files(filters=ExportFilters(), formats=["csv", "jsonl", "parquet"], directory=tmp_path)
+    manifest = export_write_files(
+        filters=ExportFilters(), formats=["csv", "jsonl", "parquet"], directory=tmp_path
+    )
     records = {r.pk: r for r in UsageRecord.objects.select_related("price_book")}
     assert manifest["row_count"] == len(records) == 63
 
@@ -177,7 +192,10 @@ def test_each_format_round_trips_exact_decimals(ledger: Ledger, tmp_path: Path) 
     )
     # Accelerator-hours: the charge period ends when the work was billed and lasts its hours.
     hours = next(r for r in from_jsonl if r["x_Unit"] == Unit.ACCELERATOR_HOUR and r["x_Sequence"] == 2)
-    assert (hours["ChargePeriodStart"], hours["ChargePeriodEnd"]) == ("2026-05-04T09:40:00.000001Z", "2026-05-04T10:00:00Z")
+    assert (hours["ChargePeriodStart"], hours["ChargePeriodEnd"]) == (
+        "2026-05-04T09:40:00.000001Z",
+        "2026-05-04T10:00:00Z",
+    )
     assert [r["x_Sequence"] for r in from_parquet] == sorted(r.sequence for r in records.values())
 
 
@@ -218,7 +236,10 @@ def test_bad_filters_name_each_field_and_good_ones_parse() -> None:
         export_filters_parse(params={"start": "2026-05-02", "end": "2026-05-01T00:00:00Z"})
     assert raised.value.errors == {"end": ["end must be after start"]}
     filters = export_filters_parse(params={"start": "2026-05-01", "end": "2026-05-02T12:00:00+02:00"})
-    assert (filters.start, filters.end) == (datetime(2026, 5, 1, tzinfo=UTC), datetime(2026, 5, 2, 10, tzinfo=UTC))
+    assert (filters.start, filters.end) == (
+        datetime(2026, 5, 1, tzinfo=UTC),
+        datetime(2026, 5, 2, 10, tzinfo=UTC),
+    )
 
 
 def test_streaming_twenty_thousand_rows_yields_every_row_without_building_a_list(auditor: User) -> None:
@@ -265,7 +286,9 @@ def test_the_usage_export_api_answers_401_without_a_token_403_to_a_viewer_and_40
 
 
 def test_a_parquet_download_comes_from_a_temporary_file(ledger: Ledger, auditor: User) -> None:
-    response = api_client(auditor).get("/api/usage-export/", {"format": "parquet", "unit": "output_tokens_1m"})
+    response = api_client(auditor).get(
+        "/api/usage-export/", {"format": "parquet", "unit": "output_tokens_1m"}
+    )
     assert response.status_code == 200 and response.streaming
     assert response["Content-Type"] == "application/vnd.apache.parquet"
     table = pq.read_table(io.BytesIO(b"".join(response.streaming_content)))
