@@ -18,9 +18,10 @@ from django.views import View
 from billing.api import LEDGER_READERS
 from billing.budgets import budget_state
 from billing.models import Budget, Unit, UsageRecord
-from billing.selectors import spend_grouped, spend_per_provider_per_day
+from billing.selectors import price_in_force, spend_grouped, spend_per_provider_per_day
+from billing.selfhosted import self_hosted_cost
 from stack import charts
-from stack.models import FailoverEvent
+from stack.models import Deployment, FailoverEvent
 from stack.views import RoleRequiredMixin
 
 CHART_DAYS = 30
@@ -118,8 +119,32 @@ class BillingDashboardView(RoleRequiredMixin, View):
                     for purpose in set(SPLIT.values())
                 },
                 "failover_costs": list(failover),
+                "token_prices": _token_prices(since_day=first_day, now=now),
             },
         )
+
+
+def _token_prices(*, since_day: date, now: datetime) -> list[dict[str, Any]]:
+    """Per deployment: the cloud price per 1M output tokens, or the self-hosted effective one."""
+    table = []
+    for deployment in Deployment.objects.select_related("provider", "hosting_cluster").filter(enabled=True):
+        if deployment.hosting_cluster_id is not None:
+            for cost in self_hosted_cost(deployment=deployment, since_day=since_day):
+                table.append(
+                    {"deployment": deployment.slug, "kind": f"self-hosted on {deployment.hosting_cluster}",
+                     "per_1m": cost.per_1m_tokens, "currency": cost.currency,
+                     "note": f"{cost.accelerator_cost:.4f} over {cost.tokens_millions}M tokens"}
+                )  # fmt: skip
+            continue
+        price = price_in_force(
+            unit=Unit.OUTPUT_TOKENS_1M, at=now, deployment=deployment, provider=deployment.provider
+        )
+        table.append(
+            {"deployment": deployment.slug, "kind": str(deployment.provider),
+             "per_1m": price.unit_price if price else None, "currency": price.currency if price else "",
+             "note": f"price v{price.version}" if price else "no output-token price"}
+        )  # fmt: skip
+    return table
 
 
 class LedgerFilterForm(forms.Form):

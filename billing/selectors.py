@@ -113,21 +113,29 @@ class DailySpend:
 # Dimensions spend can be grouped by: the same names on DailyRollup and on the
 # annotated ledger tail.
 SPEND_DIMENSIONS = frozenset(
-    {"day", "provider__slug", "cluster__slug", "deployment__slug", "workflow__slug", "training_run_id",
+    {"day", "provider__slug", "cluster__slug", "deployment__slug", "deployment_id", "workflow__slug", "training_run_id",
      "team", "unit", "currency"}
 )  # fmt: skip
 
 
 def spend_grouped(
-    *, by: Sequence[str], since_day: date, until_day: date | None = None, **filters: Any
+    *,
+    by: Sequence[str],
+    since_day: date,
+    until_day: date | None = None,
+    measure: str = "amount",
+    **filters: Any,
 ) -> dict[tuple[Any, ...], Decimal]:
     """Exact spend summed per `by` (e.g. ("workflow__slug", "currency")) over UTC days.
 
     Reads the daily rollups plus the ledger rows not folded into them yet (the
     tail after the rollup watermark, small), so it stays fast on a large ledger
     and still shows a job billed a second ago. `filters` apply to both (names
-    from SPEND_DIMENSIONS, e.g. provider__slug="aws").
+    from SPEND_DIMENSIONS, e.g. provider__slug="aws"). `measure` is "amount"
+    (money) or "quantity" (units used).
     """
+    if measure not in ("amount", "quantity"):
+        raise ValueError(f"cannot sum {measure!r}")
     unknown = (set(by) | set(filters)) - SPEND_DIMENSIONS
     if unknown:
         raise ValueError(f"cannot group spend by {sorted(unknown)}")
@@ -153,7 +161,7 @@ def spend_grouped(
         tail = tail.filter(occurred_at__lt=datetime.combine(until_day, time.min, tzinfo=UTC))
     totals: dict[tuple[Any, ...], Decimal] = {}
     for rows in (rollups, tail):
-        for row in rows.values(*by).annotate(total=Sum("amount")).order_by():
+        for row in rows.values(*by).annotate(total=Sum(measure)).order_by():
             key = tuple(row[name] for name in by)
             totals[key] = totals.get(key, Decimal("0")) + row["total"]
     return totals

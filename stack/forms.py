@@ -69,7 +69,7 @@ class RegisteredModelForm(forms.ModelForm[RegisteredModel]):
 class DeploymentForm(forms.ModelForm[Deployment]):
     class Meta:
         model = Deployment
-        fields = ["slug", "model", "provider", "provider_model_id", "base_url", "enabled"]
+        fields = ["slug", "model", "provider", "provider_model_id", "base_url", "hosting_cluster", "enabled"]
         formfield_callback = _formfield
 
     def clean(self) -> dict[str, Any]:

@@ -150,6 +150,12 @@ class Deployment(models.Model):
     provider = models.ForeignKey(Provider, on_delete=models.PROTECT, related_name="deployments")
     provider_model_id = models.CharField(max_length=255, blank=True)
     base_url = models.URLField(blank=True)
+    # A self-hosted deployment runs on one of our clusters; its cost per token
+    # is that cluster's accelerator-hours over the tokens it served
+    # (billing.selfhosted).
+    hosting_cluster = models.ForeignKey(
+        Cluster, null=True, blank=True, on_delete=models.PROTECT, related_name="hosted_deployments"
+    )
     enabled = models.BooleanField(default=True)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
 

@@ -108,6 +108,9 @@ class RegisteredModelSerializer(serializers.ModelSerializer[RegisteredModel]):
 class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
     model = serializers.SlugRelatedField(slug_field="slug", queryset=RegisteredModel.objects.all())
     provider = serializers.SlugRelatedField(slug_field="slug", queryset=Provider.objects.all())
+    hosting_cluster = serializers.SlugRelatedField(
+        slug_field="slug", queryset=Cluster.objects.all(), required=False, allow_null=True
+    )
 
     class Meta:
         model = Deployment
@@ -118,6 +121,7 @@ class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
             "provider",
             "provider_model_id",
             "base_url",
+            "hosting_cluster",
             "enabled",
             "created_at",
         ]
