@@ -9,6 +9,7 @@ from django.db.models import QuerySet
 from rest_framework import mixins, serializers, viewsets
 
 from billing.models import PriceBook, UsageRecord
+from billing.price_views import PriceImportActionMixin
 from billing.services import price_book_publish
 from stack.models import Cluster, Deployment, Provider
 from stack.roles import ADMINS, Role
@@ -102,11 +103,13 @@ class PriceBookSerializer(serializers.ModelSerializer[PriceBook]):
             "unit_price",
             "currency",
             "effective_from",
+            "effective_to",
+            "source",
             "version",
             "note",
             "created_at",
         ]
-        read_only_fields = ["id", "version", "created_at"]
+        read_only_fields = ["id", "source", "version", "created_at"]
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         targets = [k for k in ("cluster", "deployment") if attrs.get(k) is not None]
@@ -120,8 +123,13 @@ class PriceBookSerializer(serializers.ModelSerializer[PriceBook]):
         return price_book_publish(**validated_data)
 
 
-class PriceBookViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet[PriceBook]):
-    """Price versions. A new price supersedes the old one; nothing is edited in place."""
+class PriceBookViewSet(
+    PriceImportActionMixin, mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet[PriceBook]
+):
+    """Price versions. A new price supersedes the old one; nothing is edited in place.
+
+    POST import/ (billing.price_views) adds many versions from a CSV or catalog file.
+    """
 
     serializer_class = PriceBookSerializer
     read_roles = LEDGER_READERS

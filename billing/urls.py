@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import URLPattern, path
 
-from billing import budget_views, export_views
+from billing import budget_views, export_views, price_views, reconciliation_views
 
 urlpatterns: list[URLPattern] = [
     path("budgets/", budget_views.BudgetListView.as_view(), name="billing-budgets"),
@@ -14,6 +14,17 @@ urlpatterns: list[URLPattern] = [
         "budgets/alerts/<int:pk>/acknowledge/",
         budget_views.BudgetAlertAcknowledgeView.as_view(),
         name="billing-budget-alert-ack",
+    ),
+    path("prices/", price_views.PriceListView.as_view(), name="billing-prices"),
+    path(
+        "reconciliation/",
+        reconciliation_views.ReconciliationListView.as_view(),
+        name="billing-reconciliation",
+    ),
+    path(
+        "reconciliation/<int:pk>/",
+        reconciliation_views.ReconciliationDetailView.as_view(),
+        name="billing-reconciliation-detail",
     ),
     path("export/", export_views.ExportPageView.as_view(), name="billing-export"),
     path("exports/<int:pk>/", export_views.ExportJobPageView.as_view(), name="billing-export-job"),

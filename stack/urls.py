@@ -8,6 +8,7 @@ from rest_framework.routers import DefaultRouter
 from billing.api import PriceBookViewSet, UsageRecordViewSet
 from billing.budget_views import BudgetAlertViewSet, BudgetViewSet
 from billing.export_views import ExportJobViewSet, UsageExportView
+from billing.reconciliation_views import InvoiceImportViewSet
 from stack import views
 from stack.api.permissions import RolePermission
 from stack.api.views import (
@@ -33,6 +34,7 @@ router.register("price-books", PriceBookViewSet)
 router.register("budgets", BudgetViewSet)
 router.register("budget-alerts", BudgetAlertViewSet, basename="budgetalert")
 router.register("export-jobs", ExportJobViewSet, basename="exportjob")
+router.register("invoice-imports", InvoiceImportViewSet, basename="invoiceimport")
 
 urlpatterns = [
     path("", include("stack.web_urls")),

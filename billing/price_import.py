@@ -1,0 +1,443 @@
+"""Import price versions from a CSV file or a provider catalog file (JSON).
+
+CSV columns (a header row names them; order does not matter):
+
+- target_type: cluster, deployment or provider;
+- target: the slug of that cluster, deployment or provider;
+- unit: one of billing.models.Unit (accelerator_hour, input_tokens_1m, ...);
+- unit_price: a decimal ≥ 0, at most 9 decimal places;
+- currency: three letters (ISO 4217, e.g. USD);
+- effective_from: ISO 8601 with a UTC offset or Z (2026-05-01T00:00:00Z);
+- effective_to: optional, same format, after effective_from;
+- note: optional, at most 200 characters.
+
+A catalog file is a JSON list of objects with the same fields; its errors name
+the entry number (1-based) where a CSV's name the line.
+
+Every row is validated before anything is written; on any error nothing is
+imported and each error names its line and column. Otherwise every row is
+published through billing.services.price_book_publish (the one way prices are
+created) in one transaction. A row identical to a version that already exists
+(same target, unit, effective_from, effective_to, unit_price and currency) is
+skipped, so importing the same file twice adds nothing.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Exists, OuterRef, Q
+from django.utils import timezone
+
+from billing.models import PriceBook, PriceSource, Unit, UsageRecord
+from billing.selectors import PriceResolver
+from billing.services import price_book_publish
+from stack.models import Cluster, Deployment, Provider
+
+PRICE_COLUMNS = (
+    "target_type",
+    "target",
+    "unit",
+    "unit_price",
+    "currency",
+    "effective_from",
+    "effective_to",
+    "note",
+)
+REQUIRED_COLUMNS = ("target_type", "target", "unit", "unit_price", "currency", "effective_from")
+TARGET_TYPES = ("cluster", "deployment", "provider")
+PRICE_MAX_DIGITS, PRICE_DECIMAL_PLACES = 24, 9  # PriceBook.unit_price
+NOTE_MAX_LENGTH = 200
+_CURRENCY = re.compile(r"[A-Za-z]{3}")
+
+
+@dataclass(frozen=True)
+class RowError:
+    """One problem in an imported file: where (line or entry, column) and what."""
+
+    line: int
+    column: str
+    message: str
+    where: str = "line"
+
+    def __str__(self) -> str:
+        return f"{self.where} {self.line}, column {self.column}: {self.message}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"line": self.line, "column": self.column, "message": self.message}
+
+
+class FileImportError(ValueError):
+    """The file has errors; nothing was imported. `errors` lists each one."""
+
+    def __init__(self, errors: Sequence[RowError]) -> None:
+        self.errors = list(errors)
+        super().__init__(f"{len(self.errors)} error(s); nothing was imported")
+
+
+@dataclass(frozen=True)
+class PriceRow:
+    line: int
+    target_type: str
+    target: Cluster | Deployment | Provider
+    unit: str
+    unit_price: Decimal
+    currency: str
+    effective_from: datetime
+    effective_to: datetime | None
+    note: str
+
+
+@dataclass
+class PriceImportResult:
+    created: list[PriceBook] = field(default_factory=list)
+    unchanged: int = 0
+
+
+# --- Parsing helpers shared with billing.reconciliation -----------------------------------------
+
+
+def parse_decimal(
+    text: str, *, max_digits: int, decimal_places: int, allow_negative: bool, round_excess: bool = False
+) -> Decimal:
+    """A finite Decimal that fits a DecimalField; raises ValueError with a readable reason."""
+    try:
+        value = Decimal(text.strip())
+    except InvalidOperation:
+        raise ValueError(f"not a decimal: {text!r}") from None
+    if not value.is_finite():
+        raise ValueError(f"not a finite decimal: {text!r}")
+    if value < 0 and not allow_negative:
+        raise ValueError(f"must not be negative: {text!r}")
+    if abs(value) >= Decimal(10) ** (max_digits - decimal_places):
+        raise ValueError(f"too large: {text!r}")
+    rounded = value.quantize(Decimal(1).scaleb(-decimal_places))
+    if rounded != value and not round_excess:
+        raise ValueError(f"more than {decimal_places} decimal places: {text!r}")
+    value = rounded
+    return value
+
+
+def parse_aware_datetime(text: str) -> datetime:
+    """An ISO 8601 time with a UTC offset or Z, converted to UTC."""
+    try:
+        value = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ValueError(f"not an ISO 8601 time: {text!r}") from None
+    if value.tzinfo is None:
+        raise ValueError(f"needs a UTC offset or Z: {text!r}")
+    return value.astimezone(UTC)
+
+
+def csv_records(text: str) -> tuple[list[str], Iterator[tuple[int, dict[str, str]]]]:
+    """The header's column names and (line number, row) for each non-blank record."""
+    reader = csv.reader(io.StringIO(text.removeprefix("\ufeff")))
+    header = next(reader, None)
+    columns = [name.strip() for name in header] if header else []
+
+    def records() -> Iterator[tuple[int, dict[str, str]]]:
+        for cells in reader:
+            line = reader.line_num
+            if not any(cell.strip() for cell in cells):
+                continue
+            row = {name: cells[i] if i < len(cells) else "" for i, name in enumerate(columns)}
+            if len(cells) > len(columns):
+                row[""] = ",".join(cells[len(columns) :])
+            yield line, row
+
+    return columns, records()
+
+
+# --- Validation ---------------------------------------------------------------------------------
+
+
+def _targets(rows: Iterable[dict[str, Any]]) -> dict[tuple[str, str], Cluster | Deployment | Provider]:
+    slugs: dict[str, set[str]] = {kind: set() for kind in TARGET_TYPES}
+    for row in rows:
+        kind = str(row.get("target_type") or "").strip()
+        if kind in slugs:
+            slugs[kind].add(str(row.get("target") or "").strip())
+    found: dict[tuple[str, str], Cluster | Deployment | Provider] = {}
+    for cluster in Cluster.objects.filter(slug__in=slugs["cluster"]):
+        found["cluster", cluster.slug] = cluster
+    for deployment in Deployment.objects.filter(slug__in=slugs["deployment"]):
+        found["deployment", deployment.slug] = deployment
+    for provider in Provider.objects.filter(slug__in=slugs["provider"]):
+        found["provider", provider.slug] = provider
+    return found
+
+
+def _validate_row(
+    line: int,
+    raw: dict[str, Any],
+    targets: dict[tuple[str, str], Cluster | Deployment | Provider],
+    where: str,
+) -> tuple[PriceRow | None, list[RowError]]:
+    errors: list[RowError] = []
+
+    def cell(name: str) -> str:
+        value = raw.get(name)
+        return "" if value is None else str(value).strip()
+
+    def err(column: str, message: str) -> None:
+        errors.append(RowError(line, column, message, where))
+
+    for name in REQUIRED_COLUMNS:
+        if not cell(name):
+            err(name, "required")
+    if raw.get(""):
+        err("", f"more cells than the header has columns: {raw['']!r}")
+
+    target: Cluster | Deployment | Provider | None = None
+    kind, slug = cell("target_type"), cell("target")
+    if kind and kind not in TARGET_TYPES:
+        err("target_type", f"must be one of {', '.join(TARGET_TYPES)}: {kind!r}")
+    elif kind and slug:
+        target = targets.get((kind, slug))
+        if target is None:
+            err("target", f"no {kind} with slug {slug!r}")
+    unit = cell("unit")
+    if unit and unit not in Unit.values:
+        err("unit", f"must be one of {', '.join(Unit.values)}: {unit!r}")
+    unit_price: Decimal | None = None
+    if cell("unit_price"):
+        try:
+            unit_price = parse_decimal(
+                cell("unit_price"),
+                max_digits=PRICE_MAX_DIGITS,
+                decimal_places=PRICE_DECIMAL_PLACES,
+                allow_negative=False,
+            )
+        except ValueError as exc:
+            err("unit_price", str(exc))
+    currency = cell("currency")
+    if currency and not _CURRENCY.fullmatch(currency):
+        err("currency", f"must be three letters: {currency!r}")
+    times: dict[str, datetime | None] = {"effective_from": None, "effective_to": None}
+    for name in times:
+        if cell(name):
+            try:
+                times[name] = parse_aware_datetime(cell(name))
+            except ValueError as exc:
+                err(name, str(exc))
+    start, end = times["effective_from"], times["effective_to"]
+    if start is not None and end is not None and end <= start:
+        err("effective_to", "must be after effective_from")
+    if len(cell("note")) > NOTE_MAX_LENGTH:
+        err("note", f"longer than {NOTE_MAX_LENGTH} characters")
+    if errors or target is None or unit_price is None or start is None:
+        return None, errors
+    return (
+        PriceRow(
+            line=line,
+            target_type=kind,
+            target=target,
+            unit=unit,
+            unit_price=unit_price,
+            currency=currency.upper(),
+            effective_from=start,
+            effective_to=end,
+            note=cell("note"),
+        ),
+        [],
+    )
+
+
+def price_import_validate(
+    *, records: Sequence[tuple[int, dict[str, Any]]], where: str = "line"
+) -> tuple[list[PriceRow], list[RowError]]:
+    """Check every record; returns the valid rows and every error (both, never just the first)."""
+    targets = _targets(raw for _, raw in records)
+    rows: list[PriceRow] = []
+    errors: list[RowError] = []
+    seen: dict[tuple[str, str, str, datetime], int] = {}
+    for line, raw in records:
+        row, row_errors = _validate_row(line, raw, targets, where)
+        errors += row_errors
+        if row is None:
+            continue
+        key = (row.target_type, row.target.slug, row.unit, row.effective_from)
+        if key in seen:
+            errors.append(
+                RowError(
+                    line,
+                    "effective_from",
+                    f"{where} {seen[key]} already prices this {row.target_type} and unit from this time",
+                    where,
+                )
+            )
+            continue
+        seen[key] = line
+        rows.append(row)
+    return rows, errors
+
+
+def _header_errors(columns: Sequence[str]) -> list[RowError]:
+    errors = [RowError(1, name, "missing column") for name in REQUIRED_COLUMNS if name not in columns]
+    errors += [
+        RowError(1, name or "(blank)", f"unknown column (expected {', '.join(PRICE_COLUMNS)})")
+        for name in columns
+        if name not in PRICE_COLUMNS
+    ]
+    seen: set[str] = set()
+    for name in columns:
+        if name in seen:
+            errors.append(RowError(1, name, "column appears twice"))
+        seen.add(name)
+    return errors
+
+
+def price_import_parse_csv(*, text: str) -> tuple[list[PriceRow], list[RowError]]:
+    columns, records = csv_records(text)
+    if not columns:
+        return [], [RowError(1, "", "the file is empty; expected a header row")]
+    header_errors = _header_errors(columns)
+    if header_errors:
+        return [], header_errors
+    return price_import_validate(records=list(records))
+
+
+def price_import_parse_catalog(*, text: str) -> tuple[list[PriceRow], list[RowError]]:
+    try:
+        data = json.loads(text.removeprefix("\ufeff"))
+    except json.JSONDecodeError as exc:
+        return [], [RowError(exc.lineno, "", f"not valid JSON: {exc.msg}")]
+    if not isinstance(data, list):
+        return [], [RowError(1, "", "a catalog file is a JSON list of price objects")]
+    records: list[tuple[int, dict[str, Any]]] = []
+    errors: list[RowError] = []
+    for index, entry in enumerate(data, start=1):
+        if not isinstance(entry, dict):
+            errors.append(RowError(index, "", "not an object", "entry"))
+            continue
+        for name in entry:
+            if name not in PRICE_COLUMNS:
+                errors.append(RowError(index, str(name), "unknown field", "entry"))
+        records.append((index, {k: ("" if v is None else str(v)) for k, v in entry.items()}))
+    rows, row_errors = price_import_validate(records=records, where="entry")
+    return rows, sorted(errors + row_errors, key=lambda e: e.line)
+
+
+def _already_present(row: PriceRow) -> bool:
+    target = Q(**{row.target_type: row.target})
+    if row.target_type == "provider":
+        target &= Q(cluster__isnull=True, deployment__isnull=True)
+    return PriceBook.objects.filter(
+        target,
+        unit=row.unit,
+        effective_from=row.effective_from,
+        effective_to=row.effective_to,
+        unit_price=row.unit_price,
+        currency=row.currency,
+    ).exists()
+
+
+def price_import_rows(*, rows: Sequence[PriceRow], source: PriceSource | str) -> PriceImportResult:
+    """Publish validated rows in one transaction (all or none)."""
+    result = PriceImportResult()
+    with transaction.atomic():
+        for row in rows:
+            if _already_present(row):
+                result.unchanged += 1
+                continue
+            result.created.append(
+                price_book_publish(
+                    unit=row.unit,
+                    unit_price=row.unit_price,
+                    effective_from=row.effective_from,
+                    effective_to=row.effective_to,
+                    currency=row.currency,
+                    note=row.note,
+                    source=source,
+                    **{row.target_type: row.target},  # type: ignore[arg-type]
+                )
+            )
+    return result
+
+
+def price_import_file(*, text: str, file_format: str) -> PriceImportResult:
+    """Validate a CSV ("csv") or catalog ("json") file and import it; FileImportError if any row is bad."""
+    if file_format == "csv":
+        rows, errors = price_import_parse_csv(text=text)
+        source = PriceSource.CSV
+    elif file_format == "json":
+        rows, errors = price_import_parse_catalog(text=text)
+        source = PriceSource.CATALOG
+    else:
+        raise ValueError(f"unknown format {file_format!r}: csv or json")
+    if errors:
+        raise FileImportError(errors)
+    return price_import_rows(rows=rows, source=source)
+
+
+def price_import_format_for(filename: str, requested: str | None = None) -> str:
+    if requested:
+        return requested
+    return "json" if filename.lower().endswith(".json") else "csv"
+
+
+def decode_upload(data: bytes) -> str:
+    """Uploaded bytes as text (UTF-8, with or without a byte-order mark)."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise FileImportError([RowError(1, "", f"not UTF-8 text (byte {exc.start})")]) from None
+
+
+# --- The price list page ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PriceVersionView:
+    price: PriceBook
+    in_force: bool
+    used: bool
+
+
+@dataclass(frozen=True)
+class PriceTargetView:
+    target_type: str
+    target: str
+    unit: str
+    versions: list[PriceVersionView]
+
+
+def price_book_listing(*, at: datetime | None = None) -> list[PriceTargetView]:
+    """Every price version grouped per (target, unit), newest first, marking the one in force at `at`."""
+    at = at or timezone.now()
+    prices = (
+        PriceBook.objects.select_related("provider", "cluster", "deployment")
+        .annotate(used=Exists(UsageRecord.objects.filter(price_book=OuterRef("pk"))))
+        .order_by("-effective_from", "-version")
+    )
+    groups: dict[tuple[str, str, str], list[PriceBook]] = {}
+    for price in prices:
+        if price.cluster is not None:
+            key = ("cluster", price.cluster.slug, price.unit)
+        elif price.deployment is not None:
+            key = ("deployment", price.deployment.slug, price.unit)
+        else:
+            key = ("provider", price.provider.slug if price.provider else "", price.unit)
+        groups.setdefault(key, []).append(price)
+    listing = []
+    for (kind, slug, unit), versions in sorted(groups.items()):
+        # The same rule as the ledger's pricing (PriceResolver), over one target's own versions.
+        current = PriceResolver._pick(versions, at)
+        listing.append(
+            PriceTargetView(
+                kind,
+                slug,
+                unit,
+                [PriceVersionView(p, p is current, bool(getattr(p, "used", False))) for p in versions],
+            )
+        )
+    return listing

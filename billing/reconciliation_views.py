@@ -1,0 +1,265 @@
+"""Reconciliation pages (/billing/reconciliation/) and API (/api/invoice-imports/).
+
+Auditors, operators and admins read and upload: an invoice import is evidence to
+compare with the ledger, it changes neither the ledger nor the prices, and
+checking invoices is an auditor's job. Viewers see neither.
+"""
+
+from __future__ import annotations
+
+from datetime import date
+from decimal import Decimal
+from typing import Any
+
+from django import forms
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404, render
+from django.urls import reverse
+from django.views import View
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from billing.models import InvoiceImport, InvoiceLine
+from billing.price_import import FileImportError, RowError
+from billing.price_views import read_upload
+from billing.reconciliation import (
+    DEFAULT_TOLERANCE,
+    CellRows,
+    Reconciliation,
+    ReconciliationCell,
+    reconciliation_cell_rows,
+    reconciliation_import,
+    reconciliation_result,
+)
+from stack.models import Provider
+from stack.roles import Role
+from stack.views import RoleRequiredMixin
+
+RECONCILERS = frozenset({Role.AUDITOR, Role.OPERATOR, Role.ADMIN})
+
+
+def _invoices() -> QuerySet[InvoiceImport]:
+    return InvoiceImport.objects.select_related("provider", "uploaded_by")
+
+
+def _cell_request(params: Any) -> tuple[date, str | None, str | None] | None:
+    """(day, resource, service) from ?day=...&resource=... or ?day=...&service=...; None if absent/bad."""
+    try:
+        day = date.fromisoformat(params.get("day", ""))
+    except ValueError:
+        return None
+    resource, service = params.get("resource"), params.get("service")
+    if (resource is None) == (service is None):
+        return None
+    return day, resource, service
+
+
+# --- Pages --------------------------------------------------------------------------------------
+
+
+class InvoiceUploadForm(forms.Form):
+    provider = forms.ModelChoiceField(queryset=Provider.objects.all(), to_field_name="slug")
+    tolerance = forms.DecimalField(min_value=Decimal("0"), initial=DEFAULT_TOLERANCE, decimal_places=6)
+    file = forms.FileField(help_text="AWS CUR, CUR 2.0 or FOCUS columns; see the docs")
+
+
+class ReconciliationListView(RoleRequiredMixin, View):
+    read_roles = RECONCILERS
+    write_roles = RECONCILERS
+
+    def get(self, request: HttpRequest) -> HttpResponse:
+        return self._page(request, InvoiceUploadForm())
+
+    def post(self, request: HttpRequest) -> HttpResponse:
+        form = InvoiceUploadForm(request.POST, request.FILES)
+        if not form.is_valid():
+            return self._page(request, form, status=400)
+        upload = form.cleaned_data["file"]
+        try:
+            invoice = reconciliation_import(
+                provider=form.cleaned_data["provider"],
+                filename=upload.name or "invoice.csv",
+                text=read_upload(upload),
+                tolerance=form.cleaned_data["tolerance"],
+                uploaded_by=request.user,  # type: ignore[arg-type]
+            )
+        except FileImportError as exc:
+            return self._page(request, form, errors=exc.errors, status=400)
+        return HttpResponseRedirect(reverse("billing-reconciliation-detail", args=[invoice.pk]))
+
+    def _page(
+        self,
+        request: HttpRequest,
+        form: InvoiceUploadForm,
+        errors: list[RowError] | None = None,
+        status: int = 200,
+    ) -> HttpResponse:
+        return render(
+            request,
+            "billing/reconciliation_list.html",
+            {"form": form, "errors": errors or [], "invoices": _invoices()[:200]},
+            status=status,
+        )
+
+
+class ReconciliationDetailView(RoleRequiredMixin, View):
+    read_roles = RECONCILERS
+
+    def get(self, request: HttpRequest, pk: int) -> HttpResponse:
+        invoice = get_object_or_404(_invoices(), pk=pk)
+        result = reconciliation_result(invoice=invoice)
+        context: dict[str, Any] = {"invoice": invoice, "result": result}
+        cell = _cell_request(request.GET)
+        if cell is not None:
+            day, resource, service = cell
+            context.update(
+                cell_day=day,
+                cell_resource=resource,
+                cell_service=service,
+                rows=reconciliation_cell_rows(
+                    invoice=invoice, day=day, resource_id=resource, service=service
+                ),
+            )
+        return render(request, "billing/reconciliation_detail.html", context)
+
+
+# --- API ----------------------------------------------------------------------------------------
+
+
+class InvoiceImportSerializer(serializers.ModelSerializer[InvoiceImport]):
+    provider: serializers.SlugRelatedField[Provider] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True
+    )
+    uploaded_by = serializers.CharField(source="uploaded_by.username", read_only=True, default=None)
+
+    class Meta:
+        model = InvoiceImport
+        fields = [
+            "id",
+            "provider",
+            "filename",
+            "uploaded_by",
+            "uploaded_at",
+            "period_start",
+            "period_end",
+            "tolerance",
+            "row_count",
+        ]
+        read_only_fields = fields
+
+
+class InvoiceUploadSerializer(serializers.Serializer[Any]):
+    provider: serializers.SlugRelatedField[Provider] = serializers.SlugRelatedField(
+        slug_field="slug", queryset=Provider.objects.all()
+    )
+    tolerance = serializers.DecimalField(
+        max_digits=12, decimal_places=6, min_value=Decimal("0"), default=DEFAULT_TOLERANCE
+    )
+    file = serializers.FileField()
+
+
+def _cell_json(cell: ReconciliationCell, kind: str) -> dict[str, Any]:
+    return {
+        "day": cell.day.isoformat(),
+        kind: cell.key,
+        **({"services": sorted(cell.services)} if kind == "resource_id" else {}),
+        "invoice_amount": f"{cell.invoice_amount:f}",
+        "ledger_amount": f"{cell.ledger_amount:f}",
+        "difference": f"{cell.difference:f}",
+        "mismatch": cell.mismatch,
+        "invoice_lines": cell.invoice_lines,
+        "ledger_rows": cell.ledger_rows,
+    }
+
+
+def _result_json(result: Reconciliation) -> dict[str, Any]:
+    return {
+        "currency": result.currency,
+        "invoice_total": f"{result.invoice_total:f}",
+        "ledger_total": f"{result.ledger_total:f}",
+        "mismatch_count": len(result.mismatches),
+        "by_resource": [_cell_json(c, "resource_id") for c in result.by_resource],
+        "by_service": [_cell_json(c, "service") for c in result.by_service],
+        "other_currencies": {k: f"{v:f}" for k, v in sorted(result.other_currencies.items())},
+    }
+
+
+def _line_json(line: InvoiceLine) -> dict[str, Any]:
+    return {
+        "line_number": line.line_number,
+        "day": line.day.isoformat(),
+        "service": line.service,
+        "resource_id": line.resource_id,
+        "usage_quantity": str(line.usage_quantity),
+        "amount": str(line.amount),
+        "currency": line.currency,
+    }
+
+
+def _rows_json(rows: CellRows, request: Request) -> dict[str, Any]:
+    return {
+        "invoice_lines": [_line_json(line) for line in rows.invoice_lines],
+        "ledger_row_count": rows.ledger_row_count,
+        "ledger_rows": [
+            {
+                "id": row.pk,
+                "url": request.build_absolute_uri(reverse("usagerecord-detail", args=[row.pk])),
+                "occurred_at": row.occurred_at.isoformat(),
+                "unit": row.unit,
+                "quantity": str(row.quantity),
+                "amount": str(row.amount),
+                "currency": row.currency,
+                "price_book_version": row.price_book.version,
+            }
+            for row in rows.ledger_rows
+        ],
+    }
+
+
+class InvoiceImportViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet[InvoiceImport]):
+    """Provider invoices compared with the ledger. Create: multipart provider, tolerance, file."""
+
+    serializer_class = InvoiceImportSerializer
+    read_roles = RECONCILERS
+    write_roles = RECONCILERS
+    queryset = _invoices()
+
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        payload = InvoiceUploadSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        upload = payload.validated_data["file"]
+        try:
+            invoice = reconciliation_import(
+                provider=payload.validated_data["provider"],
+                filename=upload.name or "invoice.csv",
+                text=read_upload(upload),
+                tolerance=payload.validated_data["tolerance"],
+                uploaded_by=request.user,  # type: ignore[arg-type]
+            )
+        except FileImportError as exc:
+            return Response({"errors": [e.as_dict() for e in exc.errors]}, status=status.HTTP_400_BAD_REQUEST)
+        body = {**self.get_serializer(invoice).data, **_result_json(reconciliation_result(invoice=invoice))}
+        return Response(body, status=status.HTTP_201_CREATED)
+
+    def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        invoice = self.get_object()
+        return Response(
+            {**self.get_serializer(invoice).data, **_result_json(reconciliation_result(invoice=invoice))}
+        )
+
+    @action(detail=True, methods=["get"])
+    def rows(self, request: Request, pk: str | None = None) -> Response:
+        """?day=YYYY-MM-DD and resource=ID or service=NAME: the invoice lines and ledger rows of that cell."""
+        cell = _cell_request(request.query_params)
+        if cell is None:
+            raise serializers.ValidationError(
+                {"day": ["give day=YYYY-MM-DD and either resource= or service="]}
+            )
+        day, resource, service = cell
+        rows = reconciliation_cell_rows(
+            invoice=self.get_object(), day=day, resource_id=resource, service=service
+        )
+        return Response(_rows_json(rows, request))
