@@ -106,6 +106,7 @@ PARQUET_PRECISION, PARQUET_SCALE = 28, 9
 CHUNK_ROWS = 2000  # rows per database fetch and per streamed chunk
 PARQUET_BATCH_ROWS = 10_000  # rows per Parquet record batch (and row group)
 _MICROS_PER_HOUR = Decimal(3_600_000_000)
+_TAG_CACHE_SIZE = 10_000
 
 # The ledger columns read per row, related names included (one query, no N+1).
 _SOURCE_FIELDS = (
@@ -314,6 +315,8 @@ def export_rows(*, filters: ExportFilters, chunk_size: int = CHUNK_ROWS) -> Iter
     source = export_queryset(filters=filters).values_list(*_SOURCE_FIELDS).iterator(chunk_size=chunk_size)
     resources: dict[tuple[str, str | None, str | None], FocusResource] = {}
     pricing_units: dict[str, str] = {}
+    # Many rows share a subject (a training run bills every chunk): encode its Tags once.
+    tag_texts: dict[tuple[str, str, str, str | None], str] = {}
     for (
         record_id,
         sequence,
@@ -350,12 +353,19 @@ def export_rows(*, filters: ExportFilters, chunk_size: int = CHUNK_ROWS) -> Iter
         if unit == Unit.ACCELERATOR_HOUR:
             micros = (abs(quantity) * _MICROS_PER_HOUR).to_integral_value()
             period_start = occurred_at - timedelta(microseconds=int(micros))
-        tags = {
-            "subject": f"{subject_type}:{subject_id}",
-            "team": team or None,
-            "training_run": subject_id if subject_type == "training_run" else None,
-            "workflow": workflow_slug,
-        }
+        tag_key = (subject_type, subject_id, team, workflow_slug)
+        tags = tag_texts.get(tag_key)
+        if tags is None:
+            if len(tag_texts) >= _TAG_CACHE_SIZE:
+                tag_texts.clear()  # bounded: memory stays constant however many subjects
+            tags = tag_texts[tag_key] = _tags_text(
+                {
+                    "subject": f"{subject_type}:{subject_id}",
+                    "team": team or None,
+                    "training_run": subject_id if subject_type == "training_run" else None,
+                    "workflow": workflow_slug,
+                }
+            )
         yield (
             amount,
             amount,  # EffectiveCost: no discounts or credits are applied after the fact
@@ -369,7 +379,7 @@ def export_rows(*, filters: ExportFilters, chunk_size: int = CHUNK_ROWS) -> Iter
             resource.service_name,
             resource.resource_id,
             resource.resource_type,
-            tags,
+            tags,  # JSON text
             record_id,
             sequence,
             price_book_id,
@@ -440,9 +450,7 @@ def _text_cells(row: Row) -> list[Any]:
         pricing_unit,
         _iso(start),
         _iso(end),
-        *row[7:_TAGS],
-        _tags_text(row[_TAGS]),
-        *row[_TAGS + 1 :],
+        *row[7:],
     ]
 
 
@@ -466,10 +474,13 @@ def csv_chunks(rows: Iterable[Row], *, rows_per_chunk: int = CHUNK_ROWS) -> Iter
 def jsonl_chunks(rows: Iterable[Row], *, rows_per_chunk: int = CHUNK_ROWS) -> Iterator[bytes]:
     """JSON Lines: one object per row; money as exact decimal strings, Tags as an object."""
     lines: list[str] = []
+    before, after = COLUMNS[:_TAGS], COLUMNS[_TAGS + 1 :]
     for row in rows:
         cells = _text_cells(row)
-        cells[_TAGS] = row[_TAGS]
-        lines.append(json.dumps(dict(zip(COLUMNS, cells, strict=True)), separators=(",", ":")))
+        # Tags is already JSON text: splice it in as an object, keeping the column order.
+        head = json.dumps(dict(zip(before, cells[:_TAGS], strict=True)), separators=(",", ":"))
+        tail = json.dumps(dict(zip(after, cells[_TAGS + 1 :], strict=True)), separators=(",", ":"))
+        lines.append(f'{head[:-1]},"Tags":{row[_TAGS]},{tail[1:]}')
         if len(lines) >= rows_per_chunk:
             yield ("\n".join(lines) + "\n").encode()
             lines = []
@@ -509,7 +520,7 @@ def parquet_write(
     with pq.ParquetWriter(sink, schema) as writer:
         for row in rows:
             for i, value in enumerate(row):
-                columns[i].append(_tags_text(value) if i == _TAGS else value)
+                columns[i].append(value)
             if len(columns[0]) >= batch_rows:
                 flush(writer)
         if columns[0]:
