@@ -25,7 +25,7 @@ def export_job_run_task(job_id: int) -> None:
 @shared_task(
     name="billing.budget_alert_deliver",
     ignore_result=True,
-    queue="control",
+    # No queue= (deprecated in Celery 5.x): it goes to CELERY_TASK_DEFAULT_QUEUE, "control".
     # Only transient delivery failures (SMTP or webhook unreachable, 5xx, 429)
     # are retried, with exponential backoff capped at 10 minutes, 8 times.
     autoretry_for=(AlertDeliveryError,),
