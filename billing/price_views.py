@@ -11,6 +11,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
 from django.views import View
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -102,6 +103,7 @@ class PriceImportRequestSerializer(serializers.Serializer[Any]):
 class PriceImportActionMixin:
     """POST /api/price-books/import/ (admins): multipart `file` (+ `format`); all rows or none."""
 
+    @extend_schema(request={"multipart/form-data": PriceImportRequestSerializer})
     @action(detail=False, methods=["post"], url_path="import")
     def import_file(self, request: Request) -> Response:
         payload = PriceImportRequestSerializer(data=request.data)

@@ -17,6 +17,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.views import View
+from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -227,6 +228,7 @@ class InvoiceImportViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSe
     write_roles = RECONCILERS
     queryset = _invoices()
 
+    @extend_schema(request={"multipart/form-data": InvoiceUploadSerializer})
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         payload = InvoiceUploadSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
