@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from django.urls import URLPattern, path
 
-from billing import budget_views, export_views, price_views, reconciliation_views
+from billing import budget_views, dashboard_views, export_views, price_views, reconciliation_views
 
 urlpatterns: list[URLPattern] = [
+    path("", dashboard_views.BillingDashboardView.as_view(), name="billing-dashboard"),
+    path("ledger/", dashboard_views.LedgerRowsView.as_view(), name="billing-ledger"),
     path("budgets/", budget_views.BudgetListView.as_view(), name="billing-budgets"),
     path("budgets/new/", budget_views.BudgetFormView.as_view(), name="billing-budget-new"),
     path("budgets/<int:pk>/edit/", budget_views.BudgetFormView.as_view(), name="billing-budget-edit"),

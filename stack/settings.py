@@ -53,7 +53,8 @@ else:
 # Key for credentials at rest; defaults to one derived from SECRET_KEY
 # (see stack.crypto). Set it separately to rotate SECRET_KEY independently.
 CREDENTIALS_KEY = env_str("CREDENTIALS_KEY", "")
-EXPORT_SIGNING_KEY = env_str("EXPORT_SIGNING_KEY", "")  # HMAC key for export manifests; empty: HKDF(SECRET_KEY)
+# HMAC key for export manifests; empty: derived from SECRET_KEY (HKDF).
+EXPORT_SIGNING_KEY = env_str("EXPORT_SIGNING_KEY", "")
 
 DEBUG = env_bool("DEBUG", default=not PRODUCTION)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver", "[::1]"])
