@@ -34,7 +34,7 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -472,20 +472,23 @@ def check_targets(summary: dict[str, float | None], p: Profile) -> dict[str, dic
     return out
 
 
+def _progress(r: dict[str, Any]) -> None:
+    print(f"  {r['name']}: eval {r['eval_loss']:.4f} ({r['real_seconds']:.0f}s)", file=sys.stderr, flush=True)
+
+
 def _execute(p: Profile, specs: Sequence[RunSpec], jobs: int) -> dict[str, dict[str, Any]]:
+    """Run the specs (in worker processes when jobs > 1); results keep the specs' order."""
     if jobs <= 1:
         results = []
         for s in specs:
             results.append(run_spec(p, s))
-            print(
-                f"  {s.name}: eval {results[-1]['eval_loss']:.4f} ({results[-1]['real_seconds']:.0f}s)",
-                file=sys.stderr,
-                flush=True,
-            )
-    else:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            results = list(pool.map(run_spec, [p] * len(specs), specs))
-    return {r["name"]: r for r in results}
+            _progress(results[-1])
+        return {r["name"]: r for r in results}
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(run_spec, p, s) for s in specs]
+        for fut in as_completed(futures):
+            _progress(fut.result())
+        return {f.result()["name"]: f.result() for f in futures}
 
 
 def bench_diloco(p: Profile, *, jobs: int = 1) -> dict[str, Any]:

@@ -293,7 +293,7 @@ class Simulator:
             if barrier:
                 tau = self.cfg.streaming.overlap
                 if tau == 0 or final:
-                    rt.waiting[f] = "replace" if tau == 0 or f not in rt.due_at else "mix"
+                    rt.waiting[f] = "replace"
                 else:
                     rt.due_at[f] = rt.steps + tau
         rt.peak_push = max(rt.peak_push, pushed)
