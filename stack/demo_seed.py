@@ -10,7 +10,8 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import User
 from django.db import transaction
 
-from billing.models import PriceBook, Unit
+from billing.budgets import budget_save
+from billing.models import Budget, PriceBook, Unit
 from billing.services import price_book_publish
 from stack.models import Cluster, Deployment, Provider, RegisteredModel, Workflow
 from stack.services import workflow_create
@@ -88,7 +89,12 @@ def demo_stack_seed(*, admin_password: str, now: datetime) -> DemoStack:
         )
         local, _ = Deployment.objects.get_or_create(
             slug="gpt-byte-onprem",
-            defaults={"model": tiny, "provider": providers["onprem"], "base_url": "http://127.0.0.1:8100/v1"},
+            defaults={
+                "model": tiny,
+                "provider": providers["onprem"],
+                "base_url": "http://127.0.0.1:8100/v1",
+                "hosting_cluster": clusters[0],
+            },
         )
         remote, _ = Deployment.objects.get_or_create(
             slug="openai-gpt-4o-mini",
@@ -102,6 +108,18 @@ def demo_stack_seed(*, admin_password: str, now: datetime) -> DemoStack:
                 price_book_publish(
                     unit=unit, unit_price=price, effective_from=now, deployment=deployment, note="demo price"
                 )
+        if not Budget.objects.filter(name="aws-monthly").exists():
+            budget_save(
+                budget=Budget(
+                    name="aws-monthly",
+                    scope=Budget.Scope.PROVIDER,
+                    provider=providers["aws"],
+                    period=Budget.Period.MONTHLY,
+                    limit_amount=Decimal("50.00"),
+                    thresholds=[50, 80, 100],
+                    hard_limit=True,
+                )
+            )
         if not Workflow.objects.filter(slug="support-triage").exists():
             workflow_create(
                 slug="support-triage",
