@@ -105,7 +105,9 @@ def test_viewers_may_not_see_billing(viewer: Any) -> None:
     assert _client(make_user(None)).get("/billing/").status_code == 403
 
 
-def test_the_dashboard_sets_cloud_token_prices_beside_self_hosted_ones(month_of_spend: Any, auditor: Any) -> None:
+def test_the_dashboard_sets_cloud_token_prices_beside_self_hosted_ones(
+    month_of_spend: Any, auditor: Any
+) -> None:
     html = _client(auditor).get("/billing/").content.decode()
     table = html[html.index('id="token-prices"') :]
     assert "chat-east" in table and "0.6000 USD" in table and "price v1" in table

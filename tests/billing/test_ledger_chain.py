@@ -202,7 +202,9 @@ def test_the_python_and_database_checks_agree_on_awkward_rows() -> None:
     methods = ["python", "sql"] if connection.vendor == "postgresql" else ["python"]
     assert all(ledger_verify(method=m).ok for m in methods)
 
-    _raw("UPDATE billing_usagerecord SET description = %s WHERE id = %s", ["back\\slash and \x1f", awkward.pk])
+    _raw(
+        "UPDATE billing_usagerecord SET description = %s WHERE id = %s", ["back\\slash and \x1f", awkward.pk]
+    )
     results = [ledger_verify(method=m) for m in methods]
     assert {(r.ok, r.first_bad_id, r.rows_checked, r.problem) for r in results} == {
         (False, awkward.pk, 0, "the row's fields no longer match its hash: it was changed")
