@@ -90,7 +90,7 @@ class SimResult:
     virtual_seconds: float
     real_seconds: float
     tokens_trained: int
-    tokens_merged: int
+    tokens_merged: int  # per fragment, averaged over fragments: each token counts once
     tokens_lost: int
     bytes_up: list[int]
     bytes_down: list[int]
@@ -187,6 +187,7 @@ class Simulator:
         self._seq = 0
         self.now = 0.0
         self.tokens_merged = 0
+        self._merged_by_fragment = [0] * len(self.fragments)
         self.tokens_lost = 0
         self.publishes = 0
         self.last_publish = 0.0
@@ -364,7 +365,8 @@ class Simulator:
         for snap in self.syncer.poll(self.now):
             self.publishes += 1
             self.last_publish = self.now
-            self.tokens_merged += int(snap.meta.get("tokens", 0))
+            self._merged_by_fragment[snap.fragment] += int(snap.meta.get("tokens", 0))
+            self.tokens_merged = sum(self._merged_by_fragment) // len(self.fragments)
             point = {"time": self.now, "tokens_merged": float(self.tokens_merged)}
             if self.cfg.eval_every and self.publishes % self.cfg.eval_every == 0:
                 point["eval_loss"] = self._evaluate()

@@ -42,6 +42,7 @@ def test_streaming_sends_one_fragment_at_a_time(tiny_cfg, stdlib_small, tiny_eva
     assert whole.publishes == 2  # steps 10 and 20
     # Fragment 0 at steps 10 and 20, fragment 1 at 5 and 15 and its final flush at 20.
     assert streamed.publishes == 5
+    assert streamed.tokens_merged == streamed.tokens_trained == whole.tokens_merged
     # Two blocks plus embeddings: the bigger fragment is ~60% of the tiny model.
     assert streamed.peak_push_bytes < 0.65 * whole.peak_push_bytes
 
