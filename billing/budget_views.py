@@ -28,6 +28,7 @@ from billing.budgets import (
 )
 from billing.models import Budget, BudgetAlert
 from billing.services import AMOUNT_QUANTUM
+from stack.forms import formfield_with_https_urls
 from stack.models import Cluster, Provider, Workflow
 from stack.roles import OPERATORS, Role, user_has_role
 from stack.views import RoleRequiredMixin
@@ -238,6 +239,7 @@ class BudgetForm(forms.ModelForm[Budget]):
             "webhook_url",
             "active",
         ]
+        formfield_callback = formfield_with_https_urls
         help_texts = {
             "custom_start": "Custom periods only; UTC, e.g. 2026-01-01 00:00.",
             "custom_end": "Custom periods only; UTC, exclusive.",
@@ -245,7 +247,6 @@ class BudgetForm(forms.ModelForm[Budget]):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["webhook_url"].assume_scheme = "https"  # type: ignore[attr-defined]
         if self.instance.pk:
             self.fields["thresholds_text"].initial = ", ".join(str(t) for t in self.instance.thresholds)
 

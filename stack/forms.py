@@ -10,7 +10,7 @@ from django.db import models
 from stack.models import Cluster, Deployment, Provider, RegisteredModel, Workflow
 
 
-def _formfield(field: models.Field[Any, Any], **kwargs: Any) -> forms.Field | None:
+def formfield_with_https_urls(field: models.Field[Any, Any], **kwargs: Any) -> forms.Field | None:
     # URLs without a scheme mean https (Django 6's default, chosen explicitly now).
     if isinstance(field, models.URLField):
         kwargs.setdefault("assume_scheme", "https")
@@ -29,7 +29,7 @@ class ProviderForm(forms.ModelForm[Provider]):
     class Meta:
         model = Provider
         fields = ["slug", "display_name", "kind", "region", "base_url", "enabled"]
-        formfield_callback = _formfield
+        formfield_callback = formfield_with_https_urls
 
     def credentials_change(self) -> str | None:
         """'' to clear, a new value to store, None to keep what is stored."""
@@ -70,7 +70,7 @@ class DeploymentForm(forms.ModelForm[Deployment]):
     class Meta:
         model = Deployment
         fields = ["slug", "model", "provider", "provider_model_id", "base_url", "hosting_cluster", "enabled"]
-        formfield_callback = _formfield
+        formfield_callback = formfield_with_https_urls
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
