@@ -82,7 +82,11 @@ class FileStore:
 
     def list(self, prefix: str = "") -> list[str]:
         keys = []
-        for p in self.root.rglob("*"):
+        # Walk only the deepest directory the prefix names, not the whole store.
+        base = self.root / prefix.rsplit("/", 1)[0] if "/" in prefix else self.root
+        if not base.is_dir():
+            return []
+        for p in base.rglob("*"):
             if p.is_file() and not p.name.startswith(".tmp-"):
                 key = p.relative_to(self.root).as_posix()
                 if key.startswith(prefix):
