@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from moto.server import ThreadedMotoServer
 
 from stack.roles import Role
 from tests.factories import make_user
@@ -29,3 +31,22 @@ def viewer(db: Any) -> User:
 @pytest.fixture
 def auditor(db: Any) -> User:
     return make_user(Role.AUDITOR)
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[str]:
+    """A real S3 HTTP endpoint on loopback (moto's server mode); tests make their own buckets."""
+    with pytest.MonkeyPatch.context() as env:
+        for key, value in (
+            ("AWS_ACCESS_KEY_ID", "testing"),
+            ("AWS_SECRET_ACCESS_KEY", "testing"),
+            ("AWS_DEFAULT_REGION", "us-east-1"),
+        ):
+            env.setenv(key, value)
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        server.start()
+        host, port = server.get_host_and_port()
+        try:
+            yield f"http://{host}:{port}"
+        finally:
+            server.stop()

@@ -14,7 +14,6 @@ import pytest
 from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 from django.test import Client
-from moto.server import ThreadedMotoServer
 from rest_framework.test import APIClient
 
 from billing.exports import ExportFilters, export_job_create, export_job_run
@@ -27,24 +26,6 @@ from tests.factories import api_client, make_cluster, make_price, make_provider,
 pytestmark = pytest.mark.django_db
 DAY = datetime(2026, 5, 4, 9, tzinfo=UTC)
 FILES = ["manifest.json", "usage.csv", "usage.jsonl", "usage.parquet"]
-
-
-@pytest.fixture(scope="module")
-def s3_server() -> Iterator[str]:
-    with pytest.MonkeyPatch.context() as env:
-        for key, value in (
-            ("AWS_ACCESS_KEY_ID", "testing"),
-            ("AWS_SECRET_ACCESS_KEY", "testing"),
-            ("AWS_DEFAULT_REGION", "us-east-1"),
-        ):
-            env.setenv(key, value)
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        server.start()
-        host, port = server.get_host_and_port()
-        try:
-            yield f"http://{host}:{port}"
-        finally:
-            server.stop()
 
 
 @pytest.fixture

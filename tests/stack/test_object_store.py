@@ -2,39 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import boto3
 import pytest
 from django.core.management import call_command
-from moto.server import ThreadedMotoServer
 
 from stack.objectstore import default_store, object_store_health
 
 
-@pytest.fixture
-def s3_endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    for key, value in (
-        ("AWS_ACCESS_KEY_ID", "testing"),
-        ("AWS_SECRET_ACCESS_KEY", "testing"),
-        ("AWS_DEFAULT_REGION", "us-east-1"),
-    ):
-        monkeypatch.setenv(key, value)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
-
-
 def test_ensure_bucket_creates_the_bucket_once_and_the_store_then_works(
-    s3_endpoint: str, settings: Any, capsys: pytest.CaptureFixture[str]
+    s3_server: str, settings: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     settings.OBJECT_STORE_URL = "s3://switchyard-objects/prefix"
-    settings.OBJECT_STORE_ENDPOINT_URL = s3_endpoint
+    settings.OBJECT_STORE_ENDPOINT_URL = s3_server
     assert object_store_health()["ok"] is False  # no bucket yet
 
     call_command("ensure_bucket")
@@ -45,7 +26,7 @@ def test_ensure_bucket_creates_the_bucket_once_and_the_store_then_works(
 
     store = default_store()
     store.put("checkpoints/a", b"weights")
-    keys = boto3.client("s3", endpoint_url=s3_endpoint).list_objects_v2(Bucket="switchyard-objects")
+    keys = boto3.client("s3", endpoint_url=s3_server).list_objects_v2(Bucket="switchyard-objects")
     assert [o["Key"] for o in keys["Contents"]] == ["prefix/checkpoints/a"]
     assert object_store_health() == {"ok": True, "url": "s3://switchyard-objects/prefix"}
 
