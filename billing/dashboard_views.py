@@ -133,7 +133,8 @@ def _token_prices(*, since_day: date, now: datetime) -> list[dict[str, Any]]:
                 table.append(
                     {"deployment": deployment.slug, "kind": f"self-hosted on {deployment.hosting_cluster}",
                      "per_1m": cost.per_1m_tokens, "currency": cost.currency,
-                     "note": f"{cost.accelerator_cost:.4f} over {cost.tokens_millions}M tokens"}
+                     "note": f"{cost.accelerator_cost:.4f} {cost.currency} over {cost.tokens_millions}M tokens"
+                     if cost.tokens_millions else "no tokens served yet"}
                 )  # fmt: skip
             continue
         price = price_in_force(

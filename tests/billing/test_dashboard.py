@@ -58,7 +58,7 @@ def test_the_dashboard_shows_exact_month_to_date_split_and_top_lists(
     assert page.status_code == 200
     html = page.content.decode()
     # 4 × 1.5 h × 2.00 + 3 × 0.25 M tokens × 0.60 = 12.00 + 0.45
-    assert re.search(r"12\.45 USD", html)
+    assert re.search(r"12\.4500 USD", html)
     split = html[html.index('id="split"') :]
     assert "training and compute" in split and "12.0000 USD" in split
     assert "inference" in split and "0.4500 USD" in split
@@ -96,7 +96,7 @@ def test_budgets_appear_with_their_forecast(month_of_spend: Any, auditor: Any) -
                           limit_amount=Decimal("20"), thresholds=[50, 100])  # fmt: skip
     html = _client(auditor).get("/billing/").content.decode()
     table = html[html.index('id="budgets"') :]
-    assert "gpu-monthly" in table and "12.00 USD" in table and "60.0%" in table
+    assert "gpu-monthly" in table and "12.0000 USD" in table and "60.0%" in table
 
 
 def test_viewers_may_not_see_billing(viewer: Any) -> None:
