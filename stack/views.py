@@ -155,7 +155,7 @@ class RegistryFormMixin(RoleRequiredMixin):
 
 
 class RegistryCreateView(RegistryFormMixin, CreateView[Any, ModelForm[Any]]):
-    pass
+    """The create form of a registry object (model and form given in web_urls)."""
 
 
 class RegistryUpdateView(RegistryFormMixin, UpdateView[Any, ModelForm[Any]]):
