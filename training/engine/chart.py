@@ -16,6 +16,9 @@ def figure(result: dict[str, Any]) -> Any:
     fig = go.Figure()
     groups: dict[str, list[dict[str, Any]]] = {}
     for run in result["runs"]:
+        # Equal-token runs only: the straggler, failure and Protocol A runs answer other questions.
+        if run.get("name", "").startswith(("straggler", "failure", "diloco_m4_protocol_a")):
+            continue
         if run.get("method") in ("diloco", "streaming") and isinstance(
             run.get("bytes_sent_per_learner"), int | float
         ):
