@@ -307,7 +307,9 @@ def export_queryset(*, filters: ExportFilters) -> QuerySet[UsageRecord]:
 
 
 def _iso(value: datetime) -> str:
-    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    # Always six fractional digits, so every row has one fixed-width format
+    # (and PostgreSQL's COPY path writes the very same text).
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def export_rows(*, filters: ExportFilters, chunk_size: int = CHUNK_ROWS) -> Iterator[Row]:
@@ -555,13 +557,8 @@ def _sql_case(column: str, mapping: Mapping[str, str], default: str) -> str:
 
 
 def _sql_iso(expression: str) -> str:
-    """_iso() in SQL: UTC, 'Z', microseconds only when there are any (as isoformat)."""
-    utc = f"({expression}) AT TIME ZONE 'UTC'"
-    return (
-        f"CASE WHEN date_trunc('second', {utc}) = {utc} "
-        f"""THEN to_char({utc}, 'YYYY-MM-DD"T"HH24:MI:SS"Z"') """
-        f"""ELSE to_char({utc}, 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END"""
-    )
+    """_iso() in SQL."""
+    return f"""to_char(({expression}) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')"""
 
 
 def _postgres_csv_chunks(filters: ExportFilters) -> Iterator[bytes]:

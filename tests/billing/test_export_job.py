@@ -103,7 +103,7 @@ def test_an_export_job_writes_files_and_a_signed_manifest_to_s3_that_verify_acce
     manifest = job.manifest
     assert manifest["row_count"] == 24 and set(manifest["totals"]) == {"USD", "EUR"}
     assert manifest["first_sequence"] == 1 and manifest["last_sequence"] == 24
-    assert manifest["filters"]["start"] == "2026-05-04T00:00:00Z"
+    assert manifest["filters"]["start"] == "2026-05-04T00:00:00.000000Z"
     assert manifest["signature"]["algorithm"] == "HMAC-SHA256"
     assert set(manifest["files"]) == {"usage.csv", "usage.jsonl", "usage.parquet"}
 

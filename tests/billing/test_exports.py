@@ -196,7 +196,7 @@ def test_each_format_round_trips_exact_decimals(ledger: Ledger, tmp_path: Path) 
     hours = next(r for r in from_jsonl if r["x_Unit"] == Unit.ACCELERATOR_HOUR and r["x_Sequence"] == 2)
     assert (hours["ChargePeriodStart"], hours["ChargePeriodEnd"]) == (
         "2026-05-04T09:40:00.000001Z",
-        "2026-05-04T10:00:00Z",
+        "2026-05-04T10:00:00.000000Z",
     )
     assert [r["x_Sequence"] for r in from_parquet] == sorted(r.sequence for r in records.values())
 
