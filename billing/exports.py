@@ -636,7 +636,7 @@ def _postgres_csv_chunks(filters: ExportFilters) -> Iterator[bytes]:
         "LEFT JOIN stack_cluster c ON c.id = u.cluster_id "
         "LEFT JOIN stack_deployment d ON d.id = u.deployment_id "
         "LEFT JOIN stack_workflow w ON w.id = u.workflow_id "
-        f"WHERE {' AND '.join(where)} ORDER BY u.sequence) TO STDOUT WITH (FORMAT csv, HEADER true)"
+        f"WHERE {' AND '.join(where)} ORDER BY u.partition, u.sequence) TO STDOUT WITH (FORMAT csv, HEADER true)"
     )
     with connection.cursor() as cursor, cursor.cursor.copy(sql, params) as copy:
         for block in copy:
