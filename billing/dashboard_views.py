@@ -9,7 +9,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from django import forms
-from django.db.models import Sum
+from django.db.models import QuerySet, Sum
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
@@ -17,6 +17,7 @@ from django.views import View
 
 from billing.api import LEDGER_READERS
 from billing.budgets import budget_state
+from billing.exports import ExportFilters, export_queryset
 from billing.models import Budget, Unit, UsageRecord
 from billing.selectors import price_in_force, spend_grouped, spend_per_provider_per_day
 from billing.selfhosted import self_hosted_cost
@@ -173,7 +174,7 @@ class LedgerRowsView(RoleRequiredMixin, View):
 
     def get(self, request: HttpRequest) -> HttpResponse:
         form = LedgerFilterForm(request.GET or None)
-        rows = UsageRecord.objects.select_related(
+        rows: QuerySet[UsageRecord] = UsageRecord.objects.select_related(
             "provider", "cluster", "deployment", "workflow", "price_book"
         )
         status = 200
@@ -181,17 +182,18 @@ class LedgerRowsView(RoleRequiredMixin, View):
             rows, status = rows.none(), 400
         elif form.is_bound:
             f = form.cleaned_data
-            if f["since"]:
-                rows = rows.filter(occurred_at__gte=datetime.combine(f["since"], time.min, tzinfo=UTC))
-            if f["until"]:
-                rows = rows.filter(occurred_at__lt=datetime.combine(f["until"], time.min, tzinfo=UTC))
-            for name in ("provider", "cluster", "workflow"):
-                if f[name]:
-                    rows = rows.filter(**{f"{name}__slug": f[name]})
-            if f["training_run"]:
-                rows = rows.filter(subject_type="training_run", subject_id=f["training_run"])
-            if f["unit"]:
-                rows = rows.filter(unit=f["unit"])
+            # The same row selection as a cost-audit export with these filters.
+            rows = export_queryset(
+                filters=ExportFilters(
+                    start=datetime.combine(f["since"], time.min, tzinfo=UTC) if f["since"] else None,
+                    end=datetime.combine(f["until"], time.min, tzinfo=UTC) if f["until"] else None,
+                    provider=f["provider"],
+                    cluster=f["cluster"],
+                    workflow=f["workflow"],
+                    training_run=f["training_run"],
+                    unit=f["unit"],
+                )
+            ).select_related("provider", "cluster", "deployment", "workflow", "price_book")
             if f["currency"]:
                 rows = rows.filter(currency=f["currency"].upper())
             if f["purpose"]:

@@ -40,17 +40,22 @@ def rollup_dims_key(values: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def with_rollup_dimensions(rows: QuerySet[UsageRecord]) -> QuerySet[UsageRecord]:
+    """Ledger rows annotated with the two rollup dimensions they do not store: UTC day and run."""
+    return rows.annotate(
+        day=TruncDate("occurred_at", tzinfo=UTC),
+        training_run_id=Case(
+            When(subject_type="training_run", then=F("subject_id")),
+            default=Value(""),
+            output_field=CharField(),
+        ),
+    )
+
+
 def _grouped(rows: QuerySet[UsageRecord]) -> QuerySet[Any]:
     """Ledger rows summed per rollup dimension, by the database."""
     return (
-        rows.annotate(
-            day=TruncDate("occurred_at", tzinfo=UTC),
-            training_run_id=Case(
-                When(subject_type="training_run", then=F("subject_id")),
-                default=Value(""),
-                output_field=CharField(),
-            ),
-        )
+        with_rollup_dimensions(rows)
         .values(*DIMENSIONS)
         .annotate(quantity_sum=Sum("quantity"), amount_sum=Sum("amount"), rows=Count("id"))
         .order_by()

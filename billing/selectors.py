@@ -9,11 +9,11 @@ from decimal import Decimal
 from typing import Any
 
 from django.db import connection
-from django.db.models import Case, CharField, F, Max, QuerySet, Sum, Value, When
-from django.db.models.functions import TruncDate
+from django.db.models import Max, QuerySet, Sum
 
 from billing.chain import CHAINED_FIELDS, GENESIS_HASH, chain_hash_values
 from billing.models import DailyRollup, LedgerHead, PriceBook, RollupWatermark, Unit, UsageRecord
+from billing.rollups import with_rollup_dimensions
 from stack.models import Cluster, Deployment, Provider
 
 
@@ -140,22 +140,13 @@ def spend_grouped(
     if unknown:
         raise ValueError(f"cannot group spend by {sorted(unknown)}")
     rollups = DailyRollup.objects.filter(day__gte=since_day, **filters)
-    tail = (
+    tail = with_rollup_dimensions(
         UsageRecord.objects.filter(
             partition="main",
             sequence__gt=rollup_watermark(partition="main"),
             occurred_at__gte=datetime.combine(since_day, time.min, tzinfo=UTC),
         )
-        .annotate(
-            day=TruncDate("occurred_at", tzinfo=UTC),
-            training_run_id=Case(
-                When(subject_type="training_run", then=F("subject_id")),
-                default=Value(""),
-                output_field=CharField(),
-            ),
-        )
-        .filter(**filters)
-    )
+    ).filter(**filters)
     if until_day is not None:
         rollups = rollups.filter(day__lt=until_day)
         tail = tail.filter(occurred_at__lt=datetime.combine(until_day, time.min, tzinfo=UTC))
