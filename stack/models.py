@@ -130,6 +130,9 @@ class RegisteredModel(models.Model):
     # The training run that produced it; the training-run issue turns this into
     # a foreign key once TrainingRun exists.
     produced_by_run_id = models.BigIntegerField(null=True, blank=True)
+    # Set when a training run registers its result (training.services); null for outside models.
+    final_eval_loss = models.FloatField(null=True, blank=True)
+    training_cost = models.DecimalField(max_digits=24, decimal_places=9, null=True, blank=True)
     tokenizer = models.CharField(max_length=64, default="bytes")
     context_length = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
@@ -275,12 +278,19 @@ class FailoverEvent(models.Model):
     extra_cost = models.DecimalField(max_digits=20, decimal_places=9, default=Decimal("0"))
     currency = models.CharField(max_length=3, default="USD")
     details = models.JSONField(default=dict, blank=True)
+    # Training failovers: the run (training.TrainingRun id) and the tokens of work thrown away.
+    training_run_id = models.BigIntegerField(null=True, blank=True)
+    tokens_lost = models.BigIntegerField(null=True, blank=True)
+    # Inference failovers: the HTTP status of the failed attempt, when there was one.
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["-detected_at"]
         indexes = [
             # The health check looks up the open cluster-health event of a cluster.
             models.Index(fields=["kind", "from_cluster", "recovered_at"], name="failover_open_idx"),
+            # A training run's timeline lists its failovers.
+            models.Index(fields=["training_run_id", "detected_at"], name="failover_run_idx"),
         ]
 
     def __str__(self) -> str:
@@ -297,6 +307,9 @@ class ApiToken(models.Model):
     created_at = models.DateTimeField(default=timezone.now, editable=False)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # The inference gateway (/v1/) lets a token call only these workflows; empty means every
+    # workflow the token's user may read.
+    workflows = models.ManyToManyField(Workflow, blank=True, related_name="api_tokens")
 
     class Meta:
         ordering = ["-created_at"]

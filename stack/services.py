@@ -73,6 +73,9 @@ def failover_event_record(
     extra_cost: Decimal = Decimal("0"),
     currency: str = "USD",
     details: dict[str, object] | None = None,
+    training_run_id: int | None = None,
+    tokens_lost: int | None = None,
+    status_code: int | None = None,
 ) -> FailoverEvent:
     """The only writer of FailoverEvent rows."""
     if from_cluster is not None and from_provider is None:
@@ -101,6 +104,9 @@ def failover_event_record(
         extra_cost=extra_cost,
         currency=currency,
         details=details or {},
+        training_run_id=training_run_id,
+        tokens_lost=tokens_lost,
+        status_code=status_code,
     )
 
 

@@ -9,6 +9,7 @@ from billing.api import PriceBookViewSet, UsageRecordViewSet
 from billing.budget_views import BudgetAlertViewSet, BudgetViewSet
 from billing.export_views import ExportJobViewSet, UsageExportView
 from billing.reconciliation_views import InvoiceImportViewSet
+from inference import api as inference_api
 from stack import views
 from stack.api.permissions import RolePermission
 from stack.api.views import (
@@ -19,7 +20,7 @@ from stack.api.views import (
     RegisteredModelViewSet,
     WorkflowViewSet,
 )
-from training.api import ProbeJobViewSet
+from training import api as training_api
 
 router = DefaultRouter()
 router.register("providers", ProviderViewSet)
@@ -28,18 +29,23 @@ router.register("models", RegisteredModelViewSet)
 router.register("deployments", DeploymentViewSet)
 router.register("workflows", WorkflowViewSet)
 router.register("failover-events", FailoverEventViewSet, basename="failoverevent")
-router.register("probe-jobs", ProbeJobViewSet)
 router.register("usage-records", UsageRecordViewSet, basename="usagerecord")
 router.register("price-books", PriceBookViewSet)
 router.register("budgets", BudgetViewSet)
 router.register("budget-alerts", BudgetAlertViewSet, basename="budgetalert")
 router.register("export-jobs", ExportJobViewSet, basename="exportjob")
 router.register("invoice-imports", InvoiceImportViewSet, basename="invoiceimport")
+training_api.register(router)
+inference_api.register(router)
 
 urlpatterns = [
     path("", include("stack.web_urls")),
     path("healthz", views.healthz, name="healthz"),
     path("billing/", include("billing.urls")),
+    path("training/", include("training.urls")),
+    path("inference/", include("inference.urls")),
+    # OpenAI-compatible gateway: `model` names a workflow (inference.gateway).
+    path("v1/", include("inference.gateway_urls")),
     path("admin/", admin.site.urls),
     # drf-spectacular serves the schema to anyone by default; like every other
     # /api/ call it needs a token or a session (401 without).

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rest_framework import mixins, serializers, viewsets
+from rest_framework.routers import BaseRouter
 
 from stack.models import Cluster
 from training.models import ProbeJob
@@ -49,3 +50,8 @@ class ProbeJobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet[Pro
 
     serializer_class = ProbeJobSerializer
     queryset = ProbeJob.objects.select_related("cluster", "created_by")
+
+
+def register(router: BaseRouter) -> None:
+    """Add this app's viewsets to the /api/ router."""
+    router.register("probe-jobs", ProbeJobViewSet)

@@ -1,0 +1,9 @@
+"""Inference API viewsets, registered on the /api/ router by stack.urls."""
+
+from __future__ import annotations
+
+from rest_framework.routers import BaseRouter
+
+
+def register(router: BaseRouter) -> None:
+    """Add this app's viewsets to the /api/ router."""

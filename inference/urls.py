@@ -1,0 +1,7 @@
+"""Inference pages, mounted at /inference/."""
+
+from __future__ import annotations
+
+from django.urls import URLPattern, URLResolver
+
+urlpatterns: list[URLPattern | URLResolver] = []

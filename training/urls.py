@@ -1,0 +1,7 @@
+"""Training pages, mounted at /training/."""
+
+from __future__ import annotations
+
+from django.urls import URLPattern, URLResolver
+
+urlpatterns: list[URLPattern | URLResolver] = []
