@@ -1,0 +1,1 @@
+"""Provider adapters behind one interface (inference.adapters.base.Adapter)."""

@@ -1,0 +1,286 @@
+"""Inference records: requests and their attempts, eval sets and quality scores, batch jobs,
+and the chaos settings used for failover drills.
+
+Writes go through inference.services: InferenceRequest/InferenceAttempt only through the
+router's request recorder, QualityRecord only through `quality_record_create`.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.utils import timezone
+
+from stack.models import Deployment, RoutingPolicyVersion, Workflow
+
+
+class Endpoint(models.TextChoices):
+    CHAT = "chat", "Chat completion"
+    COMPLETION = "completion", "Completion"
+    BATCH = "batch", "Batch"
+    EVAL = "eval", "Eval"
+
+
+class InferenceRequest(models.Model):
+    """One routed request: which policy version chose the route, who answered, what it cost."""
+
+    class Status(models.TextChoices):
+        SUCCEEDED = "succeeded", "Succeeded"
+        FAILED = "failed", "Failed"
+
+    workflow = models.ForeignKey(Workflow, on_delete=models.PROTECT, related_name="inference_requests")
+    policy_version = models.ForeignKey(
+        RoutingPolicyVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    # The deployment that answered; null when every attempt failed.
+    deployment = models.ForeignKey(
+        Deployment, null=True, blank=True, on_delete=models.PROTECT, related_name="inference_requests"
+    )
+    status = models.CharField(max_length=16, choices=Status.choices)
+    endpoint = models.CharField(max_length=16, choices=Endpoint.choices, default=Endpoint.CHAT)
+    stream = models.BooleanField(default=False)
+    tokens_in = models.PositiveIntegerField(default=0)
+    tokens_out = models.PositiveIntegerField(default=0)
+    latency_ms = models.FloatField(default=0.0)
+    ttft_ms = models.FloatField(null=True, blank=True, help_text="time to first token (streaming)")
+    # Sum of the billed attempts' ledger amounts (UsageRecord.amount), so the ledger total
+    # equals the sum of request costs exactly.
+    cost = models.DecimalField(max_digits=20, decimal_places=9, default=Decimal("0"))
+    currency = models.CharField(max_length=3, default="USD")
+    attempts = models.PositiveSmallIntegerField(default=0)
+    error = models.TextField(blank=True)
+    # Client-supplied request id / idempotency key: a batch retry with the same key is
+    # answered from this row instead of calling (and billing) again.
+    client_request_id = models.CharField(max_length=128, null=True, blank=True, unique=True)
+    # The answer's text, kept only for requests with a client_request_id (batch and eval
+    # retries re-read it); gateway traffic does not store prompts or answers.
+    response_text = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["workflow", "created_at"], name="infreq_workflow_idx"),
+            models.Index(fields=["deployment", "created_at"], name="infreq_deployment_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"request {self.pk} ({self.workflow_id}, {self.status})"
+
+
+class InferenceAttempt(models.Model):
+    """One call (or skip) of one deployment while serving a request, in order."""
+
+    class Outcome(models.TextChoices):
+        OK = "ok", "OK"
+        RETRYABLE = "retryable", "Retryable error"
+        NON_RETRYABLE = "non_retryable", "Non-retryable error"
+        CIRCUIT_OPEN = "circuit_open", "Circuit open (skipped)"
+        SKIPPED_QUALITY = "skipped_quality", "Below quality floor (skipped)"
+        BUDGET = "budget", "Budget exhausted"
+
+    request = models.ForeignKey(InferenceRequest, on_delete=models.CASCADE, related_name="attempt_rows")
+    position = models.PositiveSmallIntegerField()
+    deployment = models.ForeignKey(Deployment, on_delete=models.PROTECT, related_name="+")
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    outcome = models.CharField(max_length=16, choices=Outcome.choices)
+    latency_ms = models.FloatField(default=0.0)
+    tokens_in = models.PositiveIntegerField(default=0)
+    tokens_out = models.PositiveIntegerField(default=0)
+    cost = models.DecimalField(max_digits=20, decimal_places=9, default=Decimal("0"))
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["request", "position"]
+        constraints = [
+            models.UniqueConstraint(fields=["request", "position"], name="uniq_attempt_position"),
+        ]
+        indexes = [
+            # Rolling p50 / error rate per deployment.
+            models.Index(fields=["deployment", "-id"], name="infatt_deployment_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.request_id}#{self.position} {self.outcome}"
+
+
+class ChaosConfig(models.Model):
+    """Fault injection for one deployment, switched on and off from the UI/API for drills.
+
+    When enabled, each call of the deployment first rolls the dice: with `error_rate` it
+    answers one of `status_codes` without calling the provider, with `malformed_rate` it
+    returns a body that is not JSON; `latency_ms` is added before every call.
+    """
+
+    deployment = models.OneToOneField(Deployment, on_delete=models.CASCADE, related_name="chaos")
+    enabled = models.BooleanField(default=False)
+    error_rate = models.FloatField(default=0.0, validators=[MinValueValidator(0.0), MaxValueValidator(1.0)])
+    status_codes = models.JSONField(default=list, blank=True, help_text="e.g. [503, 429]; empty = [503]")
+    latency_ms = models.PositiveIntegerField(default=0)
+    malformed_rate = models.FloatField(
+        default=0.0, validators=[MinValueValidator(0.0), MaxValueValidator(1.0)]
+    )
+    updated_at = models.DateTimeField(default=timezone.now)
+    updated_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    def __str__(self) -> str:
+        return f"chaos for {self.deployment_id} ({'on' if self.enabled else 'off'})"
+
+
+class EvalSet(models.Model):
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="eval_sets")
+    name = models.CharField(max_length=100)
+    description = models.TextField(blank=True)
+    schedule_enabled = models.BooleanField(
+        default=False, help_text="run by beat on every deployment of the route"
+    )
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["workflow", "name"]
+        constraints = [models.UniqueConstraint(fields=["workflow", "name"], name="uniq_evalset_name")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class EvalCase(models.Model):
+    class Scorer(models.TextChoices):
+        EXACT = "exact", "Exact match"
+        CONTAINS = "contains", "Contains"
+        REGEX = "regex", "Regular expression"
+        JSON_SCHEMA = "json_schema", "Valid against a JSON schema"
+        NUMERIC = "numeric", "Numeric within tolerance"
+        JUDGE = "judge", "Judged by another deployment"
+
+    eval_set = models.ForeignKey(EvalSet, on_delete=models.CASCADE, related_name="cases")
+    position = models.PositiveIntegerField(default=0)
+    prompt = models.TextField()
+    expected = models.TextField(blank=True)
+    scorer = models.CharField(max_length=16, choices=Scorer.choices, default=Scorer.EXACT)
+    scorer_config = models.JSONField(default=dict, blank=True)
+    judge_deployment = models.ForeignKey(
+        Deployment, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["eval_set", "position", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.eval_set_id}#{self.position} ({self.scorer})"
+
+
+class EvalRun(models.Model):
+    class State(models.TextChoices):
+        PENDING = "pending", "Pending"
+        RUNNING = "running", "Running"
+        SUCCEEDED = "succeeded", "Succeeded"
+        FAILED = "failed", "Failed"
+
+    class Trigger(models.TextChoices):
+        SCHEDULE = "schedule", "Scheduled"
+        MANUAL = "manual", "On demand"
+
+    eval_set = models.ForeignKey(EvalSet, on_delete=models.CASCADE, related_name="runs")
+    deployment = models.ForeignKey(Deployment, on_delete=models.PROTECT, related_name="eval_runs")
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    trigger = models.CharField(max_length=16, choices=Trigger.choices, default=Trigger.MANUAL)
+    cases_total = models.PositiveIntegerField(default=0)
+    cases_done = models.PositiveIntegerField(default=0)
+    mean_score = models.FloatField(null=True, blank=True)
+    cost = models.DecimalField(max_digits=20, decimal_places=9, default=Decimal("0"))
+    error = models.TextField(blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"eval run {self.pk} ({self.state})"
+
+
+class QualityRecord(models.Model):
+    """One quality score in [0, 1] for a deployment; written only by services.quality_record_create."""
+
+    class Source(models.TextChoices):
+        EVAL = "eval", "Eval set"
+        FEEDBACK = "feedback", "Application feedback"
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.PROTECT, related_name="quality_records")
+    workflow = models.ForeignKey(
+        Workflow, null=True, blank=True, on_delete=models.PROTECT, related_name="quality_records"
+    )
+    source = models.CharField(max_length=16, choices=Source.choices)
+    score = models.DecimalField(
+        max_digits=5,
+        decimal_places=4,
+        validators=[MinValueValidator(Decimal("0")), MaxValueValidator(Decimal("1"))],
+    )
+    eval_run = models.ForeignKey(
+        EvalRun, null=True, blank=True, on_delete=models.CASCADE, related_name="quality_records"
+    )
+    eval_case = models.ForeignKey(
+        EvalCase, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    inference_request = models.ForeignKey(
+        InferenceRequest, null=True, blank=True, on_delete=models.SET_NULL, related_name="quality_records"
+    )
+    comment = models.CharField(max_length=500, blank=True)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            # Rolling quality per deployment (and per workflow) for demotion and charts.
+            models.Index(fields=["deployment", "-created_at"], name="quality_deployment_idx"),
+            models.Index(fields=["workflow", "deployment", "-created_at"], name="quality_wf_dep_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.deployment_id}: {self.score} ({self.source})"
+
+
+class BatchJob(models.Model):
+    class State(models.TextChoices):
+        PENDING = "pending", "Pending"
+        RUNNING = "running", "Running"
+        SUCCEEDED = "succeeded", "Succeeded"
+        FAILED = "failed", "Failed"
+        CANCELLED = "cancelled", "Cancelled"
+
+    workflow = models.ForeignKey(Workflow, on_delete=models.PROTECT, related_name="batch_jobs")
+    endpoint = models.CharField(max_length=16, choices=Endpoint.choices, default=Endpoint.CHAT)
+    input_uri = models.CharField(max_length=512)
+    output_uri = models.CharField(max_length=512, blank=True)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    total = models.PositiveIntegerField(default=0)
+    done = models.PositiveIntegerField(default=0)
+    failed = models.PositiveIntegerField(default=0)
+    cost = models.DecimalField(max_digits=20, decimal_places=9, default=Decimal("0"))
+    error = models.TextField(blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="inference_batch_jobs"
+    )
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"batch {self.pk} ({self.state})"
