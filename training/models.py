@@ -1,15 +1,44 @@
-"""Training jobs. (DiLoCo runs arrive with the orchestration issue.)"""
+"""Training: probe jobs and DiLoCo training runs across registered clusters.
+
+TrainingRun (one multi-cluster Decoupled DiLoCo job)
+  config            the validated, normalised config (training.run_config.RunConfig.to_dict())
+  state             pending → placing → running ⇄ recovering → succeeded | failed | cancelled |
+                    budget_exhausted (TRANSITIONS below is the whole graph; every change goes
+                    through TrainingRun.transition(), which writes a TrainingRunTransition row)
+  state_changed_at  when the state last changed; `reason` says why (human-readable)
+  started_at        first time the run reached `running`; finished_at when it reached a final state
+  money_budget      Decimal or null (no limit), in `currency`; spend comes from the ledger
+                    (subject_type "training_run", subject_id str(run.pk)), never stored here
+  registered_model  the stack RegisteredModel made from the final parameters (succeeded runs)
+  initial_eval_loss / final_eval_loss   eval loss of the global parameters at version 0 / at the end
+  syncer_seen_at    last time a syncer tick ran for the run (the supervisor re-kicks a silent syncer)
+  artifact_uri      where the final (or, for budget_exhausted, last checkpoint) parameters are
+
+TrainingLearner (one of the run's M learners; one row per learner index)
+  cluster, generation (bumped on every re-placement: chunk messages of an older generation are
+  no-ops), state placed/running/lost/done/released, tokens and steps trained (all generations),
+  last_report_at (last finished chunk), worker_hostname, tokens_at_last_push (for tokens_lost).
+
+PlacementDecision    why learner i (generation g) went to a cluster: reason initial/pinned/failover,
+                     the unit price and PriceBook that drove it, every candidate considered.
+LearnerChunk         (learner, generation, seq) unique: one Celery task's worth of inner steps
+                     (the idempotency and billing unit; UsageRecord key
+                     "training_run:<run>/learner:<i>/g<gen>/c<seq>").
+GlobalVersionRecord  (run, fragment, version) unique: one published global version, recorded once,
+                     with the eval loss of the global parameters and the run's cost so far.
+"""
 
 from __future__ import annotations
 
+from datetime import datetime
 from decimal import Decimal
 
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
-from django.db import models
+from django.db import models, transaction
 from django.utils import timezone
 
-from stack.models import Cluster
+from stack.models import Cluster, RegisteredModel
 
 
 class ProbeJob(models.Model):
@@ -53,3 +82,256 @@ class ProbeJob(models.Model):
     @property
     def is_finished(self) -> bool:
         return self.status in (self.Status.SUCCEEDED, self.Status.FAILED)
+
+
+class InvalidTransition(ValueError):
+    """A state change the run's graph does not allow."""
+
+
+class TrainingRun(models.Model):
+    class State(models.TextChoices):
+        PENDING = "pending", "Pending"
+        PLACING = "placing", "Placing"
+        RUNNING = "running", "Running"
+        RECOVERING = "recovering", "Recovering"
+        SUCCEEDED = "succeeded", "Succeeded"
+        FAILED = "failed", "Failed"
+        CANCELLED = "cancelled", "Cancelled"
+        BUDGET_EXHAUSTED = "budget_exhausted", "Budget exhausted"
+
+    name = models.CharField(max_length=128)
+    config = models.JSONField(default=dict)
+    state = models.CharField(max_length=20, choices=State.choices, default=State.PENDING)
+    state_changed_at = models.DateTimeField(default=timezone.now)
+    reason = models.CharField(max_length=1000, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    money_budget = models.DecimalField(max_digits=20, decimal_places=9, null=True, blank=True)
+    currency = models.CharField(max_length=3, default="USD")
+    registered_model = models.ForeignKey(
+        RegisteredModel, null=True, blank=True, on_delete=models.SET_NULL, related_name="training_runs"
+    )
+    artifact_uri = models.CharField(max_length=512, blank=True)
+    initial_eval_loss = models.FloatField(null=True, blank=True)
+    final_eval_loss = models.FloatField(null=True, blank=True)
+    syncer_seen_at = models.DateTimeField(null=True, blank=True)
+    # The syncer re-enqueues itself; only the chain holding this token goes on, so a chain the
+    # supervisor restarted never runs beside the old one.
+    syncer_token = models.CharField(max_length=32, blank=True)
+
+    LIVE_STATES = (State.PLACING, State.RUNNING, State.RECOVERING)
+    FINAL_STATES = (State.SUCCEEDED, State.FAILED, State.CANCELLED, State.BUDGET_EXHAUSTED)
+    # The whole state graph: running ⇄ recovering while learners are lost and re-placed.
+    TRANSITIONS: dict[str, frozenset[str]] = {
+        State.PENDING: frozenset({State.PLACING, State.FAILED, State.CANCELLED}),
+        State.PLACING: frozenset({State.RUNNING, State.FAILED, State.CANCELLED}),
+        State.RUNNING: frozenset(
+            {State.RECOVERING, State.SUCCEEDED, State.FAILED, State.CANCELLED, State.BUDGET_EXHAUSTED}
+        ),
+        State.RECOVERING: frozenset(
+            {State.RUNNING, State.SUCCEEDED, State.FAILED, State.CANCELLED, State.BUDGET_EXHAUSTED}
+        ),
+        State.SUCCEEDED: frozenset(),
+        State.FAILED: frozenset(),
+        State.CANCELLED: frozenset(),
+        State.BUDGET_EXHAUSTED: frozenset(),
+    }
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            # The supervisor scans live runs every few seconds; the runs page lists by state.
+            models.Index(fields=["state"], name="trainrun_state_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"run #{self.pk} {self.name} ({self.state})"
+
+    @property
+    def is_live(self) -> bool:
+        return self.state in self.LIVE_STATES
+
+    @property
+    def is_finished(self) -> bool:
+        return self.state in self.FINAL_STATES
+
+    @classmethod
+    def allowed(cls, old: str, new: str) -> bool:
+        return new in cls.TRANSITIONS.get(old, frozenset())
+
+    def transition(self, new: str, *, reason: str = "", now: datetime | None = None) -> TrainingRunTransition:
+        """Move to `new` if the graph allows it from the state in the database.
+
+        The row is locked and re-read so that two processes (a chunk seeing a spent budget and
+        the syncer finishing the run) cannot both win; the loser gets InvalidTransition.
+        """
+        at = now if now is not None else timezone.now()
+        with transaction.atomic():
+            current = TrainingRun.objects.select_for_update().only("state").get(pk=self.pk).state
+            if not self.allowed(current, new):
+                self.state = current
+                raise InvalidTransition(f"run {self.pk}: {current} → {new} is not allowed")
+            fields = {"state": new, "state_changed_at": at, "reason": reason[:1000]}
+            if new == self.State.RUNNING and self.started_at is None:
+                fields["started_at"] = at
+            if new in self.FINAL_STATES:
+                fields["finished_at"] = at
+            TrainingRun.objects.filter(pk=self.pk).update(**fields)
+            for k, v in fields.items():
+                setattr(self, k, v)
+            return TrainingRunTransition.objects.create(
+                run=self, from_state=current, to_state=new, at=at, reason=reason[:1000]
+            )
+
+
+class TrainingRunTransition(models.Model):
+    """One state change of a run (append-only; the run page's timeline)."""
+
+    run = models.ForeignKey(TrainingRun, on_delete=models.CASCADE, related_name="transitions")
+    from_state = models.CharField(max_length=20)
+    to_state = models.CharField(max_length=20)
+    at = models.DateTimeField()
+    reason = models.CharField(max_length=1000, blank=True)
+
+    class Meta:
+        ordering = ["run", "at", "id"]
+
+    def __str__(self) -> str:
+        return f"run #{self.run_id}: {self.from_state} → {self.to_state}"
+
+
+class TrainingLearner(models.Model):
+    class State(models.TextChoices):
+        PLACED = "placed", "Placed"
+        RUNNING = "running", "Running"
+        LOST = "lost", "Lost"
+        DONE = "done", "Done"
+        RELEASED = "released", "Released"
+
+    run = models.ForeignKey(TrainingRun, on_delete=models.CASCADE, related_name="learners")
+    index = models.PositiveIntegerField()
+    cluster = models.ForeignKey(Cluster, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    generation = models.PositiveIntegerField(default=0)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PLACED)
+    state_changed_at = models.DateTimeField(default=timezone.now)
+    tokens = models.BigIntegerField(default=0)
+    steps = models.BigIntegerField(default=0)
+    # Tokens trained up to this learner's last pushed delta: the failover's tokens_lost is
+    # `tokens - tokens_at_last_push` (work that never reached the syncer).
+    tokens_at_last_push = models.BigIntegerField(default=0)
+    last_push_at = models.DateTimeField(null=True, blank=True)
+    last_report_at = models.DateTimeField(null=True, blank=True)
+    worker_hostname = models.CharField(max_length=255, blank=True)
+    last_error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["run", "index"]
+        constraints = [models.UniqueConstraint(fields=["run", "index"], name="uniq_learner_index")]
+        indexes = [
+            # Placement counts learners occupying each cluster across live runs.
+            models.Index(fields=["cluster", "state"], name="learner_cluster_state_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"run #{self.run_id} learner {self.index} g{self.generation}"
+
+
+class PlacementDecision(models.Model):
+    class Reason(models.TextChoices):
+        INITIAL = "initial", "Initial"
+        PINNED = "pinned", "Pinned"
+        FAILOVER = "failover", "Failover"
+
+    run = models.ForeignKey(TrainingRun, on_delete=models.CASCADE, related_name="placements")
+    learner_index = models.PositiveIntegerField()
+    generation = models.PositiveIntegerField()
+    cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="+")
+    reason = models.CharField(max_length=16, choices=Reason.choices)
+    unit_price = models.DecimalField(max_digits=24, decimal_places=9, null=True, blank=True)
+    currency = models.CharField(max_length=3, default="USD")
+    price_book = models.ForeignKey(
+        "billing.PriceBook", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    # Every cluster considered: [{"cluster", "price", "status", "free", "rejected": why or ""}]
+    candidates = models.JSONField(default=list)
+    decided_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["run", "decided_at", "id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run", "learner_index", "generation"], name="uniq_placement_per_generation"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"run #{self.run_id} learner {self.learner_index} g{self.generation} → {self.cluster_id}"
+
+
+class LearnerChunk(models.Model):
+    """One Celery task of a learner: the unit of idempotency and of billing."""
+
+    learner = models.ForeignKey(TrainingLearner, on_delete=models.CASCADE, related_name="chunks")
+    generation = models.PositiveIntegerField()
+    seq = models.PositiveIntegerField()
+    cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="+")
+    worker_hostname = models.CharField(max_length=255, blank=True)
+    started_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    steps = models.PositiveIntegerField(default=0)
+    tokens = models.BigIntegerField(default=0)
+    train_losses = models.JSONField(default=list, blank=True)
+    # Seconds the chunk held its accelerators and how many it held (cluster accelerators per
+    # learner slot); billed quantity = seconds / 3600 × accelerators accelerator-hours.
+    accelerator_seconds = models.DecimalField(max_digits=18, decimal_places=3, default=Decimal("0"))
+    accelerators = models.PositiveIntegerField(default=1)
+    # Progress written at every push, so a killed chunk still says how far it got.
+    progress_at = models.DateTimeField(null=True, blank=True)
+    deltas_pushed = models.PositiveIntegerField(default=0)
+    bytes_sent = models.BigIntegerField(default=0)
+    billed = models.BooleanField(default=False)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["learner", "generation", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["learner", "generation", "seq"], name="uniq_learner_chunk")
+        ]
+
+    def __str__(self) -> str:
+        return f"learner {self.learner_id} g{self.generation} chunk {self.seq}"
+
+    @property
+    def billing_key(self) -> str:
+        learner = self.learner
+        return f"training_run:{learner.run_id}/learner:{learner.index}/g{self.generation}/c{self.seq}"
+
+
+class GlobalVersionRecord(models.Model):
+    """A published global version, recorded exactly once per (run, fragment, version)."""
+
+    run = models.ForeignKey(TrainingRun, on_delete=models.CASCADE, related_name="versions")
+    fragment = models.PositiveIntegerField()
+    version = models.PositiveIntegerField()
+    published_at = models.DateTimeField()
+    eval_loss = models.FloatField(null=True, blank=True)
+    tokens_merged = models.BigIntegerField(default=0)
+    tokens_total = models.BigIntegerField(default=0)
+    learners_merged = models.JSONField(default=list)
+    staleness = models.JSONField(default=list)
+    bytes_in = models.BigIntegerField(default=0)
+    cost_so_far = models.DecimalField(max_digits=24, decimal_places=9, default=Decimal("0"))
+    wall_seconds = models.FloatField(default=0.0)
+
+    class Meta:
+        ordering = ["run", "published_at", "fragment", "version"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "fragment", "version"], name="uniq_global_version")
+        ]
+
+    def __str__(self) -> str:
+        return f"run #{self.run_id} f{self.fragment} v{self.version}"

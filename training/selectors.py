@@ -1,11 +1,175 @@
-"""Reads for training jobs."""
+"""Reads for training: probe jobs, training runs, their learners, versions and cost."""
 
 from __future__ import annotations
 
-from django.db.models import QuerySet
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
 
-from training.models import ProbeJob
+from django.db.models import Count, Q, QuerySet, Sum
+
+from billing.models import Unit
+from billing.selectors import PriceResolver, spend_total
+from stack.models import Cluster, FailoverEvent
+from training.models import (
+    GlobalVersionRecord,
+    LearnerChunk,
+    PlacementDecision,
+    ProbeJob,
+    TrainingLearner,
+    TrainingRun,
+)
+from training.placement import ClusterOption
+
+RUN_SUBJECT_TYPE = "training_run"
 
 
 def probe_jobs_recent(*, limit: int = 20) -> QuerySet[ProbeJob]:
     return ProbeJob.objects.select_related("cluster", "created_by").order_by("-created_at")[:limit]
+
+
+def training_runs_list() -> QuerySet[TrainingRun]:
+    return TrainingRun.objects.select_related("created_by", "registered_model").order_by("-created_at")
+
+
+def training_runs_live() -> QuerySet[TrainingRun]:
+    return TrainingRun.objects.filter(state__in=[TrainingRun.State.RUNNING, TrainingRun.State.RECOVERING])
+
+
+def learner_failover_subject(*, run_id: int, index: int) -> str:
+    return f"training-run:{run_id}/learner:{index}"
+
+
+def learner_open_failover(*, learner: TrainingLearner) -> FailoverEvent | None:
+    return (
+        FailoverEvent.objects.filter(
+            kind=FailoverEvent.Kind.TRAINING,
+            training_run_id=learner.run_id,
+            subject=learner_failover_subject(run_id=learner.run_id, index=learner.index),
+            recovered_at__isnull=True,
+        )
+        .order_by("-detected_at")
+        .first()
+    )
+
+
+def run_failover_events(*, run: TrainingRun) -> QuerySet[FailoverEvent]:
+    return FailoverEvent.objects.filter(
+        kind=FailoverEvent.Kind.TRAINING, training_run_id=run.pk
+    ).select_related("from_cluster", "to_cluster")
+
+
+def run_spend(*, run_id: int) -> Decimal:
+    """Cost so far: the ledger's total for the run (every chunk is billed as it finishes)."""
+    return spend_total(subject_type=RUN_SUBJECT_TYPE, subject_id=str(run_id))
+
+
+def learners_occupying(*, exclude_run_id: int | None = None) -> dict[int, int]:
+    """Learner slots taken per cluster id by live runs (placed or running learners)."""
+    rows = TrainingLearner.objects.filter(
+        state__in=[TrainingLearner.State.PLACED, TrainingLearner.State.RUNNING],
+        run__state__in=TrainingRun.LIVE_STATES,
+        cluster__isnull=False,
+    )
+    if exclude_run_id is not None:
+        rows = rows.exclude(run_id=exclude_run_id)
+    return dict(rows.values_list("cluster_id").annotate(n=Count("id")).values_list("cluster_id", "n"))
+
+
+def cluster_options(*, at: datetime, exclude_run_id: int | None = None) -> list[ClusterOption]:
+    """Every registered cluster as placement sees it: status, price in force, free learner slots."""
+    taken = learners_occupying(exclude_run_id=exclude_run_id)
+    prices = PriceResolver()
+    out = []
+    for cluster in Cluster.objects.select_related("provider").order_by("slug"):
+        price = prices.resolve(
+            unit=Unit.ACCELERATOR_HOUR, at=at, cluster_id=cluster.pk, provider_id=cluster.provider_id
+        )
+        out.append(
+            ClusterOption(
+                cluster_id=cluster.pk,
+                slug=cluster.slug,
+                status=cluster.status,
+                accelerator_type=cluster.accelerator_type,
+                region=cluster.region or cluster.provider.region,
+                free=max(0, cluster.capacity - taken.get(cluster.pk, 0)),
+                price=price.unit_price if price is not None else None,
+                price_book_id=price.pk if price is not None else None,
+                currency=price.currency if price is not None else "USD",
+            )
+        )
+    return out
+
+
+def accelerators_per_learner(cluster: Cluster) -> int:
+    """A learner holds one slot: the cluster's accelerators divided by its learner capacity."""
+    return max(1, cluster.accelerator_count // max(1, cluster.capacity))
+
+
+@dataclass(frozen=True)
+class RunProgress:
+    state: str
+    versions: int  # newest version of the least advanced fragment
+    tokens: int  # tokens trained by all learners
+    tokens_merged: int
+    eval_loss: float | None
+    cost: Decimal
+    currency: str
+
+
+def run_progress(*, run: TrainingRun) -> RunProgress:
+    latest = GlobalVersionRecord.objects.filter(run=run).order_by("-published_at", "-id").first()
+    per_fragment = GlobalVersionRecord.objects.filter(run=run).values("fragment").annotate(v=Count("id"))
+    versions = min((r["v"] - 1 for r in per_fragment), default=0)
+    tokens = TrainingLearner.objects.filter(run=run).aggregate(t=Sum("tokens"))["t"] or 0
+    return RunProgress(
+        state=run.state,
+        versions=versions,
+        tokens=int(tokens),
+        tokens_merged=latest.tokens_total if latest is not None else 0,
+        eval_loss=run.final_eval_loss
+        if run.final_eval_loss is not None
+        else (latest.eval_loss if latest else None),
+        cost=run_spend(run_id=run.pk),
+        currency=run.currency,
+    )
+
+
+def run_versions(*, run: TrainingRun) -> QuerySet[GlobalVersionRecord]:
+    return GlobalVersionRecord.objects.filter(run=run).order_by("published_at", "fragment", "version")
+
+
+def run_placements(*, run: TrainingRun) -> QuerySet[PlacementDecision]:
+    return PlacementDecision.objects.filter(run=run).select_related("cluster").order_by("decided_at", "id")
+
+
+def run_chunks(*, run: TrainingRun) -> QuerySet[LearnerChunk]:
+    return LearnerChunk.objects.filter(learner__run=run).select_related("learner", "cluster")
+
+
+def run_cost_per_cluster(*, run: TrainingRun) -> list[dict[str, object]]:
+    """Ledger spend of the run per cluster: [{cluster, amount, quantity}]."""
+    from billing.selectors import usage_for_subject
+
+    rows = (
+        usage_for_subject(subject_type=RUN_SUBJECT_TYPE, subject_id=str(run.pk))
+        .values("cluster__slug")
+        .annotate(amount=Sum("amount"), quantity=Sum("quantity"))
+        .order_by("cluster__slug")
+    )
+    return [{"cluster": r["cluster__slug"], "amount": r["amount"], "quantity": r["quantity"]} for r in rows]
+
+
+def learner_inflight_chunk(*, learner: TrainingLearner) -> LearnerChunk | None:
+    return (
+        LearnerChunk.objects.filter(learner=learner, generation=learner.generation, finished_at__isnull=True)
+        .order_by("-seq")
+        .first()
+    )
+
+
+def run_has_open_failovers(*, run: TrainingRun) -> bool:
+    return (
+        run_failover_events(run=run).filter(recovered_at__isnull=True).exists()
+        or TrainingLearner.objects.filter(Q(run=run) & Q(state=TrainingLearner.State.LOST)).exists()
+    )

@@ -1,4 +1,5 @@
-"""Celery tasks for training jobs (run on cluster queues)."""
+"""Celery tasks for training: probe jobs and training-run learner chunks (cluster queues),
+placement, the syncer and the supervisor (control queue). Thin: they call services."""
 
 from __future__ import annotations
 
@@ -12,3 +13,29 @@ from training import services
 @shared_task(bind=True, name="training.probe_job_run", ignore_result=True)
 def probe_job_run(self: Any, job_id: int) -> None:
     services.probe_job_execute(job_id=job_id, worker_hostname=self.request.hostname)
+
+
+@shared_task(name="training.run_place", ignore_result=True)
+def training_run_place_task(run_id: int) -> None:
+    services.training_run_place(run_id=run_id)
+
+
+@shared_task(bind=True, name="training.learner_chunk", ignore_result=True)
+def learner_chunk_task(self: Any, learner_id: int, generation: int, seq: int) -> None:
+    from training.orchestrator import learner_chunk_execute
+
+    learner_chunk_execute(
+        learner_id=learner_id, generation=generation, seq=seq, worker_hostname=self.request.hostname
+    )
+
+
+@shared_task(name="training.syncer_tick", ignore_result=True)
+def syncer_tick_task(run_id: int, token: str) -> None:
+    from training.orchestrator import syncer_tick_execute
+
+    syncer_tick_execute(run_id=run_id, token=token)
+
+
+@shared_task(name="training.runs_supervise", ignore_result=True)
+def training_runs_supervise_task() -> None:
+    services.training_runs_supervise()

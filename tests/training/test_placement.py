@@ -1,0 +1,133 @@
+"""Placement: cheapest first, spread over two clusters, pins, capacity, health, no candidate."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from training.placement import ClusterOption, Constraints, place
+
+
+def _opt(
+    cid: int,
+    price: str | None,
+    *,
+    free: int = 2,
+    status: str = "healthy",
+    acc: str = "A10G",
+    region: str = "r1",
+) -> ClusterOption:
+    return ClusterOption(
+        cluster_id=cid,
+        slug=f"c{cid}",
+        status=status,
+        accelerator_type=acc,
+        region=region,
+        free=free,
+        price=Decimal(price) if price is not None else None,
+        price_book_id=cid * 10 if price is not None else None,
+    )
+
+
+def _where(result: object) -> dict[int, str]:
+    return {a.learner_index: a.option.slug for a in result.assignments}  # type: ignore[attr-defined]
+
+
+def test_learners_go_cheapest_first_but_spread_over_two_clusters() -> None:
+    result = place(
+        learners=[0, 1, 2],
+        options=[_opt(1, "3.0", free=4), _opt(2, "1.0", free=4)],
+        constraints=Constraints(),
+    )
+    assert _where(result) == {0: "c2", 1: "c2", 2: "c1"}
+    assert result.complete
+
+
+def test_a_single_learner_takes_the_cheapest_cluster() -> None:
+    result = place(learners=[0], options=[_opt(1, "3.0"), _opt(2, "1.0")], constraints=Constraints())
+    assert _where(result) == {0: "c2"}
+
+
+def test_one_fitting_cluster_takes_every_learner_it_has_room_for() -> None:
+    result = place(
+        learners=[0, 1], options=[_opt(1, "1.0"), _opt(2, "0.5", status="down")], constraints=Constraints()
+    )
+    assert _where(result) == {0: "c1", 1: "c1"}
+
+
+def test_capacity_limits_each_cluster() -> None:
+    result = place(
+        learners=[0, 1, 2],
+        options=[_opt(1, "1.0", free=1), _opt(2, "2.0", free=1)],
+        constraints=Constraints(),
+    )
+    assert _where(result) == {0: "c1", 1: "c2"}
+    assert result.unplaced == [2]
+    assert "no cluster can take learner(s) 2" in result.problems[0]
+
+
+def test_unhealthy_draining_unpriced_and_mismatched_clusters_are_rejected_with_reasons() -> None:
+    options = [
+        _opt(1, "0.1", status="down"),
+        _opt(2, "0.2", status="draining"),
+        _opt(3, None),
+        _opt(4, "0.3", acc="H100"),
+        _opt(5, "0.4", region="r9"),
+        _opt(6, "0.5", free=0),
+        _opt(7, "9.0"),
+    ]
+    result = place(
+        learners=[0], options=options, constraints=Constraints(accelerator_type="a10g", regions=("r1",))
+    )
+    assert _where(result) == {0: "c7"}
+    why = {c["cluster"]: c["rejected"] for c in result.candidates}
+    assert why == {
+        "c1": "status down",
+        "c2": "status draining",
+        "c3": "no accelerator-hour price in force",
+        "c4": "accelerator H100, not a10g",
+        "c5": "region r9 not in r1",
+        "c6": "no free capacity",
+        "c7": "",
+    }
+
+
+def test_no_candidate_names_every_rejected_cluster() -> None:
+    result = place(
+        learners=[0, 1], options=[_opt(1, "1.0", status="down"), _opt(2, None)], constraints=Constraints()
+    )
+    assert not result.assignments
+    assert result.unplaced == [0, 1]
+    assert result.problems == [
+        "no cluster can take learner(s) 0, 1 (c1: status down; c2: no accelerator-hour price in force)"
+    ]
+
+
+def test_pins_override_price() -> None:
+    result = place(
+        learners=[0, 1],
+        options=[_opt(1, "1.0"), _opt(2, "5.0")],
+        constraints=Constraints(pins={0: "c2", 1: "c2"}),
+    )
+    assert _where(result) == {0: "c2", 1: "c2"}
+    assert all(a.pinned for a in result.assignments)
+
+
+def test_a_pin_to_an_unhealthy_cluster_leaves_that_learner_unplaced() -> None:
+    result = place(
+        learners=[0, 1],
+        options=[_opt(1, "1.0"), _opt(2, "5.0", status="down")],
+        constraints=Constraints(pins={1: "c2"}),
+    )
+    assert _where(result) == {0: "c1"}
+    assert result.problems == ["learner 1 is pinned to c2: status down"]
+
+
+def test_a_failover_avoids_the_cluster_it_was_lost_on_when_another_fits() -> None:
+    options = [_opt(1, "1.0"), _opt(2, "2.0")]
+    assert _where(place(learners=[0], options=options, constraints=Constraints(), avoid=frozenset({1}))) == {
+        0: "c2"
+    }
+    only = [_opt(1, "1.0")]
+    assert _where(place(learners=[0], options=only, constraints=Constraints(), avoid=frozenset({1}))) == {
+        0: "c1"
+    }

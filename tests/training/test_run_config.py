@@ -1,0 +1,88 @@
+"""Run configs: every problem comes back as a field message; valid configs are normalised."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.factories import make_cluster
+from training.run_config import RunConfig, RunConfigError, demo_config, run_config_validate
+
+
+def _errors(raw: Any) -> dict[str, list[str]]:
+    with pytest.raises(RunConfigError) as info:
+        run_config_validate(raw)
+    return info.value.errors
+
+
+def test_a_minimal_config_gets_every_default_and_a_schedule_length() -> None:
+    cfg = run_config_validate({"stop": {"outer_steps": 10}})
+    assert cfg["learners"] == {"count": 2, "quorum": 2, "batch_size": 16}
+    assert cfg["inner"]["total_steps"] == 10 * cfg["h"]
+    assert cfg["object_store_url"].startswith(("file://", "s3://"))
+    rc = RunConfig(cfg)
+    assert rc.syncer_config().quorum == 2
+    assert rc.model_config().n_layer == cfg["model"]["n_layer"]
+    assert rc.data_config().source == "stdlib"
+
+
+def test_quorum_outside_one_to_m_is_a_field_error() -> None:
+    errors = _errors({"learners": {"count": 2, "quorum": 3}, "stop": {"outer_steps": 5}})
+    assert errors == {"learners.quorum": ["must be between 1 and learners.count (2)"]}
+
+
+def test_unknown_keys_and_bad_values_are_all_reported_at_once() -> None:
+    errors = _errors(
+        {
+            "learnerz": 3,
+            "model": {"n_embd": 30, "n_head": 4, "depth": 2},
+            "compression": {"kind": "2bit"},
+            "stop": {"outer_steps": 5, "token_budget": 1000},
+            "money_budget": 12.5,
+            "dataset": "ftp://nowhere",
+        }
+    )
+    assert errors["learnerz"] == ["unknown field"]
+    assert errors["model.depth"] == ["unknown field"]
+    assert "must be one of" in errors["compression.kind"][0]
+    assert errors["stop"] == ["give exactly one of outer_steps or token_budget"]
+    assert "decimal string" in errors["money_budget"][0]
+    assert errors["dataset"] == ["must start with stdlib://, file:// or s3://"]
+
+
+def test_the_stop_condition_is_required() -> None:
+    assert "stop" in _errors({})
+
+
+def test_money_budget_is_kept_as_an_exact_decimal_string() -> None:
+    cfg = run_config_validate({"stop": {"token_budget": 100000}, "money_budget": "12.50"})
+    assert cfg["money_budget"] == "12.50"
+    assert str(RunConfig(cfg).money_budget) == "12.50"
+    assert _errors({"stop": {"token_budget": 10}, "money_budget": "-1"}) == {
+        "money_budget": ["must be more than 0"]
+    }
+
+
+def test_chunks_must_be_much_shorter_than_the_learner_timeout() -> None:
+    errors = _errors({"stop": {"outer_steps": 1}, "chunk_seconds": 30, "learner_timeout": 40})
+    assert errors == {"learner_timeout": ["must be more than twice chunk_seconds"]}
+
+
+def test_fragments_cannot_outnumber_blocks() -> None:
+    errors = _errors({"stop": {"outer_steps": 1}, "model": {"n_layer": 1}, "fragments": {"count": 2}})
+    assert errors == {"fragments.count": ["must be at most model.n_layer (1)"]}
+
+
+@pytest.mark.django_db
+def test_pins_name_existing_clusters_and_learners() -> None:
+    cluster = make_cluster()
+    cfg = run_config_validate({"stop": {"outer_steps": 1}, "placement": {"pins": {1: cluster.slug}}})
+    assert cfg["placement"]["pins"] == {"1": cluster.slug}
+    errors = _errors({"stop": {"outer_steps": 1}, "placement": {"pins": {"5": cluster.slug, "0": "nope"}}})
+    assert errors["placement.pins"] == ["learner 5 does not exist (0..1)", "learner 0: no cluster 'nope'"]
+
+
+def test_the_demo_config_is_valid() -> None:
+    cfg = run_config_validate(demo_config())
+    assert cfg["learners"]["count"] == 2

@@ -1,0 +1,404 @@
+"""The torch side of a training run: engine objects, per-process caches, the chunk and syncer loops.
+
+The engine (training/engine) is used as is; this module builds its objects from a run's config
+and keeps them between Celery tasks of the same worker process:
+
+* a learner's `Learner` (model + AdamW state) lives in `_LEARNERS`, keyed (run, learner index,
+  generation), so consecutive chunks on the same worker continue where the last one stopped;
+  a cache miss (a new worker, a restart, a re-placement) rejoins from the newest global
+  versions in the object store with a fresh optimizer, as Decoupled DiLoCo's failed learners do
+  (arXiv 2604.21428);
+* a run's `Syncer` lives in `_SYNCERS` on the control worker, so grace windows survive between
+  ticks; it is rebuilt with `Syncer.resume` whenever the store holds a version it has not seen.
+
+Every database write goes through training.services; tensors go only through the object store.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.utils import timezone
+
+from training.run_config import RunConfig
+
+if TYPE_CHECKING:
+    import torch
+
+    from training.engine.data import Corpus
+    from training.engine.learner import Adopt, Learner
+    from training.engine.syncer import Syncer
+    from training.engine.transport import ObjectStoreTransport
+    from training.models import TrainingRun
+
+logger = logging.getLogger(__name__)
+
+# How often a chunk looks at the database (run state) and the store (newer versions) while it
+# trains: often enough that a cancel stops billing within about this long, rarely enough that
+# an S3 listing per check costs nothing next to the inner steps.
+CHECK_SECONDS = 1.0
+# Delta ids are l<learner>-f<fragment>-s<seq>; a chunk numbers its pushes from
+# (generation * CHUNK_SPACE + chunk seq) * PUSH_SPACE, so no two pushes of a learner, in any
+# generation or process, share an id (the syncer would skip the second as already consumed).
+CHUNK_SPACE = 100_000
+PUSH_SPACE = 10_000
+
+
+def _torch_threads() -> None:
+    import torch
+
+    # One intra-op thread per worker process: the cluster workers, the control worker and the
+    # web process share this machine's cores, and oversubscribed BLAS threads slow all of them.
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+
+
+def run_transport(run: TrainingRun) -> ObjectStoreTransport:
+    from training.engine.objectstore import open_store
+    from training.engine.transport import ObjectStoreTransport
+
+    rc = RunConfig(run.config)
+    store = open_store(rc.object_store_url, endpoint_url=settings.OBJECT_STORE_ENDPOINT_URL)
+    return ObjectStoreTransport(store, prefix=f"runs/{run.pk}")
+
+
+@dataclass
+class RunEngine:
+    """What every process of a run derives from its config: fragments, data, eval batches."""
+
+    run_id: int
+    rc: RunConfig
+    fragments: list[list[str]]
+    init: dict[str, torch.Tensor]
+    corpus: Corpus
+    eval_batches: list[tuple[torch.Tensor, torch.Tensor]]
+    parameter_count: int
+    eval_model: Any = None
+
+    def evaluate(self, params: dict[str, torch.Tensor]) -> float:
+        from training.engine.data import evaluate
+        from training.engine.model import GPT
+
+        if self.eval_model is None:
+            self.eval_model = GPT(self.rc.model_config())
+        self.eval_model.load_state_dict(params)
+        return evaluate(self.eval_model, self.eval_batches)
+
+
+_ENGINES: dict[int, RunEngine] = {}
+
+
+def run_engine(run: TrainingRun) -> RunEngine:
+    cached = _ENGINES.get(run.pk)
+    if cached is not None:
+        return cached
+    _torch_threads()
+    from training.engine.data import eval_batches, load_corpus
+    from training.engine.fragments import assign_fragments
+    from training.engine.model import build_model, param_count
+    from training.engine.objectstore import open_store
+
+    rc = RunConfig(run.config)
+    model = build_model(rc.model_config(), seed=rc.seed)
+    params = dict(model.named_parameters())
+    fragments = assign_fragments(
+        params, fragments=rc.fragment_count, assignment=rc.streaming_config().assignment
+    )
+    data_cfg = rc.data_config()
+    store = None
+    if data_cfg.source == "objects":
+        uri = str(rc.raw["dataset"])
+        bucket, _, prefix = uri[len("s3://") :].partition("/")
+        store = open_store(f"s3://{bucket}", endpoint_url=settings.OBJECT_STORE_ENDPOINT_URL)
+        data_cfg = type(data_cfg)(**{**data_cfg.__dict__, "paths": tuple(sorted(store.list(prefix)))})
+    corpus = load_corpus(data_cfg, store=store)
+    batches = eval_batches(
+        corpus.eval, block_size=rc.model_config().block_size, windows=int(rc.raw["eval_windows"])
+    )
+    engine = RunEngine(
+        run_id=run.pk,
+        rc=rc,
+        fragments=fragments,
+        init={n: p.detach().clone() for n, p in params.items()},
+        corpus=corpus,
+        eval_batches=batches,
+        parameter_count=param_count(model),
+    )
+    # Keep a few runs at most: a long-lived worker serves many runs over its life.
+    while len(_ENGINES) >= 4:
+        _ENGINES.pop(next(iter(_ENGINES)))
+    _ENGINES[run.pk] = engine
+    return engine
+
+
+def newest_global(
+    transport: ObjectStoreTransport, fragments: list[list[str]]
+) -> tuple[dict[str, torch.Tensor], list[int], list[dict[str, Any]]]:
+    """The global parameters assembled from each fragment's newest version."""
+    from training.engine.transport import latest_version
+
+    params: dict[str, torch.Tensor] = {}
+    versions: list[int] = []
+    metas: list[dict[str, Any]] = []
+    for f in range(len(fragments)):
+        v = latest_version(transport, f)
+        if v is None:
+            raise LookupError(f"fragment {f} has no published version")
+        params.update(v.params)
+        versions.append(v.version)
+        metas.append(v.meta)
+    return params, versions, metas
+
+
+def run_initialise(run: TrainingRun) -> float:
+    """Publish version 0 of every fragment (write-once) and return the initial eval loss."""
+    from training.engine.syncer import Syncer
+
+    engine = run_engine(run)
+    transport = run_transport(run)
+    Syncer(
+        cfg=engine.rc.syncer_config(),
+        outer=engine.rc.outer_config(),
+        fragments=engine.fragments,
+        init=engine.init,
+        transport=transport,
+    )
+    params, _, _ = newest_global(transport, engine.fragments)
+    return engine.evaluate(params)
+
+
+def write_artifact(run: TrainingRun, *, kind: str) -> tuple[str, float, int, list[int]]:
+    """The newest global parameters as a model artifact: (uri, eval loss, parameter count, versions)."""
+    from training.artifacts import model_artifact_write
+
+    engine = run_engine(run)
+    transport = run_transport(run)
+    params, versions, _ = newest_global(transport, engine.fragments)
+    loss = engine.evaluate(params)
+    key = f"runs/{run.pk}/artifacts/{kind}-v{'-'.join(map(str, versions))}.syd"
+    uri = model_artifact_write(
+        store_url=engine.rc.object_store_url,
+        key=key,
+        model_cfg=engine.rc.model_config(),
+        params=params,
+        meta={"run_id": run.pk, "kind": kind, "versions": versions, "eval_loss": loss},
+        endpoint_url=settings.OBJECT_STORE_ENDPOINT_URL,
+    )
+    return uri, loss, engine.parameter_count, versions
+
+
+# --- Learner chunks -------------------------------------------------------------------------
+
+
+@dataclass
+class LearnerSlot:
+    learner: Learner
+    versions: list[int]
+
+
+_LEARNERS: dict[tuple[int, int, int], LearnerSlot] = {}
+
+
+def _learner_for(run: TrainingRun, index: int, generation: int, steps_done: int) -> tuple[LearnerSlot, bool]:
+    """The cached learner, or a new one rejoined from the newest global versions (True)."""
+    key = (run.pk, index, generation)
+    slot = _LEARNERS.get(key)
+    if slot is not None:
+        return slot, False
+    from training.engine.data import BatchSampler, shard
+    from training.engine.learner import Learner
+
+    engine = run_engine(run)
+    rc = engine.rc
+    transport = run_transport(run)
+    params, versions, _ = newest_global(transport, engine.fragments)
+    data = shard(engine.corpus.train, index=index, count=rc.learners, sharding=rc.data_config().sharding)
+    # A fresh data stream per generation: a re-placed learner should not replay the batches
+    # its previous incarnation already trained on.
+    sampler = BatchSampler(
+        data,
+        block_size=rc.model_config().block_size,
+        batch_size=rc.batch_size,
+        seed=rc.raw["data"]["seed"] * 1_000_003 + index * 1009 + generation * 7919 + 1,
+    )
+    learner = Learner(
+        learner_id=index,
+        model_cfg=rc.model_config(),
+        inner=rc.inner_config(),
+        fragments=engine.fragments,
+        sampler=sampler,
+        init=params,
+        versions=versions,
+        compression=rc.compression_config(),
+    )
+    # Continue the learner's lr schedule where its previous incarnation stopped.
+    learner.step_count = steps_done
+    for stale in [k for k in _LEARNERS if k[0] == run.pk and k[1] == index]:
+        del _LEARNERS[stale]
+    slot = LearnerSlot(learner=learner, versions=list(versions))
+    _LEARNERS[key] = slot
+    return slot, True
+
+
+def forget_run(run_id: int) -> None:
+    for key in [k for k in _LEARNERS if k[0] == run_id]:
+        del _LEARNERS[key]
+    _SYNCERS.pop(run_id, None)
+    _ENGINES.pop(run_id, None)
+
+
+@dataclass
+class ChunkOutcome:
+    steps: int = 0
+    tokens: int = 0
+    losses: list[float] = field(default_factory=list)
+    deltas_pushed: int = 0
+    bytes_sent: int = 0
+    rejoined: bool = False
+    stopped_by: str = ""  # "" (time up) or the run/learner state that stopped it
+    stopped_at: float | None = None  # wall time the stop was seen
+
+
+def learner_chunk_execute(
+    *, learner_id: int, generation: int, seq: int, worker_hostname: str | None = None
+) -> None:
+    """Run one chunk of a learner (the `training.learner_chunk` task); see services for claims."""
+    from training import services
+    from training.engine.fragments import due, offsets
+    from training.engine.transport import latest_version
+
+    hostname = worker_hostname or socket.gethostname()
+    claim = services.learner_chunk_claim(
+        learner_id=learner_id, generation=generation, seq=seq, worker_hostname=hostname
+    )
+    if claim is None:
+        return
+    run, learner_row, chunk = claim.run, claim.learner, claim.chunk
+    started = time.monotonic()
+    started_at = timezone.now()
+    outcome = ChunkOutcome()
+    try:
+        _torch_threads()
+        slot, outcome.rejoined = _learner_for(run, learner_row.index, generation, learner_row.steps)
+        engine = run_engine(run)
+        rc = engine.rc
+        transport = run_transport(run)
+        learner = slot.learner
+        learner.seq = (generation * CHUNK_SPACE + seq) * PUSH_SPACE
+        h = rc.h
+        frag_offsets = offsets(rc.fragment_count, h)
+        alpha = float(rc.raw["fragments"]["alpha"])
+        how: Adopt = "mix" if alpha > 0 else "rebase"
+        next_check = started + CHECK_SECONDS
+        tokens_before = learner_row.tokens
+        while True:
+            outcome.losses.append(learner.train_step())
+            outcome.steps += 1
+            outcome.tokens += learner.tokens_per_step
+            pushed = False
+            for f in due(learner.step_count, h=h, fragment_offsets=frag_offsets):
+                delta = learner.make_delta(f, now=time.time())
+                transport.put_delta(delta)
+                outcome.deltas_pushed += 1
+                outcome.bytes_sent += delta.nbytes
+                pushed = True
+            now = time.monotonic()
+            if pushed:
+                services.learner_chunk_progress(
+                    chunk_id=chunk.pk,
+                    learner_id=learner_id,
+                    steps=outcome.steps,
+                    tokens=outcome.tokens,
+                    deltas_pushed=outcome.deltas_pushed,
+                    bytes_sent=outcome.bytes_sent,
+                    tokens_at_push=tokens_before + outcome.tokens,
+                )
+            if pushed or now >= next_check:
+                # Adopt newer global versions (rebase keeps the steps since the push).
+                for f in range(len(engine.fragments)):
+                    found = transport.versions(f)
+                    if found and max(found) > learner.base_version[f]:
+                        newer = latest_version(transport, f)
+                        if newer is not None:
+                            learner.adopt(f, newer.params, newer.version, how=how, alpha=alpha)
+            if now >= next_check:
+                next_check = now + CHECK_SECONDS
+                stop = services.learner_chunk_should_stop(learner_id=learner_id, generation=generation)
+                if stop:
+                    outcome.stopped_by = stop
+                    outcome.stopped_at = time.time()
+                    break
+            if now - started >= rc.chunk_seconds:
+                break
+    except Exception as exc:
+        logger.exception("learner %s g%s chunk %s failed", learner_id, generation, seq)
+        _LEARNERS.pop((run.pk, learner_row.index, generation), None)
+        services.learner_chunk_finish(
+            chunk_id=chunk.pk,
+            outcome=outcome,
+            wall_seconds=time.monotonic() - started,
+            started_at=started_at,
+            finished_at=timezone.now(),
+            error=f"{type(exc).__name__}: {exc}",
+        )
+        return
+    services.learner_chunk_finish(
+        chunk_id=chunk.pk,
+        outcome=outcome,
+        wall_seconds=time.monotonic() - started,
+        started_at=started_at,
+        finished_at=timezone.now(),
+    )
+
+
+# --- Syncer ---------------------------------------------------------------------------------
+
+
+_SYNCERS: dict[int, Syncer] = {}
+
+
+def _syncer_for(run: TrainingRun, engine: RunEngine, transport: ObjectStoreTransport) -> Syncer:
+    """The cached syncer if it is at the store's newest versions, else one resumed from the store."""
+    from training.engine.syncer import Syncer
+
+    cached = _SYNCERS.get(run.pk)
+    if cached is not None:
+        newest = [max(transport.versions(f) or [0]) for f in range(len(engine.fragments))]
+        if newest == cached.version:
+            return cached
+    syncer = Syncer.resume(
+        cfg=engine.rc.syncer_config(),
+        outer=engine.rc.outer_config(),
+        fragments=engine.fragments,
+        transport=transport,
+        init=engine.init,
+    )
+    _SYNCERS[run.pk] = syncer
+    return syncer
+
+
+def syncer_tick_execute(*, run_id: int, token: str) -> None:
+    """One syncer tick (the `training.syncer_tick` task): merge, publish, record, maybe finish."""
+    from training import services
+
+    run = services.syncer_tick_claim(run_id=run_id, token=token)
+    if run is None:
+        return
+    engine = run_engine(run)
+    transport = run_transport(run)
+    syncer = _syncer_for(run, engine, transport)
+    now = time.time()
+    syncer.pull(now)
+    published = syncer.poll(now)
+    if published:
+        logger.info("run %s: published %s", run_id, [(v.fragment, v.version) for v in published])
+    # Record every stored version the database does not know yet: this tick's and any that an
+    # earlier syncer published before it was killed (publishing and recording are not atomic).
+    services.global_versions_record_missing(run=run, engine=engine, transport=transport)
+    services.training_run_check_stop(run=run)
+    services.syncer_tick_continue(run_id=run_id, token=token)
