@@ -1,7 +1,13 @@
-"""The OpenAI-compatible gateway, mounted at /v1/."""
+"""The OpenAI-compatible gateway, mounted at /v1/ (inference.gateway)."""
 
 from __future__ import annotations
 
-from django.urls import URLPattern, URLResolver
+from django.urls import URLPattern, URLResolver, path
 
-urlpatterns: list[URLPattern | URLResolver] = []
+from inference import gateway
+
+urlpatterns: list[URLPattern | URLResolver] = [
+    path("chat/completions", gateway.chat_completions, name="gateway-chat"),
+    path("completions", gateway.completions, name="gateway-completions"),
+    path("models", gateway.models, name="gateway-models"),
+]

@@ -4,24 +4,58 @@ Public entry points (used by the gateway, the eval runner and batch jobs):
 
     route(*, workflow, request, endpoint=Endpoint.CHAT, client_request_id=None, deadline_s=None)
         -> RouteResult
-    route_stream(...) -> RouteStream   (iterate for StreamChunk; .result once exhausted)
+    route_stream(*, workflow, request, endpoint=Endpoint.CHAT, deadline_s=None) -> RouteStream
+        (iterate it for StreamChunk; .result once exhausted or closed)
 
 Both record one InferenceRequest with every attempt, a UsageRecord per billed attempt and a
-FailoverEvent per failed attempt that led to another. A request that fails on every
-deployment comes back as a RouteResult with ok=False (recorded as failed); BudgetExhausted is
-raised (after recording) when the workflow's hard budget is spent; NoRoute when the workflow
-has no policy. With a client_request_id seen before, the stored result is returned and nothing
-is called or billed again.
+FailoverEvent per failed call that led to another (inference.services.inference_request_record).
+A request that fails on every deployment comes back with ok=False (recorded as failed);
+BudgetExhausted is raised (after recording) when a hard budget of the spend is exhausted;
+NoRoute when the workflow has no usable policy. With a client_request_id seen before, the stored
+result is returned and nothing is called or billed again.
+
+How a request moves along the route:
+- the strategy orders the deployments (`order_candidates`, pure and testable without HTTP);
+  a deployment whose rolling quality is below the policy's floor is skipped;
+- a deployment whose circuit is open is skipped; after its cooldown one request probes it;
+- before each call the budget is asked (billing.budgets.budget_admission); a refusal stops the
+  request (fail closed);
+- a retryable error (connect error, timeout, 429, 5xx, malformed answer) moves on to the next
+  deployment at once; when every deployment failed, the whole route is retried after a jittered
+  exponential backoff while the deadline allows (at most INFERENCE_MAX_ROUNDS rounds);
+- a non-retryable error caused by the request itself (400, 413, 422) stops at once; other 4xx
+  (bad key, unknown model: the deployment's fault) move on without a retry of that deployment.
 """
 
 from __future__ import annotations
 
+import random
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from inference.adapters.base import Completion, InferenceInput
-from inference.models import Endpoint
-from stack.models import Workflow
+from django.conf import settings
+
+from billing.budgets import BudgetExhausted, budget_admission
+from inference.adapters.base import (
+    ChatRequest,
+    Completion,
+    CompletionRequest,
+    InferenceInput,
+    ProviderError,
+    StreamChunk,
+)
+from inference.adapters.registry import adapter_for
+from inference.breaker import breaker_settings, breakers, monotonic_now
+from inference.models import Endpoint, InferenceAttempt, InferenceRequest
+from inference.selectors import PlanEntry, RoutePlan, rolling_p50, rolling_quality, route_plan
+from stack.models import RoutingPolicyVersion, Workflow
+
+Outcome = InferenceAttempt.Outcome
+CLIENT_ERRORS = frozenset({400, 413, 422})
+_rng = random.Random()  # noqa: S311 (load spreading and jitter, not security)
 
 
 class NoRoute(LookupError):
@@ -31,8 +65,7 @@ class NoRoute(LookupError):
 @dataclass
 class AttemptInfo:
     position: int
-    deployment_id: int
-    deployment_slug: str
+    entry: PlanEntry
     outcome: str
     status_code: int | None
     latency_ms: float
@@ -40,6 +73,19 @@ class AttemptInfo:
     tokens_out: int = 0
     cost: Decimal = Decimal("0")
     error: str = ""
+    started_at: float = 0.0  # perf_counter at the start, for time lost between attempts
+
+    @property
+    def deployment_id(self) -> int:
+        return self.entry.deployment.pk
+
+    @property
+    def deployment_slug(self) -> str:
+        return self.entry.deployment.slug
+
+    @property
+    def called(self) -> bool:
+        return self.outcome in (Outcome.OK, Outcome.RETRYABLE, Outcome.NON_RETRYABLE)
 
 
 @dataclass
@@ -52,10 +98,371 @@ class RouteResult:
     cost: Decimal
     currency: str = "USD"
     latency_ms: float = 0.0
+    ttft_ms: float | None = None
     error: str = ""
     status_code: int | None = None  # of the last failed attempt, when ok is False
     attempts: list[AttemptInfo] = field(default_factory=list)
     replayed: bool = False  # answered from an earlier request with the same client_request_id
+    policy_version: int | None = None
+    demoted: list[tuple[PlanEntry, float]] = field(default_factory=list)
+
+
+# --- Ordering (pure) ------------------------------------------------------------------------------
+
+
+def order_candidates(
+    plan: RoutePlan,
+    *,
+    quality: dict[int, float | None],
+    p50s: dict[int, float | None],
+    rng: random.Random = _rng,
+) -> tuple[list[PlanEntry], list[tuple[PlanEntry, float]]]:
+    """(the deployments to try, in order; the ones demoted for quality with their score).
+
+    priority: policy order. cheapest: lowest blended token price first (unpriced last).
+    fastest: lowest rolling p50 first (never measured first, so they get measured).
+    weighted: a weighted draw without replacement, so the weights split the first choice and
+    the rest stay as fallbacks.
+    """
+    floor = plan.quality_floor
+    keep: list[PlanEntry] = []
+    demoted: list[tuple[PlanEntry, float]] = []
+    for e in plan.entries:
+        score = quality.get(e.deployment.pk)
+        if floor is not None and score is not None and score < floor:
+            demoted.append((e, score))
+        else:
+            keep.append(e)
+    strategy = plan.strategy
+    if strategy == RoutingPolicyVersion.Strategy.CHEAPEST:
+        keep.sort(key=lambda e: (e.blended_price is None, e.blended_price or Decimal(0), e.position))
+    elif strategy == RoutingPolicyVersion.Strategy.FASTEST:
+        keep.sort(
+            key=lambda e: (
+                p50s.get(e.deployment.pk) is not None,
+                p50s.get(e.deployment.pk) or 0.0,
+                e.position,
+            )
+        )
+    elif strategy == RoutingPolicyVersion.Strategy.WEIGHTED:
+        keep = _weighted_order(keep, rng)
+    return keep, demoted
+
+
+def _weighted_order(entries: Sequence[PlanEntry], rng: random.Random) -> list[PlanEntry]:
+    pool = list(entries)
+    out: list[PlanEntry] = []
+    while pool:
+        total = sum(max(e.weight, 0) for e in pool)
+        if total <= 0:
+            out.extend(pool)
+            break
+        pick = rng.uniform(0, total)
+        acc = 0.0
+        for i, e in enumerate(pool):
+            acc += max(e.weight, 0)
+            if pick <= acc:
+                out.append(pool.pop(i))
+                break
+        else:
+            out.append(pool.pop())
+    return out
+
+
+# --- Helpers ----------------------------------------------------------------------------------------
+
+
+def _setting(name: str, default: float) -> float:
+    return float(getattr(settings, name, default))
+
+
+def _estimate(entry: PlanEntry, request: InferenceInput) -> Decimal:
+    """A rough upper estimate of the call's cost, for the budget's reservation."""
+    if isinstance(request, ChatRequest):
+        chars = sum(len(m.content) for m in request.messages)
+    else:
+        chars = len(request.prompt)
+    tokens_in = Decimal(chars // 4 + 1)
+    tokens_out = Decimal(request.max_tokens or 256)
+    million = Decimal(1_000_000)
+    return (tokens_in * (entry.input_price or 0) + tokens_out * (entry.output_price or 0)) / million
+
+
+def _error_attempt(
+    position: int, entry: PlanEntry, exc: ProviderError, started: float, now: float
+) -> AttemptInfo:
+    client_error = exc.status_code in CLIENT_ERRORS
+    return AttemptInfo(
+        position=position,
+        entry=entry,
+        outcome=Outcome.RETRYABLE if exc.retryable else Outcome.NON_RETRYABLE,
+        status_code=exc.status_code,
+        latency_ms=(now - started) * 1000.0,
+        error=str(exc)[:1000] + (" [client error]" if client_error else ""),
+        started_at=started,
+    )
+
+
+@dataclass
+class _Context:
+    workflow: Workflow
+    plan: RoutePlan
+    request: InferenceInput
+    endpoint: str
+    started: float
+    deadline: float
+    attempts: list[AttemptInfo] = field(default_factory=list)
+    demoted: list[tuple[PlanEntry, float]] = field(default_factory=list)
+    budget_error: BudgetExhausted | None = None
+    stop_error: ProviderError | None = None
+
+
+def _prepare(
+    workflow: Workflow, request: InferenceInput, endpoint: str, deadline_s: float | None
+) -> _Context:
+    started = time.perf_counter()
+    plan = route_plan(workflow_id=workflow.pk)
+    if plan is None:
+        raise NoRoute(f"workflow {workflow.slug} has no routing policy")
+    if not plan.entries:
+        raise NoRoute(f"workflow {workflow.slug} has no enabled deployment in its route")
+    deadline_s = deadline_s if deadline_s is not None else _setting("INFERENCE_DEADLINE_SECONDS", 30.0)
+    return _Context(
+        workflow=workflow,
+        plan=plan,
+        request=request,
+        endpoint=endpoint,
+        started=started,
+        deadline=started + deadline_s,
+    )
+
+
+def _candidates(ctx: _Context) -> list[PlanEntry]:
+    plan = ctx.plan
+    ids = [e.deployment.pk for e in plan.entries]
+    quality = (
+        rolling_quality(workflow_id=plan.workflow_id, deployment_ids=ids)
+        if plan.quality_floor is not None
+        else {}
+    )
+    p50s = rolling_p50(deployment_ids=ids) if plan.strategy == RoutingPolicyVersion.Strategy.FASTEST else {}
+    order, demoted = order_candidates(plan, quality=quality, p50s=p50s)
+    ctx.demoted = demoted
+    for entry, score in demoted:
+        ctx.attempts.append(
+            AttemptInfo(
+                position=len(ctx.attempts),
+                entry=entry,
+                outcome=Outcome.SKIPPED_QUALITY,
+                status_code=None,
+                latency_ms=0.0,
+                error=f"rolling quality {score:.3f} below the floor {plan.quality_floor:.3f}",
+            )
+        )
+    return order
+
+
+@dataclass
+class _Answer:
+    entry: PlanEntry
+    started: float
+    completion: Completion | None = None
+    first: StreamChunk | None = None
+    chunks: Iterator[StreamChunk] | None = None
+
+
+def _attempt_calls(ctx: _Context, stack: ExitStack, *, stream: bool) -> Iterator[_Answer]:
+    """Walk the route, yielding (entry, answer) for each successful call.
+
+    The caller stops iterating once it accepts an answer (a Completion, or a stream whose first
+    chunk arrived); anything else it records as an attempt and iteration goes on.
+    """
+    order = _candidates(ctx)
+    cfg = breaker_settings()
+    store = breakers()
+    max_rounds = int(_setting("INFERENCE_MAX_ROUNDS", 2))
+    backoff = _setting("INFERENCE_BACKOFF_SECONDS", 0.05)
+    ids = [e.deployment.pk for e in order]
+    for round_no in range(max_rounds):
+        if round_no:
+            # Full-jitter exponential backoff (AWS Architecture Blog, "Exponential Backoff And
+            # Jitter", 2015), never past the deadline.
+            remaining = ctx.deadline - time.perf_counter()
+            pause = min(remaining, _rng.uniform(0, backoff * (2**round_no)))
+            if pause > 0:
+                time.sleep(pause)
+        states = store.peek(ids, now=monotonic_now(), cfg=cfg) if ids else []
+        any_called = False
+        for entry, state in zip(order, states, strict=True):
+            if time.perf_counter() >= ctx.deadline:
+                return
+            if state == 0 or (
+                state == 2 and not store.claim_probe(entry.deployment.pk, now=monotonic_now(), cfg=cfg)
+            ):
+                ctx.attempts.append(
+                    AttemptInfo(
+                        position=len(ctx.attempts),
+                        entry=entry,
+                        outcome=Outcome.CIRCUIT_OPEN,
+                        status_code=None,
+                        latency_ms=0.0,
+                        error="circuit open",
+                    )
+                )
+                continue
+            try:
+                stack.enter_context(
+                    budget_admission(
+                        estimate=_estimate(entry, ctx.request),
+                        workflow=ctx.workflow,
+                        provider=entry.deployment.provider,
+                        currency=entry.currency,
+                    )
+                )
+            except BudgetExhausted as exc:
+                ctx.budget_error = exc
+                ctx.attempts.append(
+                    AttemptInfo(
+                        position=len(ctx.attempts),
+                        entry=entry,
+                        outcome=Outcome.BUDGET,
+                        status_code=402,
+                        latency_ms=0.0,
+                        error=str(exc)[:1000],
+                    )
+                )
+                # A provider- or cluster-scoped budget may leave room on another provider; a
+                # workflow budget refuses them all. Either way nothing is spent past a limit.
+                continue
+            any_called = True
+            adapter = adapter_for(entry.target)
+            call_started = time.perf_counter()
+            timeout = max(0.001, ctx.deadline - call_started)
+            try:
+                if stream:
+                    chunks = adapter.stream(entry.target, ctx.request, timeout=timeout)
+                    first = next(iter(chunks), None)
+                    yield _Answer(entry, call_started, first=first, chunks=chunks)
+                else:
+                    answer = adapter.complete(entry.target, ctx.request, timeout=timeout)
+                    yield _Answer(entry, call_started, completion=answer)
+                return
+            except ProviderError as exc:
+                now = time.perf_counter()
+                attempt = _error_attempt(len(ctx.attempts), entry, exc, call_started, now)
+                ctx.attempts.append(attempt)
+                if exc.status_code not in CLIENT_ERRORS:
+                    store.record(
+                        entry.deployment.pk,
+                        ok=False,
+                        latency_ms=attempt.latency_ms,
+                        now=monotonic_now(),
+                        cfg=cfg,
+                    )
+                if not exc.retryable and exc.status_code in CLIENT_ERRORS:
+                    ctx.stop_error = exc
+                    return
+        retryable_left = any(a.outcome == Outcome.RETRYABLE for a in ctx.attempts)
+        if not any_called or not retryable_left:
+            return
+
+
+def _ok_attempt(ctx: _Context, entry: PlanEntry, started: float, completion: Completion) -> AttemptInfo:
+    latency = (time.perf_counter() - started) * 1000.0
+    attempt = AttemptInfo(
+        position=len(ctx.attempts),
+        entry=entry,
+        outcome=Outcome.OK,
+        status_code=completion.status_code,
+        latency_ms=latency,
+        tokens_in=completion.tokens_in,
+        tokens_out=completion.tokens_out,
+        started_at=started,
+    )
+    ctx.attempts.append(attempt)
+    breakers().record(
+        entry.deployment.pk, ok=True, latency_ms=latency, now=monotonic_now(), cfg=breaker_settings()
+    )
+    return attempt
+
+
+def _finish(
+    ctx: _Context,
+    *,
+    completion: Completion | None,
+    winner: PlanEntry | None,
+    stream: bool,
+    ttft_ms: float | None,
+    client_request_id: str | None,
+) -> RouteResult:
+    from inference.services import inference_request_record
+
+    latency_ms = (time.perf_counter() - ctx.started) * 1000.0
+    error = ""
+    status_code = None
+    if winner is None:
+        last = next((a for a in reversed(ctx.attempts) if a.outcome != Outcome.OK), None)
+        status_code = last.status_code if last is not None else None
+        if ctx.budget_error is not None:
+            error = str(ctx.budget_error)
+        elif last is not None:
+            error = f"every deployment failed; last: {last.deployment_slug}: {last.error}"
+        else:
+            error = "no deployment could be tried"
+        if time.perf_counter() >= ctx.deadline:
+            error = f"deadline passed; {error}"
+    row = inference_request_record(
+        workflow=ctx.workflow,
+        plan=ctx.plan,
+        attempts=ctx.attempts,
+        endpoint=ctx.endpoint,
+        stream=stream,
+        winner=winner,
+        latency_ms=latency_ms,
+        ttft_ms=ttft_ms,
+        error=error,
+        client_request_id=client_request_id,
+        response_text=completion.text if (completion is not None and client_request_id) else "",
+        demoted=ctx.demoted,
+    )
+    return RouteResult(
+        ok=winner is not None,
+        request_id=row.pk,
+        deployment_id=winner.deployment.pk if winner else None,
+        deployment_slug=winner.deployment.slug if winner else "",
+        completion=completion,
+        cost=row.cost,
+        currency=row.currency,
+        latency_ms=latency_ms,
+        ttft_ms=ttft_ms,
+        error=error,
+        status_code=status_code,
+        attempts=ctx.attempts,
+        policy_version=ctx.plan.version,
+        demoted=ctx.demoted,
+    )
+
+
+def _replay(row: InferenceRequest) -> RouteResult:
+    completion = None
+    if row.status == InferenceRequest.Status.SUCCEEDED:
+        completion = Completion(text=row.response_text, tokens_in=row.tokens_in, tokens_out=row.tokens_out)
+    return RouteResult(
+        ok=row.status == InferenceRequest.Status.SUCCEEDED,
+        request_id=row.pk,
+        deployment_id=row.deployment_id,
+        deployment_slug=row.deployment.slug if row.deployment else "",
+        completion=completion,
+        cost=row.cost,
+        currency=row.currency,
+        latency_ms=row.latency_ms,
+        ttft_ms=row.ttft_ms,
+        error=row.error,
+        replayed=True,
+    )
+
+
+# --- Entry points -------------------------------------------------------------------------------------
 
 
 def route(
@@ -67,4 +474,159 @@ def route(
     deadline_s: float | None = None,
 ) -> RouteResult:
     """Serve `request` for `workflow` by its current policy version (see the module docstring)."""
-    raise NotImplementedError
+    if client_request_id:
+        seen = InferenceRequest.objects.select_related("deployment").filter(
+            client_request_id=client_request_id
+        )
+        row = seen.first()
+        if row is not None:
+            return _replay(row)
+    ctx = _prepare(workflow, request, endpoint, deadline_s)
+    completion: Completion | None = None
+    winner: PlanEntry | None = None
+    with ExitStack() as stack:
+        for answer in _attempt_calls(ctx, stack, stream=False):
+            if answer.completion is not None:
+                _ok_attempt(ctx, answer.entry, answer.started, answer.completion)
+                completion, winner = answer.completion, answer.entry
+            break
+        # Settle the budget admissions only after the ledger has the real cost.
+        result = _finish(
+            ctx,
+            completion=completion,
+            winner=winner,
+            stream=False,
+            ttft_ms=None,
+            client_request_id=client_request_id,
+        )
+    if ctx.budget_error is not None and winner is None:
+        raise ctx.budget_error
+    return result
+
+
+class RouteStream:
+    """A streamed answer: the deployment is chosen (first chunk received) before iteration.
+
+    Iterate for the chunks; the request is recorded when the stream ends, fails or is closed.
+    """
+
+    def __init__(self, ctx: _Context, stack: ExitStack) -> None:
+        self._ctx = ctx
+        self._stack = stack
+        self.result: RouteResult | None = None
+        self.winner: PlanEntry | None = None
+        self._first: StreamChunk | None = None
+        self._chunks: Iterator[StreamChunk] | None = None
+        self._call_started = 0.0
+        self.ttft_ms: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.winner is not None
+
+    @property
+    def deployment_slug(self) -> str:
+        return self.winner.deployment.slug if self.winner else ""
+
+    def __iter__(self) -> Iterator[StreamChunk]:
+        texts: list[str] = []
+        tokens_in = tokens_out = None
+        finish = "stop"
+        pieces = 0
+        status_error: ProviderError | None = None
+        try:
+            if self.winner is None or self._chunks is None:
+                return
+            chunk: StreamChunk | None = self._first
+            iterator = iter(self._chunks)
+            while chunk is not None:
+                if chunk.text:
+                    texts.append(chunk.text)
+                    pieces += 1
+                if chunk.tokens_in is not None:
+                    tokens_in, tokens_out = chunk.tokens_in, chunk.tokens_out
+                if chunk.finish_reason:
+                    finish = chunk.finish_reason
+                yield chunk
+                try:
+                    chunk = next(iterator, None)
+                except ProviderError as exc:
+                    status_error = exc
+                    break
+        finally:
+            self._close(texts, tokens_in, tokens_out, pieces, finish, status_error)
+
+    def _close(
+        self,
+        texts: list[str],
+        tokens_in: int | None,
+        tokens_out: int | None,
+        pieces: int,
+        finish: str,
+        failure: ProviderError | None,
+    ) -> None:
+        if self.result is not None:
+            return
+        ctx = self._ctx
+        completion = None
+        winner = self.winner
+        try:
+            if winner is not None:
+                # Providers that send no usage: count the pieces (one token each, the usual
+                # granularity of OpenAI-compatible streams) and the prompt as bytes/4.
+                if tokens_in is None:
+                    prompt = ctx.request.prompt if isinstance(ctx.request, CompletionRequest) else ""
+                    if isinstance(ctx.request, ChatRequest):
+                        prompt = "".join(m.content for m in ctx.request.messages)
+                    tokens_in, tokens_out = len(prompt.encode()) // 4 + 1, pieces
+                completion = Completion(
+                    text="".join(texts), tokens_in=tokens_in, tokens_out=tokens_out or 0, finish_reason=finish
+                )
+                attempt = _ok_attempt(ctx, winner, self._call_started, completion)
+                if failure is not None:
+                    # The stream broke after the client got part of it: bill what was sent,
+                    # and say so; no failover is possible once bytes went out.
+                    attempt.error = f"stream broke after {pieces} pieces: {failure}"
+            self.result = _finish(
+                ctx,
+                completion=completion,
+                winner=winner,
+                stream=True,
+                ttft_ms=self.ttft_ms,
+                client_request_id=None,
+            )
+        finally:
+            self._stack.close()
+
+
+def route_stream(
+    *,
+    workflow: Workflow,
+    request: InferenceInput,
+    endpoint: str = Endpoint.CHAT,
+    deadline_s: float | None = None,
+) -> RouteStream:
+    """Choose a deployment by receiving its first chunk (failing over until one answers).
+
+    When none answers, the request is recorded at once and the stream's `ok` is False (its
+    `result` says why); BudgetExhausted is raised as in `route`.
+    """
+    ctx = _prepare(workflow, request, endpoint, deadline_s)
+    stack = ExitStack()
+    out = RouteStream(ctx, stack)
+    try:
+        for answer in _attempt_calls(ctx, stack, stream=True):
+            out.winner = answer.entry
+            out._first = answer.first
+            out._chunks = answer.chunks
+            out._call_started = answer.started
+            out.ttft_ms = (time.perf_counter() - ctx.started) * 1000.0
+            break
+    except BaseException:
+        stack.close()
+        raise
+    if out.winner is None:
+        out._close([], None, None, 0, "stop", None)
+        if ctx.budget_error is not None:
+            raise ctx.budget_error
+    return out

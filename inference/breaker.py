@@ -1,0 +1,293 @@
+"""Circuit breakers per deployment, shared by every web process through Redis.
+
+A breaker is closed until, within a rolling window, at least `min_requests` calls were made and
+the failure rate reached `failure_rate`; it then opens for `cooldown_s`. After the cooldown one
+caller claims the half-open probe; the probe's success closes the breaker (counters reset), its
+failure opens it again for another cooldown. A probe that never reports (its process died) is
+given up after another cooldown and a new one is claimed.
+
+The state lives in one Redis hash per deployment, changed only by two Lua scripts, so every
+transition is atomic across processes. Without REDIS_URL (the embedded demo) the same logic runs
+in-process under a lock.
+
+Each call also pushes its latency onto a capped list, from which `fastest` reads rolling p50s.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+
+CLOSED = "closed"
+OPEN = "open"
+HALF_OPEN = "half_open"
+
+LATENCY_SAMPLES = 200
+
+
+@dataclass(frozen=True)
+class BreakerSettings:
+    failure_rate: float = 0.5
+    min_requests: int = 5
+    window_s: float = 30.0
+    cooldown_s: float = 10.0
+
+
+def breaker_settings() -> BreakerSettings:
+    return BreakerSettings(
+        failure_rate=float(getattr(settings, "INFERENCE_BREAKER_FAILURE_RATE", 0.5)),
+        min_requests=int(getattr(settings, "INFERENCE_BREAKER_MIN_REQUESTS", 5)),
+        window_s=float(getattr(settings, "INFERENCE_BREAKER_WINDOW_SECONDS", 30.0)),
+        cooldown_s=float(getattr(settings, "INFERENCE_BREAKER_COOLDOWN_SECONDS", 10.0)),
+    )
+
+
+# KEYS: breaker hash per candidate. ARGV: now, cooldown. Read-only: 1 = call, 2 = open but the
+# cooldown passed (a probe may be claimed), 0 = skip.
+_PEEK = """
+local out = {}
+local now = tonumber(ARGV[1]); local cooldown = tonumber(ARGV[2])
+for i, key in ipairs(KEYS) do
+  local h = redis.call('HMGET', key, 'state', 'opened', 'probe')
+  local state = h[1]
+  if not state or state == 'closed' then out[i] = 1
+  elseif state == 'open' then
+    if now - tonumber(h[2]) >= cooldown then out[i] = 2 else out[i] = 0 end
+  else
+    if now - tonumber(h[3] or '0') >= cooldown then out[i] = 2 else out[i] = 0 end
+  end
+end
+return out
+"""
+
+# KEYS[1]: breaker hash. ARGV: now, cooldown. Claims the half-open probe: 1 when this caller got it.
+_CLAIM = """
+local h = redis.call('HMGET', KEYS[1], 'state', 'opened', 'probe')
+local now = tonumber(ARGV[1]); local cooldown = tonumber(ARGV[2])
+if h[1] == 'open' and now - tonumber(h[2]) >= cooldown then
+  redis.call('HSET', KEYS[1], 'state', 'half_open', 'probe', ARGV[1]); return 1
+end
+if h[1] == 'half_open' and now - tonumber(h[3] or '0') >= cooldown then
+  redis.call('HSET', KEYS[1], 'probe', ARGV[1]); return 1
+end
+if not h[1] or h[1] == 'closed' then return 1 end
+return 0
+"""
+
+# KEYS[1]: breaker hash, KEYS[2]: latency list. ARGV: now, ok (1/0), latency_ms, window,
+# min_requests, failure_rate, samples. Returns the state after the call as
+# {state, transition} where transition is '' or 'opened' / 'closed'.
+_RECORD = """
+local key = KEYS[1]
+local now = tonumber(ARGV[1]); local ok = ARGV[2] == '1'
+local window = tonumber(ARGV[4]); local minreq = tonumber(ARGV[5]); local rate = tonumber(ARGV[6])
+if ok then
+  redis.call('LPUSH', KEYS[2], ARGV[3]); redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[7]) - 1)
+end
+local h = redis.call('HMGET', key, 'state', 'ws', 'n', 'f')
+local state = h[1] or 'closed'
+if state == 'half_open' then
+  if ok then
+    redis.call('HSET', key, 'state', 'closed', 'ws', ARGV[1], 'n', 0, 'f', 0)
+    return {'closed', 'closed'}
+  end
+  redis.call('HSET', key, 'state', 'open', 'opened', ARGV[1])
+  return {'open', 'opened'}
+end
+if state == 'open' then return {'open', ''} end
+local ws = tonumber(h[2] or '0'); local n = tonumber(h[3] or '0'); local f = tonumber(h[4] or '0')
+if now - ws > window then ws = now; n = 0; f = 0 end
+n = n + 1
+if not ok then f = f + 1 end
+if n >= minreq and f / n >= rate then
+  redis.call('HSET', key, 'state', 'open', 'opened', ARGV[1], 'ws', ws, 'n', 0, 'f', 0)
+  return {'open', 'opened'}
+end
+redis.call('HSET', key, 'state', 'closed', 'ws', ws, 'n', n, 'f', f)
+return {'closed', ''}
+"""
+
+
+def _key(deployment_id: int) -> str:
+    return f"sy:cb:{deployment_id}"
+
+
+def _lat_key(deployment_id: int) -> str:
+    return f"sy:lat:{deployment_id}"
+
+
+class RedisBreakers:
+    """Breakers whose state every process shares (REDIS_URL)."""
+
+    def __init__(self, url: str) -> None:
+        import redis
+
+        self.redis = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
+        self._peek = self.redis.register_script(_PEEK)
+        self._claim = self.redis.register_script(_CLAIM)
+        self._record = self.redis.register_script(_RECORD)
+
+    def peek(self, deployment_ids: Sequence[int], *, now: float, cfg: BreakerSettings) -> list[int]:
+        return [
+            int(x) for x in self._peek(keys=[_key(d) for d in deployment_ids], args=[now, cfg.cooldown_s])
+        ]
+
+    def claim_probe(self, deployment_id: int, *, now: float, cfg: BreakerSettings) -> bool:
+        return bool(self._claim(keys=[_key(deployment_id)], args=[now, cfg.cooldown_s]))
+
+    def record(
+        self, deployment_id: int, *, ok: bool, latency_ms: float, now: float, cfg: BreakerSettings
+    ) -> tuple[str, str]:
+        state, transition = self._record(
+            keys=[_key(deployment_id), _lat_key(deployment_id)],
+            args=[
+                now,
+                1 if ok else 0,
+                f"{latency_ms:.3f}",
+                cfg.window_s,
+                cfg.min_requests,
+                cfg.failure_rate,
+                LATENCY_SAMPLES,
+            ],
+        )
+        return _s(state), _s(transition)
+
+    def state(self, deployment_id: int) -> dict[str, str]:
+        raw = self.redis.hgetall(_key(deployment_id))
+        return {_s(k): _s(v) for k, v in raw.items()}
+
+    def latencies(self, deployment_ids: Sequence[int]) -> dict[int, list[float]]:
+        pipe = self.redis.pipeline(transaction=False)
+        for d in deployment_ids:
+            pipe.lrange(_lat_key(d), 0, -1)
+        return {
+            d: [float(x) for x in values] for d, values in zip(deployment_ids, pipe.execute(), strict=True)
+        }
+
+    def reset(self, deployment_id: int) -> None:
+        self.redis.delete(_key(deployment_id), _lat_key(deployment_id))
+
+    def claim_once(self, key: str, *, ttl_s: float) -> bool:
+        """True for the first caller within ttl_s (e.g. one demotion event per episode)."""
+        return bool(self.redis.set(f"sy:once:{key}", b"1", nx=True, px=int(ttl_s * 1000)))
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class LocalBreakers:
+    """The same breakers in one process, for the embedded demo without Redis."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._state: dict[int, dict[str, Any]] = {}
+        self._lat: dict[int, deque[float]] = {}
+        self._once: dict[str, float] = {}
+
+    def _h(self, deployment_id: int) -> dict[str, Any]:
+        return self._state.setdefault(deployment_id, {"state": CLOSED, "ws": 0.0, "n": 0, "f": 0})
+
+    def peek(self, deployment_ids: Sequence[int], *, now: float, cfg: BreakerSettings) -> list[int]:
+        out = []
+        with self._lock:
+            for d in deployment_ids:
+                h = self._h(d)
+                if h["state"] == CLOSED:
+                    out.append(1)
+                elif h["state"] == OPEN:
+                    out.append(2 if now - h["opened"] >= cfg.cooldown_s else 0)
+                else:
+                    out.append(2 if now - h.get("probe", 0.0) >= cfg.cooldown_s else 0)
+        return out
+
+    def claim_probe(self, deployment_id: int, *, now: float, cfg: BreakerSettings) -> bool:
+        with self._lock:
+            h = self._h(deployment_id)
+            if h["state"] == CLOSED:
+                return True
+            if h["state"] == OPEN and now - h["opened"] >= cfg.cooldown_s:
+                h["state"], h["probe"] = HALF_OPEN, now
+                return True
+            if h["state"] == HALF_OPEN and now - h.get("probe", 0.0) >= cfg.cooldown_s:
+                h["probe"] = now
+                return True
+            return False
+
+    def record(
+        self, deployment_id: int, *, ok: bool, latency_ms: float, now: float, cfg: BreakerSettings
+    ) -> tuple[str, str]:
+        with self._lock:
+            if ok:
+                self._lat.setdefault(deployment_id, deque(maxlen=LATENCY_SAMPLES)).appendleft(latency_ms)
+            h = self._h(deployment_id)
+            if h["state"] == HALF_OPEN:
+                if ok:
+                    h.update(state=CLOSED, ws=now, n=0, f=0)
+                    return CLOSED, "closed"
+                h.update(state=OPEN, opened=now)
+                return OPEN, "opened"
+            if h["state"] == OPEN:
+                return OPEN, ""
+            if now - h["ws"] > cfg.window_s:
+                h.update(ws=now, n=0, f=0)
+            h["n"] += 1
+            if not ok:
+                h["f"] += 1
+            if h["n"] >= cfg.min_requests and h["f"] / h["n"] >= cfg.failure_rate:
+                h.update(state=OPEN, opened=now, n=0, f=0)
+                return OPEN, "opened"
+            return CLOSED, ""
+
+    def state(self, deployment_id: int) -> dict[str, str]:
+        with self._lock:
+            return {k: str(v) for k, v in self._h(deployment_id).items()}
+
+    def latencies(self, deployment_ids: Sequence[int]) -> dict[int, list[float]]:
+        with self._lock:
+            return {d: list(self._lat.get(d, ())) for d in deployment_ids}
+
+    def reset(self, deployment_id: int) -> None:
+        with self._lock:
+            self._state.pop(deployment_id, None)
+            self._lat.pop(deployment_id, None)
+
+    def claim_once(self, key: str, *, ttl_s: float) -> bool:
+        now = time.monotonic()
+        with self._lock:
+            if self._once.get(key, 0.0) > now:
+                return False
+            self._once[key] = now + ttl_s
+            return True
+
+
+Breakers = RedisBreakers | LocalBreakers
+_breakers: Breakers | None = None
+_breakers_lock = threading.Lock()
+
+
+def breakers() -> Breakers:
+    """The process's breaker store: Redis when REDIS_URL is set, else in-process."""
+    global _breakers
+    if _breakers is None:
+        with _breakers_lock:
+            if _breakers is None:
+                url = getattr(settings, "REDIS_URL", "")
+                _breakers = RedisBreakers(url) if url else LocalBreakers()
+    return _breakers
+
+
+def monotonic_now() -> float:
+    """Wall-clock seconds: breakers compare times across processes, so not time.monotonic()."""
+    return time.time()
+
+
+def breaker_state(deployment_id: int) -> str:
+    """closed / open / half_open, for pages and the API."""
+    return breakers().state(deployment_id).get("state", CLOSED)

@@ -1,0 +1,283 @@
+"""Reads for the router and the pages: route plans (cached), rolling quality and latency.
+
+A route plan is everything the router needs about a workflow's current policy version: the
+deployments in order (with provider, model and hosting cluster loaded), their adapter targets,
+chaos settings and token prices. It is cached per process and invalidated through a generation
+counter that every save of a policy, deployment, provider, chaos config or price bumps
+(inference.signals): in Redis when REDIS_URL is set, so every web process sees a switch on its
+next request; in-process otherwise, with a one-second time limit for the other processes of the
+embedded demo.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+
+from django.conf import settings
+from django.db.models import Avg
+from django.utils import timezone
+
+from billing.models import Unit
+from billing.selectors import PriceResolver
+from inference.adapters.base import Target
+from inference.adapters.registry import adapter_kind
+from inference.breaker import breakers
+from inference.models import ChaosConfig, InferenceRequest, QualityRecord
+from stack.crypto import decrypt_secret
+from stack.models import Deployment, RoutingPolicyVersion, Workflow
+
+GENERATION_KEY = "sy:routegen"
+LOCAL_PLAN_TTL_S = 1.0
+QUALITY_WINDOW = 20  # the last N scores of a deployment make its rolling quality
+QUALITY_TTL_S = 5.0
+LATENCY_TTL_S = 2.0
+
+
+@dataclass
+class PlanEntry:
+    deployment: Deployment
+    target: Target
+    position: int
+    weight: int
+    # Token prices in force when the plan was built (None: no per-token price), for the
+    # budget estimate and the cheapest strategy; the ledger prices each row itself.
+    input_price: Decimal | None
+    output_price: Decimal | None
+    currency: str = "USD"
+
+    @property
+    def blended_price(self) -> Decimal | None:
+        """$/1M tokens with output weighted 3:1, the usual chat mix, to rank by cost."""
+        if self.input_price is None and self.output_price is None:
+            return None
+        return ((self.input_price or Decimal(0)) + 3 * (self.output_price or Decimal(0))) / 4
+
+
+@dataclass
+class RoutePlan:
+    workflow_id: int
+    policy_id: int
+    version: int
+    strategy: str
+    quality_floor: float | None
+    max_cost_per_request: Decimal | None
+    entries: list[PlanEntry]
+    generation: int = 0
+    built_at: float = field(default_factory=time.monotonic)
+
+
+class _Generation:
+    """The route-cache generation: Redis INCR, or a process-local counter."""
+
+    def __init__(self) -> None:
+        self.local = 0
+        self._redis = None
+        url = getattr(settings, "REDIS_URL", "")
+        if url:
+            import redis
+
+            self._redis = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
+
+    @property
+    def shared(self) -> bool:
+        return self._redis is not None
+
+    def read(self) -> int:
+        if self._redis is None:
+            return self.local
+        value = self._redis.get(GENERATION_KEY)
+        return int(value) if value else 0
+
+    def bump(self) -> None:
+        self.local += 1
+        if self._redis is not None:
+            self._redis.incr(GENERATION_KEY)
+
+
+_gen: _Generation | None = None
+_plans: dict[int, RoutePlan] = {}
+_lock = threading.Lock()
+
+
+def generation() -> _Generation:
+    global _gen
+    if _gen is None:
+        _gen = _Generation()
+    return _gen
+
+
+def route_cache_invalidate() -> None:
+    """Called on every save that can change a route (inference.signals)."""
+    with _lock:
+        _plans.clear()
+        _quality_cache.clear()
+    generation().bump()
+
+
+def _target(d: Deployment, chaos: ChaosConfig | None) -> Target:
+    provider = d.provider
+    secret = decrypt_secret(provider.credentials_encrypted) if provider.credentials_encrypted else ""
+    extra: dict[str, object] = {}
+    if chaos is not None and chaos.enabled:
+        extra["chaos"] = {
+            "error_rate": chaos.error_rate,
+            "status_codes": list(chaos.status_codes or []),
+            "latency_ms": chaos.latency_ms,
+            "malformed_rate": chaos.malformed_rate,
+        }
+    return Target(
+        deployment_id=d.pk,
+        slug=d.slug,
+        kind=adapter_kind(provider.kind),
+        base_url=(d.base_url or provider.base_url).rstrip("/"),
+        provider_model_id=d.provider_model_id or d.model.slug,
+        region=provider.region,
+        credentials=secret,
+        extra=extra,
+    )
+
+
+def route_plan_build(*, workflow_id: int, generation_value: int = 0) -> RoutePlan | None:
+    """Load the workflow's current policy version into a plan (three queries)."""
+    policy = (
+        RoutingPolicyVersion.objects.filter(workflow_id=workflow_id)
+        .order_by("-version")
+        .only("id", "version", "strategy", "quality_floor", "max_cost_per_request", "workflow_id")
+    ).first()
+    if policy is None:
+        return None
+    entries = list(
+        policy.entries.select_related(
+            "deployment__provider", "deployment__model", "deployment__hosting_cluster"
+        ).order_by("position")
+    )
+    deployment_ids = [e.deployment_id for e in entries]
+    chaos = {c.deployment_id: c for c in ChaosConfig.objects.filter(deployment_id__in=deployment_ids)}
+    prices = PriceResolver()
+    now = timezone.now()
+    plan_entries = []
+    for e in entries:
+        d = e.deployment
+        if not d.enabled or not d.provider.enabled:
+            continue
+        found_in = prices.resolve(
+            unit=Unit.INPUT_TOKENS_1M, at=now, deployment_id=d.pk, provider_id=d.provider_id
+        )
+        found_out = prices.resolve(
+            unit=Unit.OUTPUT_TOKENS_1M, at=now, deployment_id=d.pk, provider_id=d.provider_id
+        )
+        priced = found_in or found_out
+        currency = priced.currency if priced is not None else "USD"
+        plan_entries.append(
+            PlanEntry(
+                deployment=d,
+                target=_target(d, chaos.get(d.pk)),
+                position=e.position,
+                weight=e.weight,
+                input_price=found_in.unit_price if found_in else None,
+                output_price=found_out.unit_price if found_out else None,
+                currency=currency,
+            )
+        )
+    return RoutePlan(
+        workflow_id=workflow_id,
+        policy_id=policy.pk,
+        version=policy.version,
+        strategy=policy.strategy,
+        quality_floor=float(policy.quality_floor) if policy.quality_floor is not None else None,
+        max_cost_per_request=policy.max_cost_per_request,
+        entries=plan_entries,
+        generation=generation_value,
+    )
+
+
+def route_plan(*, workflow_id: int) -> RoutePlan | None:
+    """The cached plan, rebuilt when the generation moved (one Redis GET per call)."""
+    gen = generation()
+    current = gen.read()
+    plan = _plans.get(workflow_id)
+    if plan is not None and plan.generation == current:
+        if gen.shared or time.monotonic() - plan.built_at < LOCAL_PLAN_TTL_S:
+            return plan
+    plan = route_plan_build(workflow_id=workflow_id, generation_value=current)
+    with _lock:
+        if plan is None:
+            _plans.pop(workflow_id, None)
+        else:
+            _plans[workflow_id] = plan
+    return plan
+
+
+# --- Rolling quality and latency ----------------------------------------------------------------
+
+_quality_cache: dict[tuple[int, tuple[int, ...]], tuple[float, dict[int, float | None]]] = {}
+
+
+def rolling_quality(*, workflow_id: int, deployment_ids: Sequence[int]) -> dict[int, float | None]:
+    """Mean of each deployment's last QUALITY_WINDOW scores for this workflow (or workflow-less
+    scores such as shared eval sets); None when it has none. Cached a few seconds."""
+    key = (workflow_id, tuple(deployment_ids))
+    hit = _quality_cache.get(key)
+    if hit is not None and time.monotonic() - hit[0] < QUALITY_TTL_S:
+        return hit[1]
+    out: dict[int, float | None] = {}
+    for d in deployment_ids:
+        recent = QualityRecord.objects.filter(deployment_id=d, workflow_id__in=[workflow_id]).order_by(
+            "-created_at"
+        )[:QUALITY_WINDOW]
+        rows = list(recent.values_list("score", flat=True))
+        if not rows:
+            shared = QualityRecord.objects.filter(deployment_id=d, workflow__isnull=True).order_by(
+                "-created_at"
+            )
+            rows = list(shared[:QUALITY_WINDOW].values_list("score", flat=True))
+        out[d] = float(sum(rows) / len(rows)) if rows else None
+    with _lock:
+        _quality_cache[key] = (time.monotonic(), out)
+    return out
+
+
+_latency_cache: dict[tuple[int, ...], tuple[float, dict[int, float | None]]] = {}
+
+
+def rolling_p50(*, deployment_ids: Sequence[int]) -> dict[int, float | None]:
+    """Median latency (ms) of each deployment's recent successful calls, across processes."""
+    key = tuple(deployment_ids)
+    hit = _latency_cache.get(key)
+    if hit is not None and time.monotonic() - hit[0] < LATENCY_TTL_S:
+        return hit[1]
+    samples = breakers().latencies(deployment_ids)
+    out = {d: (statistics.median(v) if v else None) for d, v in samples.items()}
+    _latency_cache[key] = (time.monotonic(), out)
+    return out
+
+
+def rolling_caches_clear() -> None:
+    with _lock:
+        _quality_cache.clear()
+        _latency_cache.clear()
+
+
+# --- Pages and reports -------------------------------------------------------------------------
+
+
+def deployment_quality_mean(*, deployment: Deployment, since: datetime | None = None) -> float | None:
+    rows = QualityRecord.objects.filter(deployment=deployment)
+    if since is not None:
+        rows = rows.filter(created_at__gte=since)
+    value = rows.aggregate(m=Avg("score"))["m"]
+    return float(value) if value is not None else None
+
+
+def workflow_requests(*, workflow: Workflow, limit: int = 100) -> list[InferenceRequest]:
+    return list(
+        InferenceRequest.objects.filter(workflow=workflow)
+        .select_related("deployment")
+        .order_by("-created_at")[:limit]
+    )

@@ -1,0 +1,32 @@
+"""Invalidate cached route plans whenever something a route depends on is saved.
+
+Bumped at once and again after the transaction commits: at once so this process stops using
+the old plan, after commit so that no other process keeps a plan it rebuilt from the
+not-yet-committed state under the new generation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.db.models.signals import post_delete, post_save
+
+
+def _invalidate(**kwargs: Any) -> None:
+    from inference.selectors import route_cache_invalidate
+
+    route_cache_invalidate()
+    transaction.on_commit(route_cache_invalidate)
+
+
+def connect() -> None:
+    from billing.models import PriceBook
+    from inference.models import ChaosConfig
+    from stack.models import Deployment, Provider, RoutingPolicyEntry, RoutingPolicyVersion
+
+    for model in (RoutingPolicyVersion, RoutingPolicyEntry, Deployment, Provider, ChaosConfig, PriceBook):
+        post_save.connect(_invalidate, sender=model, dispatch_uid=f"inference-route-cache-{model.__name__}")
+        post_delete.connect(
+            _invalidate, sender=model, dispatch_uid=f"inference-route-cache-del-{model.__name__}"
+        )

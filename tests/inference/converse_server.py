@@ -1,0 +1,122 @@
+"""A loopback HTTP server that speaks Bedrock Runtime's Converse and ConverseStream APIs.
+
+Enough of the wire format for boto3's bedrock-runtime client: rest-json for Converse and
+errors (x-amzn-ErrorType), and the binary event-stream encoding (prelude, headers, payload,
+CRC32s) for ConverseStream. The tests point the client's endpoint_url at it.
+"""
+
+from __future__ import annotations
+
+import binascii
+import json
+import struct
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass
+class ConverseBehaviour:
+    text: str = "hello from bedrock"
+    status: int = 200
+    error_type: str = "ThrottlingException"
+    tokens_in: int = 11
+    tokens_out: int = 4
+    requests: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+
+
+def _header(name: str, value: str) -> bytes:
+    raw_name, raw_value = name.encode(), value.encode()
+    return (
+        struct.pack("B", len(raw_name)) + raw_name + b"\x07" + struct.pack(">H", len(raw_value)) + raw_value
+    )
+
+
+def event_message(event_type: str, payload: dict[str, Any]) -> bytes:
+    """One event-stream message (AWS event stream encoding: prelude CRC, message CRC)."""
+    headers = (
+        _header(":event-type", event_type)
+        + _header(":content-type", "application/json")
+        + _header(":message-type", "event")
+    )
+    body = json.dumps(payload).encode()
+    total = 12 + len(headers) + len(body) + 4
+    prelude = struct.pack(">II", total, len(headers))
+    prelude += struct.pack(">I", binascii.crc32(prelude) & 0xFFFFFFFF)
+    message = prelude + headers + body
+    return message + struct.pack(">I", binascii.crc32(message) & 0xFFFFFFFF)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: ConverseServer
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        pass
+
+    def do_POST(self) -> None:  # noqa: N802
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length) or b"{}")
+        b = self.server.behaviour
+        b.requests.append((self.path, body))
+        if b.status != 200:
+            data = json.dumps({"message": f"mock {b.error_type}"}).encode()
+            self.send_response(b.status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("x-amzn-ErrorType", f"{b.error_type}:http://internal.amazon.com/")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
+        usage = {
+            "inputTokens": b.tokens_in,
+            "outputTokens": b.tokens_out,
+            "totalTokens": b.tokens_in + b.tokens_out,
+        }
+        if self.path.endswith("/converse-stream"):
+            messages = [event_message("messageStart", {"role": "assistant"})]
+            for i, word in enumerate(b.text.split(" ")):
+                piece = word if i == 0 else " " + word
+                messages.append(
+                    event_message("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": piece}})
+                )
+            messages.append(event_message("contentBlockStop", {"contentBlockIndex": 0}))
+            messages.append(event_message("messageStop", {"stopReason": "end_turn"}))
+            messages.append(event_message("metadata", {"usage": usage, "metrics": {"latencyMs": 1}}))
+            data = b"".join(messages)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/vnd.amazon.eventstream")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
+        doc = {
+            "output": {"message": {"role": "assistant", "content": [{"text": b.text}]}},
+            "stopReason": "end_turn",
+            "usage": usage,
+            "metrics": {"latencyMs": 1},
+        }
+        data = json.dumps(doc).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+class ConverseServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.behaviour = ConverseBehaviour()
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def stop(self) -> None:
+        self.shutdown()
+        self.server_close()
