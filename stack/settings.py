@@ -219,6 +219,11 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": HEALTH_CHECK_SECONDS,
         "options": {"queue": "control", "expires": HEALTH_CHECK_SECONDS * 2},
     },
+    "training-runs-supervise": {
+        "task": "training.runs_supervise",
+        "schedule": env_float("SWITCHYARD_TRAINING_SUPERVISE_SECONDS", 3.0, minimum=0.5),
+        "options": {"queue": "control", "expires": 30},
+    },
     "billing-rollups": {
         "task": "billing.rollups_update",
         "schedule": env_float("SWITCHYARD_ROLLUP_SECONDS", 60.0, minimum=1.0),

@@ -42,6 +42,7 @@ logger = logging.getLogger(__name__)
 # trains: often enough that a cancel stops billing within about this long, rarely enough that
 # an S3 listing per check costs nothing next to the inner steps.
 CHECK_SECONDS = 1.0
+OWED_CHECK_SECONDS = 0.2
 # Delta ids are l<learner>-f<fragment>-s<seq>; a chunk numbers its pushes from
 # (generation * CHUNK_SPACE + chunk seq) * PUSH_SPACE, so no two pushes of a learner, in any
 # generation or process, share an id (the syncer would skip the second as already consumed).
@@ -197,8 +198,19 @@ def write_artifact(run: TrainingRun, *, kind: str) -> tuple[str, float, int, lis
 
 @dataclass
 class LearnerSlot:
+    """A learner and its push bookkeeping.
+
+    A fragment that falls due while the learner's previous delta for it is still waiting for
+    the syncer (no newer version adopted since) is *owed*, not pushed: its steps stay in the
+    next delta, which is sent as soon as a newer version arrives. Pushing again would queue two
+    fresh deltas of one learner on one version, and the syncer's token-weighted mean would
+    average the two segments instead of adding them, throwing half the work away.
+    """
+
     learner: Learner
     versions: list[int]
+    pushed_base: dict[int, int] = field(default_factory=dict)  # fragment -> base version of the last push
+    owed: set[int] = field(default_factory=set)
 
 
 _LEARNERS: dict[tuple[int, int, int], LearnerSlot] = {}
@@ -295,13 +307,19 @@ def learner_chunk_execute(
         alpha = float(rc.raw["fragments"]["alpha"])
         how: Adopt = "mix" if alpha > 0 else "rebase"
         next_check = started + CHECK_SECONDS
+        next_owed_check = started
         tokens_before = learner_row.tokens
         while True:
             outcome.losses.append(learner.train_step())
             outcome.steps += 1
             outcome.tokens += learner.tokens_per_step
             pushed = False
-            for f in due(learner.step_count, h=h, fragment_offsets=frag_offsets):
+            slot.owed.update(due(learner.step_count, h=h, fragment_offsets=frag_offsets))
+            for f in sorted(slot.owed):
+                if f in slot.pushed_base and learner.base_version[f] <= slot.pushed_base[f]:
+                    continue  # the last delta is still with the syncer
+                slot.owed.discard(f)
+                slot.pushed_base[f] = learner.base_version[f]
                 delta = learner.make_delta(f, now=time.time())
                 transport.put_delta(delta)
                 outcome.deltas_pushed += 1
@@ -318,8 +336,10 @@ def learner_chunk_execute(
                     bytes_sent=outcome.bytes_sent,
                     tokens_at_push=tokens_before + outcome.tokens,
                 )
-            if pushed or now >= next_check:
-                # Adopt newer global versions (rebase keeps the steps since the push).
+            if (slot.owed and now >= next_owed_check) or now >= next_check:
+                # Adopt newer global versions (rebase keeps the steps since the push). While a
+                # push is owed, look more often (an S3 listing per fragment each time).
+                next_owed_check = now + OWED_CHECK_SECONDS
                 for f in range(len(engine.fragments)):
                     found = transport.versions(f)
                     if found and max(found) > learner.base_version[f]:

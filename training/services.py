@@ -436,7 +436,7 @@ def learner_chunk_claim(
     exhausted_run: TrainingRun | None = None
     with transaction.atomic():
         learner = (
-            TrainingLearner.objects.select_for_update()
+            TrainingLearner.objects.select_for_update(of=("self",))
             .select_related("run", "cluster")
             .filter(pk=learner_id)
             .first()
@@ -559,10 +559,19 @@ def learner_chunk_finish(
 ) -> LearnerChunk | None:
     """Record a chunk's outcome, bill its accelerator-seconds and enqueue the next chunk."""
     with transaction.atomic():
-        chunk = LearnerChunk.objects.select_for_update().select_related("cluster").filter(pk=chunk_id).first()
+        chunk = (
+            LearnerChunk.objects.select_for_update(of=("self",))
+            .select_related("cluster")
+            .filter(pk=chunk_id)
+            .first()
+        )
         if chunk is None or chunk.finished_at is not None:
             return chunk  # already finished (a duplicate): nothing is billed twice
-        learner = TrainingLearner.objects.select_for_update().select_related("run").get(pk=chunk.learner_id)
+        learner = (
+            TrainingLearner.objects.select_for_update(of=("self",))
+            .select_related("run")
+            .get(pk=chunk.learner_id)
+        )
         run = learner.run
         seconds = _billable_seconds(run=run, started_at=started_at, wall_seconds=wall_seconds)
         chunk.finished_at = finished_at
@@ -623,7 +632,7 @@ def _enqueue_next_chunk(*, learner: TrainingLearner, generation: int, seq: int) 
 
 # --- Syncer -------------------------------------------------------------------------------------
 
-SYNCER_TICK_SECONDS = 1.0
+SYNCER_TICK_SECONDS = 0.5
 # A syncer chain that has not ticked for this long is presumed dead (its control worker was
 # killed, its message lost); the supervisor starts a new chain.
 SYNCER_STALE_SECONDS = 15.0
@@ -883,7 +892,7 @@ def learner_failover(*, learner_id: int, reason: str, now: datetime) -> int:
     written = 0
     with transaction.atomic():
         learner = (
-            TrainingLearner.objects.select_for_update()
+            TrainingLearner.objects.select_for_update(of=("self",))
             .select_related("run", "cluster")
             .filter(pk=learner_id)
             .first()
