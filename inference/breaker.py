@@ -1,7 +1,8 @@
 """Circuit breakers per deployment, shared by every web process through Redis.
 
-A breaker is closed until, within a rolling window, at least `min_requests` calls were made and
-the failure rate reached `failure_rate`; it then opens for `cooldown_s`. After the cooldown one
+A breaker is closed until, over its sliding window (the last `window_calls` calls no older than
+`window_s`), at least `min_requests` calls were made and the failure rate reached
+`failure_rate`; it then opens for `cooldown_s`. After the cooldown one
 caller claims the half-open probe; the probe's success closes the breaker (counters reset), its
 failure opens it again for another cooldown. A probe that never reports (its process died) is
 given up after another cooldown and a new one is claimed.
@@ -35,7 +36,8 @@ LATENCY_SAMPLES = 200
 class BreakerSettings:
     failure_rate: float = 0.5
     min_requests: int = 5
-    window_s: float = 30.0
+    window_calls: int = 20
+    window_s: float = 60.0
     cooldown_s: float = 10.0
 
 
@@ -43,7 +45,8 @@ def breaker_settings() -> BreakerSettings:
     return BreakerSettings(
         failure_rate=float(getattr(settings, "INFERENCE_BREAKER_FAILURE_RATE", 0.5)),
         min_requests=int(getattr(settings, "INFERENCE_BREAKER_MIN_REQUESTS", 5)),
-        window_s=float(getattr(settings, "INFERENCE_BREAKER_WINDOW_SECONDS", 30.0)),
+        window_calls=int(getattr(settings, "INFERENCE_BREAKER_WINDOW_CALLS", 20)),
+        window_s=float(getattr(settings, "INFERENCE_BREAKER_WINDOW_SECONDS", 60.0)),
         cooldown_s=float(getattr(settings, "INFERENCE_BREAKER_COOLDOWN_SECONDS", 10.0)),
     )
 
@@ -80,9 +83,12 @@ if not h[1] or h[1] == 'closed' then return 1 end
 return 0
 """
 
-# KEYS[1]: breaker hash, KEYS[2]: latency list. ARGV: now, ok (1/0), latency_ms, window,
-# min_requests, failure_rate, samples. Returns the state after the call as
+# KEYS[1]: breaker hash, KEYS[2]: latency list, KEYS[3]: outcome list. ARGV: now, ok (1/0),
+# latency_ms, window_s, min_requests, failure_rate, samples, window_calls. Returns
 # {state, transition} where transition is '' or 'opened' / 'closed'.
+# The failure rate is over a sliding window of the last `window_calls` calls that are at most
+# `window_s` old (a count-based window, as in resilience4j's CircuitBreaker; the age limit keeps
+# a failure from an hour ago from counting).
 _RECORD = """
 local key = KEYS[1]
 local now = tonumber(ARGV[1]); local ok = ARGV[2] == '1'
@@ -90,26 +96,32 @@ local window = tonumber(ARGV[4]); local minreq = tonumber(ARGV[5]); local rate =
 if ok then
   redis.call('LPUSH', KEYS[2], ARGV[3]); redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[7]) - 1)
 end
-local h = redis.call('HMGET', key, 'state', 'ws', 'n', 'f')
-local state = h[1] or 'closed'
+local state = redis.call('HGET', key, 'state') or 'closed'
 if state == 'half_open' then
+  redis.call('DEL', KEYS[3])
   if ok then
-    redis.call('HSET', key, 'state', 'closed', 'ws', ARGV[1], 'n', 0, 'f', 0)
+    redis.call('HSET', key, 'state', 'closed')
     return {'closed', 'closed'}
   end
   redis.call('HSET', key, 'state', 'open', 'opened', ARGV[1])
   return {'open', 'opened'}
 end
 if state == 'open' then return {'open', ''} end
-local ws = tonumber(h[2] or '0'); local n = tonumber(h[3] or '0'); local f = tonumber(h[4] or '0')
-if now - ws > window then ws = now; n = 0; f = 0 end
-n = n + 1
-if not ok then f = f + 1 end
+redis.call('LPUSH', KEYS[3], (ok and '1:' or '0:') .. ARGV[1])
+redis.call('LTRIM', KEYS[3], 0, tonumber(ARGV[8]) - 1)
+local n = 0; local f = 0
+for _, item in ipairs(redis.call('LRANGE', KEYS[3], 0, -1)) do
+  if now - tonumber(string.sub(item, 3)) <= window then
+    n = n + 1
+    if string.sub(item, 1, 1) == '0' then f = f + 1 end
+  end
+end
 if n >= minreq and f / n >= rate then
-  redis.call('HSET', key, 'state', 'open', 'opened', ARGV[1], 'ws', ws, 'n', 0, 'f', 0)
+  redis.call('HSET', key, 'state', 'open', 'opened', ARGV[1])
+  redis.call('DEL', KEYS[3])
   return {'open', 'opened'}
 end
-redis.call('HSET', key, 'state', 'closed', 'ws', ws, 'n', n, 'f', f)
+if state ~= 'closed' then redis.call('HSET', key, 'state', 'closed') end
 return {'closed', ''}
 """
 
@@ -120,6 +132,10 @@ def _key(deployment_id: int) -> str:
 
 def _lat_key(deployment_id: int) -> str:
     return f"sy:lat:{deployment_id}"
+
+
+def _calls_key(deployment_id: int) -> str:
+    return f"sy:cbw:{deployment_id}"
 
 
 class RedisBreakers:
@@ -145,15 +161,16 @@ class RedisBreakers:
         self, deployment_id: int, *, ok: bool, latency_ms: float, now: float, cfg: BreakerSettings
     ) -> tuple[str, str]:
         state, transition = self._record(
-            keys=[_key(deployment_id), _lat_key(deployment_id)],
+            keys=[_key(deployment_id), _lat_key(deployment_id), _calls_key(deployment_id)],
             args=[
-                now,
+                f"{now:.6f}",
                 1 if ok else 0,
                 f"{latency_ms:.3f}",
                 cfg.window_s,
                 cfg.min_requests,
                 cfg.failure_rate,
                 LATENCY_SAMPLES,
+                cfg.window_calls,
             ],
         )
         return _s(state), _s(transition)
@@ -171,7 +188,7 @@ class RedisBreakers:
         }
 
     def reset(self, deployment_id: int) -> None:
-        self.redis.delete(_key(deployment_id), _lat_key(deployment_id))
+        self.redis.delete(_key(deployment_id), _lat_key(deployment_id), _calls_key(deployment_id))
 
     def claim_once(self, key: str, *, ttl_s: float) -> bool:
         """True for the first caller within ttl_s (e.g. one demotion event per episode)."""
@@ -192,7 +209,7 @@ class LocalBreakers:
         self._once: dict[str, float] = {}
 
     def _h(self, deployment_id: int) -> dict[str, Any]:
-        return self._state.setdefault(deployment_id, {"state": CLOSED, "ws": 0.0, "n": 0, "f": 0})
+        return self._state.setdefault(deployment_id, {"state": CLOSED})
 
     def peek(self, deployment_ids: Sequence[int], *, now: float, cfg: BreakerSettings) -> list[int]:
         out = []
@@ -227,21 +244,24 @@ class LocalBreakers:
             if ok:
                 self._lat.setdefault(deployment_id, deque(maxlen=LATENCY_SAMPLES)).appendleft(latency_ms)
             h = self._h(deployment_id)
+            calls: deque[tuple[bool, float]] = h.setdefault("calls", deque())
             if h["state"] == HALF_OPEN:
+                calls.clear()
                 if ok:
-                    h.update(state=CLOSED, ws=now, n=0, f=0)
+                    h["state"] = CLOSED
                     return CLOSED, "closed"
                 h.update(state=OPEN, opened=now)
                 return OPEN, "opened"
             if h["state"] == OPEN:
                 return OPEN, ""
-            if now - h["ws"] > cfg.window_s:
-                h.update(ws=now, n=0, f=0)
-            h["n"] += 1
-            if not ok:
-                h["f"] += 1
-            if h["n"] >= cfg.min_requests and h["f"] / h["n"] >= cfg.failure_rate:
-                h.update(state=OPEN, opened=now, n=0, f=0)
+            calls.appendleft((ok, now))
+            while len(calls) > cfg.window_calls:
+                calls.pop()
+            recent = [good for good, at in calls if now - at <= cfg.window_s]
+            failures = sum(1 for good in recent if not good)
+            if len(recent) >= cfg.min_requests and failures / len(recent) >= cfg.failure_rate:
+                h.update(state=OPEN, opened=now)
+                calls.clear()
                 return OPEN, "opened"
             return CLOSED, ""
 

@@ -1,0 +1,299 @@
+"""The router: strategies (pure), failover, retries, breakers, quality demotion, budgets, records."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+
+from billing.budgets import BudgetExhausted
+from billing.models import Budget, UsageRecord
+from inference.adapters.base import ChatMessage, ChatRequest, Target
+from inference.breaker import breaker_state
+from inference.mockprovider import MockProviderServer
+from inference.models import InferenceAttempt, InferenceRequest
+from inference.router import order_candidates, route
+from inference.selectors import PlanEntry, RoutePlan
+from inference.services import quality_record_create
+from stack.models import Deployment, FailoverEvent, RoutingPolicyVersion
+from tests.factories import make_deployment
+from tests.inference.helpers import priced_deployment, routed_workflow
+
+pytestmark = pytest.mark.django_db
+PING = ChatRequest(messages=(ChatMessage("user", "ping"),))
+Outcome = InferenceAttempt.Outcome
+
+
+# --- Strategies, without HTTP ------------------------------------------------------------------------
+
+
+def _entry(pk: int, *, price: str | None = None, weight: int = 1) -> PlanEntry:
+    deployment = Deployment(pk=pk, slug=f"d{pk}")
+    target = Target(
+        deployment_id=pk, slug=f"d{pk}", kind="openai-compatible", base_url="", provider_model_id=""
+    )
+    p = Decimal(price) if price is not None else None
+    return PlanEntry(
+        deployment=deployment, target=target, position=pk, weight=weight, input_price=p, output_price=p
+    )
+
+
+def _plan(strategy: str, entries: list[PlanEntry], floor: float | None = None) -> RoutePlan:
+    return RoutePlan(
+        workflow_id=1,
+        policy_id=1,
+        version=1,
+        strategy=strategy,
+        quality_floor=floor,
+        max_cost_per_request=None,
+        entries=entries,
+    )
+
+
+def _slugs(entries: list[PlanEntry]) -> list[str]:
+    return [e.deployment.slug for e in entries]
+
+
+def test_priority_keeps_policy_order() -> None:
+    plan = _plan(RoutingPolicyVersion.Strategy.PRIORITY, [_entry(1, price="9"), _entry(2, price="1")])
+    order, demoted = order_candidates(plan, quality={}, p50s={})
+    assert _slugs(order) == ["d1", "d2"] and demoted == []
+
+
+def test_cheapest_respects_the_quality_floor() -> None:
+    plan = _plan(
+        RoutingPolicyVersion.Strategy.CHEAPEST,
+        [_entry(1, price="5"), _entry(2, price="1"), _entry(3, price="2"), _entry(4)],
+        floor=0.7,
+    )
+    order, demoted = order_candidates(plan, quality={1: 0.9, 2: 0.5, 3: 0.8, 4: None}, p50s={})
+    assert _slugs(order) == ["d3", "d1", "d4"]  # d2 is cheapest but below the floor; unpriced last
+    assert [(e.deployment.slug, s) for e, s in demoted] == [("d2", 0.5)]
+
+
+def test_fastest_orders_by_rolling_p50_and_measures_the_unknown_first() -> None:
+    plan = _plan(RoutingPolicyVersion.Strategy.FASTEST, [_entry(1), _entry(2), _entry(3)])
+    order, _ = order_candidates(plan, quality={}, p50s={1: 40.0, 2: 5.0, 3: None})
+    assert _slugs(order) == ["d3", "d2", "d1"]
+
+
+def test_weighted_splits_the_first_choice_by_weight() -> None:
+    plan = _plan(RoutingPolicyVersion.Strategy.WEIGHTED, [_entry(1, weight=3), _entry(2, weight=1)])
+    rng = random.Random(7)
+    firsts = [order_candidates(plan, quality={}, p50s={}, rng=rng)[0] for _ in range(2000)]
+    share = sum(1 for order in firsts if order[0].deployment.pk == 1) / len(firsts)
+    assert 0.70 < share < 0.80
+    assert all(len(order) == 2 for order in firsts)  # the other stays as the fallback
+
+
+# --- Routing over loopback providers -------------------------------------------------------------------
+
+
+def test_success_records_request_attempt_and_usage(
+    admin_user: User, mock_provider: Callable[..., MockProviderServer]
+) -> None:
+    server = mock_provider(tokens_in=1000, tokens_out=500)
+    primary = priced_deployment(server)
+    workflow = routed_workflow(admin_user, [primary, priced_deployment(server)])
+    result = route(workflow=workflow, request=PING)
+    assert result.ok and result.deployment_slug == primary.slug
+    # 1000 in at $1/1M + 500 out at $3/1M
+    assert result.cost == Decimal("0.002500000")
+    row = InferenceRequest.objects.get(pk=result.request_id)
+    assert (row.status, row.deployment_id, row.tokens_in, row.tokens_out, row.attempts) == (
+        "succeeded",
+        primary.pk,
+        1000,
+        500,
+        1,
+    )
+    assert row.policy_version_id == workflow.policy_versions.get().pk
+    usage = UsageRecord.objects.filter(subject_type="inference_request", subject_id=str(row.pk))
+    assert sorted(usage.values_list("unit", "amount")) == [
+        ("input_tokens_1m", Decimal("0.001000000")),
+        ("output_tokens_1m", Decimal("0.001500000")),
+    ]
+    assert all(u.workflow_id == workflow.pk and u.deployment_id == primary.pk for u in usage)
+    assert FailoverEvent.objects.count() == 0
+
+
+def test_retryable_error_fails_over_and_records_the_event(
+    admin_user: User, mock_provider: Callable[..., MockProviderServer]
+) -> None:
+    failing, healthy = mock_provider(status=503), mock_provider()
+    primary, fallback = priced_deployment(failing), priced_deployment(healthy)
+    workflow = routed_workflow(admin_user, [primary, fallback])
+    result = route(workflow=workflow, request=PING)
+    assert result.ok and result.deployment_slug == fallback.slug
+    attempts = list(
+        InferenceAttempt.objects.filter(request_id=result.request_id).values_list(
+            "deployment_id", "outcome", "status_code"
+        )
+    )
+    assert attempts == [(primary.pk, Outcome.RETRYABLE, 503), (fallback.pk, Outcome.OK, 200)]
+    event = FailoverEvent.objects.get()
+    assert (event.kind, event.from_deployment_id, event.to_deployment_id, event.status_code) == (
+        "inference",
+        primary.pk,
+        fallback.pk,
+        503,
+    )
+    assert event.from_provider_id == primary.provider_id and event.time_lost is not None
+    assert event.subject == f"inference-request:{result.request_id}"
+    assert failing.behaviour.total_calls() == 1  # moved on at once, no retry of the primary
+
+
+def test_client_error_is_not_retried_nor_failed_over(
+    admin_user: User, mock_provider: Callable[..., MockProviderServer]
+) -> None:
+    rejecting, healthy = mock_provider(status=400), mock_provider()
+    workflow = routed_workflow(admin_user, [priced_deployment(rejecting), priced_deployment(healthy)])
+    result = route(workflow=workflow, request=PING)
+    assert not result.ok and result.status_code == 400
+    assert rejecting.behaviour.total_calls() == 1 and healthy.behaviour.total_calls() == 0
+    row = InferenceRequest.objects.get(pk=result.request_id)
+    assert row.status == "failed" and "HTTP 400" in row.error
+    assert FailoverEvent.objects.count() == 0
+
+
+def test_failing_everywhere_is_recorded_with_every_attempt_and_retried_with_backoff(
+    admin_user: User, mock_provider: Callable[..., MockProviderServer], settings: Any
+) -> None:
+    settings.INFERENCE_MAX_ROUNDS = 2
+    settings.INFERENCE_BACKOFF_SECONDS = 0.01
+    settings.INFERENCE_BREAKER_MIN_REQUESTS = 100  # keep the breakers out of this test
+    a, b = mock_provider(status=502), mock_provider(status=429)
+    da, db = priced_deployment(a), priced_deployment(b)
+    workflow = routed_workflow(admin_user, [da, db])
+    result = route(workflow=workflow, request=PING)
+    assert not result.ok
+    row = InferenceRequest.objects.get(pk=result.request_id)
+    assert row.status == "failed" and row.deployment_id is None and row.attempts == 4 and row.cost == 0
+    outcomes = list(row.attempt_rows.order_by("position").values_list("deployment_id", "status_code"))
+    assert outcomes == [(da.pk, 502), (db.pk, 429), (da.pk, 502), (db.pk, 429)]
+    # Each failed call that led to another is an event; the last one led nowhere.
+    assert FailoverEvent.objects.count() == 3
+    assert UsageRecord.objects.count() == 0
+    assert a.behaviour.total_calls() == 2 and b.behaviour.total_calls() == 2
+
+
+def test_deadline_bounds_the_request(
+    admin_user: User, mock_provider: Callable[..., MockProviderServer], settings: Any
+) -> None:
+    settings.INFERENCE_BREAKER_MIN_REQUESTS = 100
+    slow = mock_provider(delay_ms=400)
+    healthy = mock_provider()
+    workflow = routed_workflow(admin_user, [priced_deployment(slow), priced_deployment(healthy)])
+    result = route(workflow=workflow, request=PING, deadline_s=0.1)
+    # The slow primary timed out within the deadline and nothing was left for the fallback.
+    assert not result.ok and "deadline passed" in result.error
+    assert healthy.behaviour.total_calls() == 0
+
+
+def test_circuit_opens_probes_and_closes(
+    admin_user: User, mock_provider: Callable[..., MockProviderServer], settings: Any
+) -> None:
+    settings.INFERENCE_BREAKER_MIN_REQUESTS = 3
+    settings.INFERENCE_BREAKER_FAILURE_RATE = 0.5
+    settings.INFERENCE_BREAKER_COOLDOWN_SECONDS = 0.3
+    flaky, healthy = mock_provider(status=503), mock_provider()
+    primary, fallback = priced_deployment(flaky), priced_deployment(healthy)
+    workflow = routed_workflow(admin_user, [primary, fallback])
+    for _ in range(3):
+        assert route(workflow=workflow, request=PING).ok
+    assert breaker_state(primary.pk) == "open"
+    assert flaky.behaviour.total_calls() == 3
+    skipped = route(workflow=workflow, request=PING)
+    assert skipped.ok and flaky.behaviour.total_calls() == 3  # not called while open
+    assert [a.outcome for a in skipped.attempts] == [Outcome.CIRCUIT_OPEN, Outcome.OK]
+    # After the cooldown one request probes; it fails, so the circuit opens again.
+    time.sleep(0.35)
+    assert route(workflow=workflow, request=PING).ok
+    assert flaky.behaviour.total_calls() == 4 and breaker_state(primary.pk) == "open"
+    # The provider recovers: the next probe closes the circuit and the primary serves again.
+    flaky.behaviour.status = 200
+    time.sleep(0.35)
+    probe = route(workflow=workflow, request=PING)
+    assert probe.deployment_slug == primary.slug and breaker_state(primary.pk) == "closed"
+    assert route(workflow=workflow, request=PING).deployment_slug == primary.slug
+
+
+def test_quality_demotion_skips_with_one_event(
+    admin_user: User, mock_provider: Callable[..., MockProviderServer]
+) -> None:
+    server = mock_provider()
+    weak, good = priced_deployment(server), priced_deployment(server)
+    workflow = routed_workflow(admin_user, [weak, good], quality_floor=Decimal("0.6"))
+    quality_record_create(deployment=weak, workflow=workflow, source="eval", score=Decimal("0.3"))
+    quality_record_create(deployment=good, workflow=workflow, source="feedback", score=0.9)
+    first = route(workflow=workflow, request=PING)
+    second = route(workflow=workflow, request=PING)
+    assert first.deployment_slug == good.slug and second.deployment_slug == good.slug
+    assert first.attempts[0].outcome == Outcome.SKIPPED_QUALITY
+    events = FailoverEvent.objects.filter(from_deployment=weak)
+    assert events.count() == 1 and "quality demotion" in events.get().reason
+    # Its quality recovers above the floor: it serves again.
+    for _ in range(30):
+        quality_record_create(deployment=weak, workflow=workflow, source="eval", score=1)
+    assert route(workflow=workflow, request=PING).deployment_slug == weak.slug
+
+
+def test_budget_exhausted_fails_closed(
+    admin_user: User, mock_provider: Callable[..., MockProviderServer]
+) -> None:
+    server = mock_provider(tokens_in=1_000_000, tokens_out=0)
+    workflow = routed_workflow(admin_user, [priced_deployment(server)])
+    Budget.objects.create(
+        name="wf cap",
+        scope=Budget.Scope.WORKFLOW,
+        workflow=workflow,
+        limit_amount=Decimal("1.5"),
+        hard_limit=True,
+    )
+    assert route(workflow=workflow, request=PING).cost == Decimal("1.000000000")
+    assert route(workflow=workflow, request=PING).ok  # 1.0 < 1.5: still admitted
+    calls = server.behaviour.total_calls()
+    with pytest.raises(BudgetExhausted, match="wf cap"):
+        route(workflow=workflow, request=PING)
+    assert server.behaviour.total_calls() == calls  # nothing was called
+    refused = InferenceRequest.objects.order_by("-id").first()
+    assert refused is not None and refused.status == "failed"
+    assert list(refused.attempt_rows.values_list("outcome", flat=True)) == [Outcome.BUDGET]
+
+
+def test_client_request_id_is_never_billed_twice(
+    admin_user: User, mock_provider: Callable[..., MockProviderServer]
+) -> None:
+    server = mock_provider(text="answer")
+    workflow = routed_workflow(admin_user, [priced_deployment(server)])
+    first = route(workflow=workflow, request=PING, client_request_id="batch-7:line-3")
+    again = route(workflow=workflow, request=PING, client_request_id="batch-7:line-3")
+    assert again.replayed and again.request_id == first.request_id
+    assert again.completion is not None and again.completion.text == "answer" and again.cost == first.cost
+    assert server.behaviour.total_calls() == 1
+    assert UsageRecord.objects.count() == 2  # input + output of the one call
+
+
+def test_disabled_deployment_is_left_out(
+    admin_user: User, mock_provider: Callable[..., MockProviderServer]
+) -> None:
+    server = mock_provider()
+    off, on = priced_deployment(server), priced_deployment(server)
+    workflow = routed_workflow(admin_user, [off, on])
+    off.enabled = False
+    off.save(update_fields=["enabled"])
+    assert route(workflow=workflow, request=PING).deployment_slug == on.slug
+
+
+def test_unpriced_deployment_answers_without_usage(
+    admin_user: User, mock_provider: Callable[..., MockProviderServer]
+) -> None:
+    server = mock_provider()
+    workflow = routed_workflow(admin_user, [make_deployment(base_url=server.base_url)])
+    result = route(workflow=workflow, request=PING)
+    assert result.ok and result.cost == 0 and UsageRecord.objects.count() == 0
