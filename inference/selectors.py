@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import date, datetime, timedelta
 from decimal import Decimal
 
 from django.conf import settings
@@ -280,4 +280,41 @@ def workflow_requests(*, workflow: Workflow, limit: int = 100) -> list[Inference
         InferenceRequest.objects.filter(workflow=workflow)
         .select_related("deployment")
         .order_by("-created_at")[:limit]
+    )
+
+
+@dataclass(frozen=True)
+class DeploymentPrice:
+    """What a deployment costs per 1M tokens, to set cloud and self-hosted side by side."""
+
+    per_1m_input: Decimal | None
+    per_1m_output: Decimal | None
+    currency: str
+    self_hosted: bool  # per_1m_* are then the amortised hosting cost (billing.selfhosted)
+
+
+def deployment_price_per_1m(*, deployment: Deployment, since_day: date | None = None) -> DeploymentPrice:
+    """Cloud deployments: the token prices in force. Self-hosted ones (hosting_cluster set): the
+    hosting cluster's accelerator-hours over the tokens served, from billing.selfhosted (never
+    computed here); None until it has served a token."""
+    if deployment.hosting_cluster_id is not None:
+        from billing.selfhosted import self_hosted_cost
+
+        since = since_day or (timezone.now() - timedelta(days=30)).date()
+        figure = self_hosted_cost(deployment=deployment, since_day=since)[0]
+        return DeploymentPrice(figure.per_1m_tokens, figure.per_1m_tokens, figure.currency, True)
+    prices = PriceResolver()
+    now = timezone.now()
+    found_in = prices.resolve(
+        unit=Unit.INPUT_TOKENS_1M, at=now, deployment_id=deployment.pk, provider_id=deployment.provider_id
+    )
+    found_out = prices.resolve(
+        unit=Unit.OUTPUT_TOKENS_1M, at=now, deployment_id=deployment.pk, provider_id=deployment.provider_id
+    )
+    priced = found_in or found_out
+    return DeploymentPrice(
+        found_in.unit_price if found_in else None,
+        found_out.unit_price if found_out else None,
+        priced.currency if priced is not None else "USD",
+        False,
     )

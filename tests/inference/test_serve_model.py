@@ -1,0 +1,165 @@
+"""`manage.py serve_model` round trip: a tiny artifact written by training.artifacts, served by a
+real subprocess, routed to through a self-hosted deployment on a cluster."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from django.conf import settings
+from django.contrib.auth.models import User
+
+from billing.models import Unit, UsageRecord
+from inference.adapters.base import ChatMessage, ChatRequest, CompletionRequest
+from inference.adapters.openai_compat import OpenAICompatibleAdapter
+from inference.local_serving import local_server_for_artifact
+from inference.router import route
+from inference.selectors import deployment_price_per_1m
+from stack.models import Provider
+from tests.factories import (
+    make_cluster,
+    make_deployment,
+    make_model,
+    make_price,
+    make_provider,
+    make_workflow,
+)
+from tests.integration.conftest import test_database_url as database_url_for_children
+from training.artifacts import model_artifact_write
+from training.engine.config import ModelConfig
+from training.engine.model import GPT
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def served(transactional_db: Any, tmp_path: Path) -> Iterator[tuple[Any, str, str]]:
+    """(registered model, its artifact URI, the base URL of a running serve_model process)."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(n_layer=1, n_embd=16, n_head=2, block_size=32)
+    uri = model_artifact_write(
+        store_url=f"file://{tmp_path}", key="models/tiny.bin", model_cfg=cfg, params=GPT(cfg).state_dict()
+    )
+    model = make_model(slug="tiny-gpt", artifact_uri=uri, context_length=32)
+    port = _free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            str(Path(settings.BASE_DIR) / "manage.py"),
+            "serve_model",
+            "--model",
+            model.slug,
+            "--port",
+            str(port),
+        ],
+        env={**os.environ, "DATABASE_URL": database_url_for_children()},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/health", timeout=1).read()  # noqa: S310 (loopback)
+                break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    output = process.stdout.read().decode() if process.stdout else ""
+                    raise AssertionError(f"serve_model did not start: {output}") from None
+                time.sleep(0.2)
+        yield model, uri, f"{base}/v1"
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def test_served_artifact_answers_like_the_model_in_process(
+    served: tuple[Any, str, str], admin_user: User
+) -> None:
+    model, uri, base_url = served
+    cluster = make_cluster(provider=make_provider(kind=Provider.Kind.ON_PREM), price=Decimal("1.2"))
+    local = make_deployment(
+        model=model,
+        provider=cluster.provider,
+        hosting_cluster=cluster,
+        base_url=base_url,
+        provider_model_id=model.slug,
+    )
+    for unit in (Unit.INPUT_TOKENS_1M, Unit.OUTPUT_TOKENS_1M):
+        make_price(deployment=local, unit=unit, unit_price=Decimal("0"))
+    workflow = make_workflow(owner=admin_user, deployments=[local])
+
+    result = route(workflow=workflow, request=CompletionRequest(prompt="hello", max_tokens=12))
+    assert result.ok and result.deployment_slug == local.slug
+    assert result.completion is not None
+    assert (result.completion.tokens_in, result.completion.tokens_out) == (5, 12)  # bytes in, bytes out
+
+    # The same artifact, loaded here, generates the same bytes greedily.
+    reference = local_server_for_artifact(uri=uri, name="ref")
+    try:
+        pieces, _, _ = reference.generator.generate("hello", max_tokens=12)
+    finally:
+        reference.server_close()
+    assert result.completion.text == b"".join(pieces).decode("utf-8", "replace")
+
+    # Streaming chat through the adapter, and the models list.
+    chunks = list(
+        OpenAICompatibleAdapter().stream(
+            route_target(local), ChatRequest(messages=(ChatMessage("user", "hi"),), max_tokens=6), timeout=30
+        )
+    )
+    assert chunks[-1].tokens_out == 6
+    with urllib.request.urlopen(f"{base_url}/models", timeout=5) as answer:  # noqa: S310 (loopback)
+        assert b"tiny-gpt" in answer.read()
+
+    # Tokens are in the ledger at the zero token price; the $/1M figure is billing's.
+    usage = UsageRecord.objects.filter(deployment=local, subject_type="inference_request")
+    assert sorted(usage.values_list("unit", "quantity")) == [
+        ("input_tokens_1m", Decimal("0.000005000")),
+        ("output_tokens_1m", Decimal("0.000012000")),
+    ]
+    price = deployment_price_per_1m(deployment=local)
+    assert price.self_hosted and price.per_1m_input == Decimal("0")  # no accelerator-hours billed yet
+
+
+def route_target(deployment: Any) -> Any:
+    from inference.selectors import route_plan_build
+
+    plan = route_plan_build(workflow_id=deployment.policy_versions.first().workflow_id)
+    assert plan is not None
+    return plan.entries[0].target
+
+
+def test_serve_model_refuses_an_unknown_model(transactional_db: Any) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(Path(settings.BASE_DIR) / "manage.py"),
+            "serve_model",
+            "--model",
+            "nope",
+            "--port",
+            "1",
+        ],
+        env={**os.environ, "DATABASE_URL": database_url_for_children()},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode != 0 and "no registered model 'nope'" in done.stderr
