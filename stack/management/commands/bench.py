@@ -2,6 +2,8 @@
 
 python manage.py bench diloco --quick --json var/bench-diloco.json
 python manage.py bench ledger --rows 1000000 --json var/bench-ledger.json
+python manage.py bench gateway --json var/bench-gateway.json
+python manage.py bench training --json var/bench-training.json
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 BENCHMARKS = {
     "diloco": "training.engine.bench:main",
     "ledger": "billing.bench:main",
+    "training": "training.bench_training:main",
 }
 
 

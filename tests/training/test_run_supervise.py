@@ -1,0 +1,158 @@
+"""The supervisor in-process: lost learners fail over, quorum rules, a silent syncer restarts;
+a spent money budget stops the run with its checkpoint kept."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from billing.models import UsageRecord
+from stack.models import Cluster, FailoverEvent
+from tests.factories import make_cluster
+from training import orchestrator, services
+from training.models import LearnerChunk, PlacementDecision, TrainingLearner, TrainingRun
+
+
+def _config(store: Path, **over: Any) -> dict[str, Any]:
+    cfg: dict[str, Any] = {
+        "model": {"n_layer": 1, "n_embd": 16, "n_head": 2, "block_size": 16},
+        "data": {"max_train_bytes": 50_000, "max_eval_bytes": 5_000},
+        "learners": {"count": 2, "quorum": 1, "batch_size": 4},
+        "h": 5,
+        "syncer": {"grace_seconds": 0.0},
+        "stop": {"outer_steps": 50},
+        "chunk_seconds": 0.5,
+        "learner_timeout": 10,
+        "eval_windows": 8,
+        "object_store_url": f"file://{store}",
+    }
+    cfg.update(over)
+    return cfg
+
+
+def _cluster(price: str, *, capacity: int = 1, status: str = "healthy") -> Cluster:
+    cluster = make_cluster(price=Decimal(price), accelerator_count=capacity, capacity=capacity)
+    Cluster.objects.filter(pk=cluster.pk).update(status=status, last_heartbeat_at=timezone.now())
+    cluster.refresh_from_db()
+    return cluster
+
+
+def _start(store: Path, **over: Any) -> TrainingRun:
+    run = services.training_run_create(config=_config(store, **over), created_by=None, name="sup")
+    services.training_run_place(run_id=run.pk)
+    run.refresh_from_db()
+    return run
+
+
+@pytest.mark.django_db
+def test_a_learner_on_a_down_cluster_moves_to_the_cheapest_healthy_cluster(tmp_path: Path) -> None:
+    a, b = _cluster("1.0"), _cluster("2.0")
+    spare_dear, spare_cheap = _cluster("9.0"), _cluster("4.0")
+    run = _start(tmp_path)
+    learner = TrainingLearner.objects.get(run=run, index=0)
+    assert learner.cluster_id == a.pk
+    orchestrator.learner_chunk_execute(learner_id=learner.pk, generation=0, seq=0, worker_hostname="w@a")
+    Cluster.objects.filter(pk=a.pk).update(status="down")
+
+    counts = services.training_runs_supervise()
+    assert counts["failovers"] == 1
+    learner.refresh_from_db()
+    assert (learner.generation, learner.cluster_id, learner.state) == (1, spare_cheap.pk, "placed")
+    decision = PlacementDecision.objects.get(run=run, learner_index=0, generation=1)
+    assert decision.reason == "failover" and decision.unit_price == Decimal("4")
+    rejected = {c["cluster"]: c["rejected"] for c in decision.candidates}
+    assert rejected[a.slug] == "status down" and rejected[b.slug] == "no free capacity"
+    event = FailoverEvent.objects.get(training_run_id=run.pk)
+    assert event.kind == "training" and event.subject == f"training-run:{run.pk}/learner:0"
+    assert event.from_cluster_id == a.pk and event.to_cluster_id == spare_cheap.pk
+    assert event.recovered_at is None and event.tokens_lost is not None
+    run.refresh_from_db()
+    assert run.state == TrainingRun.State.RECOVERING
+    # Supervising again changes nothing: one event per loss.
+    services.training_runs_supervise()
+    assert FailoverEvent.objects.filter(training_run_id=run.pk).count() == 1
+
+    # The new generation's first chunk closes the event and the run is running again.
+    orchestrator.learner_chunk_execute(learner_id=learner.pk, generation=1, seq=0, worker_hostname="w@spare")
+    event.refresh_from_db()
+    assert event.recovered_at is not None
+    services.training_runs_supervise()
+    run.refresh_from_db()
+    assert run.state == TrainingRun.State.RUNNING
+    assert spare_dear.pk not in set(LearnerChunk.objects.values_list("cluster_id", flat=True))
+
+
+@pytest.mark.django_db
+def test_with_no_room_the_learner_stays_lost_until_its_cluster_comes_back(tmp_path: Path) -> None:
+    a, b = _cluster("1.0"), _cluster("2.0")
+    run = _start(tmp_path)
+    Cluster.objects.filter(pk=a.pk).update(status="down")
+    services.training_runs_supervise()
+    learner = TrainingLearner.objects.get(run=run, index=0)
+    assert learner.state == "lost" and learner.generation == 0
+    event = FailoverEvent.objects.get(training_run_id=run.pk)
+    assert event.to_cluster is None and "not re-placed yet" in event.reason
+    run.refresh_from_db()
+    assert run.state == TrainingRun.State.RECOVERING  # one of two learners alive, quorum 1 holds
+
+    Cluster.objects.filter(pk=a.pk).update(status="healthy")
+    services.training_runs_supervise()
+    learner.refresh_from_db()
+    assert (learner.state, learner.generation, learner.cluster_id) == ("placed", 1, a.pk)
+    assert FailoverEvent.objects.filter(training_run_id=run.pk).count() == 1
+    assert b.pk in set(TrainingLearner.objects.filter(run=run).values_list("cluster_id", flat=True))
+
+
+@pytest.mark.django_db
+def test_a_silent_learner_is_lost_after_its_timeout(tmp_path: Path) -> None:
+    _cluster("1.0"), _cluster("2.0")
+    run = _start(tmp_path)
+    later = timezone.now() + timedelta(seconds=30)
+    counts = services.training_runs_supervise(now=later)
+    assert counts["failovers"] == 2
+    reasons = set(FailoverEvent.objects.filter(training_run_id=run.pk).values_list("reason", flat=True))
+    assert all("no report for" in r for r in reasons)
+
+
+@pytest.mark.django_db
+def test_a_silent_syncer_chain_is_replaced(tmp_path: Path) -> None:
+    _cluster("1.0"), _cluster("2.0")
+    run = _start(tmp_path)
+    old = run.syncer_token
+    counts = services.training_runs_supervise(now=timezone.now() + timedelta(seconds=60))
+    run.refresh_from_db()
+    assert counts["syncers_restarted"] == 1 and run.syncer_token != old
+    # The old chain's ticks are no-ops from now on.
+    assert services.syncer_tick_claim(run_id=run.pk, token=old) is None
+    assert services.syncer_tick_claim(run_id=run.pk, token=run.syncer_token) is not None
+
+
+@pytest.mark.django_db
+def test_no_cluster_at_all_fails_the_run_naming_each_rejected_cluster(tmp_path: Path) -> None:
+    down = _cluster("1.0", status="down")
+    run = _start(tmp_path)
+    assert run.state == TrainingRun.State.FAILED
+    assert f"{down.slug}: status down" in run.reason
+    assert not TrainingLearner.objects.filter(run=run).exists()
+
+
+@pytest.mark.django_db
+def test_a_spent_money_budget_stops_the_run_and_keeps_a_checkpoint(tmp_path: Path) -> None:
+    _cluster("3600.0"), _cluster("3600.0")  # a dollar per accelerator-second
+    run = _start(tmp_path, money_budget="0.10")
+    learner = TrainingLearner.objects.get(run=run, index=0)
+    orchestrator.learner_chunk_execute(learner_id=learner.pk, generation=0, seq=0, worker_hostname="w@1")
+    billed = UsageRecord.objects.filter(subject_id=str(run.pk)).count()
+    assert billed == 1
+    orchestrator.learner_chunk_execute(learner_id=learner.pk, generation=0, seq=1, worker_hostname="w@1")
+    run.refresh_from_db()
+    assert run.state == TrainingRun.State.BUDGET_EXHAUSTED
+    assert "money budget 0.100000000 USD spent" in run.reason
+    assert run.artifact_uri.startswith(f"file://{tmp_path}/runs/{run.pk}/artifacts/checkpoint-")
+    assert not LearnerChunk.objects.filter(learner=learner, seq=1).exists()
+    assert UsageRecord.objects.filter(subject_id=str(run.pk)).count() == billed

@@ -1,0 +1,387 @@
+"""Benchmark: DiLoCo runs through Switchyard's orchestration, with and without a cluster failure.
+
+python manage.py bench training --json var/bench-training.json [--outer-steps N] [--keep]
+
+Against the configured database, broker and object store it registers three scratch clusters
+(prices 1.00 < 1.50 < 3.00 per accelerator-hour, one learner slot each), starts one
+`manage.py worker --cluster` per cluster, the control worker and beat, and runs the same small
+job twice (2 learners, quorum 1):
+
+1. plain: the learners go to the two cheapest clusters;
+2. failure: once the run has done about a third of the plain run's outer steps, the cheapest
+   cluster's worker is SIGKILLed; it is restarted a third of the plain run's duration later.
+   The supervisor fails its learner over to the third cluster.
+
+Then it trains the same learners with the bare engine in this process (no broker, no
+database, in-memory transport; same model, batch, H, quorum) and reports:
+
+* orchestration_overhead_ratio: tokens per learner-second under Switchyard (all tokens the
+  learners trained ÷ the summed span from each learner's first chunk start to its last chunk
+  end, so broker dispatch gaps, model loads, pushes and database writes all count) ÷ tokens
+  per second of the bare engine's learners (one learner on one thread, as each worker has);
+* failover_detect_s: SIGKILL → the training FailoverEvent's detected_at;
+* failover_recover_s: SIGKILL → the re-placed learner training again (its recovered_at);
+* goodput_with_failure: tokens merged per wall-second with the failure ÷ without;
+* loss_ratio_with_failure: final eval loss with the failure ÷ without.
+
+The scratch clusters are marked draining at the end so they take no later work (--keep leaves
+them as they are). Benchmarks measure; tests never assert on these figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import close_old_connections
+from django.db.models import F, Max, Min, Sum
+from django.utils import timezone
+
+HEALTH_ENV = {
+    "SWITCHYARD_HEARTBEAT_SECONDS": "1",
+    "SWITCHYARD_DEGRADED_AFTER_SECONDS": "3",
+    "SWITCHYARD_DOWN_AFTER_SECONDS": "6",
+    "SWITCHYARD_HEALTH_CHECK_SECONDS": "1",
+    "SWITCHYARD_TRAINING_SUPERVISE_SECONDS": "1",
+}
+PRICES = (Decimal("1.00"), Decimal("1.50"), Decimal("3.00"))
+
+
+def bench_config(*, outer_steps: int, store_url: str, region: str) -> dict[str, Any]:
+    return {
+        "model": {"n_layer": 2, "n_embd": 48, "n_head": 4, "block_size": 64},
+        "data": {"max_train_bytes": 1_000_000, "max_eval_bytes": 100_000},
+        "learners": {"count": 2, "quorum": 1, "batch_size": 16},
+        "h": 40,
+        "inner": {"lr": 3e-3, "warmup_steps": 20},
+        "outer": {"lr": 0.7, "momentum": 0.6},
+        "syncer": {"grace_seconds": 0.5},
+        "stop": {"outer_steps": outer_steps},
+        "chunk_seconds": 6.0,
+        "learner_timeout": 20.0,
+        "eval_windows": 64,
+        "object_store_url": store_url,
+        # Only this benchmark's scratch clusters: whatever else is registered stays out of it.
+        "placement": {"regions": [region]},
+    }
+
+
+class Procs:
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.running: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str, *args: str) -> None:
+        log = (self.log_dir / f"{name}.log").open("ab")
+        self.running[name] = subprocess.Popen(  # noqa: S603 (our own manage.py)
+            [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), *args],
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **HEALTH_ENV},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def kill(self, name: str) -> None:
+        proc = self.running.pop(name)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+    def stop_all(self) -> None:
+        for proc in self.running.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.running.values():
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        self.running.clear()
+
+
+def _wait(predicate: Callable[[], Any], *, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        close_old_connections()
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.25)
+    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def _scratch_clusters(tag: str) -> list[Any]:
+    from billing.models import Unit
+    from billing.services import price_book_publish
+    from stack.models import Cluster, Provider
+
+    provider, _ = Provider.objects.get_or_create(
+        slug="bench-training", defaults={"display_name": "Training benchmark", "kind": Provider.Kind.OTHER}
+    )
+    clusters = []
+    for i, price in enumerate(PRICES):
+        cluster = Cluster.objects.create(
+            provider=provider,
+            slug=f"bench-{tag}-{i}",
+            region=f"bench-{tag}",
+            accelerator_type="cpu",
+            accelerator_count=1,
+            capacity=1,
+        )
+        price_book_publish(
+            unit=Unit.ACCELERATOR_HOUR,
+            unit_price=price,
+            cluster=cluster,
+            effective_from=timezone.now(),
+            note="bench",
+        )
+        clusters.append(cluster)
+    return clusters
+
+
+def _run_figures(run_id: int) -> dict[str, Any]:
+    from training.models import GlobalVersionRecord, LearnerChunk, TrainingLearner, TrainingRun
+
+    # Chunks still training when the run ended stop within a second or two and then bill;
+    # count them (and a failover's recovery) before reading the figures.
+    try:
+        _wait(
+            lambda: (
+                not LearnerChunk.objects.filter(
+                    learner__run_id=run_id, finished_at__isnull=True, learner__generation=F("generation")
+                ).exists()
+            ),
+            timeout=30,
+            what="in-flight chunks",
+        )
+    except TimeoutError:
+        pass
+
+    run = TrainingRun.objects.get(pk=run_id)
+    tokens = TrainingLearner.objects.filter(run=run).aggregate(t=Sum("tokens"))["t"] or 0
+    span = 0.0
+    for learner in TrainingLearner.objects.filter(run=run):
+        # Per generation: a failed-over learner's old and new lives are two spans.
+        for gen in range(learner.generation + 1):
+            agg = LearnerChunk.objects.filter(
+                learner=learner, generation=gen, finished_at__isnull=False
+            ).aggregate(a=Min("started_at"), b=Max("finished_at"))
+            if agg["a"] and agg["b"]:
+                span += (agg["b"] - agg["a"]).total_seconds()
+    window = LearnerChunk.objects.filter(learner__run=run, finished_at__isnull=False).aggregate(
+        a=Min("started_at"), b=Max("finished_at")
+    )
+    active = (window["b"] - window["a"]).total_seconds() if window["a"] and window["b"] else 0.0
+    merged = GlobalVersionRecord.objects.filter(run=run).aggregate(t=Max("tokens_total"))["t"] or 0
+    wall = (run.finished_at - run.started_at).total_seconds() if run.started_at and run.finished_at else 0.0
+    return {
+        "run_id": run.pk,
+        "state": run.state,
+        "wall_s": round(wall, 2),
+        "tokens_trained": tokens,
+        "tokens_merged": merged,
+        "learner_span_s": round(span, 2),
+        "tokens_per_learner_s": tokens / span if span else 0.0,
+        # From the first chunk's start to the last chunk's end: the learners' tokens/s.
+        "active_s": round(active, 2),
+        "tokens_per_s": tokens / active if active else 0.0,
+        "merged_tokens_per_s": merged / wall if wall else 0.0,
+        "initial_eval_loss": run.initial_eval_loss,
+        "final_eval_loss": run.final_eval_loss,
+        "versions": GlobalVersionRecord.objects.filter(run=run).aggregate(v=Max("version"))["v"],
+    }
+
+
+def _bare_engine(cfg: dict[str, Any], *, seconds: float) -> dict[str, float]:
+    """The same learners with the bare engine in this process: one thread per learner (one torch
+    thread each, like one worker process each), deltas through an in-memory transport, the syncer
+    merging in the main thread every half second, learners rebasing onto new versions."""
+    import threading
+
+    import torch
+
+    from training.engine.data import BatchSampler, load_corpus
+    from training.engine.fragments import assign_fragments
+    from training.engine.learner import Learner
+    from training.engine.model import build_model
+    from training.engine.syncer import Syncer
+    from training.engine.transport import InMemoryTransport, latest_version
+    from training.run_config import RunConfig, run_config_validate
+
+    torch.set_num_threads(1)
+    rc = RunConfig(run_config_validate(cfg))
+    model = build_model(rc.model_config(), seed=rc.seed)
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    fragments = assign_fragments(params, fragments=rc.fragment_count)
+    corpus = load_corpus(rc.data_config())
+    transport = InMemoryTransport()
+    lock = threading.Lock()
+    syncer = Syncer(
+        cfg=rc.syncer_config(), outer=rc.outer_config(), fragments=fragments, init=params, transport=transport
+    )
+    learners = [
+        Learner(
+            learner_id=i,
+            model_cfg=rc.model_config(),
+            inner=rc.inner_config(),
+            fragments=fragments,
+            sampler=BatchSampler(
+                corpus.train, block_size=rc.model_config().block_size, batch_size=rc.batch_size, seed=i + 1
+            ),
+            init=params,
+            compression=rc.compression_config(),
+        )
+        for i in range(rc.learners)
+    ]
+    tokens = [0] * len(learners)
+    stop = threading.Event()
+
+    def loop(i: int) -> None:
+        learner = learners[i]
+        while not stop.is_set():
+            learner.train(rc.h)
+            tokens[i] += rc.h * learner.tokens_per_step
+            with lock:
+                for f in range(len(fragments)):
+                    transport.put_delta(learner.make_delta(f, now=time.time()))
+                    newer = latest_version(transport, f)
+                    if newer is not None and newer.version > learner.base_version[f]:
+                        learner.adopt(f, newer.params, newer.version, how="rebase")
+
+    threads = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(len(learners))]
+    start = time.monotonic()
+    for t in threads:
+        t.start()
+    while time.monotonic() - start < seconds:
+        time.sleep(0.5)
+        with lock:
+            syncer.pull(time.time())
+            syncer.poll(time.time())
+    stop.set()
+    for t in threads:
+        t.join()
+    wall = time.monotonic() - start
+    return {"tokens": sum(tokens), "wall_s": round(wall, 2), "tokens_per_s": sum(tokens) / wall}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="manage.py bench training")
+    parser.add_argument("--json", required=True, help="where to write the figures")
+    parser.add_argument("--outer-steps", type=int, default=45)
+    parser.add_argument("--keep", action="store_true", help="leave the scratch clusters as they are")
+    args = parser.parse_args(argv)
+
+    from stack.models import Cluster, FailoverEvent
+    from stack.services import cluster_set_draining
+    from training.models import TrainingLearner, TrainingRun
+    from training.services import training_run_create
+
+    log_dir = Path(settings.BASE_DIR) / "var" / "bench-training-logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    store_url = settings.OBJECT_STORE_URL
+    tag = uuid.uuid4().hex[:6]
+    cfg = bench_config(outer_steps=args.outer_steps, store_url=store_url, region=f"bench-{tag}")
+    clusters = _scratch_clusters(tag)
+    procs = Procs(log_dir)
+    began = time.monotonic()
+    out: dict[str, Any] = {"config": cfg, "clusters": [c.slug for c in clusters], "logs": str(log_dir)}
+    try:
+        procs.start("control", "worker", "--control", "--loglevel", "warning")
+        procs.start("beat", "beat", "--loglevel", "warning")
+        for c in clusters:
+            procs.start(c.slug, "worker", "--cluster", c.slug, "--loglevel", "warning")
+        _wait(
+            lambda: Cluster.objects.filter(pk__in=[c.pk for c in clusters], status="healthy").count() == 3,
+            timeout=120,
+            what="cluster workers",
+        )
+        print("workers up", flush=True)
+
+        plain = training_run_create(config=cfg, created_by=None, name="bench-plain")
+        _wait(lambda: TrainingRun.objects.get(pk=plain.pk).is_finished, timeout=600, what="the plain run")
+        out["plain"] = _run_figures(plain.pk)
+        print("plain", json.dumps(out["plain"]), flush=True)
+        plain_wall = out["plain"]["wall_s"]
+
+        failing = training_run_create(config=cfg, created_by=None, name="bench-failure")
+        victim = clusters[0]
+
+        def a_third_done() -> bool:
+            from training.models import GlobalVersionRecord
+
+            v = GlobalVersionRecord.objects.filter(run_id=failing.pk).aggregate(v=Max("version"))["v"] or 0
+            return v >= args.outer_steps // 3
+
+        _wait(a_third_done, timeout=600, what="a third of the failure run")
+        if not TrainingLearner.objects.filter(run_id=failing.pk, cluster=victim).exists():
+            raise RuntimeError(f"no learner of the failure run is on {victim.slug}; nothing to kill")
+        procs.kill(victim.slug)
+        killed_at = timezone.now()
+        print(f"killed {victim.slug}", flush=True)
+        restart_at = time.monotonic() + plain_wall / 3
+        restarted = False
+        while not TrainingRun.objects.get(pk=failing.pk).is_finished:
+            if not restarted and time.monotonic() >= restart_at:
+                procs.start(
+                    f"{victim.slug}-again", "worker", "--cluster", victim.slug, "--loglevel", "warning"
+                )
+                restarted = True
+                print(f"restarted {victim.slug}", flush=True)
+            time.sleep(0.25)
+            close_old_connections()
+        out["failure"] = _run_figures(failing.pk)
+        print("failure", json.dumps(out["failure"]), flush=True)
+        events = list(
+            FailoverEvent.objects.filter(training_run_id=failing.pk, kind=FailoverEvent.Kind.TRAINING)
+        )
+        out["failover_events"] = [
+            {
+                "subject": e.subject,
+                "from": e.from_cluster.slug if e.from_cluster else None,
+                "to": e.to_cluster.slug if e.to_cluster else None,
+                "reason": e.reason,
+                "detected_s": round((e.detected_at - killed_at).total_seconds(), 2),
+                "recovered_s": round((e.recovered_at - killed_at).total_seconds(), 2)
+                if e.recovered_at
+                else None,
+                "tokens_lost": e.tokens_lost,
+                "extra_cost": str(e.extra_cost),
+            }
+            for e in events
+        ]
+    finally:
+        procs.stop_all()
+        if not args.keep:
+            for c in clusters:
+                cluster_set_draining(cluster=c, draining=True)
+
+    print("bare engine", flush=True)
+    out["bare"] = _bare_engine(cfg, seconds=min(60.0, max(20.0, out["plain"]["active_s"] / 3)))
+    first = out["failover_events"][0] if out["failover_events"] else {}
+    out["summary"] = {
+        "orchestration_overhead_ratio": round(out["plain"]["tokens_per_s"] / out["bare"]["tokens_per_s"], 4),
+        "failover_detect_s": first.get("detected_s"),
+        "failover_recover_s": first.get("recovered_s"),
+        "goodput_with_failure": round(
+            out["failure"]["merged_tokens_per_s"] / out["plain"]["merged_tokens_per_s"], 4
+        ),
+        "loss_ratio_with_failure": round(
+            out["failure"]["final_eval_loss"] / out["plain"]["final_eval_loss"], 4
+        ),
+        "failover_events": len(out["failover_events"]),
+        "bench_seconds": round(time.monotonic() - began, 1),
+    }
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(out, indent=2, default=str) + "\n")
+    print(json.dumps(out["summary"], indent=2))
+    return 0
