@@ -15,10 +15,12 @@ job twice (2 learners, quorum 1):
 Then it trains the same learners with the bare engine in this process (no broker, no
 database, in-memory transport; same model, batch, H, quorum) and reports:
 
-* orchestration_overhead_ratio: tokens per learner-second under Switchyard (all tokens the
-  learners trained ÷ the summed span from each learner's first chunk start to its last chunk
-  end, so broker dispatch gaps, model loads, pushes and database writes all count) ÷ tokens
-  per second of the bare engine's learners (one learner on one thread, as each worker has);
+* orchestration_overhead_ratio: the learners' tokens/s under Switchyard (all tokens they
+  trained ÷ the time from the first chunk's start to the last chunk's end, so model and corpus
+  loads, broker dispatch gaps, pushes, database writes and the control worker's CPU all count)
+  ÷ the bare engine's tokens/s with the same learners in this process (one thread per learner,
+  one torch thread each, as each worker process has; its clock includes building the model
+  and loading the corpus, as a worker's first chunk does);
 * failover_detect_s: SIGKILL → the training FailoverEvent's detected_at;
 * failover_recover_s: SIGKILL → the re-placed learner training again (its recovered_at);
 * goodput_with_failure: tokens merged per wall-second with the failure ÷ without;
@@ -219,6 +221,8 @@ def _bare_engine(cfg: dict[str, Any], *, seconds: float) -> dict[str, float]:
     from training.run_config import RunConfig, run_config_validate
 
     torch.set_num_threads(1)
+    # The clock includes building the model and loading the corpus, as a worker's first chunk does.
+    start = time.monotonic()
     rc = RunConfig(run_config_validate(cfg))
     model = build_model(rc.model_config(), seed=rc.seed)
     params = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -259,7 +263,6 @@ def _bare_engine(cfg: dict[str, Any], *, seconds: float) -> dict[str, float]:
                         learner.adopt(f, newer.params, newer.version, how="rebase")
 
     threads = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(len(learners))]
-    start = time.monotonic()
     for t in threads:
         t.start()
     while time.monotonic() - start < seconds:

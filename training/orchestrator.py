@@ -414,11 +414,19 @@ def syncer_tick_execute(*, run_id: int, token: str) -> None:
     syncer = _syncer_for(run, engine, transport)
     now = time.time()
     syncer.pull(now)
+    sizes = {d.id: d.nbytes for queued in syncer.pending for d in queued}
     published = syncer.poll(now)
     if published:
         logger.info("run %s: published %s", run_id, [(v.fragment, v.version) for v in published])
     # Record every stored version the database does not know yet: this tick's and any that an
     # earlier syncer published before it was killed (publishing and recording are not atomic).
-    services.global_versions_record_missing(run=run, engine=engine, transport=transport)
+    services.global_versions_record_missing(
+        run=run,
+        engine=engine,
+        transport=transport,
+        at_hand={(v.fragment, v.version): v for v in published},
+        newest=syncer.global_params(),
+        delta_bytes=sizes,
+    )
     services.training_run_check_stop(run=run)
     services.syncer_tick_continue(run_id=run_id, token=token)

@@ -344,6 +344,9 @@ def training_run_place(*, run_id: int) -> TrainingRun | None:
         return run
     placed = {a.learner_index: a for a in result.assignments}
     token = uuid.uuid4().hex
+    # Started now, after version 0 is published: the run's and the learners' clocks start when
+    # the learners can train (initialising loads the corpus and evaluates version 0).
+    now = timezone.now()
     with transaction.atomic():
         locked = TrainingRun.objects.select_for_update().get(pk=run.pk)
         if locked.state != TrainingRun.State.PLACING:
@@ -670,12 +673,20 @@ def syncer_restart(*, run: TrainingRun) -> str:
 
 
 def global_versions_record_missing(
-    *, run: TrainingRun, engine: Any, transport: Any
+    *,
+    run: TrainingRun,
+    engine: Any,
+    transport: Any,
+    at_hand: dict[tuple[int, int], Any] | None = None,
+    newest: dict[str, Any] | None = None,
+    delta_bytes: dict[str, int] | None = None,
 ) -> list[GlobalVersionRecord]:
     """Record each published version the database lacks, exactly once (unique per run/fragment/version).
 
     The eval loss is that of the global parameters right after the version: the version's own
-    fragment with every other fragment at its newest version.
+    fragment with every other fragment at its newest version. The caller may hand over what it
+    already holds (the versions it just published, the syncer's current parameters, the sizes
+    of the deltas it merged) so that nothing is read back from the store twice.
     """
     from training.orchestrator import newest_global
 
@@ -690,15 +701,21 @@ def global_versions_record_missing(
     ]
     if not missing:
         return []
-    newest, _, _ = newest_global(transport, engine.fragments)
+    if newest is None:
+        newest, _, _ = newest_global(transport, engine.fragments)
+    at_hand = at_hand or {}
+    sizes = delta_bytes or {}
     p = max(1, len(engine.fragments))
     made = []
     for f, v in sorted(missing, key=lambda fv: (fv[1], fv[0])):
-        version = transport.get_version(f, v)
+        version = at_hand.get((f, v)) or transport.get_version(f, v)
         params = {**newest, **version.params}
         loss = engine.evaluate(params)
         bytes_in = 0
         for delta_id in version.merged:
+            if delta_id in sizes:
+                bytes_in += sizes[delta_id]
+                continue
             try:
                 bytes_in += transport.get_delta(f, delta_id).nbytes
             except Exception:  # a delta removed from the store: count what is left
