@@ -8,6 +8,7 @@ completion endpoints (streaming too, with a usage chunk) and /models.
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -36,6 +37,12 @@ class Behaviour:
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: MockProviderServer
+
+    def setup(self) -> None:
+        super().setup()
+        # Headers and body go out in separate writes: without TCP_NODELAY the second waits
+        # for the client's delayed ACK (Nagle), some 40 ms per request.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib signature)
         pass

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -94,6 +95,10 @@ def request_json(
     for _ in range(2):
         conn, fresh = _connection(scheme, host, port, timeout)
         try:
+            if fresh:
+                conn.connect()
+                # One write per request already; NODELAY keeps streamed uploads from waiting.
+                conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn.request(method, prefix + path, body=payload, headers=all_headers)
             return conn.getresponse()
         except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import binascii
 import json
+import socket
 import struct
 import threading
 from dataclasses import dataclass, field
@@ -51,6 +52,12 @@ def event_message(event_type: str, payload: dict[str, Any]) -> bytes:
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: ConverseServer
+
+    def setup(self) -> None:
+        super().setup()
+        # Headers and body go out in separate writes: without TCP_NODELAY the second waits
+        # for the client's delayed ACK (Nagle), some 40 ms per request.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
         pass

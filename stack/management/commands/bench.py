@@ -18,6 +18,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 BENCHMARKS = {
     "diloco": "training.engine.bench:main",
     "ledger": "billing.bench:main",
+    "gateway": "inference.bench_gateway:main",
     "training": "training.bench_training:main",
 }
 

@@ -1,0 +1,325 @@
+"""`manage.py bench gateway`: what the router and the /v1 gateway add on top of a provider call.
+
+    DATABASE_URL=postgres://…/sw_inf_bench REDIS_URL=redis://…/5 \\
+        python manage.py bench gateway --json var/bench-gateway.json
+
+Starts its own loopback OpenAI-compatible mocks in a child process (one answers at once, one
+answers 503 at once), seeds its own workflows, deployments and prices in the configured
+database, and measures sequential p50/p95 over --requests calls after --warmup:
+
+- direct_p50_ms: a keep-alive http.client straight to the mock (JSON in, JSON parsed);
+- router_overhead_p50_ms: inference.router.route in-process, including the ledger transaction
+  (InferenceRequest, attempt, two UsageRecords) on the configured database, minus direct;
+- gateway_overhead_p50_ms: POST /v1/chat/completions through gunicorn serving stack.wsgi
+  (gthread workers, keep-alive), minus direct;
+- failover_overhead_p50_ms: the primary answers 503 and the fallback answers (in-process
+  router, breakers held closed so every request takes the failover path), minus direct and
+  minus the failing mock's own p50;
+- circuit_open_overhead_p50_ms: the primary's circuit is open (skipped), minus direct;
+- gateway_rps_16: requests per second from 16 concurrent keep-alive clients for --rps-seconds.
+
+Targets (issue 5, 2 cores, PostgreSQL): router <= 1.0 ms, gateway <= 2.5 ms, failover <= 3 ms,
+circuit open <= 1.0 ms, gateway_rps_16 >= 400.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import multiprocessing
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+BODY = {"model": "m", "messages": [{"role": "user", "content": "ping"}], "max_tokens": 8}
+
+
+def _mocks(conn: Any) -> None:
+    """Child process: the healthy and the failing mock provider."""
+    from inference.mockprovider import Behaviour, MockProviderServer
+
+    ok = MockProviderServer(Behaviour()).start()
+    failing = MockProviderServer(Behaviour(status=503)).start()
+    conn.send((ok.server_address[1], failing.server_address[1]))
+    signal.sigwait({signal.SIGTERM})
+
+
+def _percentiles(samples: list[float]) -> tuple[float, float]:
+    ordered = sorted(samples)
+    p50 = statistics.median(ordered)
+    p95 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))]
+    return p50 * 1000.0, p95 * 1000.0
+
+
+def _measure(call: Callable[[], Any], *, n: int, warmup: int) -> tuple[float, float]:
+    for _ in range(warmup):
+        call()
+    samples = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        call()
+        samples.append(time.perf_counter() - t0)
+    return _percentiles(samples)
+
+
+class _Client:
+    """A keep-alive JSON client (what any caller of a provider or of the gateway would use)."""
+
+    def __init__(self, port: int, path: str, headers: dict[str, str] | None = None) -> None:
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        self.path = path
+        self.headers = {"Content-Type": "application/json", **(headers or {})}
+
+    def post(self, body: dict[str, Any]) -> tuple[int, Any]:
+        for attempt in range(2):
+            try:
+                self.conn.request("POST", self.path, json.dumps(body), self.headers)
+                response = self.conn.getresponse()
+                data = response.read()
+                return response.status, json.loads(data)
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                self.conn.close()
+                if attempt:
+                    raise
+        raise RuntimeError("unreachable")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _seed(ok_url: str, failing_url: str) -> dict[str, Any]:
+    from django.contrib.auth.models import Group, User
+    from django.utils import timezone
+
+    from billing.models import Unit
+    from billing.services import price_book_publish
+    from stack.models import Deployment, Provider, RegisteredModel
+    from stack.roles import Role
+    from stack.services import api_token_create, workflow_create
+
+    tag = f"bench-gw-{os.getpid()}-{int(time.time())}"
+    user = User.objects.create_user(username=tag)
+    user.groups.add(Group.objects.get_or_create(name=Role.OPERATOR.value)[0])
+    provider = Provider.objects.create(
+        slug=tag, display_name="Bench mock", kind=Provider.Kind.OPENAI_COMPATIBLE
+    )
+    model = RegisteredModel.objects.create(slug=tag, family="mock")
+    since = timezone.now() - timedelta(days=1)
+
+    def deployment(name: str, url: str) -> Deployment:
+        d = Deployment.objects.create(slug=f"{tag}-{name}", model=model, provider=provider, base_url=url)
+        price_book_publish(
+            unit=Unit.INPUT_TOKENS_1M, unit_price=Decimal("0.15"), effective_from=since, deployment=d
+        )
+        price_book_publish(
+            unit=Unit.OUTPUT_TOKENS_1M, unit_price=Decimal("0.60"), effective_from=since, deployment=d
+        )
+        return d
+
+    healthy = deployment("ok", ok_url)
+    failing = deployment("fail", failing_url)
+    dead = deployment("dead", failing_url)
+    workflows = {
+        "ok": workflow_create(slug=f"{tag}-ok", owner=user, deployments=[healthy]),
+        "failover": workflow_create(slug=f"{tag}-failover", owner=user, deployments=[failing, healthy]),
+        "circuit": workflow_create(slug=f"{tag}-circuit", owner=user, deployments=[dead, healthy]),
+    }
+    _, token = api_token_create(user=user, name="bench")
+    return {"workflows": workflows, "dead": dead, "failing": failing, "token": token}
+
+
+def _start_gunicorn(port: int, workers: int, threads: int) -> subprocess.Popen[bytes]:
+    from django.conf import settings
+
+    env = {
+        **os.environ,
+        "DEBUG": "0",
+        "DB_CONN_MAX_AGE": "600",
+        "PYTHONUNBUFFERED": "1",
+    }
+    args = [
+        sys.executable,
+        "-m",
+        "gunicorn",
+        "stack.wsgi:application",
+        "--bind",
+        f"127.0.0.1:{port}",
+        "--workers",
+        str(workers),
+        "--worker-class",
+        "gthread",
+        "--threads",
+        str(threads),
+        "--keep-alive",
+        "30",
+        "--log-level",
+        "warning",
+    ]
+    process = subprocess.Popen(  # noqa: S603 (our own interpreter and fixed arguments)
+        args, env=env, cwd=str(Path(settings.BASE_DIR)), start_new_session=True
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return process
+        except OSError:
+            if process.poll() is not None:
+                raise RuntimeError("gunicorn exited at start") from None
+            time.sleep(0.2)
+    raise RuntimeError("gunicorn did not start")
+
+
+def _rps(port: int, token: str, workflow: str, *, clients: int, seconds: float) -> tuple[float, int]:
+    stop = time.monotonic() + seconds
+    counts = [0] * clients
+    errors = [0] * clients
+    body = {**BODY, "model": workflow}
+
+    def loop(i: int) -> None:
+        client = _Client(port, "/v1/chat/completions", {"Authorization": f"Bearer {token}"})
+        while time.monotonic() < stop:
+            status, _ = client.post(body)
+            if status == 200:
+                counts[i] += 1
+            else:
+                errors[i] += 1
+
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(clients)]
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(counts) / (time.monotonic() - started), sum(errors)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="manage.py bench gateway", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--rps-seconds", type=float, default=10.0)
+    parser.add_argument("--gunicorn-workers", type=int, default=2)
+    parser.add_argument("--gunicorn-threads", type=int, default=8)
+    args = parser.parse_args(argv)
+    if args.requests < 500:
+        print("--requests must be at least 500", file=sys.stderr)
+        return 2
+
+    from django.conf import settings
+    from django.core.management import call_command
+    from django.db import connection
+
+    from inference.adapters.base import ChatMessage, ChatRequest
+    from inference.breaker import breaker_settings, breakers
+    from inference.router import route
+
+    settings.DEBUG = False  # no query log in this process
+    call_command("migrate", verbosity=0)
+    parent, child = multiprocessing.Pipe()
+    mocks = multiprocessing.get_context("fork").Process(target=_mocks, args=(child,), daemon=True)
+    mocks.start()
+    ok_port, failing_port = parent.recv()
+    gunicorn = None
+    try:
+        seeded = _seed(f"http://127.0.0.1:{ok_port}/v1", f"http://127.0.0.1:{failing_port}/v1")
+        wfs = seeded["workflows"]
+        ping = ChatRequest(messages=(ChatMessage("user", "ping"),), max_tokens=8)
+        n, warm = args.requests, args.warmup
+        out: dict[str, Any] = {
+            "database": connection.vendor,
+            "redis": bool(getattr(settings, "REDIS_URL", "")),
+            "requests": n,
+            "warmup": warm,
+        }
+
+        direct = _Client(ok_port, "/v1/chat/completions")
+        out["direct_p50_ms"], out["direct_p95_ms"] = _measure(lambda: direct.post(BODY), n=n, warmup=warm)
+        failing_direct = _Client(failing_port, "/v1/chat/completions")
+        out["failing_mock_p50_ms"], _ = _measure(lambda: failing_direct.post(BODY), n=n, warmup=warm)
+
+        def routed(workflow: Any) -> Callable[[], Any]:
+            def call() -> None:
+                result = route(workflow=workflow, request=ping)
+                if not result.ok:
+                    raise RuntimeError(f"bench request failed: {result.error}")
+
+            return call
+
+        p50, p95 = _measure(routed(wfs["ok"]), n=n, warmup=warm)
+        out["router_p50_ms"], out["router_p95_ms"] = p50, p95
+        out["router_overhead_p50_ms"] = p50 - out["direct_p50_ms"]
+
+        # Failover path: keep the failing primary's breaker closed so every request fails over.
+        settings.INFERENCE_BREAKER_MIN_REQUESTS = 10**9
+        p50, p95 = _measure(routed(wfs["failover"]), n=n, warmup=warm)
+        out["failover_p50_ms"], out["failover_p95_ms"] = p50, p95
+        out["failover_overhead_p50_ms"] = p50 - out["direct_p50_ms"] - out["failing_mock_p50_ms"]
+
+        # Circuit open: trip the dead primary's breaker with a long cooldown, then route around it.
+        settings.INFERENCE_BREAKER_MIN_REQUESTS = 5
+        settings.INFERENCE_BREAKER_COOLDOWN_SECONDS = 3600
+        cfg = breaker_settings()
+        for _ in range(cfg.min_requests):
+            breakers().record(seeded["dead"].pk, ok=False, latency_ms=1.0, now=time.time(), cfg=cfg)
+        p50, p95 = _measure(routed(wfs["circuit"]), n=n, warmup=warm)
+        out["circuit_open_p50_ms"], out["circuit_open_p95_ms"] = p50, p95
+        out["circuit_open_overhead_p50_ms"] = p50 - out["direct_p50_ms"]
+
+        # The gateway through gunicorn (its processes share the breakers through Redis; without
+        # REDIS_URL each keeps its own).
+        port = _free_port()
+        gunicorn = _start_gunicorn(port, args.gunicorn_workers, args.gunicorn_threads)
+        out["gunicorn"] = (
+            f"gthread, {args.gunicorn_workers} workers x {args.gunicorn_threads} threads, keep-alive"
+        )
+        auth = {"Authorization": f"Bearer {seeded['token']}"}
+        gateway = _Client(port, "/v1/chat/completions", auth)
+
+        def through_gateway(workflow: str) -> Callable[[], Any]:
+            body = {**BODY, "model": workflow}
+
+            def call() -> None:
+                status, doc = gateway.post(body)
+                if status != 200:
+                    raise RuntimeError(f"gateway answered {status}: {doc}")
+
+            return call
+
+        p50, p95 = _measure(through_gateway(wfs["ok"].slug), n=n, warmup=warm)
+        out["gateway_p50_ms"], out["gateway_p95_ms"] = p50, p95
+        out["gateway_overhead_p50_ms"] = p50 - out["direct_p50_ms"]
+        out["gateway_rps_16"], out["gateway_rps_16_errors"] = _rps(
+            port, seeded["token"], wfs["ok"].slug, clients=16, seconds=args.rps_seconds
+        )
+        for key, value in list(out.items()):
+            if isinstance(value, float):
+                out[key] = round(value, 3)
+    finally:
+        if gunicorn is not None:
+            os.killpg(gunicorn.pid, signal.SIGTERM)
+            gunicorn.wait(timeout=30)
+        if mocks.pid is not None:
+            os.kill(mocks.pid, signal.SIGTERM)
+        mocks.join(timeout=10)
+    text = json.dumps(out, indent=2)
+    print(text)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(text + "\n")
+    return 0
