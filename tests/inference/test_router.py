@@ -297,3 +297,36 @@ def test_unpriced_deployment_answers_without_usage(
     workflow = routed_workflow(admin_user, [make_deployment(base_url=server.base_url)])
     result = route(workflow=workflow, request=PING)
     assert result.ok and result.cost == 0 and UsageRecord.objects.count() == 0
+
+
+def test_chaos_drill_switches_on_and_off_without_restart(
+    admin_user: User, mock_provider: Callable[..., MockProviderServer], settings: Any
+) -> None:
+    from inference.services import chaos_config_set
+
+    settings.INFERENCE_BREAKER_MIN_REQUESTS = 100
+    primary_server, fallback_server = mock_provider(), mock_provider()
+    primary, fallback = priced_deployment(primary_server), priced_deployment(fallback_server)
+    workflow = routed_workflow(admin_user, [primary, fallback])
+    assert route(workflow=workflow, request=PING).deployment_slug == primary.slug
+    chaos_config_set(deployment=primary, enabled=True, user=admin_user, error_rate=1.0, status_codes=[502])
+    drilled = route(workflow=workflow, request=PING)
+    assert drilled.deployment_slug == fallback.slug
+    assert [(a.outcome, a.status_code) for a in drilled.attempts] == [
+        (Outcome.RETRYABLE, 502),
+        (Outcome.OK, 200),
+    ]
+    assert primary_server.behaviour.total_calls() == 1  # the injected error never reached it
+    chaos_config_set(deployment=primary, enabled=False, user=admin_user)
+    assert route(workflow=workflow, request=PING).deployment_slug == primary.slug
+
+
+def test_chaos_settings_are_validated(admin_user: User) -> None:
+    from inference.services import chaos_config_set
+    from stack.services import RegistryError
+
+    deployment = make_deployment()
+    with pytest.raises(RegistryError, match="between 0 and 1"):
+        chaos_config_set(deployment=deployment, enabled=True, user=admin_user, error_rate=1.5)
+    with pytest.raises(RegistryError, match="HTTP codes"):
+        chaos_config_set(deployment=deployment, enabled=True, user=admin_user, status_codes=[42])
