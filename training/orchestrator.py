@@ -91,11 +91,19 @@ class RunEngine:
         return evaluate(self.eval_model, self.eval_batches)
 
 
-_ENGINES: dict[int, RunEngine] = {}
+RunKey = tuple[int, str]
+
+
+def run_key(run: TrainingRun) -> RunKey:
+    """Cache key of a run: its id and creation time (a recreated database may reuse an id)."""
+    return (run.pk, run.created_at.isoformat())
+
+
+_ENGINES: dict[RunKey, RunEngine] = {}
 
 
 def run_engine(run: TrainingRun) -> RunEngine:
-    cached = _ENGINES.get(run.pk)
+    cached = _ENGINES.get(run_key(run))
     if cached is not None:
         return cached
     _torch_threads()
@@ -133,7 +141,7 @@ def run_engine(run: TrainingRun) -> RunEngine:
     # Keep a few runs at most: a long-lived worker serves many runs over its life.
     while len(_ENGINES) >= 4:
         _ENGINES.pop(next(iter(_ENGINES)))
-    _ENGINES[run.pk] = engine
+    _ENGINES[run_key(run)] = engine
     return engine
 
 
@@ -213,12 +221,12 @@ class LearnerSlot:
     owed: set[int] = field(default_factory=set)
 
 
-_LEARNERS: dict[tuple[int, int, int], LearnerSlot] = {}
+_LEARNERS: dict[tuple[RunKey, int, int], LearnerSlot] = {}
 
 
 def _learner_for(run: TrainingRun, index: int, generation: int, steps_done: int) -> tuple[LearnerSlot, bool]:
     """The cached learner, or a new one rejoined from the newest global versions (True)."""
-    key = (run.pk, index, generation)
+    key = (run_key(run), index, generation)
     slot = _LEARNERS.get(key)
     if slot is not None:
         return slot, False
@@ -250,18 +258,20 @@ def _learner_for(run: TrainingRun, index: int, generation: int, steps_done: int)
     )
     # Continue the learner's lr schedule where its previous incarnation stopped.
     learner.step_count = steps_done
-    for stale in [k for k in _LEARNERS if k[0] == run.pk and k[1] == index]:
+    for stale in [k for k in _LEARNERS if k[0] == key[0] and k[1] == index]:
         del _LEARNERS[stale]
     slot = LearnerSlot(learner=learner, versions=list(versions))
     _LEARNERS[key] = slot
     return slot, True
 
 
-def forget_run(run_id: int) -> None:
-    for key in [k for k in _LEARNERS if k[0] == run_id]:
-        del _LEARNERS[key]
-    _SYNCERS.pop(run_id, None)
-    _ENGINES.pop(run_id, None)
+def forget_run(run: TrainingRun) -> None:
+    """Drop a finished run's cached engine objects from this process."""
+    key = run_key(run)
+    for cached in [k for k in _LEARNERS if k[0] == key]:
+        del _LEARNERS[cached]
+    _SYNCERS.pop(key, None)
+    _ENGINES.pop(key, None)
 
 
 @dataclass
@@ -357,7 +367,7 @@ def learner_chunk_execute(
                 break
     except Exception as exc:
         logger.exception("learner %s g%s chunk %s failed", learner_id, generation, seq)
-        _LEARNERS.pop((run.pk, learner_row.index, generation), None)
+        _LEARNERS.pop((run_key(run), learner_row.index, generation), None)
         services.learner_chunk_finish(
             chunk_id=chunk.pk,
             outcome=outcome,
@@ -374,19 +384,21 @@ def learner_chunk_execute(
         started_at=started_at,
         finished_at=timezone.now(),
     )
+    if outcome.stopped_by.startswith("run "):
+        forget_run(run)  # the run is over: free this worker's model, optimizer and corpus
 
 
 # --- Syncer ---------------------------------------------------------------------------------
 
 
-_SYNCERS: dict[int, Syncer] = {}
+_SYNCERS: dict[RunKey, Syncer] = {}
 
 
 def _syncer_for(run: TrainingRun, engine: RunEngine, transport: ObjectStoreTransport) -> Syncer:
     """The cached syncer if it is at the store's newest versions, else one resumed from the store."""
     from training.engine.syncer import Syncer
 
-    cached = _SYNCERS.get(run.pk)
+    cached = _SYNCERS.get(run_key(run))
     if cached is not None:
         newest = [max(transport.versions(f) or [0]) for f in range(len(engine.fragments))]
         if newest == cached.version:
@@ -398,7 +410,7 @@ def _syncer_for(run: TrainingRun, engine: RunEngine, transport: ObjectStoreTrans
         transport=transport,
         init=engine.init,
     )
-    _SYNCERS[run.pk] = syncer
+    _SYNCERS[run_key(run)] = syncer
     return syncer
 
 
@@ -428,5 +440,8 @@ def syncer_tick_execute(*, run_id: int, token: str) -> None:
         newest=syncer.global_params(),
         delta_bytes=sizes,
     )
-    services.training_run_check_stop(run=run)
+    run = services.training_run_check_stop(run=run)
+    if run.is_finished:
+        forget_run(run)
+        return
     services.syncer_tick_continue(run_id=run_id, token=token)
