@@ -115,6 +115,24 @@ class RunProgress:
     eval_loss: float | None
     cost: Decimal
     currency: str
+    initial_eval_loss: float | None = None
+
+    @property
+    def cost_per_million_tokens(self) -> Decimal | None:
+        """Ledger cost so far per 1M tokens the learners trained."""
+        if not self.tokens:
+            return None
+        return (self.cost * Decimal(1_000_000) / Decimal(self.tokens)).quantize(Decimal("0.000001"))
+
+    @property
+    def cost_per_loss_improvement(self) -> Decimal | None:
+        """Ledger cost so far per nat/byte of eval-loss improvement since version 0."""
+        if self.eval_loss is None or self.initial_eval_loss is None:
+            return None
+        gained = self.initial_eval_loss - self.eval_loss
+        if gained <= 0:
+            return None
+        return (self.cost / Decimal(str(round(gained, 6)))).quantize(Decimal("0.000001"))
 
 
 def run_progress(*, run: TrainingRun) -> RunProgress:
@@ -132,6 +150,7 @@ def run_progress(*, run: TrainingRun) -> RunProgress:
         else (latest.eval_loss if latest else None),
         cost=run_spend(run_id=run.pk),
         currency=run.currency,
+        initial_eval_loss=run.initial_eval_loss,
     )
 
 

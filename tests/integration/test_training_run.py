@@ -241,3 +241,40 @@ def test_racing_and_killed_syncers_publish_and_record_each_version_once(
     )
     assert done.state == TrainingRun.State.SUCCEEDED, done.reason
     _assert_versions_once(done, store)
+
+
+def test_after_every_process_is_killed_and_restarted_the_run_resumes_from_the_newest_version(
+    processes: Processes, tmp_path: Path
+) -> None:
+    a = make_cluster(slug=f"it-{uuid.uuid4().hex[:8]}", price=Decimal("1.000000"), accelerator_count=2)
+    b = make_cluster(slug=f"it-{uuid.uuid4().hex[:8]}", price=Decimal("1.500000"), accelerator_count=2)
+    _start(processes, a, b)
+    store = tmp_path / "objects"
+    run = training_run_create(
+        config=_config(store, stop={"outer_steps": 10}), created_by=None, name="it-restart"
+    )
+
+    def versions() -> int:
+        close_old_connections()
+        return GlobalVersionRecord.objects.filter(run_id=run.pk).count()
+
+    wait_until(lambda: versions() >= 3, timeout=180, what="first merges\n" + _logs(processes, "control0"))
+    for name in list(processes.running):
+        processes.kill(name)  # the whole stack at once, as a power cut would
+    before = versions()
+    assert not _run(run.pk).is_finished
+
+    _start(processes, a, b)
+    done = wait_until(
+        lambda: _finished(run.pk),
+        timeout=240,
+        what="the run to resume and end\n" + _logs(processes, "control0", "beat"),
+    )
+    assert done.state == TrainingRun.State.SUCCEEDED, done.reason
+    assert versions() > before
+    _assert_versions_once(done, store)
+    # Learners carried on from the newest global state, not from scratch.
+    assert done.final_eval_loss is not None and done.initial_eval_loss is not None
+    assert done.final_eval_loss < done.initial_eval_loss
+    ledger = _ledger_total(done)
+    assert ledger.quantize(CENT, ROUND_HALF_EVEN) == _expected_cost(done).quantize(CENT, ROUND_HALF_EVEN)

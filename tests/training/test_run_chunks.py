@@ -124,3 +124,24 @@ def test_syncer_ticks_record_each_version_once_even_when_repeated(placed_run: Tr
     assert (0, 0) in versions and (0, 1) in versions
     v1 = GlobalVersionRecord.objects.get(run=placed_run, fragment=0, version=1)
     assert v1.learners_merged == [0] and v1.tokens_merged > 0 and v1.eval_loss is not None
+
+
+def test_progress_reports_cost_per_million_tokens_and_per_unit_of_loss(placed_run: TrainingRun) -> None:
+    from training.selectors import run_progress
+
+    for learner in TrainingLearner.objects.filter(run=placed_run):
+        orchestrator.learner_chunk_execute(learner_id=learner.pk, generation=0, seq=0, worker_hostname="w@1")
+    orchestrator.syncer_tick_execute(run_id=placed_run.pk, token=placed_run.syncer_token)
+    placed_run.refresh_from_db()
+    progress = run_progress(run=placed_run)
+    ledger = UsageRecord.objects.filter(subject_id=str(placed_run.pk)).aggregate(t=Sum("amount"))["t"]
+    assert progress.cost == ledger
+    assert progress.tokens == sum(
+        TrainingLearner.objects.filter(run=placed_run).values_list("tokens", flat=True)
+    )
+    assert progress.cost_per_million_tokens == (ledger * 1_000_000 / progress.tokens).quantize(
+        Decimal("0.000001")
+    )
+    assert progress.eval_loss is not None and progress.initial_eval_loss is not None
+    if progress.eval_loss < progress.initial_eval_loss:
+        assert progress.cost_per_loss_improvement is not None and progress.cost_per_loss_improvement > 0
