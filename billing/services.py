@@ -102,12 +102,15 @@ def _lock_head(partition: str) -> LedgerHead:
     return LedgerHead.objects.select_for_update().get(partition=partition)
 
 
-def usage_record_batch(*, items: Sequence[UsageInput], partition: str = "main") -> list[UsageRecord]:
+def usage_record_batch(
+    *, items: Sequence[UsageInput], partition: str = "main", prices: PriceResolver | None = None
+) -> list[UsageRecord]:
     """Append many usage records in one transaction: priced, chained, idempotent.
 
     Returns one record per item, in order (an existing record for a key that was
     billed before). Any item without a price fails the whole batch: nothing is
-    written (NoPriceError).
+    written (NoPriceError). `prices` lets a hot caller (the inference router) pass
+    a resolver it keeps warm and drops whenever a PriceBook row is saved.
     """
     for item in items:
         if not isinstance(item.quantity, Decimal):
@@ -121,7 +124,7 @@ def usage_record_batch(*, items: Sequence[UsageInput], partition: str = "main") 
         head = _lock_head(partition)
         # Under the head lock no other writer can add these keys meanwhile.
         by_key = {r.idempotency_key: r for r in _already_billed(keys)}
-        prices = PriceResolver()
+        prices = prices if prices is not None else PriceResolver()
         recorded_at = timezone.now()  # one time per batch
         new_rows: list[UsageRecord] = []
         for item in items:

@@ -69,6 +69,24 @@ end
 return out
 """
 
+# The same, with the route-cache generation first: KEYS[1] is the generation key, the breakers
+# follow; returns {generation, state per breaker}.
+_PEEK_GEN = """
+local out = {tonumber(redis.call('GET', KEYS[1]) or '0')}
+local now = tonumber(ARGV[1]); local cooldown = tonumber(ARGV[2])
+for i = 2, #KEYS do
+  local h = redis.call('HMGET', KEYS[i], 'state', 'opened', 'probe')
+  local state = h[1]
+  if not state or state == 'closed' then out[i] = 1
+  elseif state == 'open' then
+    if now - tonumber(h[2]) >= cooldown then out[i] = 2 else out[i] = 0 end
+  else
+    if now - tonumber(h[3] or '0') >= cooldown then out[i] = 2 else out[i] = 0 end
+  end
+end
+return out
+"""
+
 # KEYS[1]: breaker hash. ARGV: now, cooldown. Claims the half-open probe: 1 when this caller got it.
 _CLAIM = """
 local h = redis.call('HMGET', KEYS[1], 'state', 'opened', 'probe')
@@ -146,6 +164,7 @@ class RedisBreakers:
 
         self.redis = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
         self._peek = self.redis.register_script(_PEEK)
+        self._peek_gen = self.redis.register_script(_PEEK_GEN)
         self._claim = self.redis.register_script(_CLAIM)
         self._record = self.redis.register_script(_RECORD)
 
@@ -153,6 +172,14 @@ class RedisBreakers:
         return [
             int(x) for x in self._peek(keys=[_key(d) for d in deployment_ids], args=[now, cfg.cooldown_s])
         ]
+
+    def peek_with_generation(
+        self, generation_key: str, deployment_ids: Sequence[int], *, now: float, cfg: BreakerSettings
+    ) -> tuple[int, list[int]]:
+        """(route-cache generation, peek states) in one round trip."""
+        keys = [generation_key, *(_key(d) for d in deployment_ids)]
+        out = [int(x) for x in self._peek_gen(keys=keys, args=[now, cfg.cooldown_s])]
+        return out[0], out[1:]
 
     def claim_probe(self, deployment_id: int, *, now: float, cfg: BreakerSettings) -> bool:
         return bool(self._claim(keys=[_key(deployment_id)], args=[now, cfg.cooldown_s]))

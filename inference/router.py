@@ -37,8 +37,9 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from django.conf import settings
+from django.db import IntegrityError
 
-from billing.budgets import BudgetExhausted, budget_admission
+from billing.budgets import BudgetExhausted, budget_admission, spend_target
 from inference.adapters.base import (
     ChatRequest,
     Completion,
@@ -48,9 +49,18 @@ from inference.adapters.base import (
     StreamChunk,
 )
 from inference.adapters.registry import adapter_for
-from inference.breaker import breaker_settings, breakers, monotonic_now
+from inference.breaker import RedisBreakers, breaker_settings, breakers, monotonic_now
 from inference.models import Endpoint, InferenceAttempt, InferenceRequest
-from inference.selectors import PlanEntry, RoutePlan, rolling_p50, rolling_quality, route_plan
+from inference.selectors import (
+    GENERATION_KEY,
+    PlanEntry,
+    RoutePlan,
+    generation,
+    rolling_p50,
+    rolling_quality,
+    route_plan_cached,
+    route_plan_refresh,
+)
 from stack.models import RoutingPolicyVersion, Workflow
 
 Outcome = InferenceAttempt.Outcome
@@ -188,6 +198,16 @@ def _estimate(entry: PlanEntry, request: InferenceInput) -> Decimal:
     return (tokens_in * (entry.input_price or 0) + tokens_out * (entry.output_price or 0)) / million
 
 
+def _needs_admission(ctx: _Context, entry: PlanEntry) -> bool:
+    """Only a spend under some active hard-limit budget needs admission (the others would be
+    admitted without a reservation); the plan knows those budgets' targets."""
+    hard = ctx.plan.hard_budget_keys
+    if not hard:
+        return False
+    keys = spend_target(workflow=ctx.workflow, provider=entry.deployment.provider).keys()
+    return any(key in hard for key in keys)
+
+
 def _error_attempt(
     position: int, entry: PlanEntry, exc: ProviderError, started: float, now: float
 ) -> AttemptInfo:
@@ -221,7 +241,7 @@ def _prepare(
     workflow: Workflow, request: InferenceInput, endpoint: str, deadline_s: float | None
 ) -> _Context:
     started = time.perf_counter()
-    plan = route_plan(workflow_id=workflow.pk)
+    plan = route_plan_cached(workflow_id=workflow.pk)
     if plan is None:
         raise NoRoute(f"workflow {workflow.slug} has no routing policy")
     if not plan.entries:
@@ -277,12 +297,28 @@ def _attempt_calls(ctx: _Context, stack: ExitStack, *, stream: bool) -> Iterator
     The caller stops iterating once it accepts an answer (a Completion, or a stream whose first
     chunk arrived); anything else it records as an attempt and iteration goes on.
     """
-    order = _candidates(ctx)
     cfg = breaker_settings()
     store = breakers()
+    gen = generation()
+    # One Redis round trip answers both "is the cached plan current?" and "which circuits are
+    # open?"; a moved generation (a switch, a price, a chaos drill) rebuilds the plan first.
+    order = _candidates(ctx)
+    ids = [e.deployment.pk for e in order]
+    if isinstance(store, RedisBreakers):
+        current, states = store.peek_with_generation(GENERATION_KEY, ids, now=monotonic_now(), cfg=cfg)
+    else:
+        current, states = gen.read(), store.peek(ids, now=monotonic_now(), cfg=cfg)
+    if not ctx.plan.is_current(current, shared=gen.shared):
+        plan = route_plan_refresh(workflow_id=ctx.workflow.pk, generation_value=current)
+        if plan is None or not plan.entries:
+            raise NoRoute(f"workflow {ctx.workflow.slug} has no usable routing policy")
+        ctx.plan = plan
+        ctx.attempts.clear()
+        order = _candidates(ctx)
+        ids = [e.deployment.pk for e in order]
+        states = store.peek(ids, now=monotonic_now(), cfg=cfg)
     max_rounds = int(_setting("INFERENCE_MAX_ROUNDS", 2))
     backoff = _setting("INFERENCE_BACKOFF_SECONDS", 0.05)
-    ids = [e.deployment.pk for e in order]
     for round_no in range(max_rounds):
         if round_no:
             # Full-jitter exponential backoff (AWS Architecture Blog, "Exponential Backoff And
@@ -291,7 +327,7 @@ def _attempt_calls(ctx: _Context, stack: ExitStack, *, stream: bool) -> Iterator
             pause = min(remaining, _rng.uniform(0, backoff * (2**round_no)))
             if pause > 0:
                 time.sleep(pause)
-        states = store.peek(ids, now=monotonic_now(), cfg=cfg) if ids else []
+            states = store.peek(ids, now=monotonic_now(), cfg=cfg)
         any_called = False
         for entry, state in zip(order, states, strict=True):
             if time.perf_counter() >= ctx.deadline:
@@ -311,14 +347,15 @@ def _attempt_calls(ctx: _Context, stack: ExitStack, *, stream: bool) -> Iterator
                 )
                 continue
             try:
-                stack.enter_context(
-                    budget_admission(
-                        estimate=_estimate(entry, ctx.request),
-                        workflow=ctx.workflow,
-                        provider=entry.deployment.provider,
-                        currency=entry.currency,
+                if _needs_admission(ctx, entry):
+                    stack.enter_context(
+                        budget_admission(
+                            estimate=_estimate(entry, ctx.request),
+                            workflow=ctx.workflow,
+                            provider=entry.deployment.provider,
+                            currency=entry.currency,
+                        )
                     )
-                )
             except BudgetExhausted as exc:
                 ctx.budget_error = exc
                 ctx.attempts.append(
@@ -491,14 +528,25 @@ def route(
                 completion, winner = answer.completion, answer.entry
             break
         # Settle the budget admissions only after the ledger has the real cost.
-        result = _finish(
-            ctx,
-            completion=completion,
-            winner=winner,
-            stream=False,
-            ttft_ms=None,
-            client_request_id=client_request_id,
-        )
+        try:
+            result = _finish(
+                ctx,
+                completion=completion,
+                winner=winner,
+                stream=False,
+                ttft_ms=None,
+                client_request_id=client_request_id,
+            )
+        except IntegrityError:
+            # A concurrent retry with the same client_request_id was recorded first: this answer
+            # is dropped unbilled (its rows rolled back) and the recorded one is returned.
+            if not client_request_id:
+                raise
+            seen = InferenceRequest.objects.select_related("deployment")
+            row = seen.filter(client_request_id=client_request_id).first()
+            if row is None:
+                raise
+            return _replay(row)
     if ctx.budget_error is not None and winner is None:
         raise ctx.budget_error
     return result

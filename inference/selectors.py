@@ -23,7 +23,7 @@ from django.conf import settings
 from django.db.models import Avg
 from django.utils import timezone
 
-from billing.models import Unit
+from billing.models import Budget, Unit
 from billing.selectors import PriceResolver
 from inference.adapters.base import Target
 from inference.adapters.registry import adapter_kind
@@ -32,7 +32,7 @@ from inference.models import ChaosConfig, InferenceRequest, QualityRecord
 from stack.crypto import decrypt_secret
 from stack.models import Deployment, RoutingPolicyVersion, Workflow
 
-GENERATION_KEY = "sy:routegen"
+GENERATION_KEY = "sy:routegen"  # Redis key of the route-cache generation
 LOCAL_PLAN_TTL_S = 1.0
 QUALITY_WINDOW = 20  # the last N scores of a deployment make its rolling quality
 QUALITY_TTL_S = 5.0
@@ -70,6 +70,17 @@ class RoutePlan:
     entries: list[PlanEntry]
     generation: int = 0
     built_at: float = field(default_factory=time.monotonic)
+    # Warm price versions of the route's deployments, handed to the ledger writer (a PriceBook
+    # save drops the plan, and with it this resolver).
+    prices: PriceResolver = field(default_factory=PriceResolver)
+    # (scope, target) of every active hard-limit budget: a call whose spend falls under none of
+    # them needs no budget admission (it would admit without reserving anything).
+    hard_budget_keys: frozenset[tuple[str, str]] = frozenset()
+
+    def is_current(self, generation_value: int, *, shared: bool) -> bool:
+        if self.generation != generation_value:
+            return False
+        return shared or time.monotonic() - self.built_at < LOCAL_PLAN_TTL_S
 
 
 class _Generation:
@@ -143,6 +154,18 @@ def _target(d: Deployment, chaos: ChaosConfig | None) -> Target:
     )
 
 
+def _budget_target(budget: Budget) -> tuple[str, str]:
+    """A budget's (scope, target) as billing.budgets.SpendTarget.keys() spells it."""
+    value: object = {
+        Budget.Scope.WORKFLOW.value: budget.workflow_id,
+        Budget.Scope.PROVIDER.value: budget.provider_id,
+        Budget.Scope.CLUSTER.value: budget.cluster_id,
+        Budget.Scope.TEAM.value: budget.team,
+        Budget.Scope.TRAINING_RUN.value: budget.training_run_id,
+    }.get(str(budget.scope))
+    return str(budget.scope), str(value)
+
+
 def route_plan_build(*, workflow_id: int, generation_value: int = 0) -> RoutePlan | None:
     """Load the workflow's current policy version into a plan (three queries)."""
     policy = (
@@ -185,9 +208,17 @@ def route_plan_build(*, workflow_id: int, generation_value: int = 0) -> RoutePla
                 currency=currency,
             )
         )
+    hard = frozenset(
+        _budget_target(b)
+        for b in Budget.objects.filter(active=True, hard_limit=True).only(
+            "scope", "workflow_id", "provider_id", "cluster_id", "team", "training_run_id"
+        )
+    )
     return RoutePlan(
         workflow_id=workflow_id,
         policy_id=policy.pk,
+        prices=prices,
+        hard_budget_keys=hard,
         version=policy.version,
         strategy=policy.strategy,
         quality_floor=float(policy.quality_floor) if policy.quality_floor is not None else None,
@@ -197,21 +228,33 @@ def route_plan_build(*, workflow_id: int, generation_value: int = 0) -> RoutePla
     )
 
 
-def route_plan(*, workflow_id: int) -> RoutePlan | None:
-    """The cached plan, rebuilt when the generation moved (one Redis GET per call)."""
-    gen = generation()
-    current = gen.read()
-    plan = _plans.get(workflow_id)
-    if plan is not None and plan.generation == current:
-        if gen.shared or time.monotonic() - plan.built_at < LOCAL_PLAN_TTL_S:
-            return plan
-    plan = route_plan_build(workflow_id=workflow_id, generation_value=current)
+def route_plan_refresh(*, workflow_id: int, generation_value: int) -> RoutePlan | None:
+    plan = route_plan_build(workflow_id=workflow_id, generation_value=generation_value)
     with _lock:
         if plan is None:
             _plans.pop(workflow_id, None)
         else:
             _plans[workflow_id] = plan
     return plan
+
+
+def route_plan_cached(*, workflow_id: int) -> RoutePlan | None:
+    """The cached plan without asking whether it is current (the router checks the generation
+    in the same Redis round trip as the breakers, see inference.router)."""
+    plan = _plans.get(workflow_id)
+    if plan is not None:
+        return plan
+    return route_plan_refresh(workflow_id=workflow_id, generation_value=generation().read())
+
+
+def route_plan(*, workflow_id: int) -> RoutePlan | None:
+    """The current plan, rebuilt when the generation moved (one Redis GET per call)."""
+    gen = generation()
+    current = gen.read()
+    plan = _plans.get(workflow_id)
+    if plan is not None and plan.is_current(current, shared=gen.shared):
+        return plan
+    return route_plan_refresh(workflow_id=workflow_id, generation_value=current)
 
 
 # --- Rolling quality and latency ----------------------------------------------------------------

@@ -21,11 +21,19 @@ def _invalidate(**kwargs: Any) -> None:
 
 
 def connect() -> None:
-    from billing.models import PriceBook
+    from billing.models import Budget, PriceBook
     from inference.models import ChaosConfig
     from stack.models import Deployment, Provider, RoutingPolicyEntry, RoutingPolicyVersion
 
-    for model in (RoutingPolicyVersion, RoutingPolicyEntry, Deployment, Provider, ChaosConfig, PriceBook):
+    for model in (
+        RoutingPolicyVersion,
+        RoutingPolicyEntry,
+        Deployment,
+        Provider,
+        ChaosConfig,
+        PriceBook,
+        Budget,
+    ):
         post_save.connect(_invalidate, sender=model, dispatch_uid=f"inference-route-cache-{model.__name__}")
         post_delete.connect(
             _invalidate, sender=model, dispatch_uid=f"inference-route-cache-del-{model.__name__}"
