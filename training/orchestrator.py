@@ -20,6 +20,7 @@ import logging
 import socket
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -284,6 +285,7 @@ class ChunkOutcome:
     rejoined: bool = False
     stopped_by: str = ""  # "" (time up) or the run/learner state that stopped it
     stopped_at: float | None = None  # wall time the stop was seen
+    first_step_at: datetime | None = None  # when the first inner step finished (training again)
 
 
 def learner_chunk_execute(
@@ -321,6 +323,8 @@ def learner_chunk_execute(
         tokens_before = learner_row.tokens
         while True:
             outcome.losses.append(learner.train_step())
+            if outcome.first_step_at is None:
+                outcome.first_step_at = timezone.now()
             outcome.steps += 1
             outcome.tokens += learner.tokens_per_step
             pushed = False

@@ -604,7 +604,9 @@ def learner_chunk_finish(
         if current and not error and chunk.steps > 0:
             event = selectors.learner_open_failover(learner=learner)
             if event is not None and chunk.generation > 0:
-                failover_event_recover(event=event, recovered_at=started_at, to_cluster=chunk.cluster)
+                # Recovered when the re-placed learner finished its first inner step again.
+                back = getattr(outcome, "first_step_at", None) or started_at
+                failover_event_recover(event=event, recovered_at=back, to_cluster=chunk.cluster)
         if (
             current
             and not error
