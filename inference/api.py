@@ -7,3 +7,6 @@ from rest_framework.routers import BaseRouter
 
 def register(router: BaseRouter) -> None:
     """Add this app's viewsets to the /api/ router."""
+    from inference import chaos_api
+
+    chaos_api.register(router)

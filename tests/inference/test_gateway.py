@@ -179,3 +179,31 @@ def test_switch_takes_effect_on_the_next_request_and_is_audited(
     assert (policy.author_id, policy.reason) == (operator.pk, "cheaper this week")
     assert InferenceRequest.objects.order_by("-id").first().policy_version_id == policy.pk  # type: ignore[union-attr]
     assert operator.groups.filter(name=Role.OPERATOR.value).exists()
+
+
+def test_chaos_api_switches_a_drill_for_the_next_request(
+    operator: User, viewer: User, mock_provider: Callable[..., MockProviderServer]
+) -> None:
+    primary, fallback = priced_deployment(mock_provider()), priced_deployment(mock_provider())
+    workflow = routed_workflow(operator, [primary, fallback])
+    gateway = _client(viewer)
+    assert _chat(gateway, workflow.slug)["x-switchyard-deployment"] == primary.slug
+    api = api_client(operator)
+    put = api.put(
+        f"/api/chaos/{primary.slug}/",
+        {"enabled": True, "error_rate": 1, "status_codes": [503]},
+        format="json",
+    )
+    assert put.status_code == 200 and put.json()["enabled"] is True
+    assert _chat(gateway, workflow.slug)["x-switchyard-deployment"] == fallback.slug
+    listed = {d["deployment"]: d["enabled"] for d in api_client(viewer).get("/api/chaos/").json()}
+    assert listed[primary.slug] is True and listed[fallback.slug] is False
+    assert (
+        api_client(viewer).patch(f"/api/chaos/{primary.slug}/", {"enabled": False}, format="json").status_code
+        == 403
+    )
+    bad = api.patch(f"/api/chaos/{primary.slug}/", {"error_rate": 2}, format="json")
+    assert bad.status_code == 400 and "error_rate" in bad.json()
+    off = api.patch(f"/api/chaos/{primary.slug}/", {"enabled": False}, format="json")
+    assert off.status_code == 200 and off.json()["error_rate"] == 1.0  # PATCH kept the rest
+    assert _chat(gateway, workflow.slug)["x-switchyard-deployment"] == primary.slug
