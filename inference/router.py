@@ -58,6 +58,7 @@ from inference.selectors import (
     generation,
     rolling_p50,
     rolling_quality,
+    route_plan,
     route_plan_cached,
     route_plan_refresh,
 )
@@ -242,6 +243,9 @@ def _prepare(
 ) -> _Context:
     started = time.perf_counter()
     plan = route_plan_cached(workflow_id=workflow.pk)
+    if plan is None or not plan.entries:
+        # A cached "no route" may be stale: ask for the current plan before refusing.
+        plan = route_plan(workflow_id=workflow.pk)
     if plan is None:
         raise NoRoute(f"workflow {workflow.slug} has no routing policy")
     if not plan.entries:
