@@ -330,3 +330,24 @@ def test_chaos_settings_are_validated(admin_user: User) -> None:
         chaos_config_set(deployment=deployment, enabled=True, user=admin_user, error_rate=1.5)
     with pytest.raises(RegistryError, match="HTTP codes"):
         chaos_config_set(deployment=deployment, enabled=True, user=admin_user, status_codes=[42])
+
+
+def test_bedrock_deployment_is_routed_through_converse(admin_user: User) -> None:
+    from stack.models import Provider
+    from stack.services import provider_set_credentials
+    from tests.factories import make_provider
+    from tests.inference.converse_server import ConverseServer
+
+    server = ConverseServer()
+    try:
+        provider = make_provider(kind=Provider.Kind.BEDROCK, base_url=server.url, region="eu-west-1")
+        provider_set_credentials(provider=provider, credentials="AKIDTEST:not-a-real-secret")
+        bedrock = priced_deployment(provider=provider, provider_model_id="anthropic.claude-test")
+        workflow = routed_workflow(admin_user, [bedrock])
+        result = route(workflow=workflow, request=PING)
+    finally:
+        server.stop()
+    assert result.ok and result.completion is not None and result.completion.text == "hello from bedrock"
+    assert server.behaviour.requests[-1][0] == "/model/anthropic.claude-test/converse"
+    # 11 input tokens at $1/1M + 4 output tokens at $3/1M
+    assert result.cost == Decimal("0.000023000")
