@@ -12,17 +12,17 @@ job twice (2 learners, quorum 1):
    cluster's worker is SIGKILLed; it is restarted a third of the plain run's duration later.
    The supervisor fails its learner over to the third cluster.
 
-Right before and right after the plain run it trains the same learners with the bare engine in
-this process for BARE_SECONDS (no broker, no database, in-memory transport; same model, batch,
-H, quorum; the workers sit idle meanwhile), so the comparison sees the same background load on
-this shared machine as the plain run did, and reports:
+Right before and right after the plain run it trains the same learners with the bare engine for
+BARE_SECONDS (one process per learner, the syncer in this one, a file:// transport; no broker,
+no database; same model, batch, H, quorum; the workers sit idle meanwhile), so the comparison
+sees the same background load on this shared machine as the plain run did, and reports:
 
 * orchestration_overhead_ratio: the learners' tokens/s under Switchyard (all tokens they
   trained ÷ the time from the first chunk's start to the last chunk's end, so model and corpus
   loads, broker dispatch gaps, pushes, database writes and the control worker's CPU all count)
-  ÷ the bare engine's tokens/s with the same learners in this process (one thread per learner,
-  one torch thread each, as each worker process has; its clock starts after setup, so the
-  ratio charges Switchyard for each worker's model build and corpus load: conservative);
+  ÷ the bare engine's tokens/s with the same learners (one process per learner with one torch
+  thread, as each worker has; its clock starts after setup, so the ratio charges Switchyard
+  for each worker's model build and corpus load: conservative);
 * failover_detect_s: SIGKILL → the training FailoverEvent's detected_at;
 * failover_recover_s: SIGKILL → the re-placed learner training again (its recovered_at);
 * goodput_with_failure: tokens merged per wall-second with the failure ÷ without;
@@ -206,78 +206,109 @@ def _run_figures(run_id: int) -> dict[str, Any]:
     }
 
 
-def _bare_engine(cfg: dict[str, Any], *, seconds: float) -> dict[str, float]:
-    """The same learners with the bare engine in this process: one thread per learner (one torch
-    thread each, like one worker process each), deltas through an in-memory transport, the syncer
-    merging in the main thread every half second, learners rebasing onto new versions."""
-    import threading
-
+def _bare_learner(
+    index: int, raw: dict[str, Any], store_url: str, seconds: float, barrier: Any, results: Any
+) -> None:
+    """One bare-engine learner in its own process (no Django, no broker, no database)."""
     import torch
 
     from training.engine.data import BatchSampler, load_corpus
     from training.engine.fragments import assign_fragments
     from training.engine.learner import Learner
     from training.engine.model import build_model
+    from training.engine.objectstore import open_store
+    from training.engine.transport import ObjectStoreTransport, latest_version
+    from training.run_config import RunConfig
+
+    torch.set_num_threads(1)
+    rc = RunConfig(raw)
+    params = {
+        n: p.detach().clone() for n, p in build_model(rc.model_config(), seed=rc.seed).named_parameters()
+    }
+    fragments = assign_fragments(params, fragments=rc.fragment_count)
+    corpus = load_corpus(rc.data_config())
+    transport = ObjectStoreTransport(open_store(store_url), prefix="bare")
+    learner = Learner(
+        learner_id=index,
+        model_cfg=rc.model_config(),
+        inner=rc.inner_config(),
+        fragments=fragments,
+        sampler=BatchSampler(
+            corpus.train, block_size=rc.model_config().block_size, batch_size=rc.batch_size, seed=index + 1
+        ),
+        init=params,
+        compression=rc.compression_config(),
+    )
+    barrier.wait()  # every learner is set up: the clocks start together
+    start = time.monotonic()
+    tokens = 0
+    while time.monotonic() - start < seconds:
+        learner.train(rc.h)
+        tokens += rc.h * learner.tokens_per_step
+        for f in range(len(fragments)):
+            transport.put_delta(learner.make_delta(f, now=time.time()))
+            newer = latest_version(transport, f)
+            if newer is not None and newer.version > learner.base_version[f]:
+                learner.adopt(f, newer.params, newer.version, how="rebase")
+    results.put((tokens, time.monotonic() - start))
+
+
+def _bare_engine(cfg: dict[str, Any], *, seconds: float) -> dict[str, float]:
+    """The same learners with the bare engine: one process per learner with one torch thread
+    (as each worker has), deltas and versions through a file:// object-store transport, the
+    syncer merging in this process every half second, learners rebasing onto new versions.
+    Only the orchestration is missing: no Celery, no database, no chunks, no evaluation."""
+    import multiprocessing
+    import tempfile
+
+    import torch
+
+    from training.engine.fragments import assign_fragments
+    from training.engine.model import build_model
+    from training.engine.objectstore import open_store
     from training.engine.syncer import Syncer
-    from training.engine.transport import InMemoryTransport, latest_version
+    from training.engine.transport import ObjectStoreTransport
     from training.run_config import RunConfig, run_config_validate
 
     torch.set_num_threads(1)
-    rc = RunConfig(run_config_validate(cfg))
-    model = build_model(rc.model_config(), seed=rc.seed)
-    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    raw = run_config_validate(cfg)
+    rc = RunConfig(raw)
+    params = {
+        n: p.detach().clone() for n, p in build_model(rc.model_config(), seed=rc.seed).named_parameters()
+    }
     fragments = assign_fragments(params, fragments=rc.fragment_count)
-    corpus = load_corpus(rc.data_config())
-    transport = InMemoryTransport()
-    lock = threading.Lock()
-    syncer = Syncer(
-        cfg=rc.syncer_config(), outer=rc.outer_config(), fragments=fragments, init=params, transport=transport
-    )
-    learners = [
-        Learner(
-            learner_id=i,
-            model_cfg=rc.model_config(),
-            inner=rc.inner_config(),
+    with tempfile.TemporaryDirectory(prefix="bench-bare-") as tmp:
+        store_url = f"file://{tmp}"
+        transport = ObjectStoreTransport(open_store(store_url), prefix="bare")
+        syncer = Syncer(
+            cfg=rc.syncer_config(),
+            outer=rc.outer_config(),
             fragments=fragments,
-            sampler=BatchSampler(
-                corpus.train, block_size=rc.model_config().block_size, batch_size=rc.batch_size, seed=i + 1
-            ),
             init=params,
-            compression=rc.compression_config(),
+            transport=transport,
         )
-        for i in range(rc.learners)
-    ]
-    tokens = [0] * len(learners)
-    stop = threading.Event()
-
-    def loop(i: int) -> None:
-        learner = learners[i]
-        while not stop.is_set():
-            learner.train(rc.h)
-            tokens[i] += rc.h * learner.tokens_per_step
-            with lock:
-                for f in range(len(fragments)):
-                    transport.put_delta(learner.make_delta(f, now=time.time()))
-                    newer = latest_version(transport, f)
-                    if newer is not None and newer.version > learner.base_version[f]:
-                        learner.adopt(f, newer.params, newer.version, how="rebase")
-
-    threads = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(len(learners))]
-    # The clock starts after setup: the bare figure is pure training throughput, while
-    # Switchyard's window includes each worker's model build and corpus load (conservative).
-    start = time.monotonic()
-    for t in threads:
-        t.start()
-    while time.monotonic() - start < seconds:
-        time.sleep(0.5)
-        with lock:
+        ctx = multiprocessing.get_context("spawn")
+        barrier = ctx.Barrier(rc.learners + 1)
+        results = ctx.Queue()
+        procs = [
+            ctx.Process(target=_bare_learner, args=(i, raw, store_url, seconds, barrier, results))
+            for i in range(rc.learners)
+        ]
+        for proc in procs:
+            proc.start()
+        barrier.wait()
+        start = time.monotonic()
+        while time.monotonic() - start < seconds:
+            time.sleep(0.5)
             syncer.pull(time.time())
             syncer.poll(time.time())
-    stop.set()
-    for t in threads:
-        t.join()
-    wall = time.monotonic() - start
-    return {"tokens": sum(tokens), "wall_s": round(wall, 2), "tokens_per_s": sum(tokens) / wall}
+        # Read the results before joining: a child exits only once its queue is drained.
+        got = [results.get(timeout=120) for _ in procs]
+        for proc in procs:
+            proc.join(timeout=30)
+    tokens = sum(t for t, _ in got)
+    wall = max(w for _, w in got)
+    return {"tokens": tokens, "wall_s": round(wall, 2), "tokens_per_s": tokens / wall}
 
 
 def main(argv: list[str] | None = None) -> int:
