@@ -321,6 +321,7 @@ def _attempt_calls(ctx: _Context, stack: ExitStack, *, stream: bool) -> Iterator
         order = _candidates(ctx)
         ids = [e.deployment.pk for e in order]
         states = store.peek(ids, now=monotonic_now(), cfg=cfg)
+    refused_by: set[int] = set()
     max_rounds = int(_setting("INFERENCE_MAX_ROUNDS", 2))
     backoff = _setting("INFERENCE_BACKOFF_SECONDS", 0.05)
     for round_no in range(max_rounds):
@@ -336,6 +337,8 @@ def _attempt_calls(ctx: _Context, stack: ExitStack, *, stream: bool) -> Iterator
         for entry, state in zip(order, states, strict=True):
             if time.perf_counter() >= ctx.deadline:
                 return
+            if entry.deployment.pk in refused_by:
+                continue  # it answered a non-retryable error earlier in this request
             if state == 0 or (
                 state == 2 and not store.claim_probe(entry.deployment.pk, now=monotonic_now(), cfg=cfg)
             ):
@@ -400,9 +403,11 @@ def _attempt_calls(ctx: _Context, stack: ExitStack, *, stream: bool) -> Iterator
                         now=monotonic_now(),
                         cfg=cfg,
                     )
-                if not exc.retryable and exc.status_code in CLIENT_ERRORS:
-                    ctx.stop_error = exc
-                    return
+                if not exc.retryable:
+                    if exc.status_code in CLIENT_ERRORS:
+                        ctx.stop_error = exc
+                        return
+                    refused_by.add(entry.deployment.pk)
         retryable_left = any(a.outcome == Outcome.RETRYABLE for a in ctx.attempts)
         if not any_called or not retryable_left:
             return

@@ -351,3 +351,21 @@ def test_bedrock_deployment_is_routed_through_converse(admin_user: User) -> None
     assert server.behaviour.requests[-1][0] == "/model/anthropic.claude-test/converse"
     # 11 input tokens at $1/1M + 4 output tokens at $3/1M
     assert result.cost == Decimal("0.000023000")
+
+
+def test_a_deployment_that_refuses_is_not_retried_in_later_rounds(
+    admin_user: User, mock_provider: Callable[..., MockProviderServer], settings: Any
+) -> None:
+    settings.INFERENCE_BACKOFF_SECONDS = 0.01
+    settings.INFERENCE_BREAKER_MIN_REQUESTS = 100
+    unauthorised, overloaded = mock_provider(status=401), mock_provider(status=503)
+    workflow = routed_workflow(admin_user, [priced_deployment(unauthorised), priced_deployment(overloaded)])
+    result = route(workflow=workflow, request=PING)
+    assert not result.ok
+    # The 401 (a bad key: the deployment's fault) moved on without a retry; the 503 was retried.
+    assert unauthorised.behaviour.total_calls() == 1 and overloaded.behaviour.total_calls() == 2
+    assert [a.outcome for a in result.attempts] == [
+        Outcome.NON_RETRYABLE,
+        Outcome.RETRYABLE,
+        Outcome.RETRYABLE,
+    ]
