@@ -2,8 +2,8 @@
 
 Public entry points (used by the gateway, the eval runner and batch jobs):
 
-    route(*, workflow, request, endpoint=Endpoint.CHAT, client_request_id=None, deadline_s=None)
-        -> RouteResult
+    route(*, workflow, request, endpoint=Endpoint.CHAT, client_request_id=None, deadline_s=None,
+          deployment=None) -> RouteResult     (deployment: call only that one, e.g. for evals)
     route_stream(*, workflow, request, endpoint=Endpoint.CHAT, deadline_s=None) -> RouteStream
         (iterate it for StreamChunk; .result once exhausted or closed)
 
@@ -55,6 +55,7 @@ from inference.selectors import (
     GENERATION_KEY,
     PlanEntry,
     RoutePlan,
+    deployment_plan,
     generation,
     rolling_p50,
     rolling_quality,
@@ -62,7 +63,7 @@ from inference.selectors import (
     route_plan_cached,
     route_plan_refresh,
 )
-from stack.models import RoutingPolicyVersion, Workflow
+from stack.models import Deployment, RoutingPolicyVersion, Workflow
 
 Outcome = InferenceAttempt.Outcome
 CLIENT_ERRORS = frozenset({400, 413, 422})
@@ -236,20 +237,31 @@ class _Context:
     demoted: list[tuple[PlanEntry, float]] = field(default_factory=list)
     budget_error: BudgetExhausted | None = None
     stop_error: ProviderError | None = None
+    deployment: Deployment | None = None  # a one-deployment call (route_to_deployment)
 
 
 def _prepare(
-    workflow: Workflow, request: InferenceInput, endpoint: str, deadline_s: float | None
+    workflow: Workflow,
+    request: InferenceInput,
+    endpoint: str,
+    deadline_s: float | None,
+    *,
+    deployment: Deployment | None = None,
 ) -> _Context:
     started = time.perf_counter()
-    plan = route_plan_cached(workflow_id=workflow.pk)
-    if plan is None or not plan.entries:
-        # A cached "no route" may be stale: ask for the current plan before refusing.
-        plan = route_plan(workflow_id=workflow.pk)
-    if plan is None:
-        raise NoRoute(f"workflow {workflow.slug} has no routing policy")
-    if not plan.entries:
-        raise NoRoute(f"workflow {workflow.slug} has no enabled deployment in its route")
+    if deployment is not None:
+        plan = deployment_plan(workflow_id=workflow.pk, deployment_id=deployment.pk)
+        if plan is None:
+            raise NoRoute(f"deployment {deployment.slug} is disabled")
+    else:
+        plan = route_plan_cached(workflow_id=workflow.pk)
+        if plan is None or not plan.entries:
+            # A cached "no route" may be stale: ask for the current plan before refusing.
+            plan = route_plan(workflow_id=workflow.pk)
+        if plan is None:
+            raise NoRoute(f"workflow {workflow.slug} has no routing policy")
+        if not plan.entries:
+            raise NoRoute(f"workflow {workflow.slug} has no enabled deployment in its route")
     deadline_s = deadline_s if deadline_s is not None else _setting("INFERENCE_DEADLINE_SECONDS", 30.0)
     return _Context(
         workflow=workflow,
@@ -258,6 +270,7 @@ def _prepare(
         endpoint=endpoint,
         started=started,
         deadline=started + deadline_s,
+        deployment=deployment,
     )
 
 
@@ -313,7 +326,10 @@ def _attempt_calls(ctx: _Context, stack: ExitStack, *, stream: bool) -> Iterator
     else:
         current, states = gen.read(), store.peek(ids, now=monotonic_now(), cfg=cfg)
     if not ctx.plan.is_current(current, shared=gen.shared):
-        plan = route_plan_refresh(workflow_id=ctx.workflow.pk, generation_value=current)
+        if ctx.deployment is not None:
+            plan = deployment_plan(workflow_id=ctx.workflow.pk, deployment_id=ctx.deployment.pk)
+        else:
+            plan = route_plan_refresh(workflow_id=ctx.workflow.pk, generation_value=current)
         if plan is None or not plan.entries:
             raise NoRoute(f"workflow {ctx.workflow.slug} has no usable routing policy")
         ctx.plan = plan
@@ -484,7 +500,7 @@ def _finish(
         error=error,
         status_code=status_code,
         attempts=ctx.attempts,
-        policy_version=ctx.plan.version,
+        policy_version=ctx.plan.version if ctx.plan.policy_id is not None else None,
         demoted=ctx.demoted,
     )
 
@@ -518,8 +534,14 @@ def route(
     endpoint: str = Endpoint.CHAT,
     client_request_id: str | None = None,
     deadline_s: float | None = None,
+    deployment: Deployment | None = None,
 ) -> RouteResult:
-    """Serve `request` for `workflow` by its current policy version (see the module docstring)."""
+    """Serve `request` for `workflow` by its current policy version (see the module docstring).
+
+    With `deployment`, call that deployment only (no strategy, no fallback; breakers, budgets,
+    retries and records as usual): eval runs and judges score one deployment at a time. The
+    request is recorded under `workflow` with no policy version.
+    """
     if client_request_id:
         seen = InferenceRequest.objects.select_related("deployment").filter(
             client_request_id=client_request_id
@@ -527,7 +549,7 @@ def route(
         row = seen.first()
         if row is not None:
             return _replay(row)
-    ctx = _prepare(workflow, request, endpoint, deadline_s)
+    ctx = _prepare(workflow, request, endpoint, deadline_s, deployment=deployment)
     completion: Completion | None = None
     winner: PlanEntry | None = None
     with ExitStack() as stack:

@@ -62,7 +62,7 @@ class PlanEntry:
 @dataclass
 class RoutePlan:
     workflow_id: int
-    policy_id: int
+    policy_id: int | None  # None: a one-deployment plan (evals, judges), not a workflow route
     version: int
     strategy: str
     quality_floor: float | None
@@ -127,6 +127,7 @@ def route_cache_invalidate() -> None:
     """Called on every save that can change a route (inference.signals)."""
     with _lock:
         _plans.clear()
+        _deployment_plans.clear()
         _quality_cache.clear()
     generation().bump()
 
@@ -164,6 +165,15 @@ def _budget_target(budget: Budget) -> tuple[str, str]:
         Budget.Scope.TRAINING_RUN.value: budget.training_run_id,
     }.get(str(budget.scope))
     return str(budget.scope), str(value)
+
+
+def _hard_budget_keys() -> frozenset[tuple[str, str]]:
+    return frozenset(
+        _budget_target(b)
+        for b in Budget.objects.filter(active=True, hard_limit=True).only(
+            "scope", "workflow_id", "provider_id", "cluster_id", "team", "training_run_id"
+        )
+    )
 
 
 def route_plan_build(*, workflow_id: int, generation_value: int = 0) -> RoutePlan | None:
@@ -208,12 +218,7 @@ def route_plan_build(*, workflow_id: int, generation_value: int = 0) -> RoutePla
                 currency=currency,
             )
         )
-    hard = frozenset(
-        _budget_target(b)
-        for b in Budget.objects.filter(active=True, hard_limit=True).only(
-            "scope", "workflow_id", "provider_id", "cluster_id", "team", "training_run_id"
-        )
-    )
+    hard = _hard_budget_keys()
     return RoutePlan(
         workflow_id=workflow_id,
         policy_id=policy.pk,
@@ -226,6 +231,60 @@ def route_plan_build(*, workflow_id: int, generation_value: int = 0) -> RoutePla
         entries=plan_entries,
         generation=generation_value,
     )
+
+
+_deployment_plans: dict[tuple[int, int], RoutePlan] = {}
+
+
+def deployment_plan(*, workflow_id: int, deployment_id: int) -> RoutePlan | None:
+    """A plan of exactly one deployment (eval runs and judges call one deployment, whatever the
+    workflow's route says); cached like route plans. None if it does not exist or is disabled."""
+    gen = generation()
+    current = gen.read()
+    key = (workflow_id, deployment_id)
+    plan = _deployment_plans.get(key)
+    if plan is not None and plan.is_current(current, shared=gen.shared):
+        return plan
+    d = (
+        Deployment.objects.select_related("provider", "model", "hosting_cluster")
+        .filter(pk=deployment_id, enabled=True, provider__enabled=True)
+        .first()
+    )
+    if d is None:
+        return None
+    prices = PriceResolver()
+    now = timezone.now()
+    found_in = prices.resolve(
+        unit=Unit.INPUT_TOKENS_1M, at=now, deployment_id=d.pk, provider_id=d.provider_id
+    )
+    found_out = prices.resolve(
+        unit=Unit.OUTPUT_TOKENS_1M, at=now, deployment_id=d.pk, provider_id=d.provider_id
+    )
+    priced = found_in or found_out
+    entry = PlanEntry(
+        deployment=d,
+        target=_target(d, ChaosConfig.objects.filter(deployment=d).first()),
+        position=0,
+        weight=1,
+        input_price=found_in.unit_price if found_in else None,
+        output_price=found_out.unit_price if found_out else None,
+        currency=priced.currency if priced is not None else "USD",
+    )
+    plan = RoutePlan(
+        workflow_id=workflow_id,
+        policy_id=None,
+        version=0,
+        strategy=RoutingPolicyVersion.Strategy.PRIORITY,
+        quality_floor=None,
+        max_cost_per_request=None,
+        entries=[entry],
+        generation=current,
+        prices=prices,
+        hard_budget_keys=_hard_budget_keys(),
+    )
+    with _lock:
+        _deployment_plans[key] = plan
+    return plan
 
 
 def route_plan_refresh(*, workflow_id: int, generation_value: int) -> RoutePlan | None:

@@ -369,3 +369,23 @@ def test_a_deployment_that_refuses_is_not_retried_in_later_rounds(
         Outcome.RETRYABLE,
         Outcome.RETRYABLE,
     ]
+
+
+def test_one_deployment_call_for_evals(
+    admin_user: User, mock_provider: Callable[..., MockProviderServer]
+) -> None:
+    from inference.models import Endpoint
+
+    first_server, second_server = mock_provider(), mock_provider(text="judged")
+    first, second = priced_deployment(first_server), priced_deployment(second_server)
+    workflow = routed_workflow(admin_user, [first, second])
+    result = route(workflow=workflow, request=PING, endpoint=Endpoint.EVAL, deployment=second)
+    assert result.ok and result.deployment_slug == second.slug and result.completion is not None
+    assert result.completion.text == "judged" and first_server.behaviour.total_calls() == 0
+    row = InferenceRequest.objects.get(pk=result.request_id)
+    assert (row.endpoint, row.policy_version_id, row.deployment_id) == ("eval", None, second.pk)
+    assert UsageRecord.objects.filter(subject_id=str(row.pk)).count() == 2
+    # No fallback: a failing deployment fails the call.
+    second_server.behaviour.status = 503
+    failed = route(workflow=workflow, request=PING, endpoint=Endpoint.EVAL, deployment=second)
+    assert not failed.ok and first_server.behaviour.total_calls() == 0
