@@ -242,14 +242,20 @@ def _bare_learner(
     barrier.wait()  # every learner is set up: the clocks start together
     start = time.monotonic()
     tokens = 0
+    pushed_base: dict[int, int] = {}
     while time.monotonic() - start < seconds:
         learner.train(rc.h)
         tokens += rc.h * learner.tokens_per_step
         for f in range(len(fragments)):
-            transport.put_delta(learner.make_delta(f, now=time.time()))
-            newer = latest_version(transport, f)
-            if newer is not None and newer.version > learner.base_version[f]:
-                learner.adopt(f, newer.params, newer.version, how="rebase")
+            found = transport.versions(f)
+            if found and max(found) > learner.base_version[f]:
+                newer = latest_version(transport, f)
+                if newer is not None:
+                    learner.adopt(f, newer.params, newer.version, how="rebase")
+            # As the orchestrated learner does: one delta per fragment waits for the syncer.
+            if f not in pushed_base or learner.base_version[f] > pushed_base[f]:
+                pushed_base[f] = learner.base_version[f]
+                transport.put_delta(learner.make_delta(f, now=time.time()))
     results.put((tokens, time.monotonic() - start))
 
 

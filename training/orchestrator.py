@@ -60,6 +60,16 @@ def _torch_threads() -> None:
         torch.set_num_threads(1)
 
 
+def warm_up() -> None:
+    """Import the engine (and torch) in this process; called when a worker starts."""
+    import training.engine.data
+    import training.engine.learner
+    import training.engine.syncer
+    import training.engine.transport  # noqa: F401
+
+    _torch_threads()
+
+
 def run_transport(run: TrainingRun) -> ObjectStoreTransport:
     from training.engine.objectstore import open_store
     from training.engine.transport import ObjectStoreTransport

@@ -6,8 +6,22 @@ from __future__ import annotations
 from typing import Any
 
 from celery import shared_task
+from celery.signals import worker_process_init, worker_ready
 
 from training import services
+
+
+@worker_ready.connect
+@worker_process_init.connect
+def _warm_engine(**_: Any) -> None:
+    """Import torch and the engine when a worker starts, not inside a run's first chunk.
+
+    Only workers run this (the web process imports this module without importing torch): a
+    learner's first chunk then pays for its run's corpus and model, not for a 2-second import.
+    """
+    from training.orchestrator import warm_up
+
+    warm_up()
 
 
 @shared_task(bind=True, name="training.probe_job_run", ignore_result=True)
