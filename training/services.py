@@ -601,6 +601,14 @@ def learner_chunk_finish(
                 learner.last_error = f"chunk {chunk.seq} failed: {error}"[:5000]
                 fields += ["state", "state_changed_at", "last_error"]
         learner.save(update_fields=fields)
+        if error and current:
+            failures = LearnerChunk.objects.filter(learner=learner).exclude(error="")
+            failures = failures.exclude(error__startswith="lost:").exclude(error__startswith="not billed:")
+            if failures.count() >= MAX_CHUNK_FAILURES:
+                # The same learner failing on every cluster it is moved to is a bug or bad data,
+                # not a cluster problem: stop instead of failing over forever.
+                why = f"learner {learner.index} failed {MAX_CHUNK_FAILURES} chunks; last: {error}"
+                training_run_fail(run_id=run.pk, reason=why)
         if current and not error and chunk.steps > 0:
             event = selectors.learner_open_failover(learner=learner)
             if event is not None and chunk.generation > 0:
@@ -621,6 +629,20 @@ def learner_chunk_finish(
                 training_cost=selectors.run_spend(run_id=run.pk)
             )
     return chunk
+
+
+MAX_CHUNK_FAILURES = 3
+
+
+def training_run_fail(*, run_id: int, reason: str) -> TrainingRun | None:
+    """Move a live run to `failed` (no-op when it already ended)."""
+    run = TrainingRun.objects.filter(pk=run_id).first()
+    if run is None or not _transition_quietly(run, TrainingRun.State.FAILED, reason=reason[:1000]):
+        return run
+    TrainingLearner.objects.filter(run=run).exclude(state=TrainingLearner.State.DONE).update(
+        state=TrainingLearner.State.RELEASED, state_changed_at=run.state_changed_at
+    )
+    return run
 
 
 def _enqueue_next_chunk(*, learner: TrainingLearner, generation: int, seq: int) -> None:
@@ -899,6 +921,10 @@ def _lost_reason(*, learner: TrainingLearner, rc: RunConfig, now: datetime) -> s
 
 def learner_failover(*, learner_id: int, reason: str, now: datetime) -> int:
     """Record a lost learner and re-place it on the cheapest healthy cluster with room.
+
+    One FailoverEvent per loss episode: from the first loss until the learner trains again
+    (its first inner step on the new cluster closes the event). Losing it again on the way
+    (the new cluster dies too) moves it on under the same open event.
 
     Returns 1 when a FailoverEvent was written (the first time the learner is seen lost),
     else 0. The event's tokens_lost are the tokens trained since the learner's last delta

@@ -156,3 +156,31 @@ def test_a_spent_money_budget_stops_the_run_and_keeps_a_checkpoint(tmp_path: Pat
     assert run.artifact_uri.startswith(f"file://{tmp_path}/runs/{run.pk}/artifacts/checkpoint-")
     assert not LearnerChunk.objects.filter(learner=learner, seq=1).exists()
     assert UsageRecord.objects.filter(subject_id=str(run.pk)).count() == billed
+
+
+@pytest.mark.django_db
+def test_a_learner_that_fails_on_every_cluster_fails_the_run_instead_of_moving_forever(
+    tmp_path: Path,
+) -> None:
+    import shutil
+
+    _cluster("1.0", capacity=2), _cluster("2.0", capacity=2)
+    run = _start(tmp_path)
+    shutil.rmtree(tmp_path / "runs")  # the global versions are gone: every chunk raises
+    orchestrator._LEARNERS.clear()
+    learner = TrainingLearner.objects.get(run=run, index=0)
+    for attempt in range(3):
+        learner.refresh_from_db()
+        orchestrator.learner_chunk_execute(
+            learner_id=learner.pk, generation=learner.generation, seq=0, worker_hostname=f"w@{attempt}"
+        )
+        services.training_runs_supervise()
+    run.refresh_from_db()
+    assert run.state == TrainingRun.State.FAILED
+    assert "learner 0 failed 3 chunks; last: LookupError" in run.reason
+    errors = LearnerChunk.objects.filter(learner=learner).exclude(error="").count()
+    assert errors == 3
+    # One loss episode, one event: it stays open because the learner never trained again.
+    event = FailoverEvent.objects.get(training_run_id=run.pk)
+    assert event.recovered_at is None and "chunk 0 failed: LookupError" in event.reason
+    assert PlacementDecision.objects.filter(run=run, learner_index=0, reason="failover").count() == 2
