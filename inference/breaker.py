@@ -16,6 +16,9 @@ Each call also pushes its latency onto a capped list, from which `fastest` reads
 
 from __future__ import annotations
 
+import logging
+import os
+import queue
 import threading
 import time
 from collections import deque
@@ -30,6 +33,7 @@ OPEN = "open"
 HALF_OPEN = "half_open"
 
 LATENCY_SAMPLES = 200
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -328,6 +332,58 @@ def breakers() -> Breakers:
                 url = getattr(settings, "REDIS_URL", "")
                 _breakers = RedisBreakers(url) if url else LocalBreakers()
     return _breakers
+
+
+class _SuccessRecorder:
+    """Records ordinary successes off the request path (a Redis round trip each).
+
+    A success only moves a closed breaker's window and the latency samples, which nothing reads
+    synchronously; failures and half-open probe results are recorded at once by the router, so
+    a circuit still opens and closes on the request that decides it.
+    """
+
+    def __init__(self, store: RedisBreakers) -> None:
+        self.store = store
+        self.queue: queue.SimpleQueue[tuple[int, float, float, BreakerSettings]] = queue.SimpleQueue()
+        self.thread: threading.Thread | None = None
+        self.pid = 0
+        self._lock = threading.Lock()
+
+    def put(self, deployment_id: int, latency_ms: float, now: float, cfg: BreakerSettings) -> None:
+        if self.thread is None or self.pid != os.getpid():  # first use, or a forked worker
+            with self._lock:
+                if self.thread is None or self.pid != os.getpid():
+                    self.queue = queue.SimpleQueue()
+                    self.pid = os.getpid()
+                    self.thread = threading.Thread(target=self._run, name="breaker-successes", daemon=True)
+                    self.thread.start()
+        self.queue.put((deployment_id, latency_ms, now, cfg))
+
+    def _run(self) -> None:
+        q = self.queue
+        while True:
+            deployment_id, latency_ms, now, cfg = q.get()
+            try:
+                self.store.record(deployment_id, ok=True, latency_ms=latency_ms, now=now, cfg=cfg)
+            except Exception:  # noqa: BLE001 (a lost sample must not kill the recorder)
+                logger.warning("could not record a success for deployment %s", deployment_id, exc_info=True)
+
+
+_recorder: _SuccessRecorder | None = None
+
+
+def record_success(deployment_id: int, *, latency_ms: float, probe: bool, cfg: BreakerSettings) -> None:
+    """Count a successful call: at once for a half-open probe (it closes the circuit), in the
+    background otherwise (see _SuccessRecorder)."""
+    global _recorder
+    store = breakers()
+    now = monotonic_now()
+    if probe or not isinstance(store, RedisBreakers):
+        store.record(deployment_id, ok=True, latency_ms=latency_ms, now=now, cfg=cfg)
+        return
+    if _recorder is None or _recorder.store is not store:
+        _recorder = _SuccessRecorder(store)
+    _recorder.put(deployment_id, latency_ms, now, cfg)
 
 
 def monotonic_now() -> float:

@@ -49,7 +49,7 @@ from inference.adapters.base import (
     StreamChunk,
 )
 from inference.adapters.registry import adapter_for
-from inference.breaker import RedisBreakers, breaker_settings, breakers, monotonic_now
+from inference.breaker import RedisBreakers, breaker_settings, breakers, monotonic_now, record_success
 from inference.models import Endpoint, InferenceAttempt, InferenceRequest
 from inference.selectors import (
     GENERATION_KEY,
@@ -306,6 +306,7 @@ class _Answer:
     completion: Completion | None = None
     first: StreamChunk | None = None
     chunks: Iterator[StreamChunk] | None = None
+    probe: bool = False  # the call was a half-open probe
 
 
 def _attempt_calls(ctx: _Context, stack: ExitStack, *, stream: bool) -> Iterator[_Answer]:
@@ -402,10 +403,10 @@ def _attempt_calls(ctx: _Context, stack: ExitStack, *, stream: bool) -> Iterator
                 if stream:
                     chunks = adapter.stream(entry.target, ctx.request, timeout=timeout)
                     first = next(iter(chunks), None)
-                    yield _Answer(entry, call_started, first=first, chunks=chunks)
+                    yield _Answer(entry, call_started, first=first, chunks=chunks, probe=state == 2)
                 else:
                     answer = adapter.complete(entry.target, ctx.request, timeout=timeout)
-                    yield _Answer(entry, call_started, completion=answer)
+                    yield _Answer(entry, call_started, completion=answer, probe=state == 2)
                 return
             except ProviderError as exc:
                 now = time.perf_counter()
@@ -429,7 +430,9 @@ def _attempt_calls(ctx: _Context, stack: ExitStack, *, stream: bool) -> Iterator
             return
 
 
-def _ok_attempt(ctx: _Context, entry: PlanEntry, started: float, completion: Completion) -> AttemptInfo:
+def _ok_attempt(
+    ctx: _Context, entry: PlanEntry, started: float, completion: Completion, *, probe: bool
+) -> AttemptInfo:
     latency = (time.perf_counter() - started) * 1000.0
     attempt = AttemptInfo(
         position=len(ctx.attempts),
@@ -442,9 +445,7 @@ def _ok_attempt(ctx: _Context, entry: PlanEntry, started: float, completion: Com
         started_at=started,
     )
     ctx.attempts.append(attempt)
-    breakers().record(
-        entry.deployment.pk, ok=True, latency_ms=latency, now=monotonic_now(), cfg=breaker_settings()
-    )
+    record_success(entry.deployment.pk, latency_ms=latency, probe=probe, cfg=breaker_settings())
     return attempt
 
 
@@ -555,7 +556,7 @@ def route(
     with ExitStack() as stack:
         for answer in _attempt_calls(ctx, stack, stream=False):
             if answer.completion is not None:
-                _ok_attempt(ctx, answer.entry, answer.started, answer.completion)
+                _ok_attempt(ctx, answer.entry, answer.started, answer.completion, probe=answer.probe)
                 completion, winner = answer.completion, answer.entry
             break
         # Settle the budget admissions only after the ledger has the real cost.
@@ -597,6 +598,7 @@ class RouteStream:
         self._first: StreamChunk | None = None
         self._chunks: Iterator[StreamChunk] | None = None
         self._call_started = 0.0
+        self._probe = False
         self.ttft_ms: float | None = None
 
     @property
@@ -661,7 +663,7 @@ class RouteStream:
                 completion = Completion(
                     text="".join(texts), tokens_in=tokens_in, tokens_out=tokens_out or 0, finish_reason=finish
                 )
-                attempt = _ok_attempt(ctx, winner, self._call_started, completion)
+                attempt = _ok_attempt(ctx, winner, self._call_started, completion, probe=self._probe)
                 if failure is not None:
                     # The stream broke after the client got part of it: bill what was sent,
                     # and say so; no failover is possible once bytes went out.
@@ -699,6 +701,7 @@ def route_stream(
             out._first = answer.first
             out._chunks = answer.chunks
             out._call_started = answer.started
+            out._probe = answer.probe
             out.ttft_ms = (time.perf_counter() - ctx.started) * 1000.0
             break
     except BaseException:

@@ -389,3 +389,20 @@ def test_one_deployment_call_for_evals(
     second_server.behaviour.status = 503
     failed = route(workflow=workflow, request=PING, endpoint=Endpoint.EVAL, deployment=second)
     assert not failed.ok and first_server.behaviour.total_calls() == 0
+
+
+def test_successes_reach_the_shared_latency_samples(
+    admin_user: User, mock_provider: Callable[..., MockProviderServer]
+) -> None:
+    from inference.breaker import breakers
+
+    deployment = priced_deployment(mock_provider())
+    workflow = routed_workflow(admin_user, [deployment])
+    for _ in range(5):
+        assert route(workflow=workflow, request=PING).ok
+    # Recorded off the request path with Redis (at once in-process): wait for all five.
+    deadline = time.monotonic() + 10
+    while len(breakers().latencies([deployment.pk])[deployment.pk]) < 5 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(breakers().latencies([deployment.pk])[deployment.pk]) == 5
+    assert breaker_state(deployment.pk) == "closed"
