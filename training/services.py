@@ -1013,41 +1013,55 @@ def learner_failover(*, learner_id: int, reason: str, now: datetime) -> int:
 
 
 def _close_lost_chunks(*, learner: TrainingLearner, reason: str, now: datetime) -> tuple[int, Decimal]:
-    """Finish the lost learner's unfinished chunks at their last progress and bill that time.
+    """Finish the lost learner's unfinished chunks and bill the time their worker held the slot.
 
-    Returns (tokens lost, their cost). The accelerators were held until the last progress the
-    chunk wrote; what happened after (the worker died) is unknown and not billed.
+    A killed worker cannot say how far it got after its last push. It was alive, and holding
+    its accelerators, until its last heartbeat (WorkerHeartbeat of the chunk's worker), so the
+    chunk is closed and billed up to then; the tokens it trained after its last push are
+    estimated from the learner's measured throughput (tokens per accelerator-second so far).
+    Returns (tokens lost since the last delta reached the store, what that time cost).
     """
-    lost_tokens_inflight = 0
+    from stack.models import WorkerHeartbeat
+
+    done = LearnerChunk.objects.filter(learner=learner, finished_at__isnull=False).aggregate(
+        s=Sum("accelerator_seconds"), t=Sum("tokens")
+    )
+    rate = float(done["t"]) / float(done["s"]) if done["t"] and done["s"] else 0.0
+    unreported_tokens = 0
+    lost_seconds = 0.0
     for chunk in (
         LearnerChunk.objects.select_for_update()
         .select_related("cluster")
         .filter(learner=learner, finished_at__isnull=True)
     ):
-        end = chunk.progress_at or chunk.started_at
+        reported = chunk.progress_at or chunk.started_at
+        seen = (
+            WorkerHeartbeat.objects.filter(cluster=chunk.cluster, hostname=chunk.worker_hostname)
+            .values_list("last_seen_at", flat=True)
+            .first()
+        )
+        end = min(max(reported, seen), now) if seen is not None else reported
         chunk.finished_at = end
         chunk.accelerator_seconds = Decimal(str(round(max(0.0, (end - chunk.started_at).total_seconds()), 3)))
         chunk.error = f"lost: {reason}"[:5000]
         chunk.save(update_fields=["finished_at", "accelerator_seconds", "error"])
         _bill_chunk(chunk=chunk, learner=learner, occurred_at=end)
-        if chunk.generation == learner.generation:
-            lost_tokens_inflight += chunk.tokens
         learner.tokens += chunk.tokens
         learner.steps += chunk.steps
+        if chunk.generation == learner.generation:
+            unreported_tokens += int(rate * (end - reported).total_seconds())
     learner.save(update_fields=["tokens", "steps"])
-    tokens_lost = max(0, learner.tokens - learner.tokens_at_last_push)
-    totals = LearnerChunk.objects.filter(learner=learner).aggregate(
-        s=Sum("accelerator_seconds"), t=Sum("tokens")
-    )
+    tokens_lost = max(0, learner.tokens - learner.tokens_at_last_push) + unreported_tokens
+    if rate > 0:
+        lost_seconds = tokens_lost / rate
     extra = Decimal("0")
-    if learner.cluster is not None and totals["t"] and totals["s"]:
+    if learner.cluster is not None and lost_seconds > 0:
         price = price_in_force(
             unit=Unit.ACCELERATOR_HOUR, at=now, cluster=learner.cluster, provider=learner.cluster.provider
         )
         if price is not None:
-            seconds_lost = Decimal(tokens_lost) * Decimal(totals["s"]) / Decimal(totals["t"])
             accelerators = selectors.accelerators_per_learner(learner.cluster)
-            extra = (seconds_lost / SECONDS_PER_HOUR * accelerators * price.unit_price).quantize(
-                Decimal("0.000000001")
-            )
+            extra = (
+                Decimal(str(round(lost_seconds, 3))) / SECONDS_PER_HOUR * accelerators * price.unit_price
+            ).quantize(Decimal("0.000000001"))
     return tokens_lost, extra

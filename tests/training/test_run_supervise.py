@@ -184,3 +184,46 @@ def test_a_learner_that_fails_on_every_cluster_fails_the_run_instead_of_moving_f
     event = FailoverEvent.objects.get(training_run_id=run.pk)
     assert event.recovered_at is None and "chunk 0 failed: LookupError" in event.reason
     assert PlacementDecision.objects.filter(run=run, learner_index=0, reason="failover").count() == 2
+
+
+@pytest.mark.django_db
+def test_a_killed_chunk_is_billed_to_its_workers_last_heartbeat_and_its_unpushed_work_counts_as_lost(
+    tmp_path: Path,
+) -> None:
+    from stack.models import WorkerHeartbeat
+
+    a, _ = _cluster("1.0"), _cluster("2.0")
+    _cluster("4.0")
+    run = _start(tmp_path)
+    learner = TrainingLearner.objects.get(run=run, index=0)
+    orchestrator.learner_chunk_execute(learner_id=learner.pk, generation=0, seq=0, worker_hostname="w@a")
+    now = timezone.now()
+    # Chunk 1 was training when its worker was SIGKILLed: it last pushed 8 s after it started,
+    # the worker's last heartbeat came 6 s after that.
+    LearnerChunk.objects.create(
+        learner=learner,
+        generation=0,
+        seq=1,
+        cluster=a,
+        worker_hostname="w@a",
+        started_at=now - timedelta(seconds=20),
+        progress_at=now - timedelta(seconds=12),
+    )
+    WorkerHeartbeat.objects.create(
+        cluster=a,
+        hostname="w@a",
+        started_at=now - timedelta(minutes=5),
+        last_seen_at=now - timedelta(seconds=6),
+    )
+    Cluster.objects.filter(pk=a.pk).update(status="down")
+    services.training_runs_supervise(now=now)
+
+    killed = LearnerChunk.objects.get(learner=learner, seq=1)
+    assert killed.finished_at == now - timedelta(seconds=6)
+    assert killed.accelerator_seconds == Decimal("14.000") and killed.billed
+    assert killed.error.startswith("lost: cluster")
+    record = UsageRecord.objects.get(idempotency_key=killed.billing_key)
+    assert record.quantity == (Decimal("14.000") / 3600).quantize(Decimal("0.000000001"))
+    event = FailoverEvent.objects.get(training_run_id=run.pk)
+    assert event.tokens_lost is not None and event.tokens_lost > 0
+    assert event.extra_cost > 0
