@@ -248,6 +248,15 @@ def main(argv: list[str]) -> int:
             "warmup": warm,
         }
 
+        # Context for reading the figures on a shared machine: the database round trip and the
+        # load average while the bench ran.
+        out["loadavg_start"] = round(os.getloadavg()[0], 2)
+
+        def select_one() -> None:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1")
+
+        out["db_roundtrip_p50_ms"], _ = _measure(select_one, n=n, warmup=warm)
         direct = _Client(ok_port, "/v1/chat/completions")
         out["direct_p50_ms"], out["direct_p95_ms"] = _measure(lambda: direct.post(BODY), n=n, warmup=warm)
         failing_direct = _Client(failing_port, "/v1/chat/completions")
@@ -307,6 +316,7 @@ def main(argv: list[str]) -> int:
         out["gateway_rps_16"], out["gateway_rps_16_errors"] = _rps(
             port, seeded["token"], wfs["ok"].slug, clients=16, seconds=args.rps_seconds
         )
+        out["loadavg_end"] = round(os.getloadavg()[0], 2)
         for key, value in list(out.items()):
             if isinstance(value, float):
                 out[key] = round(value, 3)
