@@ -24,6 +24,7 @@ from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from billing.budgets import BudgetExhausted
+from billing.services import NoPriceError
 from inference.adapters.base import ChatMessage, ChatRequest, CompletionRequest, InferenceInput
 from inference.models import Endpoint
 from inference.router import NoRoute, RouteResult, route, route_stream
@@ -288,6 +289,10 @@ def _complete(request: HttpRequest, *, chat: bool) -> HttpResponse | StreamingHt
         return _error(402, f"Budget exhausted: {exc}", "insufficient_quota", "budget_exhausted")
     except NoRoute as exc:
         return _error(503, str(exc), "api_error", "no_route")
+    except NoPriceError as exc:
+        # A price ended between routing and recording: nothing was recorded (the ledger refuses
+        # unpriced usage), so the answer is not handed out unbilled either.
+        return _error(502, f"Pricing changed while answering; retry: {exc}", "api_error", "no_price")
     if not result.ok or result.completion is None:
         return _failure(result)
     c = result.completion
