@@ -229,6 +229,12 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": env_float("SWITCHYARD_ROLLUP_SECONDS", 60.0, minimum=1.0),
         "options": {"queue": "control", "expires": 120},
     },
+    # Scheduled eval sets on every deployment of their routes (inference quality records).
+    "inference-eval-sets": {
+        "task": "inference.eval_sets_scheduled",
+        "schedule": env_float("SWITCHYARD_EVAL_SCHEDULE_SECONDS", 3600.0, minimum=10.0),
+        "options": {"queue": "control", "expires": 600},
+    },
 }
 
 # --- Email (budget alerts) --------------------------------------------------------

@@ -1,0 +1,306 @@
+"""Quality services: eval sets and cases, eval runs per deployment, application feedback.
+
+Every score lands in QualityRecord through inference.services.quality_record_create, which the
+router's quality floor reads. Eval calls go through router.route(deployment=...), so they are
+recorded and billed like any request; each case's call carries a client request id derived from
+(run, case), so a re-delivered run task replays recorded answers instead of paying again.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from django.contrib.auth.models import AnonymousUser, User
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from billing.budgets import BudgetExhausted
+from inference import scorers
+from inference.adapters.base import ChatMessage, ChatRequest
+from inference.models import Endpoint, EvalCase, EvalRun, EvalSet, InferenceRequest, QualityRecord
+from inference.services import quality_record_create
+from stack.models import Deployment, Workflow
+from stack.queues import CONTROL_QUEUE
+from stack.services import RegistryError
+
+
+def _user(user: User | AnonymousUser | None) -> User | None:
+    return user if isinstance(user, User) else None
+
+
+# --- Eval sets and cases ---------------------------------------------------------------------------
+
+
+def eval_set_create(
+    *,
+    workflow: Workflow,
+    name: str,
+    description: str = "",
+    schedule_enabled: bool = False,
+    cases: list[dict[str, Any]] | None = None,
+    user: User | AnonymousUser | None = None,
+) -> EvalSet:
+    """A new eval set with its cases (all validated, all or nothing)."""
+    name = name.strip()
+    if not name:
+        raise RegistryError("name is required", field="name")
+    if EvalSet.objects.filter(workflow=workflow, name=name).exists():
+        raise RegistryError(f"workflow {workflow.slug} already has an eval set named {name!r}", field="name")
+    with transaction.atomic():
+        eval_set = EvalSet.objects.create(
+            workflow=workflow,
+            name=name,
+            description=description,
+            schedule_enabled=schedule_enabled,
+            created_by=_user(user),
+        )
+        for index, case in enumerate(cases or []):
+            try:
+                eval_case_create(eval_set=eval_set, **case)
+            except RegistryError as exc:
+                raise RegistryError(f"case {index + 1}: {exc}", field="cases") from None
+    return eval_set
+
+
+def eval_case_create(
+    *,
+    eval_set: EvalSet,
+    prompt: str,
+    expected: str = "",
+    scorer: str = EvalCase.Scorer.EXACT,
+    scorer_config: dict[str, Any] | None = None,
+    judge_deployment: Deployment | None = None,
+    position: int | None = None,
+) -> EvalCase:
+    """Add a case; a bad regex, schema, number or missing judge is refused here (RegistryError)."""
+    if not prompt.strip():
+        raise RegistryError("prompt is required", field="prompt")
+    if scorer != EvalCase.Scorer.JUDGE:
+        judge_deployment = None
+    elif judge_deployment is not None and not judge_deployment.enabled:
+        raise RegistryError(f"judge deployment {judge_deployment.slug} is disabled", field="judge_deployment")
+    config = scorers.case_config_validate(
+        scorer=scorer, expected=expected, config=scorer_config, has_judge=judge_deployment is not None
+    )
+    if position is None:
+        last = eval_set.cases.order_by("-position").values_list("position", flat=True).first()
+        position = 0 if last is None else last + 1
+    return EvalCase.objects.create(
+        eval_set=eval_set,
+        position=position,
+        prompt=prompt,
+        expected=expected,
+        scorer=scorer,
+        scorer_config=config,
+        judge_deployment=judge_deployment,
+    )
+
+
+# --- Eval runs -----------------------------------------------------------------------------------------
+
+
+def eval_run_start(
+    *,
+    eval_set: EvalSet,
+    deployment: Deployment,
+    trigger: str = EvalRun.Trigger.MANUAL,
+    user: User | AnonymousUser | None = None,
+) -> EvalRun:
+    """Queue a run of `eval_set` against `deployment` (the task starts after COMMIT)."""
+    from inference.tasks import eval_set_run
+
+    if not deployment.enabled:
+        raise RegistryError(f"deployment {deployment.slug} is disabled", field="deployment")
+    total = eval_set.cases.count()
+    if total == 0:
+        raise RegistryError("the eval set has no cases", field="eval_set")
+    run = EvalRun.objects.create(
+        eval_set=eval_set,
+        deployment=deployment,
+        trigger=trigger,
+        cases_total=total,
+        created_by=_user(user),
+    )
+    run_id = run.pk
+    transaction.on_commit(lambda: eval_set_run.apply_async(args=(run_id,), queue=CONTROL_QUEUE))
+    return run
+
+
+def _chat(text: str) -> ChatRequest:
+    return ChatRequest(messages=(ChatMessage("user", text),), temperature=0.0)
+
+
+def eval_run_execute(*, run_id: int) -> EvalRun | None:
+    """Run every case of a pending run against its deployment; idempotent (claims the run first).
+
+    A case that already has its QualityRecord in this run is skipped, so a run re-claimed after
+    its worker died goes on where it stopped.
+    """
+    now = timezone.now()
+    claimed = EvalRun.objects.filter(pk=run_id, state=EvalRun.State.PENDING).update(
+        state=EvalRun.State.RUNNING, started_at=now
+    )
+    if not claimed:
+        return None
+    run = EvalRun.objects.select_related("eval_set__workflow", "deployment").get(pk=run_id)
+    try:
+        _run_cases(run)
+    except (BudgetExhausted, LookupError) as exc:
+        # BudgetExhausted: fail closed; LookupError covers router.NoRoute (deployment disabled).
+        EvalRun.objects.filter(pk=run_id).update(
+            state=EvalRun.State.FAILED, error=str(exc)[:2000], finished_at=timezone.now()
+        )
+        run.refresh_from_db()
+        return run
+    except Exception as exc:
+        EvalRun.objects.filter(pk=run_id).update(
+            state=EvalRun.State.FAILED,
+            error=f"{type(exc).__name__}: {exc}"[:2000],
+            finished_at=timezone.now(),
+        )
+        raise
+    scores = [float(s) for s in run.quality_records.values_list("score", flat=True)]
+    EvalRun.objects.filter(pk=run_id).update(
+        state=EvalRun.State.SUCCEEDED,
+        mean_score=sum(scores) / len(scores) if scores else None,
+        finished_at=timezone.now(),
+    )
+    run.refresh_from_db()
+    return run
+
+
+def _run_cases(run: EvalRun) -> None:
+    from inference.router import route
+
+    workflow = run.eval_set.workflow
+    done = set(run.quality_records.values_list("eval_case_id", flat=True))
+    for case in run.eval_set.cases.select_related("judge_deployment").all():
+        if case.pk in done:
+            continue
+        result = route(
+            workflow=workflow,
+            request=_chat(case.prompt),
+            endpoint=Endpoint.EVAL,
+            client_request_id=f"eval:{run.pk}:{case.pk}",
+            deployment=run.deployment,
+        )
+        cost = result.cost
+        comment = ""
+        if not result.ok or result.completion is None:
+            score = 0.0
+            comment = f"call failed: {result.error}"[:500]
+        elif case.scorer == EvalCase.Scorer.JUDGE:
+            score, comment, judge_cost = _judge(run, case, result.completion.text)
+            cost += judge_cost
+        else:
+            score = scorers.score_answer(
+                scorer=case.scorer,
+                expected=case.expected,
+                config=case.scorer_config,
+                answer=result.completion.text,
+            )
+        request = InferenceRequest.objects.filter(pk=result.request_id).first() if result.request_id else None
+        with transaction.atomic():
+            quality_record_create(
+                deployment=run.deployment,
+                score=score,
+                source=QualityRecord.Source.EVAL,
+                workflow=workflow,
+                eval_run=run,
+                eval_case=case,
+                inference_request=request,
+                comment=comment,
+            )
+            EvalRun.objects.filter(pk=run.pk).update(cases_done=F("cases_done") + 1, cost=F("cost") + cost)
+
+
+def _judge(run: EvalRun, case: EvalCase, answer: str) -> tuple[float, str, Decimal]:
+    from inference.router import route
+
+    judge = case.judge_deployment
+    if judge is None:  # the judge deployment was removed after the case was made
+        return 0.0, "no judge deployment", Decimal("0")
+    prompt = scorers.judge_prompt(
+        prompt=case.prompt,
+        expected=case.expected,
+        answer=answer,
+        criteria=str(case.scorer_config.get("criteria", "")),
+    )
+    verdict = route(
+        workflow=run.eval_set.workflow,
+        request=_chat(prompt),
+        endpoint=Endpoint.EVAL,
+        client_request_id=f"eval:{run.pk}:{case.pk}:judge",
+        deployment=judge,
+    )
+    if not verdict.ok or verdict.completion is None:
+        return 0.0, f"judge {judge.slug} failed: {verdict.error}"[:500], verdict.cost
+    value = scorers.judge_verdict(verdict.completion.text)
+    if value is None:
+        return 0.0, f"judge {judge.slug} gave no score: {verdict.completion.text[:200]}", verdict.cost
+    return value, f"judged by {judge.slug}", verdict.cost
+
+
+def eval_sets_scheduled() -> list[EvalRun]:
+    """Beat: start a run of every scheduled eval set on every enabled deployment of its route.
+
+    A set and deployment with a run still pending or running is left alone (no pile-up when a
+    run takes longer than the schedule's period).
+    """
+    from inference.selectors import route_plan
+
+    started: list[EvalRun] = []
+    busy = set(
+        EvalRun.objects.filter(state__in=[EvalRun.State.PENDING, EvalRun.State.RUNNING]).values_list(
+            "eval_set_id", "deployment_id"
+        )
+    )
+    for eval_set in EvalSet.objects.filter(schedule_enabled=True).select_related("workflow"):
+        if not eval_set.cases.exists():
+            continue
+        plan = route_plan(workflow_id=eval_set.workflow_id)
+        if plan is None:
+            continue
+        for entry in plan.entries:
+            if (eval_set.pk, entry.deployment.pk) in busy:
+                continue
+            with transaction.atomic():
+                started.append(
+                    eval_run_start(
+                        eval_set=eval_set, deployment=entry.deployment, trigger=EvalRun.Trigger.SCHEDULE
+                    )
+                )
+    return started
+
+
+# --- Application feedback ------------------------------------------------------------------------------
+
+
+def feedback_record(
+    *,
+    score: Decimal | float,
+    inference_request: InferenceRequest | None = None,
+    deployment: Deployment | None = None,
+    workflow: Workflow | None = None,
+    comment: str = "",
+) -> QualityRecord:
+    """An application's score for an answer: by its request id, or for a deployment (+ workflow)."""
+    if inference_request is not None:
+        if inference_request.deployment_id is None:
+            raise RegistryError(
+                "that request failed on every deployment; there is no answer to score", field="request_id"
+            )
+        deployment = inference_request.deployment
+        workflow = inference_request.workflow
+    if deployment is None:
+        raise RegistryError("give request_id, or deployment (and workflow)", field="deployment")
+    return quality_record_create(
+        deployment=deployment,
+        score=score,
+        source=QualityRecord.Source.FEEDBACK,
+        workflow=workflow,
+        inference_request=inference_request,
+        comment=comment,
+    )
