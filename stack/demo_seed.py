@@ -129,3 +129,66 @@ def demo_stack_seed(*, admin_password: str, now: datetime) -> DemoStack:
                 deployments=[remote, local],
             )
     return DemoStack(admin=admin, clusters=clusters)
+
+
+# The local-model drill: two serve_model replicas of the demo run's model, one per demo cluster.
+LOCAL_WORKFLOW = "local-chat"
+
+
+@dataclass(frozen=True)
+class LocalReplica:
+    deployment_slug: str
+    cluster_slug: str
+    port: int
+
+
+def demo_local_replicas(*, base_port: int) -> list[LocalReplica]:
+    """Where the demo serves the trained model: a primary on-prem, a fallback on AWS."""
+    return [
+        LocalReplica("gpt-byte-local", "onprem-a100", base_port),
+        LocalReplica("gpt-byte-local-aws", "aws-g5-use1", base_port + 1),
+    ]
+
+
+def demo_local_workflow_seed(
+    *, model: RegisteredModel, replicas: list[LocalReplica], admin: User, now: datetime
+) -> Workflow:
+    """Deployments of the trained model behind `local-chat`, primary first; idempotent.
+
+    Self-hosted deployments carry zero token prices: their cost is the hosting cluster's
+    accelerator-hours (billing.selfhosted), so each token row is priced at 0.
+    """
+    with transaction.atomic():
+        deployments = []
+        for replica in replicas:
+            cluster = Cluster.objects.get(slug=replica.cluster_slug)
+            deployment, _ = Deployment.objects.update_or_create(
+                slug=replica.deployment_slug,
+                defaults={
+                    "model": model,
+                    "provider": cluster.provider,
+                    "provider_model_id": model.slug,
+                    "base_url": f"http://127.0.0.1:{replica.port}/v1",
+                    "hosting_cluster": cluster,
+                },
+            )
+            for unit in (Unit.INPUT_TOKENS_1M, Unit.OUTPUT_TOKENS_1M):
+                if not PriceBook.objects.filter(deployment=deployment, unit=unit).exists():
+                    price_book_publish(
+                        unit=unit,
+                        unit_price=Decimal("0"),
+                        effective_from=now,
+                        deployment=deployment,
+                        note="self-hosted: billed as accelerator-hours",
+                    )
+            deployments.append(deployment)
+        workflow = Workflow.objects.filter(slug=LOCAL_WORKFLOW).first()
+        if workflow is None:
+            workflow = workflow_create(
+                slug=LOCAL_WORKFLOW,
+                owner=admin,
+                team="platform",
+                description="Chat with the model the demo's DiLoCo run trained (served by serve_model).",
+                deployments=deployments,
+            )
+    return workflow

@@ -1,7 +1,11 @@
 """Run the whole demo stack: web, one worker per demo cluster, control worker, beat.
 
 Seeds the demo registry, starts every process, waits until /healthz reports all
-demo clusters healthy, runs a probe job on each cluster and prints the results.
+demo clusters healthy, runs a probe job on each cluster, then launches a DiLoCo
+training run across both demo clusters. When the run succeeds its model is
+served by two `serve_model` replicas (one per cluster) behind the `local-chat`
+workflow, and a chaos drill (the primary failing half its calls) sends requests
+through the /v1 gateway so failovers show on the workflow's page.
 Ctrl-C stops everything it started.
 """
 
@@ -27,9 +31,14 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing.selectors import usage_for_subject
-from stack.demo_seed import demo_stack_seed
-from training.models import ProbeJob
-from training.services import probe_job_create
+from stack.demo_seed import demo_local_replicas, demo_local_workflow_seed, demo_stack_seed
+from stack.models import Deployment, Workflow
+from stack.services import api_token_create
+from training import demo_config
+from training.models import ProbeJob, TrainingRun
+from training.services import probe_job_create, training_run_create
+
+DRILL_REQUESTS = 24
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -45,7 +54,14 @@ class Command(BaseCommand):
         parser.add_argument(
             "--timeout", type=float, default=300.0, help="seconds to wait for health and probes"
         )
-        parser.add_argument("--once", action="store_true", help="stop after the probe jobs finish")
+        parser.add_argument(
+            "--once",
+            action="store_true",
+            help="stop after the training run and the local-model drill finish",
+        )
+        parser.add_argument(
+            "--run-timeout", type=float, default=900.0, help="with --once: seconds to wait for the run"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         host, port = options["host"], options["port"]
@@ -94,16 +110,30 @@ class Command(BaseCommand):
                     probe_job_create(cluster=c, created_by=stack.admin, steps=300) for c in stack.clusters
                 ]
             self._wait_jobs([j.pk for j in jobs], deadline=started + options["timeout"])
+            with transaction.atomic():
+                run = training_run_create(
+                    config=demo_config(), created_by=stack.admin, name=f"demo-diloco-{timezone.now():%H%M%S}"
+                )
             self.stdout.write("")
             self.stdout.write(self.style.SUCCESS(f"Switchyard is running at {base}/"))
             self.stdout.write(f"  log in as: admin / {password}")
+            self.stdout.write(
+                f"  training:  {base}/training/{run.pk}/  (DiLoCo run #{run.pk} across both clusters)"
+            )
             self.stdout.write(f"  health:    {base}/healthz     API schema: {base}/api/schema/")
             self.stdout.write(f"  logs:      {log_dir}")
-            if options["once"]:
-                return
             self.stdout.write("Press Ctrl-C to stop.")
             reported: set[str] = set()
+            drill = _Drill(run_id=run.pk, base=base, port=port, manage=manage, log_dir=log_dir)
+            run_deadline = time.monotonic() + options["run_timeout"]
             while True:
+                outcome = drill.step(self, stack.admin, children, commands)
+                if options["once"] and outcome is not None:
+                    if outcome != "drilled":
+                        raise CommandError(f"demo run #{run.pk} ended {outcome}")
+                    return
+                if options["once"] and time.monotonic() > run_deadline:
+                    raise CommandError(f"demo run #{run.pk} did not finish in {options['run_timeout']:.0f}s")
                 for name, child in children.items():
                     if child.poll() is None or name in reported:
                         continue
@@ -177,3 +207,123 @@ class Command(BaseCommand):
                 child.kill()
                 child.wait()
             self.stdout.write(f"stopped {name}")
+
+
+class _Drill:
+    """Follows the demo's training run; once it succeeds, serves its model and runs the chaos drill."""
+
+    def __init__(self, *, run_id: int, base: str, port: int, manage: list[str], log_dir: Path) -> None:
+        self.run_id = run_id
+        self.base = base
+        self.replicas = demo_local_replicas(base_port=port + 100)
+        self.manage = manage
+        self.log_dir = log_dir
+        self.outcome: str | None = None
+        self.last_line = ""
+
+    def step(
+        self,
+        cmd: BaseCommand,
+        admin: Any,
+        children: dict[str, subprocess.Popen[bytes]],
+        commands: dict[str, list[str]],
+    ) -> str | None:
+        """Advance by one poll; returns the outcome ("drilled" or the run's final state) once known."""
+        if self.outcome is not None:
+            return self.outcome
+        run = TrainingRun.objects.select_related("registered_model").get(pk=self.run_id)
+        line = f"run #{run.pk}: {run.state}"
+        if line != self.last_line:
+            cmd.stdout.write(line + (f" ({run.reason})" if run.reason else ""))
+            self.last_line = line
+        if run.state in (
+            TrainingRun.State.FAILED,
+            TrainingRun.State.CANCELLED,
+            TrainingRun.State.BUDGET_EXHAUSTED,
+        ):
+            self.outcome = str(run.state)
+            return self.outcome
+        if run.state != TrainingRun.State.SUCCEEDED or run.registered_model is None:
+            return None
+        model = run.registered_model
+        cmd.stdout.write(
+            cmd.style.SUCCESS(
+                f"run #{run.pk} succeeded: eval loss {run.initial_eval_loss:.3f} → {run.final_eval_loss:.3f}, "
+                f"registered model {model.slug}"
+            )
+        )
+        workflow = demo_local_workflow_seed(
+            model=model, replicas=self.replicas, admin=admin, now=timezone.now()
+        )
+        for replica in self.replicas:
+            name = f"serve-{replica.deployment_slug}"
+            argv = [
+                *self.manage,
+                "serve_model",
+                "--model",
+                model.slug,
+                "--port",
+                str(replica.port),
+                "--deployment",
+                replica.deployment_slug,
+            ]
+            commands[name] = argv
+            log = (self.log_dir / f"{name}.log").open("ab")
+            children[name] = subprocess.Popen(  # noqa: S603 (our own manage.py)
+                argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+            cmd.stdout.write(f"started {name} (pid {children[name].pid}) on port {replica.port}")
+        for replica in self.replicas:
+            _wait_http(f"http://127.0.0.1:{replica.port}/v1/models", timeout=60)
+        self._chaos_drill(cmd, admin, workflow)
+        self.outcome = "drilled"
+        return self.outcome
+
+    def _chaos_drill(self, cmd: BaseCommand, admin: Any, workflow: Workflow) -> None:
+        from inference.services import chaos_config_set
+
+        primary = Deployment.objects.get(slug=self.replicas[0].deployment_slug)
+        chaos_config_set(deployment=primary, enabled=True, user=admin, error_rate=0.5, status_codes=[503])
+        _, key = api_token_create(user=admin, name=f"demo drill {timezone.now():%Y-%m-%d %H:%M:%S}")
+        answered: dict[str, int] = {}
+        errors = 0
+        for i in range(DRILL_REQUESTS):
+            body = json.dumps(
+                {
+                    "model": workflow.slug,
+                    "messages": [{"role": "user", "content": f"def handler_{i}(request):"}],
+                    "max_tokens": 24,
+                }
+            ).encode()
+            request = urllib.request.Request(  # noqa: S310 (loopback)
+                f"{self.base}/v1/chat/completions",
+                data=body,
+                headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 (loopback)
+                    who = response.headers.get("x-switchyard-deployment", "?")
+                    answered[who] = answered.get(who, 0) + 1
+            except urllib.error.HTTPError as exc:
+                errors += 1
+                cmd.stdout.write(cmd.style.WARNING(f"drill request {i}: HTTP {exc.code}"))
+        cmd.stdout.write(
+            cmd.style.SUCCESS(
+                f"chaos drill on {workflow.slug} ({primary.slug} failing 50% with 503): "
+                f"{DRILL_REQUESTS - errors}/{DRILL_REQUESTS} answered "
+                f"({', '.join(f'{k}: {v}' for k, v in sorted(answered.items()))}); "
+                f"see {self.base}/inference/workflows/{workflow.slug}/"
+            )
+        )
+
+
+def _wait_http(url: str, *, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5):  # noqa: S310 (loopback)
+                return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            if time.monotonic() > deadline:
+                raise CommandError(f"{url} did not answer in {timeout:.0f}s") from None
+            time.sleep(0.5)
