@@ -1,0 +1,216 @@
+"""Reads for the inference pages: per-deployment latency, error rate, spend, quality and price.
+
+Figures come from the recorded attempts (inference.InferenceAttempt), so they describe what was
+called, including failed calls that the request recovered from by failing over. Percentiles are
+computed in Python over a bounded number of recent rows so that the same code runs on PostgreSQL
+and SQLite (the demo).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+from django.db.models import Count, Q, Sum
+from django.utils import timezone
+
+from inference.breaker import breaker_state
+from inference.models import InferenceAttempt, InferenceRequest
+from inference.selectors import DeploymentPrice, deployment_price_per_1m, deployment_quality_mean
+from stack.models import Deployment, FailoverEvent, Provider, Workflow
+
+STATS_DAYS = 7
+LATENCY_SAMPLE = 2000  # most recent successful calls per deployment used for p50/p95
+Outcome = InferenceAttempt.Outcome
+# Outcomes that mean the deployment was actually called (skips never reached it).
+CALLED = (Outcome.OK, Outcome.RETRYABLE, Outcome.NON_RETRYABLE)
+FAILED = (Outcome.RETRYABLE, Outcome.NON_RETRYABLE)
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Linear-interpolated percentile (the 'linear' method of Hyndman & Fan 1996, type 7)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+@dataclass
+class DeploymentStats:
+    deployment: Deployment
+    price: DeploymentPrice
+    quality: float | None
+    p50_ms: float | None
+    p95_ms: float | None
+    calls: int
+    failures: int
+    circuit: str
+    spend: dict[str, Decimal] = field(default_factory=dict)
+    on_frontier: bool = False
+
+    @property
+    def error_rate(self) -> float | None:
+        return self.failures / self.calls if self.calls else None
+
+    @property
+    def blended_per_1m(self) -> Decimal | None:
+        """$/1M tokens with output weighted 3:1 (as the router's cheapest strategy ranks)."""
+        p = self.price
+        if p.per_1m_input is None and p.per_1m_output is None:
+            return None
+        return ((p.per_1m_input or Decimal(0)) + 3 * (p.per_1m_output or Decimal(0))) / 4
+
+
+def _latencies(deployment_ids: Iterable[int], since: datetime) -> dict[int, list[float]]:
+    out: dict[int, list[float]] = {}
+    for pk in deployment_ids:
+        out[pk] = list(
+            InferenceAttempt.objects.filter(
+                deployment_id=pk, outcome=Outcome.OK, request__created_at__gte=since
+            )
+            .order_by("-id")
+            .values_list("latency_ms", flat=True)[:LATENCY_SAMPLE]
+        )
+    return out
+
+
+def _calls(deployments: Sequence[Deployment], since: datetime) -> dict[int, tuple[int, int]]:
+    rows = (
+        InferenceAttempt.objects.filter(
+            deployment__in=deployments, outcome__in=CALLED, request__created_at__gte=since
+        )
+        .values("deployment_id")
+        .annotate(calls=Count("id"), failures=Count("id", filter=Q(outcome__in=FAILED)))
+    )
+    return {r["deployment_id"]: (r["calls"], r["failures"]) for r in rows}
+
+
+def _spend(deployments: Sequence[Deployment], since: datetime) -> dict[int, dict[str, Decimal]]:
+    rows = (
+        InferenceAttempt.objects.filter(deployment__in=deployments, request__created_at__gte=since)
+        .values("deployment_id", "request__currency")
+        .annotate(total=Sum("cost"))
+    )
+    out: dict[int, dict[str, Decimal]] = defaultdict(dict)
+    for r in rows:
+        if r["total"]:
+            out[r["deployment_id"]][r["request__currency"]] = r["total"]
+    return out
+
+
+def pareto_frontier(points: Sequence[tuple[Decimal, float]]) -> list[bool]:
+    """Which (cost, quality) points no other point dominates (no dearer and no worse, one of
+    them strictly): the cost-versus-quality trade-offs worth choosing."""
+    flags = []
+    for i, (cost, quality) in enumerate(points):
+        dominated = any(
+            j != i and c <= cost and q >= quality and (c < cost or q > quality)
+            for j, (c, q) in enumerate(points)
+        )
+        flags.append(not dominated)
+    return flags
+
+
+def deployment_stats(
+    *, deployments: Sequence[Deployment] | None = None, days: int = STATS_DAYS
+) -> list[DeploymentStats]:
+    """One row per deployment over the last `days`, with the Pareto flag set among those that
+    have both a price and a quality."""
+    since = timezone.now() - timedelta(days=days)
+    if deployments is None:
+        deployments = list(
+            Deployment.objects.select_related("provider", "model", "hosting_cluster").order_by("slug")
+        )
+    ids = [d.pk for d in deployments]
+    latencies = _latencies(ids, since)
+    calls = _calls(deployments, since)
+    spend = _spend(deployments, since)
+    stats = []
+    for d in deployments:
+        lat = latencies.get(d.pk, [])
+        n, failed = calls.get(d.pk, (0, 0))
+        stats.append(
+            DeploymentStats(
+                deployment=d,
+                price=deployment_price_per_1m(deployment=d, since_day=since.date()),
+                quality=deployment_quality_mean(deployment=d, since=since),
+                p50_ms=percentile(lat, 0.5),
+                p95_ms=percentile(lat, 0.95),
+                calls=n,
+                failures=failed,
+                circuit=breaker_state(d.pk),
+                spend=spend.get(d.pk, {}),
+            )
+        )
+    plotted = [s for s in stats if s.blended_per_1m is not None and s.quality is not None]
+    flags = pareto_frontier([(s.blended_per_1m, s.quality) for s in plotted])  # type: ignore[misc]
+    for s, flag in zip(plotted, flags, strict=True):
+        s.on_frontier = flag
+    return stats
+
+
+@dataclass
+class LatencySummary:
+    p50_ms: float | None
+    p95_ms: float | None
+    requests: int
+    failed: int
+
+
+def workflow_latency(*, workflow: Workflow, days: int = STATS_DAYS) -> LatencySummary:
+    since = timezone.now() - timedelta(days=days)
+    rows = InferenceRequest.objects.filter(workflow=workflow, created_at__gte=since)
+    lat = list(
+        rows.filter(status=InferenceRequest.Status.SUCCEEDED)
+        .order_by("-id")
+        .values_list("latency_ms", flat=True)[:LATENCY_SAMPLE]
+    )
+    counts = rows.aggregate(
+        n=Count("id"), failed=Count("id", filter=Q(status=InferenceRequest.Status.FAILED))
+    )
+    return LatencySummary(percentile(lat, 0.5), percentile(lat, 0.95), counts["n"], counts["failed"])
+
+
+def workflow_failovers(*, workflow: Workflow, limit: int = 50) -> list[FailoverEvent]:
+    """Inference failover events of this workflow (the recorder keeps its slug in details)."""
+    return list(
+        FailoverEvent.objects.filter(kind=FailoverEvent.Kind.INFERENCE, details__workflow=workflow.slug)
+        .select_related("from_deployment", "to_deployment")
+        .order_by("-detected_at")[:limit]
+    )
+
+
+def provider_deployment_stats(*, provider: Provider, days: int = STATS_DAYS) -> list[DeploymentStats]:
+    deployments = list(
+        Deployment.objects.filter(provider=provider)
+        .select_related("provider", "model", "hosting_cluster")
+        .order_by("slug")
+    )
+    return deployment_stats(deployments=deployments, days=days)
+
+
+@dataclass
+class ProviderTotals:
+    calls: int
+    failures: int
+    spend: dict[str, Decimal]
+
+    @property
+    def error_rate(self) -> float | None:
+        return self.failures / self.calls if self.calls else None
+
+
+def provider_totals(stats: Sequence[DeploymentStats]) -> ProviderTotals:
+    spend: dict[str, Decimal] = defaultdict(Decimal)
+    for s in stats:
+        for currency, amount in s.spend.items():
+            spend[currency] += amount
+    return ProviderTotals(
+        calls=sum(s.calls for s in stats), failures=sum(s.failures for s in stats), spend=dict(spend)
+    )

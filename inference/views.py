@@ -1,0 +1,148 @@
+"""Inference pages: the deployments overview, a workflow's inference page, a provider's page."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import messages
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404, render
+from django.urls import NoReverseMatch, reverse
+from django.views import View
+
+from inference import charts
+from inference.models import ChaosConfig
+from inference.selectors import workflow_requests
+from inference.services import chaos_config_set
+from inference.stats_selectors import (
+    deployment_stats,
+    provider_deployment_stats,
+    provider_totals,
+    workflow_failovers,
+    workflow_latency,
+)
+from stack.models import Deployment, Provider, Workflow
+from stack.roles import OPERATORS, user_has_role
+from stack.selectors import get_workflow_for_user, workflow_current_policy
+from stack.services import RegistryError
+from stack.views import RoleRequiredMixin
+
+
+def _api_url(name: str) -> str | None:
+    """The list URL of an API route if it is registered (eval sets and batch jobs are built
+    alongside these pages; until they exist the page does not link them)."""
+    try:
+        return reverse(name)
+    except NoReverseMatch:
+        return None
+
+
+class InferenceHomeView(RoleRequiredMixin, View):
+    def get(self, request: HttpRequest) -> HttpResponse:
+        stats = deployment_stats()
+        return render(
+            request,
+            "inference/home.html",
+            {
+                "stats": stats,
+                "chart": charts.cost_quality_chart(stats),
+                "workflows": Workflow.objects.order_by("slug"),
+                "eval_api": _api_url("evalset-list"),
+                "batch_api": _api_url("batchjob-list"),
+            },
+        )
+
+
+class ChaosForm(forms.Form):
+    """The failover drill: inject errors into one deployment of the route."""
+
+    deployment = forms.ModelChoiceField(queryset=Deployment.objects.none())
+    enabled = forms.BooleanField(required=False, label="Drill on")
+    error_rate = forms.FloatField(min_value=0.0, max_value=1.0, initial=0.0, label="Error rate (0..1)")
+
+    def __init__(self, *args: Any, deployments: list[Deployment], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        field: Any = self.fields["deployment"]  # a ModelChoiceField (declared above)
+        field.queryset = Deployment.objects.filter(pk__in=[d.pk for d in deployments]).order_by("slug")
+
+
+class WorkflowInferenceView(RoleRequiredMixin, View):
+    def get(self, request: HttpRequest, slug: str) -> HttpResponse:
+        workflow = get_workflow_for_user(slug=slug, user=request.user)
+        deployments = self._deployments(workflow)
+        return self._render(request, workflow, deployments, ChaosForm(deployments=deployments))
+
+    def post(self, request: HttpRequest, slug: str) -> HttpResponse:
+        workflow = get_workflow_for_user(slug=slug, user=request.user)
+        deployments = self._deployments(workflow)
+        form = ChaosForm(request.POST, deployments=deployments)
+        if form.is_valid():
+            deployment = form.cleaned_data["deployment"]
+            current = ChaosConfig.objects.filter(deployment=deployment).first()
+            try:
+                # Only the error rate and the switch come from this form; the other drill
+                # settings (status codes, latency, malformed bodies) are kept as the API set them.
+                chaos_config_set(
+                    deployment=deployment,
+                    enabled=form.cleaned_data["enabled"],
+                    user=request.user,  # type: ignore[arg-type]
+                    error_rate=form.cleaned_data["error_rate"],
+                    status_codes=list(current.status_codes) if current else [],
+                    latency_ms=current.latency_ms if current else 0,
+                    malformed_rate=current.malformed_rate if current else 0.0,
+                )
+            except RegistryError as exc:
+                form.add_error(exc.field if exc.field in form.fields else None, str(exc))
+            else:
+                state = "on" if form.cleaned_data["enabled"] else "off"
+                messages.success(
+                    request,
+                    f"Chaos drill {state} for {deployment.slug} "
+                    f"(error rate {form.cleaned_data['error_rate']:.2f}).",
+                )
+                return HttpResponseRedirect(reverse("inference-workflow", args=[workflow.slug]))
+        return self._render(request, workflow, deployments, form, status=400)
+
+    @staticmethod
+    def _deployments(workflow: Workflow) -> list[Deployment]:
+        policy = workflow_current_policy(workflow=workflow)
+        return policy.ordered_deployments() if policy is not None else []
+
+    def _render(
+        self,
+        request: HttpRequest,
+        workflow: Workflow,
+        deployments: list[Deployment],
+        form: ChaosForm,
+        status: int = 200,
+    ) -> HttpResponse:
+        chaos = {c.deployment_id: c for c in ChaosConfig.objects.filter(deployment__in=deployments)}
+        stats = deployment_stats(deployments=deployments)
+        route = [(s, chaos.get(s.deployment.pk)) for s in stats]
+        return render(
+            request,
+            "inference/workflow.html",
+            {
+                "workflow": workflow,
+                "policy": workflow_current_policy(workflow=workflow),
+                "route": route,
+                "latency": workflow_latency(workflow=workflow),
+                "failovers": workflow_failovers(workflow=workflow),
+                "requests": workflow_requests(workflow=workflow, limit=25),
+                "form": form,
+                "can_write": user_has_role(request.user, OPERATORS),
+            },
+            status=status,
+        )
+
+
+class ProviderInferenceView(RoleRequiredMixin, View):
+    def get(self, request: HttpRequest, slug: str) -> HttpResponse:
+        provider = get_object_or_404(Provider, slug=slug)
+        stats = provider_deployment_stats(provider=provider)
+        return render(
+            request,
+            "inference/provider.html",
+            {"provider": provider, "stats": stats, "totals": provider_totals(stats)},
+        )

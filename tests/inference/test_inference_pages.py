@@ -1,0 +1,190 @@
+"""Inference pages per role, over requests routed through the router against loopback providers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+
+from inference.adapters.base import ChatMessage, ChatRequest
+from inference.mockprovider import MockProviderServer
+from inference.models import ChaosConfig, InferenceAttempt, InferenceRequest
+from inference.router import route
+from inference.services import quality_record_create
+from inference.stats_selectors import deployment_stats, pareto_frontier, percentile
+from stack.models import FailoverEvent
+from tests.factories import make_cluster, make_deployment
+from tests.inference.helpers import priced_deployment, routed_workflow
+
+pytestmark = pytest.mark.django_db
+PING = ChatRequest(messages=(ChatMessage("user", "ping"),))
+ROLES = ["viewer", "operator", "auditor", "admin_user"]
+
+
+@pytest.fixture
+def traffic(admin_user: User, mock_provider: Callable[..., MockProviderServer]) -> dict[str, Any]:
+    """A workflow whose primary answers 503 and whose fallback answers: every request fails over."""
+    broken = priced_deployment(mock_provider(status=503), slug="pages-broken")
+    good = priced_deployment(
+        mock_provider(), slug="pages-good", in_price=Decimal("2.000000"), out_price=Decimal("6.000000")
+    )
+    cheap = priced_deployment(
+        mock_provider(), slug="pages-cheap", in_price=Decimal("0.500000"), out_price=Decimal("1.000000")
+    )
+    self_hosted = make_deployment(slug="pages-selfhosted", hosting_cluster=make_cluster())
+    workflow = routed_workflow(admin_user, [broken, good], slug="pages-wf")
+    for _ in range(3):
+        result = route(workflow=workflow, request=PING)
+        assert result.ok and result.deployment_id == good.pk
+    quality_record_create(deployment=good, score=Decimal("0.9"), source="feedback", workflow=workflow)
+    quality_record_create(deployment=cheap, score=Decimal("0.6"), source="feedback", workflow=workflow)
+    quality_record_create(deployment=broken, score=Decimal("0.5"), source="feedback", workflow=workflow)
+    return {
+        "workflow": workflow,
+        "broken": broken,
+        "good": good,
+        "cheap": cheap,
+        "self_hosted": self_hosted,
+    }
+
+
+def test_stats_count_the_routed_calls_and_flag_the_pareto_frontier(traffic: dict[str, Any]) -> None:
+    by_slug = {s.deployment.slug: s for s in deployment_stats()}
+    broken, good, cheap = by_slug["pages-broken"], by_slug["pages-good"], by_slug["pages-cheap"]
+    assert InferenceRequest.objects.filter(workflow=traffic["workflow"]).count() == 3
+    calls_broken = InferenceAttempt.objects.filter(deployment=traffic["broken"]).exclude(
+        outcome=InferenceAttempt.Outcome.CIRCUIT_OPEN
+    )
+    assert broken.calls == calls_broken.count() > 0
+    assert broken.error_rate == 1.0
+    assert good.calls == 3 and good.error_rate == 0.0
+    assert good.p50_ms is not None and good.p95_ms is not None and good.p50_ms <= good.p95_ms
+    assert sum(good.spend.values()) == sum(
+        r.cost for r in InferenceAttempt.objects.filter(deployment=traffic["good"])
+    )
+    assert sum(good.spend.values()) > 0
+    # Blended $/1M (input:output 1:3): cheap 0.875 (q 0.6), broken 2.5 (q 0.5), good 5 (q 0.9):
+    # cheap is both cheaper and better than broken, so broken is off the frontier.
+    assert good.on_frontier and cheap.on_frontier and not broken.on_frontier
+    assert by_slug["pages-selfhosted"].price.self_hosted
+
+
+def test_pareto_and_percentile_helpers() -> None:
+    flags = pareto_frontier([(Decimal(1), 0.5), (Decimal(2), 0.9), (Decimal(2), 0.4), (Decimal(1), 0.5)])
+    assert flags == [True, True, False, True]
+    assert percentile([], 0.5) is None
+    assert percentile([10.0, 20.0, 30.0, 40.0], 0.5) == 25.0
+    assert percentile([10.0, 20.0, 30.0, 40.0], 0.95) == pytest.approx(38.5)
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_home_page_renders_rows_and_the_chart_for_every_role(
+    role: str, request: pytest.FixtureRequest, traffic: dict[str, Any]
+) -> None:
+    client = Client()
+    client.force_login(request.getfixturevalue(role))
+    response = client.get("/inference/")
+    assert response.status_code == 200
+    body = response.content.decode()
+    for slug in ("pages-broken", "pages-good", "pages-cheap", "pages-selfhosted"):
+        assert f'data-deployment="{slug}"' in body
+    assert 'id="cost-quality-chart"' in body
+    assert "(self-hosted)" in body
+    assert "/inference/workflows/pages-wf/" in body
+    assert 'href="/inference/"' in body  # the nav link
+
+
+def test_pages_need_a_login() -> None:
+    response = Client().get("/inference/")
+    assert response.status_code == 302 and "/login" in response["Location"]
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_workflow_page_shows_route_latency_failovers_and_requests(
+    role: str, request: pytest.FixtureRequest, traffic: dict[str, Any]
+) -> None:
+    client = Client()
+    user = request.getfixturevalue(role)
+    client.force_login(user)
+    response = client.get("/inference/workflows/pages-wf/")
+    assert response.status_code == 200
+    ctx = response.context
+    assert [s.deployment.slug for s, _ in ctx["route"]] == ["pages-broken", "pages-good"]
+    assert ctx["latency"].requests == 3 and ctx["latency"].p50_ms is not None
+    events = FailoverEvent.objects.filter(
+        kind=FailoverEvent.Kind.INFERENCE, from_deployment=traffic["broken"]
+    )
+    assert len(ctx["failovers"]) == events.count() > 0
+    assert [r.pk for r in ctx["requests"]] == list(
+        InferenceRequest.objects.filter(workflow=traffic["workflow"])
+        .order_by("-created_at")
+        .values_list("pk", flat=True)
+    )
+    body = response.content.decode()
+    assert "/workflows/pages-wf/" in body  # link to the stack page with the switch buttons
+    assert ('id="chaos-form"' in body) == (role in ("operator", "admin_user"))
+
+
+def test_operator_sets_the_chaos_error_rate_and_the_router_sees_it(
+    operator: User, traffic: dict[str, Any]
+) -> None:
+    client = Client()
+    client.force_login(operator)
+    good = traffic["good"]
+    response = client.post(
+        "/inference/workflows/pages-wf/", {"deployment": good.pk, "enabled": "on", "error_rate": "1"}
+    )
+    assert response.status_code == 302
+    config = ChaosConfig.objects.get(deployment=good)
+    assert config.enabled and config.error_rate == 1.0 and config.updated_by == operator
+    # Every deployment of the route now fails: the drill is live on the next request.
+    result = route(workflow=traffic["workflow"], request=PING)
+    assert not result.ok
+    assert InferenceRequest.objects.get(pk=result.request_id).status == InferenceRequest.Status.FAILED
+    page = client.get("/inference/workflows/pages-wf/").content.decode()
+    assert "on, error rate 1.00" in page
+
+
+def test_chaos_form_rejects_a_rate_above_one_with_a_field_error(
+    operator: User, traffic: dict[str, Any]
+) -> None:
+    client = Client()
+    client.force_login(operator)
+    response = client.post(
+        "/inference/workflows/pages-wf/",
+        {"deployment": traffic["good"].pk, "enabled": "on", "error_rate": "1.5"},
+    )
+    assert response.status_code == 400
+    assert "error_rate" in response.context["form"].errors
+    assert not ChaosConfig.objects.filter(deployment=traffic["good"]).exists()
+
+
+def test_viewers_cannot_set_a_chaos_drill(viewer: User, traffic: dict[str, Any]) -> None:
+    client = Client()
+    client.force_login(viewer)
+    response = client.post(
+        "/inference/workflows/pages-wf/",
+        {"deployment": traffic["good"].pk, "enabled": "on", "error_rate": "1"},
+    )
+    assert response.status_code == 403
+    assert not ChaosConfig.objects.exists()
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_provider_page_shows_error_rate_circuit_and_spend(
+    role: str, request: pytest.FixtureRequest, traffic: dict[str, Any]
+) -> None:
+    client = Client()
+    client.force_login(request.getfixturevalue(role))
+    provider = traffic["broken"].provider
+    response = client.get(f"/inference/providers/{provider.slug}/")
+    assert response.status_code == 200
+    totals = response.context["totals"]
+    assert totals.error_rate == 1.0 and totals.calls > 0
+    assert [s.deployment.slug for s in response.context["stats"]] == ["pages-broken"]
+    assert 'class="circuit"' in response.content.decode()
+    assert client.get("/inference/providers/no-such-provider/").status_code == 404
