@@ -1,15 +1,25 @@
-"""Probe jobs API."""
+"""Probe jobs and training runs API."""
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
-from rest_framework import mixins, serializers, viewsets
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema, extend_schema_field
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
 from rest_framework.routers import BaseRouter
 
 from stack.models import Cluster
-from training.models import ProbeJob
-from training.services import probe_job_create
+from training.models import ProbeJob, TrainingRun
+from training.run_config import RunConfigError
+from training.run_selectors import run_learners, run_metrics_payload, run_transitions
+from training.selectors import run_cost_per_cluster, run_failover_events, run_placements, run_progress
+from training.services import RunStateError, probe_job_create, training_run_cancel, training_run_create
 
 
 class ProbeJobSerializer(serializers.ModelSerializer[ProbeJob]):
@@ -52,6 +62,203 @@ class ProbeJobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet[Pro
     queryset = ProbeJob.objects.select_related("cluster", "created_by")
 
 
+# --- Training runs ------------------------------------------------------------------------
+
+
+def _money(value: Decimal | None) -> str | None:
+    """Ledger money goes out as a string, never a float."""
+    return None if value is None else str(value)
+
+
+class TrainingRunCreateSerializer(serializers.Serializer[TrainingRun]):
+    name = serializers.CharField(max_length=128)
+    config = serializers.JSONField(
+        help_text="The run config (see training.run_config); defaults fill the rest."
+    )
+
+
+class TrainingRunCancelSerializer(serializers.Serializer[TrainingRun]):
+    reason = serializers.CharField(max_length=500, required=False, allow_blank=True)
+
+
+class TrainingRunSerializer(serializers.ModelSerializer[TrainingRun]):
+    created_by = serializers.CharField(source="created_by.get_username", read_only=True, default=None)
+    registered_model: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True
+    )
+    progress = serializers.SerializerMethodField()
+
+    class Meta:
+        model = TrainingRun
+        fields = [
+            "id",
+            "name",
+            "state",
+            "reason",
+            "state_changed_at",
+            "created_by",
+            "created_at",
+            "started_at",
+            "finished_at",
+            "money_budget",
+            "currency",
+            "registered_model",
+            "initial_eval_loss",
+            "final_eval_loss",
+            "progress",
+        ]
+        read_only_fields = fields
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_progress(self, run: TrainingRun) -> dict[str, Any]:
+        p = run_progress(run=run)
+        return {
+            "versions": p.versions,
+            "tokens": p.tokens,
+            "tokens_merged": p.tokens_merged,
+            "eval_loss": p.eval_loss,
+            "cost": _money(p.cost),
+            "cost_per_million_tokens": _money(p.cost_per_million_tokens),
+            "cost_per_loss_improvement": _money(p.cost_per_loss_improvement),
+        }
+
+
+class TrainingRunDetailSerializer(TrainingRunSerializer):
+    config = serializers.JSONField(read_only=True)
+    transitions = serializers.SerializerMethodField()
+    learners = serializers.SerializerMethodField()
+    placements = serializers.SerializerMethodField()
+    cost_per_cluster = serializers.SerializerMethodField()
+    failover_events = serializers.SerializerMethodField()
+
+    class Meta(TrainingRunSerializer.Meta):
+        fields = [
+            *TrainingRunSerializer.Meta.fields,
+            "config",
+            "artifact_uri",
+            "transitions",
+            "learners",
+            "placements",
+            "cost_per_cluster",
+            "failover_events",
+        ]
+        read_only_fields = fields
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_transitions(self, run: TrainingRun) -> list[dict[str, Any]]:
+        return [
+            {"from": t.from_state, "to": t.to_state, "at": t.at.isoformat(), "reason": t.reason}
+            for t in run_transitions(run=run)
+        ]
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_learners(self, run: TrainingRun) -> list[dict[str, Any]]:
+        return [
+            {
+                "index": lr.index,
+                "cluster": lr.cluster.slug if lr.cluster else None,
+                "generation": lr.generation,
+                "state": lr.state,
+                "tokens": lr.tokens,
+                "steps": lr.steps,
+                "last_report_at": lr.last_report_at.isoformat() if lr.last_report_at else None,
+                "worker_hostname": lr.worker_hostname,
+            }
+            for lr in run_learners(run=run)
+        ]
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_placements(self, run: TrainingRun) -> list[dict[str, Any]]:
+        return [
+            {
+                "learner_index": p.learner_index,
+                "generation": p.generation,
+                "cluster": p.cluster.slug,
+                "reason": p.reason,
+                "unit_price": _money(p.unit_price),
+                "currency": p.currency,
+                "price_book": p.price_book_id,
+                "decided_at": p.decided_at.isoformat(),
+                "candidates": p.candidates,
+            }
+            for p in run_placements(run=run)
+        ]
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_cost_per_cluster(self, run: TrainingRun) -> list[dict[str, Any]]:
+        return [
+            {"cluster": r["cluster"], "amount": _money(r["amount"]), "quantity": _money(r["quantity"])}  # type: ignore[arg-type]
+            for r in run_cost_per_cluster(run=run)
+        ]
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_failover_events(self, run: TrainingRun) -> list[dict[str, Any]]:
+        return [
+            {
+                "id": f.pk,
+                "subject": f.subject,
+                "reason": f.reason,
+                "from_cluster": f.from_cluster.slug if f.from_cluster else None,
+                "to_cluster": f.to_cluster.slug if f.to_cluster else None,
+                "detected_at": f.detected_at.isoformat(),
+                "recovered_at": f.recovered_at.isoformat() if f.recovered_at else None,
+                "tokens_lost": f.tokens_lost,
+                "extra_cost": _money(f.extra_cost),
+                "currency": f.currency,
+            }
+            for f in run_failover_events(run=run).order_by("detected_at", "id")
+        ]
+
+
+class TrainingRunViewSet(viewsets.ReadOnlyModelViewSet[TrainingRun]):
+    """Multi-cluster DiLoCo training runs: viewers read; operators launch and cancel."""
+
+    queryset = TrainingRun.objects.select_related("created_by", "registered_model").order_by("-created_at")
+
+    def get_serializer_class(self) -> type[serializers.BaseSerializer[Any]]:
+        if self.action == "create":
+            return TrainingRunCreateSerializer
+        if self.action == "cancel":
+            return TrainingRunCancelSerializer
+        if self.action == "retrieve":
+            return TrainingRunDetailSerializer
+        return TrainingRunSerializer
+
+    @extend_schema(request=TrainingRunCreateSerializer, responses={201: TrainingRunDetailSerializer})
+    def create(self, request: Request) -> Response:
+        data = TrainingRunCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        try:
+            run = training_run_create(
+                config=data.validated_data["config"],
+                created_by=request.user,  # type: ignore[arg-type]
+                name=data.validated_data["name"],
+            )
+        except RunConfigError as exc:
+            raise ValidationError(exc.errors) from exc
+        body = TrainingRunDetailSerializer(run, context=self.get_serializer_context()).data
+        return Response(body, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=TrainingRunCancelSerializer, responses={200: TrainingRunDetailSerializer})
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk: str | None = None) -> Response:
+        run = self.get_object()
+        data = TrainingRunCancelSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        try:
+            training_run_cancel(run=run, reason=data.validated_data.get("reason", ""), by=request.user)  # type: ignore[arg-type]
+        except RunStateError as exc:
+            raise ValidationError({"state": [str(exc)]}) from exc
+        run.refresh_from_db()
+        return Response(TrainingRunDetailSerializer(run, context=self.get_serializer_context()).data)
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    @action(detail=True, methods=["get"])
+    def metrics(self, request: Request, pk: str | None = None) -> Response:
+        return Response(run_metrics_payload(run=self.get_object()))
+
+
 def register(router: BaseRouter) -> None:
     """Add this app's viewsets to the /api/ router."""
     router.register("probe-jobs", ProbeJobViewSet)
+    router.register("training-runs", TrainingRunViewSet)
