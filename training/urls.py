@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
-from django.urls import URLPattern, URLResolver
+from django.urls import URLPattern, URLResolver, path
 
-urlpatterns: list[URLPattern | URLResolver] = []
+from training import views
+
+urlpatterns: list[URLPattern | URLResolver] = [
+    path("", views.RunListView.as_view(), name="training-runs"),
+    path("new/", views.RunLaunchView.as_view(), name="training-run-new"),
+    path("<int:pk>/", views.RunDetailView.as_view(), name="training-run"),
+    path("<int:pk>/metrics.json", views.RunMetricsView.as_view(), name="training-run-metrics"),
+    path("<int:pk>/cancel/", views.RunCancelView.as_view(), name="training-run-cancel"),
+]

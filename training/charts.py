@@ -1,0 +1,80 @@
+"""Plotly figures for a training run, built in Python and sent to the page as JSON.
+
+The page draws them with Plotly.newPlot and, while the run is live, fetches the same figures from
+/training/<id>/metrics.json every few seconds and redraws them with Plotly.react.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+_LAYOUT: dict[str, Any] = {
+    "height": 300,
+    "margin": {"l": 55, "r": 10, "t": 35, "b": 45},
+    "legend": {"orientation": "h"},
+}
+
+CHARTS = ("loss_tokens", "loss_wall", "loss_money", "train_loss", "bytes", "merged")
+
+
+def _figure(traces: list[Any], title: str, x: str, y: str, **layout: Any) -> dict[str, Any]:
+    import plotly.graph_objects as go
+
+    figure = go.Figure()
+    for trace in traces:
+        figure.add_trace(trace)
+    figure.update_layout(
+        title={"text": title, "font": {"size": 14}},
+        xaxis={"title": {"text": x}},
+        yaxis={"title": {"text": y}},
+        **_LAYOUT,
+        **layout,
+    )
+    # Through JSON so numpy arrays and Decimals become plain lists and numbers.
+    return json.loads(figure.to_json())  # type: ignore[no-any-return]
+
+
+def run_figures(series: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every chart of the run page from training.run_selectors.run_metric_series."""
+    import plotly.graph_objects as go
+
+    versions = [v for v in series["versions"] if v["eval_loss"] is not None]
+    loss = [v["eval_loss"] for v in versions]
+
+    def loss_against(x: list[Any], name: str) -> Any:
+        return go.Scatter(x=x, y=loss, mode="lines+markers", name=name)
+
+    figures = {
+        "loss_tokens": _figure(
+            [loss_against([v["tokens_total"] for v in versions], "eval loss")],
+            "Global eval loss against tokens", "tokens merged", "eval loss",
+        ),
+        "loss_wall": _figure(
+            [loss_against([v["wall_seconds"] for v in versions], "eval loss")],
+            "Global eval loss against wall time", "seconds since start", "eval loss",
+        ),
+        "loss_money": _figure(
+            # Plotly needs numbers; the ledger's Decimal is only rounded for drawing.
+            [loss_against([float(v["cost_so_far"]) for v in versions], "eval loss")],
+            "Global eval loss against money", "cost so far", "eval loss",
+        ),
+        "train_loss": _figure(
+            [
+                go.Scatter(x=s["step"], y=s["loss"], mode="lines", name=f"learner {idx}")
+                for idx, s in series["train_loss"].items()
+            ],
+            "Train loss per learner", "inner step", "train loss",
+        ),
+        "bytes": _figure(
+            [go.Bar(x=[f"f{v['fragment']} v{v['version']}" for v in series["versions"]],
+                    y=[v["bytes_in"] for v in series["versions"]], name="bytes in")],
+            "Bytes moved per sync", "fragment / version", "bytes",
+        ),
+        "merged": _figure(
+            [go.Bar(x=[f"f{v['fragment']} v{v['version']}" for v in series["versions"]],
+                    y=[len(v["learners_merged"]) for v in series["versions"]], name="learners merged")],
+            "Learners merged per version", "fragment / version", "learners",
+        ),
+    }  # fmt: skip
+    return figures

@@ -1,0 +1,69 @@
+"""The launch form: a YAML/JSON config plus a few simple fields that override it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import yaml
+from django import forms
+
+from training.run_config import demo_config
+
+
+def example_config_text() -> str:
+    return yaml.safe_dump(demo_config(), sort_keys=False)
+
+
+class TrainingRunForm(forms.Form):
+    name = forms.CharField(max_length=128)
+    config = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 22, "cols": 80, "spellcheck": "false"}),
+        help_text="YAML or JSON; anything left out takes its default.",
+    )
+    learners = forms.IntegerField(required=False, min_value=1, help_text="Overrides learners.count.")
+    outer_steps = forms.IntegerField(required=False, min_value=1, help_text="Replaces the stop condition.")
+    money_budget = forms.DecimalField(
+        required=False, min_value=0, decimal_places=9, help_text="Overrides money_budget."
+    )
+
+    def clean_config(self) -> dict[str, Any]:
+        text = self.cleaned_data["config"]
+        try:
+            # JSON is a subset of YAML 1.2, but json first gives the clearer message for JSON input.
+            parsed = json.loads(text) if text.lstrip().startswith("{") else yaml.safe_load(text)
+        except (ValueError, yaml.YAMLError) as exc:
+            raise forms.ValidationError(f"not valid YAML or JSON: {exc}") from exc
+        if parsed is None:
+            parsed = {}
+        if not isinstance(parsed, dict):
+            raise forms.ValidationError("the config must be a mapping")
+        return parsed
+
+    def run_config(self) -> dict[str, Any]:
+        """The config with the simple fields applied on top."""
+        cfg: dict[str, Any] = dict(self.cleaned_data["config"])
+        if self.cleaned_data.get("learners"):
+            cfg["learners"] = {**(cfg.get("learners") or {}), "count": self.cleaned_data["learners"]}
+        if self.cleaned_data.get("outer_steps"):
+            # Replaces any token_budget: the config takes exactly one stop condition.
+            cfg["stop"] = {"outer_steps": self.cleaned_data["outer_steps"]}
+        if self.cleaned_data.get("money_budget") is not None:
+            cfg["money_budget"] = str(self.cleaned_data["money_budget"])
+        return cfg
+
+    def add_config_errors(self, errors: dict[str, list[str]]) -> None:
+        """RunConfigError field messages: `name` on its field, the rest on the config box."""
+        simple = {
+            "learners.count": "learners",
+            "stop.outer_steps": "outer_steps",
+            "money_budget": "money_budget",
+        }
+        for path, messages in errors.items():
+            for message in messages:
+                if path == "name":
+                    self.add_error("name", message)
+                elif path in simple and self.cleaned_data.get(simple[path]) not in (None, ""):
+                    self.add_error(simple[path], f"{path}: {message}")
+                else:
+                    self.add_error("config", f"{path}: {message}")

@@ -1,0 +1,114 @@
+"""Training run pages: list, detail with live charts, launch form, cancel. Logic lives in
+training.services (writes) and training.selectors / run_selectors (reads)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import messages
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views import View
+
+from stack.roles import OPERATORS, user_has_role
+from stack.views import RoleRequiredMixin
+from training.charts import CHARTS, run_figures
+from training.forms import TrainingRunForm, example_config_text
+from training.models import TrainingRun
+from training.run_config import RunConfigError
+from training.run_selectors import (
+    run_cost_summary,
+    run_learners,
+    run_metric_series,
+    run_metrics_payload,
+    run_rows,
+    run_timeline,
+)
+from training.selectors import run_placements
+from training.services import RunStateError, training_run_cancel, training_run_create
+
+REFRESH_MS = 3000
+
+
+def _run(pk: int) -> TrainingRun:
+    return get_object_or_404(TrainingRun.objects.select_related("registered_model", "created_by"), pk=pk)
+
+
+def _figures_payload(run: TrainingRun) -> dict[str, Any]:
+    return {"state": run.state, "live": run.state not in TrainingRun.FINAL_STATES,
+            "figures": run_figures(run_metric_series(run=run))}  # fmt: skip
+
+
+class RunListView(RoleRequiredMixin, View):
+    def get(self, request: HttpRequest) -> HttpResponse:
+        return render(
+            request,
+            "training/run_list.html",
+            {"rows": run_rows(), "can_write": user_has_role(request.user, OPERATORS)},
+        )
+
+
+class RunDetailView(RoleRequiredMixin, View):
+    def get(self, request: HttpRequest, pk: int) -> HttpResponse:
+        run = _run(pk)
+        return render(
+            request,
+            "training/run_detail.html",
+            {
+                "run": run,
+                "cost": run_cost_summary(run=run),
+                "learners": run_learners(run=run),
+                "placements": run_placements(run=run),
+                "timeline": run_timeline(run=run),
+                "charts": CHARTS,
+                "initial": _figures_payload(run),
+                "refresh_ms": REFRESH_MS,
+                "can_cancel": user_has_role(request.user, OPERATORS)
+                and run.state not in TrainingRun.FINAL_STATES,
+            },
+        )
+
+
+class RunMetricsView(RoleRequiredMixin, View):
+    """The page's figures (and the raw series) for Plotly.react, on the page's session."""
+
+    def get(self, request: HttpRequest, pk: int) -> JsonResponse:
+        run = _run(pk)
+        return JsonResponse({**_figures_payload(run), "series": run_metrics_payload(run=run)})
+
+
+class RunCancelView(RoleRequiredMixin, View):
+    def post(self, request: HttpRequest, pk: int) -> HttpResponse:
+        run = _run(pk)
+        try:
+            training_run_cancel(run=run, reason=request.POST.get("reason", ""), by=request.user)  # type: ignore[arg-type]
+        except RunStateError as exc:
+            messages.error(request, str(exc))
+        else:
+            messages.success(request, f"Run #{run.pk} cancelled.")
+        return redirect("training-run", pk=run.pk)
+
+
+class RunLaunchView(RoleRequiredMixin, View):
+    # Only operators may even see the form: it exists to launch.
+    read_roles = OPERATORS
+
+    def get(self, request: HttpRequest) -> HttpResponse:
+        form = TrainingRunForm(initial={"config": example_config_text()})
+        return render(request, "training/run_form.html", {"form": form})
+
+    def post(self, request: HttpRequest) -> HttpResponse:
+        form = TrainingRunForm(request.POST)
+        if form.is_valid():
+            try:
+                run = training_run_create(
+                    config=form.run_config(),
+                    created_by=request.user,  # type: ignore[arg-type]
+                    name=form.cleaned_data["name"],
+                )
+            except RunConfigError as exc:
+                form.add_config_errors(exc.errors)
+            else:
+                messages.success(request, f"Run #{run.pk} created; placing its learners.")
+                return redirect("training-run", pk=run.pk)
+        return render(request, "training/run_form.html", {"form": form}, status=400)
