@@ -8,12 +8,15 @@ recorded and billed like any request; each case's call carries a client request 
 
 from __future__ import annotations
 
+from datetime import timedelta
 from decimal import Decimal
+from functools import partial
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import AnonymousUser, User
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Max
 from django.utils import timezone
 
 from billing.budgets import BudgetExhausted
@@ -243,14 +246,44 @@ def _judge(run: EvalRun, case: EvalCase, answer: str) -> tuple[float, str, Decim
     return value, f"judged by {judge.slug}", verdict.cost
 
 
+def eval_runs_requeue_stale(*, stale_after_s: float | None = None) -> list[int]:
+    """Hand out again the runs whose worker died: running (or pending) with no progress for
+    `stale_after_s` (EVAL_RUN_STALE_SECONDS, default 30 min). Progress is the newest score of the
+    run; a re-claimed run skips the cases it scored and replays the calls it already paid for.
+    """
+    from inference.tasks import eval_set_run
+
+    if stale_after_s is None:
+        stale_after_s = float(getattr(settings, "EVAL_RUN_STALE_SECONDS", 1800.0))
+    cutoff = timezone.now() - timedelta(seconds=stale_after_s)
+    requeued: list[int] = []
+    candidates = EvalRun.objects.filter(state__in=[EvalRun.State.PENDING, EvalRun.State.RUNNING]).annotate(
+        last_score=Max("quality_records__created_at")
+    )
+    for run in candidates:
+        progress = max(t for t in (run.created_at, run.started_at, run.last_score) if t is not None)
+        if progress >= cutoff:
+            continue
+        # Conditional UPDATE: only one beat tick (or process) re-queues a given stale state.
+        if EvalRun.objects.filter(pk=run.pk, state=run.state, started_at=run.started_at).update(
+            state=EvalRun.State.PENDING, started_at=timezone.now()
+        ):
+            run_id = run.pk
+            transaction.on_commit(partial(eval_set_run.apply_async, args=(run_id,), queue=CONTROL_QUEUE))
+            requeued.append(run_id)
+    return requeued
+
+
 def eval_sets_scheduled() -> list[EvalRun]:
     """Beat: start a run of every scheduled eval set on every enabled deployment of its route.
 
-    A set and deployment with a run still pending or running is left alone (no pile-up when a
-    run takes longer than the schedule's period).
+    Stale runs are handed out again first (eval_runs_requeue_stale). A set and deployment with
+    a run still pending or running is left alone (no pile-up when a run takes longer than the
+    schedule's period).
     """
     from inference.selectors import route_plan
 
+    eval_runs_requeue_stale()
     started: list[EvalRun] = []
     busy = set(
         EvalRun.objects.filter(state__in=[EvalRun.State.PENDING, EvalRun.State.RUNNING]).values_list(

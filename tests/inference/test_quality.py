@@ -176,3 +176,36 @@ def test_scheduled_task_runs_every_deployment_of_the_route_once(operator: User, 
     )
     assert scores == {first.pk: Decimal("1"), second.pk: Decimal("0")}
     assert tasks.eval_sets_scheduled.apply().get() == 2
+
+
+def test_a_run_left_running_by_a_dead_worker_is_handed_out_again(
+    operator: User, mock_provider: Start, django_capture_on_commit_callbacks: Any
+) -> None:
+    server = mock_provider(text="yes")
+    deployment = priced_deployment(server)
+    workflow = routed_workflow(operator, [deployment])
+    eval_set = quality.eval_set_create(
+        workflow=workflow,
+        name="resume",
+        schedule_enabled=True,
+        cases=[{"prompt": f"q{i}", "expected": "yes", "scorer": "exact"} for i in range(3)],
+    )
+    run = _run(quality.eval_run_start(eval_set=eval_set, deployment=deployment))
+    # As a worker killed after the first case: running, one score, the other calls never made.
+    QualityRecord.objects.filter(eval_run=run, eval_case__position__gt=0).delete()
+    InferenceRequest.objects.filter(client_request_id__startswith=f"eval:{run.pk}:").exclude(
+        client_request_id=f"eval:{run.pk}:{eval_set.cases.get(position=0).pk}"
+    ).update(client_request_id=None)
+    EvalRun.objects.filter(pk=run.pk).update(state=EvalRun.State.RUNNING, cases_done=1, mean_score=None)
+    calls_before = server.behaviour.total_calls()
+
+    assert quality.eval_runs_requeue_stale(stale_after_s=3600) == []  # recent progress: left alone
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        assert quality.eval_runs_requeue_stale(stale_after_s=0) == [run.pk]
+    assert len(callbacks) == 1
+    # The scheduler starts no second run beside it.
+    assert quality.eval_sets_scheduled() == []
+    run = _run(run)
+    assert run.state == EvalRun.State.SUCCEEDED and run.cases_done == 3 and run.mean_score == 1.0
+    assert server.behaviour.total_calls() == calls_before + 2  # only the unscored cases are called
+    assert QualityRecord.objects.filter(eval_run=run).count() == 3
