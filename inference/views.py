@@ -6,13 +6,14 @@ from typing import Any
 
 from django import forms
 from django.contrib import messages
+from django.db.models import Count
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.urls import NoReverseMatch, reverse
 from django.views import View
 
-from inference import charts
-from inference.models import ChaosConfig
+from inference import charts, quality
+from inference.models import ChaosConfig, EvalRun, EvalSet
 from inference.selectors import workflow_requests
 from inference.services import chaos_config_set
 from inference.stats_selectors import (
@@ -48,8 +49,8 @@ class InferenceHomeView(RoleRequiredMixin, View):
                 "stats": stats,
                 "chart": charts.cost_quality_chart(stats),
                 "workflows": Workflow.objects.order_by("slug"),
-                "eval_api": _api_url("evalset-list"),
-                "batch_api": _api_url("batchjob-list"),
+                "eval_api": _api_url("eval-set-list"),
+                "batch_api": _api_url("batch-job-list") or _api_url("batchjob-list"),
             },
         )
 
@@ -67,6 +68,21 @@ class ChaosForm(forms.Form):
         field.queryset = Deployment.objects.filter(pk__in=[d.pk for d in deployments]).order_by("slug")
 
 
+class EvalRunForm(forms.Form):
+    """Run one of the workflow's eval sets against one deployment of its route, now."""
+
+    eval_set = forms.ModelChoiceField(queryset=EvalSet.objects.none())
+    deployment = forms.ModelChoiceField(queryset=Deployment.objects.none())
+
+    def __init__(self, *args: Any, workflow: Workflow, deployments: list[Deployment], **kwargs: Any) -> None:
+        kwargs.setdefault("prefix", "eval")  # its field names do not clash with the chaos form's
+        super().__init__(*args, **kwargs)
+        sets: Any = self.fields["eval_set"]  # ModelChoiceFields (declared above)
+        sets.queryset = EvalSet.objects.filter(workflow=workflow).order_by("name")
+        targets: Any = self.fields["deployment"]
+        targets.queryset = Deployment.objects.filter(pk__in=[d.pk for d in deployments]).order_by("slug")
+
+
 class WorkflowInferenceView(RoleRequiredMixin, View):
     def get(self, request: HttpRequest, slug: str) -> HttpResponse:
         workflow = get_workflow_for_user(slug=slug, user=request.user)
@@ -76,6 +92,8 @@ class WorkflowInferenceView(RoleRequiredMixin, View):
     def post(self, request: HttpRequest, slug: str) -> HttpResponse:
         workflow = get_workflow_for_user(slug=slug, user=request.user)
         deployments = self._deployments(workflow)
+        if request.POST.get("action") == "eval-run":
+            return self._eval_run(request, workflow, deployments)
         form = ChaosForm(request.POST, deployments=deployments)
         if form.is_valid():
             deployment = form.cleaned_data["deployment"]
@@ -104,6 +122,33 @@ class WorkflowInferenceView(RoleRequiredMixin, View):
                 return HttpResponseRedirect(reverse("inference-workflow", args=[workflow.slug]))
         return self._render(request, workflow, deployments, form, status=400)
 
+    def _eval_run(
+        self, request: HttpRequest, workflow: Workflow, deployments: list[Deployment]
+    ) -> HttpResponse:
+        eval_form = EvalRunForm(request.POST, workflow=workflow, deployments=deployments)
+        if eval_form.is_valid():
+            try:
+                run = quality.eval_run_start(
+                    eval_set=eval_form.cleaned_data["eval_set"],
+                    deployment=eval_form.cleaned_data["deployment"],
+                    user=request.user,
+                )
+            except RegistryError as exc:
+                eval_form.add_error(exc.field if exc.field in eval_form.fields else None, str(exc))
+            else:
+                messages.success(
+                    request, f"Eval run #{run.pk} of {run.eval_set.name} on {run.deployment.slug} queued."
+                )
+                return HttpResponseRedirect(reverse("inference-workflow", args=[workflow.slug]))
+        return self._render(
+            request,
+            workflow,
+            deployments,
+            ChaosForm(deployments=deployments),
+            eval_form=eval_form,
+            status=400,
+        )
+
     @staticmethod
     def _deployments(workflow: Workflow) -> list[Deployment]:
         policy = workflow_current_policy(workflow=workflow)
@@ -115,6 +160,7 @@ class WorkflowInferenceView(RoleRequiredMixin, View):
         workflow: Workflow,
         deployments: list[Deployment],
         form: ChaosForm,
+        eval_form: EvalRunForm | None = None,
         status: int = 200,
     ) -> HttpResponse:
         chaos = {c.deployment_id: c for c in ChaosConfig.objects.filter(deployment__in=deployments)}
@@ -131,6 +177,13 @@ class WorkflowInferenceView(RoleRequiredMixin, View):
                 "failovers": workflow_failovers(workflow=workflow),
                 "requests": workflow_requests(workflow=workflow, limit=25),
                 "form": form,
+                "eval_form": eval_form or EvalRunForm(workflow=workflow, deployments=deployments),
+                "eval_sets": EvalSet.objects.filter(workflow=workflow)
+                .annotate(n_cases=Count("cases"))
+                .order_by("name"),
+                "eval_runs": EvalRun.objects.filter(eval_set__workflow=workflow)
+                .select_related("eval_set", "deployment")
+                .order_by("-created_at")[:20],
                 "can_write": user_has_role(request.user, OPERATORS),
             },
             status=status,

@@ -12,7 +12,8 @@ from django.test import Client
 
 from inference.adapters.base import ChatMessage, ChatRequest
 from inference.mockprovider import MockProviderServer
-from inference.models import ChaosConfig, InferenceAttempt, InferenceRequest
+from inference.models import ChaosConfig, EvalRun, InferenceAttempt, InferenceRequest
+from inference.quality import eval_set_create
 from inference.router import route
 from inference.services import quality_record_create
 from inference.stats_selectors import deployment_stats, pareto_frontier, percentile
@@ -188,3 +189,41 @@ def test_provider_page_shows_error_rate_circuit_and_spend(
     assert [s.deployment.slug for s in response.context["stats"]] == ["pages-broken"]
     assert 'class="circuit"' in response.content.decode()
     assert client.get("/inference/providers/no-such-provider/").status_code == 404
+
+
+def test_operator_starts_an_eval_run_from_the_workflow_page(operator: User, traffic: dict[str, Any]) -> None:
+    eval_set = eval_set_create(
+        workflow=traffic["workflow"],
+        name="smoke",
+        cases=[{"prompt": "ping", "expected": "pong", "scorer": "exact"}],
+    )
+    client = Client()
+    client.force_login(operator)
+    page = client.get("/inference/workflows/pages-wf/")
+    assert [e.name for e in page.context["eval_sets"]] == ["smoke"]
+    assert 'id="eval-run-form"' in page.content.decode()
+    response = client.post(
+        "/inference/workflows/pages-wf/",
+        {"action": "eval-run", "eval-eval_set": eval_set.pk, "eval-deployment": traffic["good"].pk},
+    )
+    assert response.status_code == 302
+    run = EvalRun.objects.get(eval_set=eval_set)
+    assert run.deployment_id == traffic["good"].pk and run.cases_total == 1 and run.created_by == operator
+    assert [r.pk for r in client.get("/inference/workflows/pages-wf/").context["eval_runs"]] == [run.pk]
+
+
+def test_an_eval_run_on_a_deployment_outside_the_route_is_a_form_error(
+    operator: User, traffic: dict[str, Any]
+) -> None:
+    eval_set = eval_set_create(
+        workflow=traffic["workflow"], name="smoke", cases=[{"prompt": "ping", "expected": "pong"}]
+    )
+    client = Client()
+    client.force_login(operator)
+    response = client.post(
+        "/inference/workflows/pages-wf/",
+        {"action": "eval-run", "eval-eval_set": eval_set.pk, "eval-deployment": traffic["cheap"].pk},
+    )
+    assert response.status_code == 400
+    assert "deployment" in response.context["eval_form"].errors
+    assert not EvalRun.objects.exists()
