@@ -155,3 +155,23 @@ def test_eval_set_api_creates_sets_cases_and_runs(
         ).status_code
         == 403
     )
+
+
+def test_feedback_for_a_failed_request_or_the_wrong_deployment_is_refused(
+    operator: User, mock_provider: Start
+) -> None:
+    failing = priced_deployment(mock_provider(status=500))
+    other = priced_deployment(base_url="http://127.0.0.1:9/v1")
+    workflow = routed_workflow(operator, [failing])
+    result = route(workflow=workflow, request=ChatRequest(messages=(ChatMessage("user", "hi"),)))
+    assert not result.ok
+    client = api_client(operator)
+    response = client.post("/api/feedback/", {"request_id": result.request_id, "score": 1}, format="json")
+    assert response.status_code == 400 and "request_id" in response.json()
+    response = client.post(
+        "/api/feedback/",
+        {"request_id": result.request_id, "deployment": other.slug, "score": 1},
+        format="json",
+    )
+    assert response.status_code == 400 and "deployment" in response.json()
+    assert not QualityRecord.objects.exists()
