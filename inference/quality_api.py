@@ -147,7 +147,9 @@ class FeedbackSerializer(serializers.Serializer[Any]):
     workflow = serializers.SlugRelatedField(
         slug_field="slug", queryset=Workflow.objects.all(), required=False
     )
-    score = serializers.DecimalField(max_digits=12, decimal_places=8, min_value=0, max_value=1)  # type: ignore[arg-type]
+    # A float: applications send whatever their arithmetic produced (0.30000000000000004);
+    # the service rounds it to the record's four places.
+    score = serializers.FloatField(min_value=0.0, max_value=1.0)
     comment = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:

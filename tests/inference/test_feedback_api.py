@@ -74,6 +74,7 @@ def test_feedback_by_deployment_and_workflow(operator: User) -> None:
         ({"deployment": "DEP", "score": 1.5}, "score"),
         ({"deployment": "DEP", "score": -0.1}, "score"),
         ({"deployment": "DEP", "score": "high"}, "score"),
+        ({"deployment": "DEP", "score": "NaN"}, "score"),
         ({"deployment": "DEP"}, "score"),
         ({"deployment": "DEP", "workflow": "no-such", "score": 0.5}, "workflow"),
     ],
