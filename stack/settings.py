@@ -235,7 +235,16 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": env_float("SWITCHYARD_EVAL_SCHEDULE_SECONDS", 3600.0, minimum=10.0),
         "options": {"queue": "control", "expires": 600},
     },
+    # Batch inference jobs whose worker died (stale lease) are re-queued and resume.
+    "inference-batch-jobs-resume": {
+        "task": "inference.batch_jobs_resume",
+        "schedule": env_float("SWITCHYARD_BATCH_RESUME_SECONDS", 30.0, minimum=0.5),
+        "options": {"queue": "control", "expires": 60},
+    },
 }
+# A running batch job's lease: longer than one line can take (deadline plus retries).
+INFERENCE_BATCH_STALE_SECONDS = env_float("SWITCHYARD_BATCH_STALE_SECONDS", 120.0, minimum=1.0)
+INFERENCE_BATCH_PART_LINES = env_int("SWITCHYARD_BATCH_PART_LINES", 20, minimum=1)
 
 # --- Email (budget alerts) --------------------------------------------------------
 # The console backend prints mail in development; point EMAIL_BACKEND at

@@ -1,0 +1,389 @@
+"""Batch inference jobs: JSONL in the object store in, JSONL out, resumable after a worker dies.
+
+Input: one JSON object per line, `{"custom_id": ..., "messages": [...]}` (chat) or
+`{"custom_id": ..., "prompt": "..."}` (completion), optionally `max_tokens`, `temperature`,
+`top_p`, `stop`. Lines are validated when the job is created (a bad line refuses the job).
+
+Running (`batch_job_execute`, called by the `inference.batch_job_run` task):
+
+* Lease: the job row's `updated_at` is the lease token. The runner claims a pending job, or a
+  running one whose `updated_at` is older than INFERENCE_BATCH_STALE_SECONDS (its worker died),
+  with a conditional UPDATE; after every line it renews the lease with a compare-and-set on
+  the token it holds, so a runner that lost the lease (or a cancelled job) stops at once.
+* Billing once: each line is routed with client_request_id `batch:<job>:<custom_id or line>`;
+  a line retried after a crash is answered by the router from the recorded request (replayed,
+  not called nor billed again).
+* Output in parts: every INFERENCE_BATCH_PART_LINES lines are written as one object
+  (`.../part-00000.jsonl`); a resumed run skips the parts that exist and re-reads their
+  counters, so finished lines are not redone. At the end the parts are joined into
+  `output_uri`.
+* `inference.batch_jobs_resume` (beat) re-queues jobs whose lease went stale and pending jobs
+  whose task message was lost (the filesystem broker drops a message taken by a killed worker).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import AnonymousUser, User
+from django.db import transaction
+from django.db.models import Q
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from billing.budgets import BudgetExhausted
+from inference.adapters.base import ChatMessage, ChatRequest, CompletionRequest, InferenceInput
+from inference.models import BatchJob, Endpoint
+from stack.models import Workflow
+from stack.objectstore import default_store
+from stack.queues import CONTROL_QUEUE
+from stack.services import RegistryError
+from training.engine.objectstore import ObjectNotFoundError
+
+MAX_LINES = 100_000
+_OPTIONS = ("max_tokens", "temperature", "top_p", "stop")
+_ACTIVE = (BatchJob.State.PENDING, BatchJob.State.RUNNING)
+
+
+def _setting(name: str, default: float) -> float:
+    return float(getattr(settings, name, default))
+
+
+def stale_after() -> timedelta:
+    """How long a running job's lease lasts without renewal; longer than one line can take."""
+    return timedelta(seconds=_setting("INFERENCE_BATCH_STALE_SECONDS", 120.0))
+
+
+def part_lines() -> int:
+    return max(1, int(_setting("INFERENCE_BATCH_PART_LINES", 20)))
+
+
+# --- Input lines -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BatchLine:
+    number: int  # 1-based line number in the input file
+    key: str  # custom_id, or "line-<number>"
+    custom_id: str | None
+    request: InferenceInput
+
+
+def _line_request(obj: dict[str, Any], where: str) -> InferenceInput:
+    options: dict[str, Any] = {}
+    for name in _OPTIONS:
+        if obj.get(name) is None:
+            continue
+        value = obj[name]
+        if name == "stop":
+            stops = [value] if isinstance(value, str) else value
+            if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+                raise RegistryError(f"{where}: stop must be a string or a list of strings", field="input")
+            options["stop"] = tuple(stops)
+        elif name == "max_tokens":
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise RegistryError(f"{where}: max_tokens must be a positive integer", field="input")
+            options[name] = value
+        else:
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                raise RegistryError(f"{where}: {name} must be a number", field="input")
+            options[name] = float(value)
+    if "messages" in obj:
+        messages = obj["messages"]
+        if not isinstance(messages, list) or not messages:
+            raise RegistryError(f"{where}: messages must be a non-empty list", field="input")
+        parsed = []
+        for m in messages:
+            if not (
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            ):
+                raise RegistryError(f"{where}: each message needs string 'role' and 'content'", field="input")
+            parsed.append(ChatMessage(m["role"], m["content"]))
+        return ChatRequest(messages=tuple(parsed), **options)
+    if isinstance(obj.get("prompt"), str):
+        return CompletionRequest(prompt=obj["prompt"], **options)
+    raise RegistryError(f"{where}: needs 'messages' (list) or 'prompt' (string)", field="input")
+
+
+def batch_lines_parse(data: bytes) -> list[BatchLine]:
+    """The requests of a JSONL input (blank lines skipped); RegistryError names the bad line."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise RegistryError("input is not UTF-8 text", field="input") from None
+    lines: list[BatchLine] = []
+    seen: set[str] = set()
+    for number, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        where = f"line {number}"
+        try:
+            obj = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise RegistryError(f"{where}: not JSON ({exc.msg})", field="input") from None
+        if not isinstance(obj, dict):
+            raise RegistryError(f"{where}: must be a JSON object", field="input")
+        custom_id = obj.get("custom_id")
+        if custom_id is not None and (not isinstance(custom_id, str) or not custom_id):
+            raise RegistryError(f"{where}: custom_id must be a non-empty string", field="input")
+        key = custom_id if custom_id is not None else f"line-{number}"
+        if key in seen:
+            raise RegistryError(f"{where}: duplicate custom_id {key!r}", field="input")
+        seen.add(key)
+        lines.append(BatchLine(number, key, custom_id, _line_request(obj, where)))
+        if len(lines) > MAX_LINES:
+            raise RegistryError(f"input has more than {MAX_LINES} lines", field="input")
+    if not lines:
+        raise RegistryError("input has no lines", field="input")
+    return lines
+
+
+def client_request_id(job_id: int, key: str) -> str:
+    """The line's idempotency key (InferenceRequest.client_request_id, at most 128 characters)."""
+    value = f"batch:{job_id}:{key}"
+    if len(value) <= 128:
+        return value
+    return f"batch:{job_id}:sha256:{hashlib.sha256(key.encode()).hexdigest()}"
+
+
+def _job_prefix(job: BatchJob) -> str:
+    # The creation time keeps a job's parts apart from an older job that had the same id
+    # (a database restored or recreated over the same store).
+    stamp = job.created_at.strftime("%Y%m%dT%H%M%S%f")
+    return f"inference/batch/{job.pk}-{stamp}/"
+
+
+def _part_key(job: BatchJob, index: int) -> str:
+    return f"{_job_prefix(job)}part-{index:05d}.jsonl"
+
+
+def output_key(job: BatchJob) -> str:
+    return f"{_job_prefix(job)}output.jsonl"
+
+
+# --- Create / cancel -------------------------------------------------------------------------------
+
+
+def _user(user: User | AnonymousUser | None) -> User:
+    if not isinstance(user, User):
+        raise RegistryError("a signed-in user is required", field="created_by")
+    return user
+
+
+def batch_job_create(
+    *,
+    workflow: Workflow,
+    user: User | AnonymousUser | None,
+    input_uri: str = "",
+    input_jsonl: str | None = None,
+) -> BatchJob:
+    """Validate the input (a key in the object store, or JSONL text stored here) and queue the job."""
+    owner = _user(user)
+    store = default_store()
+    if input_jsonl is not None:
+        if input_uri:
+            raise RegistryError("give input_uri or input_jsonl, not both", field="input_uri")
+        data = input_jsonl.encode("utf-8")
+        batch_lines_parse(data)
+        input_uri = f"inference/batch/inputs/{uuid.uuid4().hex}.jsonl"
+        store.put(input_uri, data)
+    else:
+        input_uri = input_uri.strip()
+        if not input_uri:
+            raise RegistryError(
+                "input_uri (an object store key) or input_jsonl is required", field="input_uri"
+            )
+        try:
+            data = store.get(input_uri)
+        except (ObjectNotFoundError, ValueError) as exc:
+            raise RegistryError(f"no object {input_uri!r} in the store ({exc})", field="input_uri") from None
+    lines = batch_lines_parse(data)
+    with transaction.atomic():
+        job = BatchJob.objects.create(
+            workflow=workflow,
+            endpoint=Endpoint.BATCH,
+            input_uri=input_uri,
+            total=len(lines),
+            created_by=owner,
+        )
+        transaction.on_commit(lambda: batch_job_enqueue(job_id=job.pk))
+    return job
+
+
+def batch_job_enqueue(*, job_id: int) -> None:
+    from inference.tasks import batch_job_run
+
+    batch_job_run.apply_async(args=(job_id,), queue=CONTROL_QUEUE)
+
+
+def batch_job_cancel(*, job: BatchJob) -> BatchJob:
+    """Stop a pending or running job; its runner sees the lost lease after the current line."""
+    now = timezone.now()
+    n = BatchJob.objects.filter(pk=job.pk, state__in=_ACTIVE).update(
+        state=BatchJob.State.CANCELLED, finished_at=now, updated_at=now
+    )
+    if not n:
+        raise RegistryError(f"batch {job.pk} is {job.state}, not pending or running", field="state")
+    job.refresh_from_db()
+    return job
+
+
+# --- Running ----------------------------------------------------------------------------------------------
+
+
+def _claim(job_id: int) -> datetime | None:
+    """Take the job's lease: a pending job, or a running one whose runner stopped renewing."""
+    now = timezone.now()
+    claimable = Q(state=BatchJob.State.PENDING) | Q(
+        state=BatchJob.State.RUNNING, updated_at__lt=now - stale_after()
+    )
+    n = BatchJob.objects.filter(claimable, pk=job_id).update(
+        state=BatchJob.State.RUNNING, updated_at=now, started_at=Coalesce("started_at", now)
+    )
+    return now if n else None
+
+
+def _renew(job_id: int, token: datetime, **counters: Any) -> datetime | None:
+    """Compare-and-set the lease; None when another runner took it or the job was cancelled."""
+    now = timezone.now()
+    if now <= token:  # the token must change on every renewal
+        now = token + timedelta(microseconds=1)
+    n = BatchJob.objects.filter(pk=job_id, state=BatchJob.State.RUNNING, updated_at=token).update(
+        updated_at=now, **counters
+    )
+    return now if n else None
+
+
+@dataclass
+class _Tally:
+    done: int = 0
+    failed: int = 0
+    cost: Decimal = Decimal("0")
+
+    def add(self, record: dict[str, Any]) -> None:
+        if record.get("error") is None:
+            self.done += 1
+        else:
+            self.failed += 1
+        self.cost += Decimal(str(record.get("cost") or "0"))
+
+    def counters(self, extra: _Tally | None = None) -> dict[str, Any]:
+        other = extra or _Tally()
+        return {
+            "done": self.done + other.done,
+            "failed": self.failed + other.failed,
+            "cost": self.cost + other.cost,
+        }
+
+
+def _run_line(job: BatchJob, line: BatchLine) -> dict[str, Any]:
+    from inference.router import route
+
+    record: dict[str, Any] = {"custom_id": line.custom_id, "line": line.number}
+    try:
+        result = route(
+            workflow=job.workflow,
+            request=line.request,
+            endpoint=Endpoint.BATCH,
+            client_request_id=client_request_id(job.pk, line.key),
+        )
+    except BudgetExhausted as exc:
+        # Not recorded: a resumed run asks again (the budget may have been raised meanwhile).
+        return {**record, "response": None, "error": f"budget exhausted: {exc}", "cost": "0"}
+    record["request_id"] = result.request_id
+    record["cost"] = str(result.cost)
+    if result.ok and result.completion is not None:
+        record["response"] = {
+            "text": result.completion.text,
+            "deployment": result.deployment_slug,
+            "tokens_in": result.completion.tokens_in,
+            "tokens_out": result.completion.tokens_out,
+        }
+        record["error"] = None
+    else:
+        record["response"] = None
+        record["error"] = result.error or "failed"
+    return record
+
+
+def _dump(records: list[dict[str, Any]]) -> bytes:
+    return b"".join(json.dumps(r, separators=(",", ":")).encode() + b"\n" for r in records)
+
+
+def batch_job_execute(*, job_id: int) -> BatchJob | None:
+    """Run (or resume) a job under its lease; None when another runner holds it or it is finished."""
+    from inference.router import NoRoute
+
+    token = _claim(job_id)
+    if token is None:
+        return None
+    job = BatchJob.objects.select_related("workflow").get(pk=job_id)
+    store = default_store()
+    try:
+        lines = batch_lines_parse(store.get(job.input_uri))
+    except Exception as exc:
+        return _fail(job_id, token, f"input unreadable: {exc}")
+    existing = set(store.list(_job_prefix(job)))
+    size = part_lines()
+    finished = _Tally()
+    keys: list[str] = []
+    for index, start in enumerate(range(0, len(lines), size)):
+        key = _part_key(job, index)
+        keys.append(key)
+        if key in existing:
+            # Written before a crash: its lines are done; re-read its counters only.
+            for raw in store.get(key).splitlines():
+                finished.add(json.loads(raw))
+            continue
+        current = _Tally()
+        records = []
+        for line in lines[start : start + size]:
+            try:
+                record = _run_line(job, line)
+            except NoRoute as exc:
+                return _fail(job_id, token, f"no route: {exc}", finished.counters(current))
+            records.append(record)
+            current.add(record)
+            renewed = _renew(job_id, token, **finished.counters(current))
+            if renewed is None:
+                return None  # lease lost: the other runner (or the cancel) decides
+            token = renewed
+        store.put(key, _dump(records))
+        for record in records:
+            finished.add(record)
+    store.put(output_key(job), b"".join(store.get(k) for k in keys))
+    now = timezone.now()
+    n = BatchJob.objects.filter(pk=job_id, state=BatchJob.State.RUNNING, updated_at=token).update(
+        state=BatchJob.State.SUCCEEDED,
+        output_uri=output_key(job),
+        finished_at=now,
+        updated_at=now,
+        **finished.counters(),
+    )
+    return BatchJob.objects.get(pk=job_id) if n else None
+
+
+def _fail(
+    job_id: int, token: datetime, error: str, counters: dict[str, Any] | None = None
+) -> BatchJob | None:
+    now = timezone.now()
+    n = BatchJob.objects.filter(pk=job_id, state=BatchJob.State.RUNNING, updated_at=token).update(
+        state=BatchJob.State.FAILED, error=error[:2000], finished_at=now, updated_at=now, **(counters or {})
+    )
+    return BatchJob.objects.get(pk=job_id) if n else None
+
+
+def batch_jobs_resume() -> list[int]:
+    """Re-queue jobs whose runner died (stale lease) and pending jobs whose message was lost."""
+    cutoff = timezone.now() - stale_after()
+    ids = list(BatchJob.objects.filter(state__in=_ACTIVE, updated_at__lt=cutoff).values_list("pk", flat=True))
+    for job_id in ids:
+        batch_job_enqueue(job_id=job_id)
+    return ids
