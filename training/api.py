@@ -65,9 +65,17 @@ class ProbeJobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet[Pro
 # --- Training runs ------------------------------------------------------------------------
 
 
+LEDGER_PLACES = Decimal("0.000000001")
+
+
 def _money(value: Decimal | None) -> str | None:
     """Ledger money goes out as a string, never a float."""
     return None if value is None else str(value)
+
+
+def _ledger_sum(value: Decimal | None) -> str | None:
+    """A ledger sum at the ledger's 9 places (SQLite's Sum drops trailing zeros, PostgreSQL keeps them)."""
+    return None if value is None else str(Decimal(value).quantize(LEDGER_PLACES))
 
 
 class TrainingRunCreateSerializer(serializers.Serializer[TrainingRun]):
@@ -117,7 +125,7 @@ class TrainingRunSerializer(serializers.ModelSerializer[TrainingRun]):
             "tokens": p.tokens,
             "tokens_merged": p.tokens_merged,
             "eval_loss": p.eval_loss,
-            "cost": _money(p.cost),
+            "cost": _ledger_sum(p.cost),
             "cost_per_million_tokens": _money(p.cost_per_million_tokens),
             "cost_per_loss_improvement": _money(p.cost_per_loss_improvement),
         }
@@ -187,7 +195,11 @@ class TrainingRunDetailSerializer(TrainingRunSerializer):
     @extend_schema_field(OpenApiTypes.OBJECT)
     def get_cost_per_cluster(self, run: TrainingRun) -> list[dict[str, Any]]:
         return [
-            {"cluster": r["cluster"], "amount": _money(r["amount"]), "quantity": _money(r["quantity"])}  # type: ignore[arg-type]
+            {
+                "cluster": r["cluster"],
+                "amount": _ledger_sum(r["amount"]),
+                "quantity": _ledger_sum(r["quantity"]),
+            }  # type: ignore[arg-type]
             for r in run_cost_per_cluster(run=run)
         ]
 

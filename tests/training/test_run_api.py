@@ -152,7 +152,7 @@ def test_detail_gives_transitions_learners_placements_and_ledger_cost_to_the_cen
     assert [(lr["index"], lr["tokens"]) for lr in body["learners"]] == [(0, 1000), (1, 3000)]
     assert [p["unit_price"] for p in body["placements"]] == ["2.000000000", "3.000000000"]
     progress = body["progress"]
-    assert Decimal(progress["cost"]) == Decimal("4.50")
+    assert progress["cost"] == "4.500000000"
     assert isinstance(progress["cost"], str)
     # 4.50 USD over 4,000 tokens; 4.50 USD over 5.0 - 3.0 of eval loss.
     assert Decimal(progress["cost_per_million_tokens"]) == Decimal("1125.00")

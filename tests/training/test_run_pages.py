@@ -27,12 +27,13 @@ def test_list_and_detail_render_for_every_role(role: str, request: pytest.Fixtur
     listing = client.get("/training/")
     assert listing.status_code == 200
     assert f"/training/{run.pk}/" in listing.content.decode()
-    assert "4.500000000 USD" in listing.content.decode()
+    assert "4.5000 USD" in listing.content.decode()
     detail = client.get(f"/training/{run.pk}/")
     assert detail.status_code == 200
     html = detail.content.decode()
     for chart in ("loss_tokens", "loss_wall", "loss_money", "train_loss", "bytes", "merged"):
         assert f'id="chart-{chart}"' in html
+    assert "4.5000 USD" in html  # ledger cost so far
     assert "1125.000000" in html  # cost per 1M tokens
     assert "Cancel run" in html if role in ("operator", "admin_user") else "Cancel run" not in html
 
