@@ -13,7 +13,7 @@ from django.urls import NoReverseMatch, reverse
 from django.views import View
 
 from inference import charts, quality
-from inference.models import ChaosConfig, EvalRun, EvalSet
+from inference.models import BatchJob, ChaosConfig, EvalRun, EvalSet
 from inference.selectors import workflow_requests
 from inference.services import chaos_config_set
 from inference.stats_selectors import (
@@ -50,7 +50,7 @@ class InferenceHomeView(RoleRequiredMixin, View):
                 "chart": charts.cost_quality_chart(stats),
                 "workflows": Workflow.objects.order_by("slug"),
                 "eval_api": _api_url("eval-set-list"),
-                "batch_api": _api_url("batch-job-list") or _api_url("batchjob-list"),
+                "batch_api": _api_url("batch-job-list"),
             },
         )
 
@@ -184,6 +184,9 @@ class WorkflowInferenceView(RoleRequiredMixin, View):
                 "eval_runs": EvalRun.objects.filter(eval_set__workflow=workflow)
                 .select_related("eval_set", "deployment")
                 .order_by("-created_at")[:20],
+                # Batch jobs are created through the API; the page shows their progress.
+                "batch_jobs": BatchJob.objects.filter(workflow=workflow).order_by("-created_at")[:20],
+                "batch_api": _api_url("batch-job-list"),
                 "can_write": user_has_role(request.user, OPERATORS),
             },
             status=status,

@@ -12,7 +12,7 @@ from django.test import Client
 
 from inference.adapters.base import ChatMessage, ChatRequest
 from inference.mockprovider import MockProviderServer
-from inference.models import ChaosConfig, EvalRun, InferenceAttempt, InferenceRequest
+from inference.models import BatchJob, ChaosConfig, EvalRun, InferenceAttempt, InferenceRequest
 from inference.quality import eval_set_create
 from inference.router import route
 from inference.services import quality_record_create
@@ -227,3 +227,26 @@ def test_an_eval_run_on_a_deployment_outside_the_route_is_a_form_error(
     assert response.status_code == 400
     assert "deployment" in response.context["eval_form"].errors
     assert not EvalRun.objects.exists()
+
+
+def test_workflow_page_lists_the_workflows_batch_jobs_with_progress(
+    viewer: User, traffic: dict[str, Any]
+) -> None:
+    # A row as the batch service leaves it mid-run (the service is built separately; the page
+    # only reads the model).
+    job = BatchJob.objects.create(
+        workflow=traffic["workflow"],
+        input_uri="batches/in.jsonl",
+        state=BatchJob.State.RUNNING,
+        total=10,
+        done=4,
+        failed=1,
+        cost=Decimal("0.000123"),
+        created_by=viewer,
+    )
+    client = Client()
+    client.force_login(viewer)
+    response = client.get("/inference/workflows/pages-wf/")
+    assert [j.pk for j in response.context["batch_jobs"]] == [job.pk]
+    body = response.content.decode()
+    assert "batches/in.jsonl" in body and "<td>running</td><td>4</td><td>1</td><td>10</td>" in body
