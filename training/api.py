@@ -73,9 +73,9 @@ def _money(value: Decimal | None) -> str | None:
     return None if value is None else str(value)
 
 
-def _ledger_sum(value: Decimal | None) -> str | None:
+def _ledger_sum(value: object) -> str | None:
     """A ledger sum at the ledger's 9 places (SQLite's Sum drops trailing zeros, PostgreSQL keeps them)."""
-    return None if value is None else str(Decimal(value).quantize(LEDGER_PLACES))
+    return None if value is None else str(Decimal(str(value)).quantize(LEDGER_PLACES))
 
 
 class TrainingRunCreateSerializer(serializers.Serializer[TrainingRun]):
@@ -199,7 +199,7 @@ class TrainingRunDetailSerializer(TrainingRunSerializer):
                 "cluster": r["cluster"],
                 "amount": _ledger_sum(r["amount"]),
                 "quantity": _ledger_sum(r["quantity"]),
-            }  # type: ignore[arg-type]
+            }
             for r in run_cost_per_cluster(run=run)
         ]
 
