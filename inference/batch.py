@@ -295,7 +295,7 @@ def _run_line(job: BatchJob, line: BatchLine) -> dict[str, Any]:
             client_request_id=client_request_id(job.pk, line.key),
         )
     except BudgetExhausted as exc:
-        # Not recorded: a resumed run asks again (the budget may have been raised meanwhile).
+        # Not recorded, so not billed: the line is reported failed in the output.
         return {**record, "response": None, "error": f"budget exhausted: {exc}", "cost": "0"}
     record["request_id"] = result.request_id
     record["cost"] = str(result.cost)
@@ -317,10 +317,13 @@ def _dump(records: list[dict[str, Any]]) -> bytes:
     return b"".join(json.dumps(r, separators=(",", ":")).encode() + b"\n" for r in records)
 
 
+@dataclass
+class _Lease:
+    token: datetime
+
+
 def batch_job_execute(*, job_id: int) -> BatchJob | None:
     """Run (or resume) a job under its lease; None when another runner holds it or it is finished."""
-    from inference.router import NoRoute
-
     token = _claim(job_id)
     if token is None:
         return None
@@ -330,6 +333,20 @@ def batch_job_execute(*, job_id: int) -> BatchJob | None:
         lines = batch_lines_parse(store.get(job.input_uri))
     except Exception as exc:
         return _fail(job_id, token, f"input unreadable: {exc}")
+    lease = _Lease(token)
+    try:
+        return _execute(job, lines, lease)
+    except Exception as exc:
+        # A poison job fails visibly instead of being re-queued by the resume task forever;
+        # a killed worker raises nothing here and its job is resumed.
+        return _fail(job_id, lease.token, f"{type(exc).__name__}: {exc}")
+
+
+def _execute(job: BatchJob, lines: list[BatchLine], lease: _Lease) -> BatchJob | None:
+    from inference.router import NoRoute
+
+    job_id = job.pk
+    store = default_store()
     existing = set(store.list(_job_prefix(job)))
     size = part_lines()
     finished = _Tally()
@@ -348,19 +365,19 @@ def batch_job_execute(*, job_id: int) -> BatchJob | None:
             try:
                 record = _run_line(job, line)
             except NoRoute as exc:
-                return _fail(job_id, token, f"no route: {exc}", finished.counters(current))
+                return _fail(job_id, lease.token, f"no route: {exc}", finished.counters(current))
             records.append(record)
             current.add(record)
-            renewed = _renew(job_id, token, **finished.counters(current))
+            renewed = _renew(job_id, lease.token, **finished.counters(current))
             if renewed is None:
                 return None  # lease lost: the other runner (or the cancel) decides
-            token = renewed
+            lease.token = renewed
         store.put(key, _dump(records))
         for record in records:
             finished.add(record)
     store.put(output_key(job), b"".join(store.get(k) for k in keys))
     now = timezone.now()
-    n = BatchJob.objects.filter(pk=job_id, state=BatchJob.State.RUNNING, updated_at=token).update(
+    n = BatchJob.objects.filter(pk=job_id, state=BatchJob.State.RUNNING, updated_at=lease.token).update(
         state=BatchJob.State.SUCCEEDED,
         output_uri=output_key(job),
         finished_at=now,

@@ -1,7 +1,8 @@
 """/api/batch-jobs/: create (operators), list and detail with progress (any role).
 
 POST {workflow, input_uri} (a key in the object store) or {workflow, input_jsonl} (the JSONL
-text, stored for the job); a bad line answers 400 naming the line. The work is in
+text, stored for the job); a bad line answers 400 naming the line. POST .../<id>/cancel/ stops
+a pending or running job (400 when it has finished). The work is in
 inference.batch.
 """
 
@@ -9,7 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.shortcuts import get_object_or_404
 from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.routers import BaseRouter
@@ -80,6 +83,11 @@ class BatchJobViewSet(
             input_jsonl=data.get("input_jsonl"),
         )
         return Response(BatchJobSerializer(job).data, status=status.HTTP_201_CREATED)
+
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk: str | None = None) -> Response:
+        job = batch.batch_job_cancel(job=get_object_or_404(BatchJob, pk=pk))
+        return Response(BatchJobSerializer(job).data)
 
 
 def register(router: BaseRouter) -> None:

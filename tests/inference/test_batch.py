@@ -191,3 +191,34 @@ def test_api_creates_lists_and_shows_progress_by_role(
         and detail["progress"]["total"] == 3
     )
     assert Decimal(detail["progress"]["cost"]) > 0 and detail["output_uri"].endswith("output.jsonl")
+
+
+def test_a_cancelled_job_is_not_run_and_a_finished_one_cannot_be_cancelled(
+    operator: User, viewer: User, mock_provider: Start
+) -> None:
+    server = mock_provider()
+    workflow = routed_workflow(operator, [priced_deployment(server)])
+    job = batch.batch_job_create(workflow=workflow, user=operator, input_jsonl=_jsonl(3))
+    assert api_client(viewer).post(f"/api/batch-jobs/{job.pk}/cancel/").status_code == 403
+    response = api_client(operator).post(f"/api/batch-jobs/{job.pk}/cancel/")
+    assert response.status_code == 200 and response.json()["state"] == "cancelled"
+    assert _run(job).state == BatchJob.State.CANCELLED
+    assert server.behaviour.total_calls() == 0
+    again = api_client(operator).post(f"/api/batch-jobs/{job.pk}/cancel/")
+    assert again.status_code == 400 and "state" in again.json()
+
+
+def test_a_workflow_without_a_route_fails_the_job_with_its_reason(
+    operator: User, mock_provider: Start
+) -> None:
+    server = mock_provider()
+    deployment = priced_deployment(server)
+    workflow = routed_workflow(operator, [deployment])
+    job = batch.batch_job_create(workflow=workflow, user=operator, input_jsonl=_jsonl(2))
+    type(deployment).objects.filter(pk=deployment.pk).update(enabled=False)
+    from inference.selectors import route_cache_invalidate
+
+    route_cache_invalidate()
+    job = _run(job)
+    assert job.state == BatchJob.State.FAILED and job.error
+    assert server.behaviour.total_calls() == 0
