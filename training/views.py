@@ -24,7 +24,7 @@ from training.run_selectors import (
     run_rows,
     run_timeline,
 )
-from training.selectors import run_placements
+from training.selectors import run_placements, run_progress
 from training.services import RunStateError, training_run_cancel, training_run_create
 
 REFRESH_MS = 3000
@@ -35,7 +35,10 @@ def _run(pk: int) -> TrainingRun:
 
 
 def _figures_payload(run: TrainingRun) -> dict[str, Any]:
+    progress = run_progress(run=run)
     return {"state": run.state, "live": run.state not in TrainingRun.FINAL_STATES,
+            # Shown as text beside the charts; formatted like the template's floatformat:4.
+            "cost": f"{progress.cost:.4f} {progress.currency}",
             "figures": run_figures(run_metric_series(run=run))}  # fmt: skip
 
 

@@ -42,7 +42,7 @@ def test_list_and_detail_render_for_every_role(role: str, request: pytest.Fixtur
 def test_metrics_json_returns_figures_on_the_session(viewer: User) -> None:
     run = fabricate_run()
     body = _client(viewer).get(f"/training/{run.pk}/metrics.json").json()
-    assert body["live"] is True
+    assert body["live"] is True and body["cost"] == "4.5000 USD"
     loss = body["figures"]["loss_money"]["data"][0]
     assert loss["x"] == [0.0, 1.5, 4.5] and loss["y"] == [5.0, 4.0, 3.0]
     assert len(body["figures"]["train_loss"]["data"]) == 2

@@ -9,6 +9,8 @@ from typing import Any
 from django.utils import timezone
 from playwright.sync_api import Browser
 
+from billing.models import Unit
+from billing.services import usage_record
 from stack.roles import Role
 from tests.factories import make_user
 from tests.training.test_run_api import fabricate_run
@@ -51,5 +53,16 @@ def test_the_run_page_draws_its_charts_and_updates_them_as_versions_arrive(
         cost_so_far=Decimal("6.0"),
         wall_seconds=30.0,
     )
+    # ...and a finished chunk is billed: 1 accelerator-hour at learner 0's cluster price of 2.00.
+    usage_record(
+        unit=Unit.ACCELERATOR_HOUR,
+        quantity=Decimal("1"),
+        occurred_at=timezone.now(),
+        idempotency_key=f"browser:{run.pk}:more",
+        subject_type="training_run",
+        subject_id=str(run.pk),
+        cluster=run.learners.get(index=0).cluster,
+    )
     page.wait_for_function(f"document.querySelectorAll('{POINTS}').length === 4", timeout=30_000)
     assert int(page.evaluate("document.body.dataset.chartsDrawn")) >= 2
+    page.wait_for_function("document.getElementById('run-cost').textContent === '6.5000 USD'", timeout=30_000)
