@@ -46,6 +46,7 @@ def test_metrics_json_returns_figures_on_the_session(viewer: User) -> None:
     loss = body["figures"]["loss_money"]["data"][0]
     assert loss["x"] == [0.0, 1.5, 4.5] and loss["y"] == [5.0, 4.0, 3.0]
     assert len(body["figures"]["train_loss"]["data"]) == 2
+    assert "template" not in body["figures"]["train_loss"]["layout"]  # the page keeps its first one
 
 
 @pytest.mark.django_db
