@@ -324,11 +324,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="leave the scratch clusters as they are")
     args = parser.parse_args(argv)
 
+    from django.core.management import call_command
+
     from stack.models import Cluster, FailoverEvent
     from stack.services import cluster_set_draining
     from training.models import TrainingLearner, TrainingRun
     from training.services import training_run_create
 
+    # The bench may be pointed at a fresh scratch database: bring its schema up to date first.
+    call_command("migrate", verbosity=0)
     log_dir = Path(settings.BASE_DIR) / "var" / "bench-training-logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     store_url = settings.OBJECT_STORE_URL
