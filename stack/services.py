@@ -348,15 +348,21 @@ def _hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def api_token_create(*, user: User, name: str) -> tuple[ApiToken, str]:
-    """Create a token and return it with its raw value, which is never stored."""
+def api_token_create(*, user: User, name: str, workflows: Sequence[Workflow] = ()) -> tuple[ApiToken, str]:
+    """Create a token and return it with its raw value, which is never stored.
+
+    With `workflows`, the inference gateway (/v1/) lets the token call only those.
+    """
     if not name.strip():
         raise RegistryError("a token needs a name", field="name")
     prefix = secrets.token_hex(6)
     secret = secrets.token_urlsafe(32)
-    token = ApiToken.objects.create(
-        user=user, name=name.strip(), prefix=prefix, key_hash=_hash_secret(secret)
-    )
+    with transaction.atomic():
+        token = ApiToken.objects.create(
+            user=user, name=name.strip(), prefix=prefix, key_hash=_hash_secret(secret)
+        )
+        if workflows:
+            token.workflows.set(workflows)
     return token, f"{TOKEN_PREFIX}_{prefix}_{secret}"
 
 

@@ -89,3 +89,25 @@ def test_worker_for_an_unregistered_cluster_is_a_command_error() -> None:
 def test_worker_refuses_a_concurrency_below_one() -> None:
     with pytest.raises(CommandError, match="--concurrency must be at least 1"):
         _run("worker", "--control", "--concurrency", "0")
+
+
+def test_apitoken_create_with_workflows_scopes_the_token_to_them(viewer: User, operator: User) -> None:
+    from stack.api.authentication import token_allows_workflow
+    from tests.factories import make_workflow
+
+    allowed = make_workflow(owner=operator)
+    other = make_workflow(owner=operator)
+    _run("apitoken", "create", "--user", viewer.username, "--workflow", allowed.slug)
+
+    token = ApiToken.objects.get(user=viewer)
+    assert list(token.workflows.all()) == [allowed]
+    assert token_allows_workflow(token=token, workflow=allowed)
+    assert not token_allows_workflow(token=token, workflow=other)
+
+
+def test_apitoken_create_with_an_unknown_workflow_is_a_command_error_and_creates_nothing(
+    viewer: User,
+) -> None:
+    with pytest.raises(CommandError, match="no workflow named 'nope'"):
+        _run("apitoken", "create", "--user", viewer.username, "--workflow", "nope")
+    assert not ApiToken.objects.filter(user=viewer).exists()

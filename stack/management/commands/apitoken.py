@@ -7,7 +7,7 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from stack.models import ApiToken
+from stack.models import ApiToken, Workflow
 from stack.services import api_token_create, api_token_revoke
 
 
@@ -19,6 +19,12 @@ class Command(BaseCommand):
         create = sub.add_parser("create", help="create a token and print it once")
         create.add_argument("--user", required=True)
         create.add_argument("--name", default="cli")
+        create.add_argument(
+            "--workflow",
+            action="append",
+            default=[],
+            help="limit the token to this workflow on the /v1 gateway (repeatable)",
+        )
         listing = sub.add_parser("list", help="list a user's tokens (never their values)")
         listing.add_argument("--user", required=True)
         revoke = sub.add_parser("revoke", help="revoke a token by its prefix")
@@ -39,7 +45,12 @@ class Command(BaseCommand):
         except User.DoesNotExist:
             raise CommandError(f"no user named {options['user']!r}") from None
         if action == "create":
-            _, raw = api_token_create(user=user, name=options["name"])
+            slugs = options["workflow"]
+            workflows = list(Workflow.objects.filter(slug__in=slugs))
+            missing = sorted(set(slugs) - {w.slug for w in workflows})
+            if missing:
+                raise CommandError(f"no workflow named {', '.join(map(repr, missing))}")
+            _, raw = api_token_create(user=user, name=options["name"], workflows=workflows)
             self.stdout.write(raw)
         else:
             for token in ApiToken.objects.filter(user=user):
