@@ -14,13 +14,13 @@ billing.selfhosted.
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
 from inference.adapters.base import ChatMessage, ChatRequest, prompt_text
+from inference.loopback_http import KeepAliveHandler
 
 if TYPE_CHECKING:
     import torch
@@ -85,18 +85,8 @@ def _bad(handler: BaseHTTPRequestHandler, message: str) -> None:
     _json(handler, 400, {"error": {"message": message, "type": "invalid_request_error", "code": None}})
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class _Handler(KeepAliveHandler):
     server: LocalModelServer
-
-    def setup(self) -> None:
-        super().setup()
-        # Headers and body go out in separate writes: without TCP_NODELAY the second waits
-        # for the client's delayed ACK (Nagle), some 40 ms per request.
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib signature)
-        pass
 
     def do_GET(self) -> None:  # noqa: N802 (stdlib naming)
         if self.path.rstrip("/") in ("/v1/models", "/models"):

@@ -8,12 +8,13 @@ completion endpoints (streaming too, with a usage chunk) and /models.
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
+
+from inference.loopback_http import KeepAliveHandler
 
 
 @dataclass
@@ -34,18 +35,8 @@ class Behaviour:
             return sum(self.calls.values())
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class _Handler(KeepAliveHandler):
     server: MockProviderServer
-
-    def setup(self) -> None:
-        super().setup()
-        # Headers and body go out in separate writes: without TCP_NODELAY the second waits
-        # for the client's delayed ACK (Nagle), some 40 ms per request.
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib signature)
-        pass
 
     def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
         self.send_response(status)

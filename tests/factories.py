@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from datetime import datetime
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 from django.contrib.auth.models import Group, User
@@ -105,3 +106,21 @@ def make_workflow(*, owner: User, deployments: list[Deployment] | None = None, *
         deployments=deployments or [make_deployment(), make_deployment()],
         **overrides,
     )
+
+
+def tiny_run_config(store: Path, **overrides: Any) -> dict[str, Any]:
+    """A training-run config small enough to place, chunk and sync inside a unit test."""
+    cfg: dict[str, Any] = {
+        "model": {"n_layer": 1, "n_embd": 16, "n_head": 2, "block_size": 16},
+        "data": {"max_train_bytes": 50_000, "max_eval_bytes": 5_000},
+        "learners": {"count": 2, "quorum": 1, "batch_size": 4},
+        "h": 5,
+        "syncer": {"grace_seconds": 0.0},
+        "stop": {"outer_steps": 50},
+        "chunk_seconds": 0.5,
+        "learner_timeout": 10,
+        "eval_windows": 8,
+        "object_store_url": f"file://{store}",
+    }
+    cfg.update(overrides)
+    return cfg

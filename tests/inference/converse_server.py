@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import binascii
 import json
-import socket
 import struct
 import threading
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
+
+from inference.loopback_http import KeepAliveHandler
 
 
 @dataclass
@@ -49,18 +50,8 @@ def event_message(event_type: str, payload: dict[str, Any]) -> bytes:
     return message + struct.pack(">I", binascii.crc32(message) & 0xFFFFFFFF)
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class _Handler(KeepAliveHandler):
     server: ConverseServer
-
-    def setup(self) -> None:
-        super().setup()
-        # Headers and body go out in separate writes: without TCP_NODELAY the second waits
-        # for the client's delayed ACK (Nagle), some 40 ms per request.
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-        pass
 
     def do_POST(self) -> None:  # noqa: N802
         length = int(self.headers.get("Content-Length") or 0)

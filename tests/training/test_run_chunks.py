@@ -13,26 +13,11 @@ from django.utils import timezone
 
 from billing.models import UsageRecord
 from stack.models import Cluster
-from tests.factories import make_cluster
+from tests.factories import make_cluster, tiny_run_config
 from training import orchestrator, services
 from training.models import GlobalVersionRecord, LearnerChunk, TrainingLearner, TrainingRun
 
-
-def _config(store: Path, **over: Any) -> dict[str, Any]:
-    cfg: dict[str, Any] = {
-        "model": {"n_layer": 1, "n_embd": 16, "n_head": 2, "block_size": 16},
-        "data": {"max_train_bytes": 50_000, "max_eval_bytes": 5_000},
-        "learners": {"count": 2, "quorum": 1, "batch_size": 4},
-        "h": 5,
-        "syncer": {"grace_seconds": 0.0},
-        "stop": {"outer_steps": 50},
-        "chunk_seconds": 0.5,
-        "learner_timeout": 10,
-        "eval_windows": 8,
-        "object_store_url": f"file://{store}",
-    }
-    cfg.update(over)
-    return cfg
+_config = tiny_run_config
 
 
 def _healthy(price: str) -> Cluster:

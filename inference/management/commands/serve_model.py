@@ -3,6 +3,7 @@ registered model's artifact (inference.local_serving)."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 from typing import Any
@@ -82,9 +83,8 @@ class Command(BaseCommand):
             )
             biller.start()
         try:
-            server.serve_forever()
-        except KeyboardInterrupt:
-            pass
+            with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C or SIGTERM: a normal stop
+                server.serve_forever()
         finally:
             server.server_close()
             stop.set()
