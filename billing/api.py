@@ -7,14 +7,16 @@ from typing import Any
 
 from django.db.models import QuerySet
 from rest_framework import mixins, serializers, viewsets
+from rest_framework.routers import BaseRouter
 
+from billing.budget_views import BudgetAlertViewSet, BudgetViewSet
+from billing.export_views import ExportJobViewSet
 from billing.models import PriceBook, UsageRecord
 from billing.price_views import PriceImportActionMixin
+from billing.reconciliation_views import InvoiceImportViewSet
 from billing.services import price_book_publish
-from stack.models import Cluster, Deployment, Provider
-from stack.roles import ADMINS, Role
-
-LEDGER_READERS = frozenset({Role.AUDITOR, Role.OPERATOR, Role.ADMIN})
+from stack.registry.models import Cluster, Deployment, Provider
+from stack.registry.roles import ADMINS, LEDGER_READERS
 
 
 class UsageRecordSerializer(serializers.ModelSerializer[UsageRecord]):
@@ -135,3 +137,13 @@ class PriceBookViewSet(
     read_roles = LEDGER_READERS
     write_roles = ADMINS
     queryset = PriceBook.objects.select_related("provider", "cluster", "deployment")
+
+
+def register(router: BaseRouter) -> None:
+    """Mount billing's viewsets on the project's /api/ router."""
+    router.register("usage-records", UsageRecordViewSet, basename="usagerecord")
+    router.register("price-books", PriceBookViewSet)
+    router.register("budgets", BudgetViewSet)
+    router.register("budget-alerts", BudgetAlertViewSet, basename="budgetalert")
+    router.register("export-jobs", ExportJobViewSet, basename="exportjob")
+    router.register("invoice-imports", InvoiceImportViewSet, basename="invoiceimport")

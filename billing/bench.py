@@ -52,7 +52,7 @@ def _scratch_database() -> str:
 def _seed() -> list[Any]:
     from billing.models import Unit
     from billing.services import price_book_publish
-    from stack.models import Cluster, Provider
+    from stack.registry.models import Cluster, Provider
 
     clusters = []
     for p in range(4):

@@ -28,10 +28,10 @@ from billing.budgets import (
 )
 from billing.models import Budget, BudgetAlert
 from billing.services import AMOUNT_QUANTUM
-from stack.forms import formfield_with_https_urls
-from stack.models import Cluster, Provider, Workflow
-from stack.roles import OPERATORS, Role, user_has_role
-from stack.views import RoleRequiredMixin
+from stack.registry.forms import formfield_with_https_urls
+from stack.registry.models import Cluster, Provider, Workflow
+from stack.registry.roles import OPERATORS, Role, user_has_role
+from stack.registry.views import RoleRequiredMixin
 
 CENT = Decimal("0.01")
 BUDGET_READERS = frozenset({Role.AUDITOR, Role.OPERATOR, Role.ADMIN})

@@ -52,8 +52,9 @@ from django.forms import ValidationError as FormValidationError
 from django.utils import timezone
 
 from billing.models import Budget, BudgetAlert, BudgetPeriod, LedgerHead, UsageRecord
-from stack.crypto import decrypt_secret, encrypt_secret
-from stack.models import Cluster, Provider, Workflow
+from stack.registry.crypto import decrypt_secret, encrypt_secret
+from stack.registry.errors import DomainError, MultiFieldError
+from stack.registry.models import Cluster, Provider, Workflow
 
 logger = logging.getLogger(__name__)
 
@@ -64,20 +65,23 @@ WEBHOOK_TIMEOUT_S = (3.0, 5.0)  # connect, read: the alert row stays locked whil
 SIGNATURE_HEADER = "X-Switchyard-Signature"
 
 
-class BudgetExhausted(Exception):
-    """A hard-limit budget has no room left; nothing was spent or reserved."""
+class BudgetExhausted(DomainError):
+    """A hard-limit budget has no room left; nothing was spent or reserved.
+
+    The API fails closed with 402, naming the budget: the caller may not spend until it is raised."""
+
+    status_code = 402
 
     def __init__(self, message: str, *, budget_id: int) -> None:
         super().__init__(message)
         self.budget_id = budget_id
 
+    def api_body(self) -> dict[str, object]:
+        return {"detail": str(self), "code": "budget_exhausted"}
 
-class BudgetInvalid(ValueError):
+
+class BudgetInvalid(MultiFieldError, ValueError):
     """A budget's fields do not fit together; `errors` maps field names to messages."""
-
-    def __init__(self, errors: dict[str, list[str]]) -> None:
-        super().__init__("; ".join(f"{k}: {' '.join(v)}" for k, v in errors.items()))
-        self.errors = errors
 
 
 class AlertDeliveryError(Exception):

@@ -15,15 +15,15 @@ from django.shortcuts import render
 from django.utils import timezone
 from django.views import View
 
-from billing.api import LEDGER_READERS
+from billing import charts
 from billing.budgets import budget_state
 from billing.exports import ExportFilters, export_queryset
 from billing.models import Budget, Unit, UsageRecord
 from billing.selectors import price_in_force, spend_grouped, spend_per_provider_per_day
 from billing.selfhosted import self_hosted_cost
-from stack import charts
-from stack.models import Deployment, FailoverEvent
-from stack.views import RoleRequiredMixin
+from stack.registry.models import Deployment, FailoverEvent
+from stack.registry.roles import LEDGER_READERS
+from stack.registry.views import RoleRequiredMixin
 
 CHART_DAYS = 30
 TOP = 10

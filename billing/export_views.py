@@ -32,7 +32,6 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from billing.api import LEDGER_READERS
 from billing.exports import (
     CONTENT_TYPES,
     FORMATS,
@@ -48,7 +47,8 @@ from billing.exports import (
     export_stream,
 )
 from billing.models import ExportJob
-from stack.views import RoleRequiredMixin
+from stack.registry.roles import LEDGER_READERS
+from stack.registry.views import RoleRequiredMixin
 
 FORMAT_LABELS = {"csv": "CSV", "jsonl": "JSON Lines", "parquet": "Parquet"}
 

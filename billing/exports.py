@@ -45,9 +45,10 @@ from django.utils import timezone
 
 from billing.focus import PRICING_UNIT, SERVICE_BY_UNIT, FocusResource, focus_pricing_unit, focus_resource
 from billing.models import ExportJob, LedgerHead, Unit, UsageRecord
-from stack.models import Cluster, Provider, Workflow
-from stack.objectstore import default_store
-from stack.queues import CONTROL_QUEUE
+from stack.registry.errors import MultiFieldError
+from stack.registry.models import Cluster, Provider, Workflow
+from stack.registry.objectstore import default_store
+from stack.registry.queues import CONTROL_QUEUE
 from training.engine.objectstore import FileStore, ObjectNotFoundError, ObjectStore, S3Store
 
 if TYPE_CHECKING:
@@ -139,12 +140,11 @@ Row = tuple[Any, ...]  # one export row, values in COLUMNS order
 # --- Filters ----------------------------------------------------------------------------------
 
 
-class ExportFilterError(ValueError):
+class ExportFilterError(MultiFieldError, ValueError):
     """Filters that do not describe an export; `errors` maps each field to its messages."""
 
     def __init__(self, errors: Mapping[str, list[str]]) -> None:
-        self.errors = {name: list(messages) for name, messages in errors.items()}
-        super().__init__("; ".join(f"{name}: {' '.join(msgs)}" for name, msgs in self.errors.items()))
+        super().__init__(dict(errors))
 
 
 @dataclass(frozen=True)

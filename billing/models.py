@@ -10,7 +10,7 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
 
-from stack.models import Cluster, Deployment, ImmutableRowError, Provider, RegisteredModel, Workflow
+from stack.registry.models import Cluster, Deployment, ImmutableRowError, Provider, RegisteredModel, Workflow
 
 
 class Unit(models.TextChoices):
@@ -253,7 +253,7 @@ class Budget(models.Model):
     hard_limit = models.BooleanField(default=False, help_text="refuse new spending once the limit is reached")
     email_to = models.CharField(max_length=500, blank=True, help_text="comma-separated addresses")
     webhook_url = models.URLField(blank=True)
-    # Fernet token (stack.crypto); the HMAC key for webhook signatures, write-only.
+    # Fernet token (stack.registry.crypto); the HMAC key for webhook signatures, write-only.
     webhook_secret_encrypted = models.TextField(blank=True, editable=False)
     active = models.BooleanField(default=True)
     created_at = models.DateTimeField(default=timezone.now, editable=False)

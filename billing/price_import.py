@@ -41,7 +41,7 @@ from django.utils import timezone
 from billing.models import PriceBook, PriceSource, Unit, UsageRecord
 from billing.selectors import PriceResolver
 from billing.services import price_book_publish
-from stack.models import Cluster, Deployment, Provider
+from stack.registry.models import Cluster, Deployment, Provider
 
 PRICE_COLUMNS = (
     "target_type",

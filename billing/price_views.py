@@ -25,8 +25,8 @@ from billing.price_import import (
     price_import_file,
     price_import_format_for,
 )
-from stack.roles import ADMINS, Role, user_has_role
-from stack.views import RoleRequiredMixin
+from stack.registry.roles import ADMINS, Role, user_has_role
+from stack.registry.views import RoleRequiredMixin
 
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024
 PRICE_READERS = frozenset({Role.AUDITOR, Role.OPERATOR, Role.ADMIN})

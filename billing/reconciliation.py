@@ -54,7 +54,7 @@ from billing.focus import SERVICE_BY_UNIT, focus_resource
 from billing.models import DailyRollup, InvoiceImport, InvoiceLine, LedgerHead, RollupWatermark, UsageRecord
 from billing.price_import import FileImportError, RowError, csv_records, parse_decimal
 from billing.services import AMOUNT_QUANTUM
-from stack.models import Provider
+from stack.registry.models import Provider
 
 FIELDS: dict[str, tuple[str, ...]] = {
     "usage_start": ("lineItem/UsageStartDate", "line_item_usage_start_date", "ChargePeriodStart"),

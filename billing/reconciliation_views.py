@@ -35,9 +35,9 @@ from billing.reconciliation import (
     reconciliation_import,
     reconciliation_result,
 )
-from stack.models import Provider
-from stack.roles import Role
-from stack.views import RoleRequiredMixin
+from stack.registry.models import Provider
+from stack.registry.roles import Role
+from stack.registry.views import RoleRequiredMixin
 
 RECONCILERS = frozenset({Role.AUDITOR, Role.OPERATOR, Role.ADMIN})
 

@@ -14,7 +14,7 @@ from django.db.models import Max, QuerySet, Sum
 from billing.chain import CHAINED_FIELDS, GENESIS_HASH, chain_hash_values
 from billing.models import DailyRollup, LedgerHead, PriceBook, RollupWatermark, Unit, UsageRecord
 from billing.rollups import with_rollup_dimensions
-from stack.models import Cluster, Deployment, Provider
+from stack.registry.models import Cluster, Deployment, Provider
 
 
 class PriceResolver:

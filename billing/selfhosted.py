@@ -20,7 +20,7 @@ from decimal import ROUND_HALF_EVEN, Decimal
 
 from billing.models import Unit
 from billing.selectors import spend_grouped
-from stack.models import Deployment
+from stack.registry.models import Deployment
 
 TOKEN_UNITS = (Unit.INPUT_TOKENS_1M, Unit.OUTPUT_TOKENS_1M, Unit.CACHED_INPUT_TOKENS_1M)
 

@@ -15,12 +15,13 @@ from billing.budgets import budget_record_spend
 from billing.chain import CHAINED_FIELDS, chain_hash_values
 from billing.models import LedgerHead, PriceBook, PriceSource, Unit, UsageRecord
 from billing.selectors import PriceResolver, price_book_next_version
-from stack.models import Cluster, Deployment, Provider, RegisteredModel, Workflow
+from stack.registry.errors import DomainError
+from stack.registry.models import Cluster, Deployment, Provider, RegisteredModel, Workflow
 
 AMOUNT_QUANTUM = Decimal("0.000000001")  # matches UsageRecord.amount's 9 places
 
 
-class NoPriceError(LookupError):
+class NoPriceError(DomainError, LookupError):
     """No price-book version covers this usage; nothing was billed."""
 
 

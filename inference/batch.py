@@ -41,10 +41,10 @@ from django.utils import timezone
 from billing.budgets import BudgetExhausted
 from inference.adapters.base import ChatMessage, ChatRequest, CompletionRequest, InferenceInput
 from inference.models import BatchJob, Endpoint
-from stack.models import Workflow
-from stack.objectstore import default_store
-from stack.queues import CONTROL_QUEUE
-from stack.services import RegistryError
+from stack.registry.models import Workflow
+from stack.registry.objectstore import default_store
+from stack.registry.queues import CONTROL_QUEUE
+from stack.registry.services import RegistryError
 from training.engine.objectstore import ObjectNotFoundError
 
 MAX_LINES = 100_000

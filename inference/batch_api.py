@@ -20,8 +20,8 @@ from rest_framework.routers import BaseRouter
 from inference import batch
 from inference.batch_selectors import batch_job_progress, batch_jobs
 from inference.models import BatchJob
-from stack.models import Workflow
-from stack.roles import ALL_ROLES, OPERATORS
+from stack.registry.models import Workflow
+from stack.registry.roles import ALL_ROLES, OPERATORS
 
 
 class BatchJobSerializer(serializers.ModelSerializer[BatchJob]):

@@ -107,9 +107,9 @@ def _seed(ok_url: str, failing_url: str) -> dict[str, Any]:
 
     from billing.models import Unit
     from billing.services import price_book_publish
-    from stack.models import Deployment, Provider, RegisteredModel
-    from stack.roles import Role
-    from stack.services import api_token_create, workflow_create
+    from stack.registry.models import Deployment, Provider, RegisteredModel
+    from stack.registry.roles import Role
+    from stack.registry.services import api_token_create, workflow_create
 
     tag = f"bench-gw-{os.getpid()}-{int(time.time())}"
     user = User.objects.create_user(username=tag)

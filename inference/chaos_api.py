@@ -16,7 +16,7 @@ from rest_framework.routers import BaseRouter
 
 from inference.models import ChaosConfig
 from inference.services import chaos_config_set
-from stack.models import Deployment
+from stack.registry.models import Deployment
 
 
 class ChaosSerializer(serializers.Serializer[Any]):

@@ -28,10 +28,10 @@ from billing.services import NoPriceError
 from inference.adapters.base import ChatMessage, ChatRequest, CompletionRequest, InferenceInput
 from inference.models import Endpoint
 from inference.router import NoRoute, RouteResult, route, route_stream
-from stack.api.authentication import token_allows_workflow
-from stack.models import ApiToken, Workflow
-from stack.roles import ALL_ROLES, user_has_role
-from stack.services import api_token_authenticate
+from stack.registry.authentication import token_allows_workflow
+from stack.registry.models import ApiToken, Workflow
+from stack.registry.roles import ALL_ROLES, user_has_role
+from stack.registry.services import api_token_authenticate
 
 AUTH_CACHE_SECONDS = 5.0
 
@@ -434,5 +434,5 @@ def models(request: HttpRequest) -> HttpResponse:
 
 
 def token_may_call(*, token: ApiToken, workflow: Workflow) -> bool:
-    """The uncached scope check (stack.api.authentication), for pages and tests."""
+    """The uncached scope check (stack.registry.authentication), for pages and tests."""
     return token_allows_workflow(token=token, workflow=workflow)

@@ -12,7 +12,7 @@ from decimal import Decimal
 
 from billing.models import Unit, UsageRecord
 from billing.services import usage_record
-from stack.models import Deployment
+from stack.registry.models import Deployment
 
 SECONDS_PER_HOUR = Decimal(3600)
 

@@ -14,7 +14,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
-from stack.models import Deployment, RoutingPolicyVersion, Workflow
+from stack.registry.models import Deployment, RoutingPolicyVersion, Workflow
 
 
 class Endpoint(models.TextChoices):

@@ -24,9 +24,9 @@ from inference import scorers
 from inference.adapters.base import ChatMessage, ChatRequest
 from inference.models import Endpoint, EvalCase, EvalRun, EvalSet, InferenceRequest, QualityRecord
 from inference.services import quality_record_create
-from stack.models import Deployment, Workflow
-from stack.queues import CONTROL_QUEUE
-from stack.services import RegistryError
+from stack.registry.models import Deployment, Workflow
+from stack.registry.queues import CONTROL_QUEUE
+from stack.registry.services import RegistryError
 
 
 def _user(user: User | AnonymousUser | None) -> User | None:

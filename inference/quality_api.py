@@ -19,8 +19,8 @@ from rest_framework.routers import BaseRouter
 
 from inference import quality
 from inference.models import EvalCase, EvalRun, EvalSet, InferenceRequest, QualityRecord
-from stack.models import Deployment, Workflow
-from stack.roles import ALL_ROLES, OPERATORS
+from stack.registry.models import Deployment, Workflow
+from stack.registry.roles import ALL_ROLES, OPERATORS
 
 
 class EvalCaseSerializer(serializers.ModelSerializer[EvalCase]):

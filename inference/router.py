@@ -63,7 +63,7 @@ from inference.selectors import (
     route_plan_cached,
     route_plan_refresh,
 )
-from stack.models import Deployment, RoutingPolicyVersion, Workflow
+from stack.registry.models import Deployment, RoutingPolicyVersion, Workflow
 
 Outcome = InferenceAttempt.Outcome
 CLIENT_ERRORS = frozenset({400, 413, 422})

@@ -20,7 +20,7 @@ from typing import Any
 from jsonschema import exceptions as jsonschema_exceptions
 from jsonschema import validators
 
-from stack.services import RegistryError
+from stack.registry.services import RegistryError
 
 EXACT = "exact"
 CONTAINS = "contains"

@@ -29,8 +29,8 @@ from inference.adapters.base import Target
 from inference.adapters.registry import adapter_kind
 from inference.breaker import breakers
 from inference.models import ChaosConfig, InferenceRequest, QualityRecord
-from stack.crypto import decrypt_secret
-from stack.models import Deployment, RoutingPolicyVersion, Workflow
+from stack.registry.crypto import decrypt_secret
+from stack.registry.models import Deployment, RoutingPolicyVersion, Workflow
 
 GENERATION_KEY = "sy:routegen"  # Redis key of the route-cache generation
 LOCAL_PLAN_TTL_S = 1.0

@@ -20,8 +20,8 @@ from billing.models import Unit
 from billing.services import AMOUNT_QUANTUM, UsageInput, usage_record_batch
 from inference.breaker import breakers
 from inference.models import ChaosConfig, EvalCase, EvalRun, InferenceAttempt, InferenceRequest, QualityRecord
-from stack.models import Deployment, FailoverEvent, Workflow
-from stack.services import RegistryError, failover_event_record
+from stack.registry.models import Deployment, FailoverEvent, Workflow
+from stack.registry.services import RegistryError, failover_event_record
 
 if TYPE_CHECKING:
     from inference.router import AttemptInfo

@@ -23,7 +23,7 @@ def _invalidate(**kwargs: Any) -> None:
 def connect() -> None:
     from billing.models import Budget, PriceBook
     from inference.models import ChaosConfig
-    from stack.models import Deployment, Provider, RoutingPolicyEntry, RoutingPolicyVersion
+    from stack.registry.models import Deployment, Provider, RoutingPolicyEntry, RoutingPolicyVersion
 
     for model in (
         RoutingPolicyVersion,

@@ -20,7 +20,7 @@ from django.utils import timezone
 from inference.breaker import breaker_state
 from inference.models import InferenceAttempt, InferenceRequest
 from inference.selectors import DeploymentPrice, deployment_price_per_1m, deployment_quality_mean
-from stack.models import Deployment, FailoverEvent, Provider, Workflow
+from stack.registry.models import Deployment, FailoverEvent, Provider, Workflow
 
 STATS_DAYS = 7
 LATENCY_SAMPLE = 2000  # most recent successful calls per deployment used for p50/p95

@@ -23,11 +23,11 @@ from inference.stats_selectors import (
     workflow_failovers,
     workflow_latency,
 )
-from stack.models import Deployment, Provider, Workflow
-from stack.roles import OPERATORS, user_has_role
-from stack.selectors import get_workflow_for_user, workflow_current_policy
-from stack.services import RegistryError
-from stack.views import RoleRequiredMixin
+from stack.registry.models import Deployment, Provider, Workflow
+from stack.registry.roles import OPERATORS, user_has_role
+from stack.registry.selectors import get_workflow_for_user, workflow_current_policy
+from stack.registry.services import RegistryError
+from stack.registry.views import RoleRequiredMixin
 
 
 def _api_url(name: str) -> str | None:

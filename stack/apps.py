@@ -3,10 +3,11 @@ from __future__ import annotations
 from django.apps import AppConfig
 
 
-class StackConfig(AppConfig):
-    name = "stack"
-    verbose_name = "Registry"
+class SwitchyardConfig(AppConfig):
+    """The project's composition (settings, urls, Celery app, overview, health, demo and the
+    commands that span apps). It has no models; it is an app so that its management commands
+    (demo, bench, worker, beat, …) are found."""
 
-    def ready(self) -> None:
-        # Connect the worker-side heartbeat signal handlers.
-        from stack import worker_signals  # noqa: F401
+    name = "stack"
+    label = "switchyard"
+    verbose_name = "Switchyard"

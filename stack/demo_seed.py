@@ -13,8 +13,8 @@ from django.db import transaction
 from billing.budgets import budget_save
 from billing.models import Budget, PriceBook, Unit
 from billing.services import price_book_publish
-from stack.models import Cluster, Deployment, Provider, RegisteredModel, Workflow
-from stack.services import workflow_create
+from stack.registry.models import Cluster, Deployment, Provider, RegisteredModel, Workflow
+from stack.registry.services import workflow_create
 
 # (provider slug, display name, kind, region)
 PROVIDERS = [

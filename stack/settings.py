@@ -51,7 +51,7 @@ else:
     SECRET_KEY = env_str("SECRET_KEY", "") or _development_secret_key()
 
 # Key for credentials at rest; defaults to one derived from SECRET_KEY
-# (see stack.crypto). Set it separately to rotate SECRET_KEY independently.
+# (see stack.registry.crypto). Set it separately to rotate SECRET_KEY independently.
 CREDENTIALS_KEY = env_str("CREDENTIALS_KEY", "")
 # HMAC key for export manifests; empty: derived from SECRET_KEY (HKDF).
 EXPORT_SIGNING_KEY = env_str("EXPORT_SIGNING_KEY", "")
@@ -70,10 +70,11 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "django_celery_beat",
-    "stack.apps.StackConfig",
+    "stack.registry.apps.RegistryConfig",
     "billing.apps.BillingConfig",
     "training.apps.TrainingConfig",
     "inference.apps.InferenceConfig",
+    "stack.apps.SwitchyardConfig",
 ]
 
 MIDDLEWARE = [
@@ -267,14 +268,14 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         # Bearer first: its WWW-Authenticate header makes DRF answer 401
         # (not 403) to requests that carry no credentials.
-        "stack.api.authentication.BearerTokenAuthentication",
+        "stack.registry.authentication.BearerTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["stack.api.permissions.RolePermission"],
+    "DEFAULT_PERMISSION_CLASSES": ["stack.registry.permissions.RolePermission"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 100,
-    "EXCEPTION_HANDLER": "stack.api.exceptions.exception_handler",
+    "EXCEPTION_HANDLER": "stack.api_errors.exception_handler",
     "COERCE_DECIMAL_TO_STRING": True,
 }
 SPECTACULAR_SETTINGS = {

@@ -1,46 +1,36 @@
+"""The project's URL map: every app's pages and API, the gateway, admin and health."""
+
 from __future__ import annotations
 
 from django.contrib import admin
+from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 from rest_framework.routers import DefaultRouter
 
-from billing.api import PriceBookViewSet, UsageRecordViewSet
-from billing.budget_views import BudgetAlertViewSet, BudgetViewSet
-from billing.export_views import ExportJobViewSet, UsageExportView
-from billing.reconciliation_views import InvoiceImportViewSet
+from billing import api as billing_api
+from billing.export_views import UsageExportView
 from inference import api as inference_api
 from stack import views
-from stack.api.permissions import RolePermission
-from stack.api.views import (
-    ClusterViewSet,
-    DeploymentViewSet,
-    FailoverEventViewSet,
-    ProviderViewSet,
-    RegisteredModelViewSet,
-    WorkflowViewSet,
-)
+from stack.registry import api as registry_api
+from stack.registry.permissions import RolePermission
 from training import api as training_api
+from training.urls import probe_urlpatterns
 
 router = DefaultRouter()
-router.register("providers", ProviderViewSet)
-router.register("clusters", ClusterViewSet)
-router.register("models", RegisteredModelViewSet)
-router.register("deployments", DeploymentViewSet)
-router.register("workflows", WorkflowViewSet)
-router.register("failover-events", FailoverEventViewSet, basename="failoverevent")
-router.register("usage-records", UsageRecordViewSet, basename="usagerecord")
-router.register("price-books", PriceBookViewSet)
-router.register("budgets", BudgetViewSet)
-router.register("budget-alerts", BudgetAlertViewSet, basename="budgetalert")
-router.register("export-jobs", ExportJobViewSet, basename="exportjob")
-router.register("invoice-imports", InvoiceImportViewSet, basename="invoiceimport")
+registry_api.register(router)
+billing_api.register(router)
 training_api.register(router)
 inference_api.register(router)
 
 urlpatterns = [
-    path("", include("stack.web_urls")),
+    path("", views.OverviewView.as_view(), name="overview"),
+    path("login/", auth_views.LoginView.as_view(), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("assets/plotly.min.js", views.plotly_js, name="plotly-js"),
     path("healthz", views.healthz, name="healthz"),
+    path("", include("stack.registry.urls")),
+    path("jobs/", include(probe_urlpatterns)),
     path("billing/", include("billing.urls")),
     path("training/", include("training.urls")),
     path("inference/", include("inference.urls")),

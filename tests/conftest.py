@@ -9,7 +9,7 @@ import pytest
 from django.contrib.auth.models import User
 from moto.server import ThreadedMotoServer
 
-from stack.roles import Role
+from stack.registry.roles import Role
 from tests.factories import make_user
 
 

@@ -14,9 +14,9 @@ from rest_framework.test import APIClient
 
 from billing.models import PriceBook, Unit
 from billing.services import price_book_publish
-from stack.models import Cluster, Deployment, Provider, RegisteredModel, Workflow
-from stack.roles import Role
-from stack.services import api_token_create, workflow_create
+from stack.registry.models import Cluster, Deployment, Provider, RegisteredModel, Workflow
+from stack.registry.roles import Role
+from stack.registry.services import api_token_create, workflow_create
 
 _seq = itertools.count(1)
 

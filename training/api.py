@@ -14,7 +14,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.routers import BaseRouter
 
-from stack.models import Cluster
+from stack.registry.models import Cluster
 from training.models import ProbeJob, TrainingRun
 from training.run_config import RunConfigError
 from training.run_selectors import run_learners, run_metrics_payload, run_transitions

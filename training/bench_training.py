@@ -127,7 +127,7 @@ def _wait(predicate: Callable[[], Any], *, timeout: float, what: str) -> Any:
 def _scratch_clusters(tag: str) -> list[Any]:
     from billing.models import Unit
     from billing.services import price_book_publish
-    from stack.models import Cluster, Provider
+    from stack.registry.models import Cluster, Provider
 
     provider, _ = Provider.objects.get_or_create(
         slug="bench-training", defaults={"display_name": "Training benchmark", "kind": Provider.Kind.OTHER}
@@ -330,8 +330,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from django.core.management import call_command
 
-    from stack.models import Cluster, FailoverEvent
-    from stack.services import cluster_set_draining
+    from stack.registry.models import Cluster, FailoverEvent
+    from stack.registry.services import cluster_set_draining
     from training.models import TrainingLearner, TrainingRun
     from training.services import training_run_create
 

@@ -7,6 +7,7 @@ The page draws them with Plotly.newPlot and, while the run is live, fetches the 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 _LAYOUT: dict[str, Any] = {
@@ -78,3 +79,26 @@ def run_figures(series: dict[str, Any]) -> dict[str, dict[str, Any]]:
         ),
     }  # fmt: skip
     return figures
+
+
+def loss_curve_chart(curve: Sequence[Sequence[float]], title: str) -> str:
+    """A probe job's train loss against step, as an embeddable <div>."""
+    import plotly.graph_objects as go
+
+    figure = go.Figure()
+    figure.add_scatter(
+        x=[p[0] for p in curve], y=[p[1] for p in curve], mode="lines+markers", name="train loss"
+    )
+    figure.update_layout(
+        height=300,
+        margin={"l": 50, "r": 10, "t": 30, "b": 40},
+        title={"text": title, "font": {"size": 14}},
+        xaxis={"title": {"text": "step"}},
+        yaxis={"title": {"text": "loss (nats/byte)"}},
+    )
+    return figure.to_html(  # type: ignore[no-any-return]
+        full_html=False,
+        include_plotlyjs=False,
+        div_id="loss-chart",
+        config={"displaylogo": False, "responsive": True},
+    )

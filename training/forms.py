@@ -1,4 +1,5 @@
-"""The launch form: a YAML/JSON config plus a few simple fields that override it."""
+"""Training forms: the probe-job form, and the run launch form (a YAML/JSON config plus a few
+simple fields that override it)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 import yaml
 from django import forms
 
+from stack.registry.models import Cluster
 from training.run_config import demo_config
 
 
@@ -67,3 +69,8 @@ class TrainingRunForm(forms.Form):
                     self.add_error(simple[path], f"{path}: {message}")
                 else:
                     self.add_error("config", f"{path}: {message}")
+
+
+class ProbeJobForm(forms.Form):
+    cluster = forms.ModelChoiceField(queryset=Cluster.objects.all(), to_field_name="slug")
+    steps = forms.IntegerField(min_value=10, max_value=5000, initial=300)

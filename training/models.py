@@ -38,7 +38,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models, transaction
 from django.utils import timezone
 
-from stack.models import Cluster, RegisteredModel
+from stack.registry.models import Cluster, RegisteredModel
 
 
 class ProbeJob(models.Model):

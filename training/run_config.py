@@ -37,6 +37,8 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
+from stack.registry.errors import MultiFieldError
+
 if TYPE_CHECKING:
     from training.engine.config import (
         CompressionConfig,
@@ -49,14 +51,15 @@ if TYPE_CHECKING:
     )
 
 
-class RunConfigError(ValueError):
+class RunConfigError(MultiFieldError, ValueError):
     """An invalid run config; `errors` maps dotted field paths to messages."""
 
     def __init__(self, errors: dict[str, list[str]]) -> None:
-        self.errors = errors
         first = next(iter(errors.items()), ("config", ["invalid"]))
         super().__init__(
-            f"{first[0]}: {first[1][0]}" + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "")
+            errors,
+            message=f"{first[0]}: {first[1][0]}"
+            + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""),
         )
 
 
@@ -387,7 +390,7 @@ def _check_placement(cfg: dict[str, Any], m: int, errors: _Errors) -> None:
     if not isinstance(pins, dict):
         errors.add("placement.pins", "must map learner index to cluster slug")
         return
-    from stack.models import Cluster
+    from stack.registry.models import Cluster
 
     normalised: dict[str, str] = {}
     known = set(

@@ -10,7 +10,7 @@ from django.db.models import Count, Q, QuerySet, Sum
 
 from billing.models import Unit
 from billing.selectors import PriceResolver, spend_total
-from stack.models import Cluster, FailoverEvent
+from stack.registry.models import Cluster, FailoverEvent
 from training.models import (
     GlobalVersionRecord,
     LearnerChunk,

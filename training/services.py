@@ -20,9 +20,10 @@ from billing.budgets import budget_may_spend
 from billing.models import Unit
 from billing.selectors import price_in_force
 from billing.services import NoPriceError, usage_record
-from stack.models import Cluster, FailoverEvent, RegisteredModel
-from stack.queues import CONTROL_QUEUE, cluster_queue
-from stack.services import failover_event_record, failover_event_recover
+from stack.registry.errors import DomainError
+from stack.registry.models import Cluster, FailoverEvent, RegisteredModel
+from stack.registry.queues import CONTROL_QUEUE, cluster_queue
+from stack.registry.services import failover_event_record, failover_event_recover
 from training import selectors
 from training.models import (
     GlobalVersionRecord,
@@ -42,10 +43,8 @@ logger = logging.getLogger(__name__)
 SECONDS_PER_HOUR = Decimal(3600)
 
 
-class DispatchError(ValueError):
-    def __init__(self, message: str, *, field: str | None = None) -> None:
-        super().__init__(message)
-        self.field = field
+class DispatchError(DomainError, ValueError):
+    """Work that cannot be dispatched (a draining cluster, no price in force)."""
 
 
 def probe_job_create(*, cluster: Cluster, created_by: User | None, steps: int = 300) -> ProbeJob:
@@ -258,8 +257,10 @@ def training_run_cancel(*, run: TrainingRun, reason: str, by: User | None) -> Tr
     return run
 
 
-class RunStateError(ValueError):
+class RunStateError(DomainError, ValueError):
     """An action that the run's current state does not allow; the message is shown as is."""
+
+    status_code = 400
 
 
 # --- Placement -------------------------------------------------------------------------------
@@ -1021,7 +1022,7 @@ def _close_lost_chunks(*, learner: TrainingLearner, reason: str, now: datetime) 
     estimated from the learner's measured throughput (tokens per accelerator-second so far).
     Returns (tokens lost since the last delta reached the store, what that time cost).
     """
-    from stack.models import WorkerHeartbeat
+    from stack.registry.models import WorkerHeartbeat
 
     done = LearnerChunk.objects.filter(learner=learner, finished_at__isnull=False).aggregate(
         s=Sum("accelerator_seconds"), t=Sum("tokens")

@@ -1,20 +1,23 @@
-"""Training run pages: list, detail with live charts, launch form, cancel. Logic lives in
-training.services (writes) and training.selectors / run_selectors (reads)."""
+"""Training pages: probe jobs (list, dispatch, detail) and runs (list, detail with live charts,
+launch form, cancel). Logic lives in training.services (writes) and training.selectors /
+run_selectors (reads)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from django.contrib import messages
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.views import View
 
-from stack.roles import OPERATORS, user_has_role
-from stack.views import RoleRequiredMixin
-from training.charts import CHARTS, run_figures
-from training.forms import TrainingRunForm, example_config_text
-from training.models import TrainingRun
+from billing.selectors import usage_for_subject
+from stack.registry.roles import OPERATORS, user_has_role
+from stack.registry.views import RoleRequiredMixin
+from training.charts import CHARTS, loss_curve_chart, run_figures
+from training.forms import ProbeJobForm, TrainingRunForm, example_config_text
+from training.models import ProbeJob, TrainingRun
 from training.run_config import RunConfigError
 from training.run_selectors import (
     run_cost_summary,
@@ -24,8 +27,14 @@ from training.run_selectors import (
     run_rows,
     run_timeline,
 )
-from training.selectors import run_placements, run_progress
-from training.services import RunStateError, training_run_cancel, training_run_create
+from training.selectors import probe_jobs_recent, run_placements, run_progress
+from training.services import (
+    DispatchError,
+    RunStateError,
+    probe_job_create,
+    training_run_cancel,
+    training_run_create,
+)
 
 REFRESH_MS = 3000
 
@@ -123,3 +132,54 @@ class RunLaunchView(RoleRequiredMixin, View):
                 messages.success(request, f"Run #{run.pk} created; placing its learners.")
                 return redirect("training-run", pk=run.pk)
         return render(request, "training/run_form.html", {"form": form}, status=400)
+
+
+class JobListView(RoleRequiredMixin, View):
+    def get(self, request: HttpRequest) -> HttpResponse:
+        return self._render(request, ProbeJobForm())
+
+    def post(self, request: HttpRequest) -> HttpResponse:
+        form = ProbeJobForm(request.POST)
+        if form.is_valid():
+            try:
+                job = probe_job_create(
+                    cluster=form.cleaned_data["cluster"],
+                    created_by=request.user,  # type: ignore[arg-type]
+                    steps=form.cleaned_data["steps"],
+                )
+            except DispatchError as exc:
+                form.add_error("cluster", str(exc))
+            else:
+                messages.success(request, f"Probe job #{job.pk} queued on {job.cluster.queue}.")
+                return HttpResponseRedirect(reverse("job-detail", args=[job.pk]))
+        return self._render(request, form, status=400)
+
+    def _render(self, request: HttpRequest, form: ProbeJobForm, status: int = 200) -> HttpResponse:
+        return render(
+            request,
+            "training/jobs.html",
+            {
+                "jobs": probe_jobs_recent(limit=100),
+                "form": form,
+                "can_write": user_has_role(request.user, OPERATORS),
+            },
+            status=status,
+        )
+
+
+class JobDetailView(RoleRequiredMixin, View):
+    def get(self, request: HttpRequest, pk: int) -> HttpResponse:
+        job = get_object_or_404(ProbeJob.objects.select_related("cluster", "created_by"), pk=pk)
+        chart = loss_curve_chart(job.loss_curve, f"Probe #{job.pk} loss") if job.loss_curve else ""
+        return render(
+            request,
+            "training/job_detail.html",
+            {
+                "job": job,
+                "chart": chart,
+                "usage": usage_for_subject(subject_type="probe_job", subject_id=str(job.pk)),
+            },
+        )
+
+
+# --- API tokens ---------------------------------------------------------------------------------

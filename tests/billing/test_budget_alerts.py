@@ -21,7 +21,7 @@ from billing.models import Budget, BudgetAlert, Unit
 from billing.services import usage_record
 from billing.tasks import budget_alert_deliver_task
 from stack.celery import app as celery_app
-from stack.models import Cluster
+from stack.registry.models import Cluster
 from tests.factories import make_cluster
 
 pytestmark = pytest.mark.django_db

@@ -24,8 +24,8 @@ from billing.budgets import (
 )
 from billing.models import Budget, BudgetAlert, BudgetPeriod, Unit, UsageRecord
 from billing.services import usage_record, usage_reverse
-from stack.crypto import decrypt_secret
-from stack.models import Cluster
+from stack.registry.crypto import decrypt_secret
+from stack.registry.models import Cluster
 from tests.factories import api_client, make_cluster, make_price, make_workflow
 from training.models import ProbeJob
 from training.services import DispatchError, probe_job_create

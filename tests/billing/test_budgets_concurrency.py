@@ -14,7 +14,7 @@ from django.utils import timezone
 from billing.budgets import BudgetExhausted, budget_admit, budget_period_bounds, budget_save, budget_settle
 from billing.models import Budget, BudgetPeriod, Unit, UsageRecord
 from billing.services import usage_record
-from stack.models import Cluster
+from stack.registry.models import Cluster
 from tests.factories import make_cluster
 
 pytestmark = pytest.mark.django_db(transaction=True)

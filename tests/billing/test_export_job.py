@@ -20,7 +20,7 @@ from billing.exports import ExportFilters, export_job_create, export_job_run
 from billing.models import ExportJob, Unit
 from billing.services import UsageInput, usage_record_batch
 from stack.celery import app as celery_app
-from stack.objectstore import object_store_ensure_bucket
+from stack.registry.objectstore import object_store_ensure_bucket
 from tests.factories import api_client, make_cluster, make_price, make_provider, unique
 
 pytestmark = pytest.mark.django_db

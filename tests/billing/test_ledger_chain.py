@@ -17,7 +17,7 @@ from billing.chain import GENESIS_HASH
 from billing.models import LedgerHead, Unit, UsageRecord
 from billing.selectors import ledger_verify
 from billing.services import NoPriceError, UsageInput, usage_record, usage_record_batch, usage_reverse
-from stack.models import Cluster
+from stack.registry.models import Cluster
 from tests.factories import make_cluster
 
 

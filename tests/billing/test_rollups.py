@@ -13,7 +13,7 @@ from django.db.models import Sum
 from billing.models import DailyRollup, RollupWatermark, Unit, UsageRecord
 from billing.rollups import rollups_rebuild, rollups_update
 from billing.services import UsageInput, usage_record_batch, usage_reverse
-from stack.models import Cluster
+from stack.registry.models import Cluster
 from tests.factories import make_cluster, make_deployment, make_price, make_workflow
 
 pytestmark = pytest.mark.django_db

@@ -10,7 +10,7 @@ from django.contrib.auth.models import User
 
 from billing.models import Unit
 from inference.mockprovider import MockProviderServer
-from stack.models import Deployment, Provider, Workflow
+from stack.registry.models import Deployment, Provider, Workflow
 from tests.factories import make_deployment, make_price, make_provider, make_workflow
 
 IN_PRICE = Decimal("1.000000")  # $ per 1M input tokens

@@ -18,8 +18,8 @@ from inference import batch, tasks
 from inference.batch_selectors import batch_job_progress
 from inference.mockprovider import MockProviderServer
 from inference.models import BatchJob, InferenceRequest
-from stack.objectstore import default_store
-from stack.services import RegistryError
+from stack.registry.objectstore import default_store
+from stack.registry.services import RegistryError
 from tests.factories import api_client
 from tests.inference.helpers import priced_deployment, routed_workflow
 

@@ -20,8 +20,8 @@ from billing.models import UsageRecord
 from inference.breaker import breaker_state
 from inference.mockprovider import MockProviderServer
 from inference.models import InferenceAttempt, InferenceRequest
-from stack.models import FailoverEvent
-from stack.services import api_token_create
+from stack.registry.models import FailoverEvent
+from stack.registry.services import api_token_create
 from tests.inference.helpers import priced_deployment, routed_workflow
 
 Outcome = InferenceAttempt.Outcome

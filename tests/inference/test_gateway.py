@@ -14,9 +14,9 @@ from django.test import Client
 from billing.models import Budget
 from inference.mockprovider import MockProviderServer
 from inference.models import InferenceRequest
-from stack.models import RoutingPolicyVersion
-from stack.roles import Role
-from stack.services import api_token_create, api_token_revoke
+from stack.registry.models import RoutingPolicyVersion
+from stack.registry.roles import Role
+from stack.registry.services import api_token_create, api_token_revoke
 from tests.factories import api_client, make_user
 from tests.inference.helpers import priced_deployment, routed_workflow
 

@@ -17,7 +17,7 @@ from inference.quality import eval_set_create
 from inference.router import route
 from inference.services import quality_record_create
 from inference.stats_selectors import deployment_stats, pareto_frontier, percentile
-from stack.models import FailoverEvent
+from stack.registry.models import FailoverEvent
 from tests.factories import make_cluster, make_deployment
 from tests.inference.helpers import priced_deployment, routed_workflow
 

@@ -10,7 +10,7 @@ from django.contrib.auth.models import User
 
 from inference.mockprovider import MockProviderServer
 from inference.models import InferenceRequest
-from stack.services import api_token_create
+from stack.registry.services import api_token_create
 from tests.inference.helpers import priced_deployment, routed_workflow
 
 

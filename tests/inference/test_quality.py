@@ -12,7 +12,7 @@ from django.contrib.auth.models import User
 from inference import quality, tasks
 from inference.mockprovider import MockProviderServer
 from inference.models import EvalRun, EvalSet, InferenceRequest, QualityRecord
-from stack.services import RegistryError
+from stack.registry.services import RegistryError
 from tests.inference.helpers import priced_deployment, routed_workflow
 
 pytestmark = pytest.mark.django_db

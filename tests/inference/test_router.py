@@ -20,7 +20,7 @@ from inference.models import InferenceAttempt, InferenceRequest
 from inference.router import order_candidates, route
 from inference.selectors import PlanEntry, RoutePlan
 from inference.services import quality_record_create
-from stack.models import Deployment, FailoverEvent, RoutingPolicyVersion
+from stack.registry.models import Deployment, FailoverEvent, RoutingPolicyVersion
 from tests.factories import make_deployment
 from tests.inference.helpers import priced_deployment, routed_workflow
 
@@ -323,7 +323,7 @@ def test_chaos_drill_switches_on_and_off_without_restart(
 
 def test_chaos_settings_are_validated(admin_user: User) -> None:
     from inference.services import chaos_config_set
-    from stack.services import RegistryError
+    from stack.registry.services import RegistryError
 
     deployment = make_deployment()
     with pytest.raises(RegistryError, match="between 0 and 1"):
@@ -333,8 +333,8 @@ def test_chaos_settings_are_validated(admin_user: User) -> None:
 
 
 def test_bedrock_deployment_is_routed_through_converse(admin_user: User) -> None:
-    from stack.models import Provider
-    from stack.services import provider_set_credentials
+    from stack.registry.models import Provider
+    from stack.registry.services import provider_set_credentials
     from tests.factories import make_provider
     from tests.inference.converse_server import ConverseServer
 

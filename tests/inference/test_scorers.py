@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from inference.scorers import case_config_validate, judge_verdict, score_answer
-from stack.services import RegistryError
+from stack.registry.services import RegistryError
 
 SCHEMA = '{"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}'
 

@@ -25,7 +25,7 @@ from inference.adapters.openai_compat import OpenAICompatibleAdapter
 from inference.local_serving import local_server_for_artifact
 from inference.router import route
 from inference.selectors import deployment_price_per_1m
-from stack.models import Provider
+from stack.registry.models import Provider
 from tests.factories import (
     make_cluster,
     make_deployment,

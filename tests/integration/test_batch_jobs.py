@@ -15,8 +15,8 @@ from billing.models import UsageRecord
 from inference import batch
 from inference.mockprovider import Behaviour, MockProviderServer
 from inference.models import BatchJob, InferenceRequest
-from stack.objectstore import default_store
-from stack.roles import Role
+from stack.registry.objectstore import default_store
+from stack.registry.roles import Role
 from tests.factories import make_user
 from tests.inference.helpers import priced_deployment, routed_workflow
 from tests.integration.conftest import Processes, wait_until

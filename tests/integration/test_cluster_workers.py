@@ -8,8 +8,8 @@ from decimal import Decimal
 from django.db import close_old_connections
 
 from billing.models import UsageRecord
-from stack.models import Cluster, FailoverEvent, WorkerHeartbeat
-from stack.roles import Role
+from stack.registry.models import Cluster, FailoverEvent, WorkerHeartbeat
+from stack.registry.roles import Role
 from tests.factories import api_client, make_cluster, make_user
 from tests.integration.conftest import Processes, wait_until
 from training.models import ProbeJob

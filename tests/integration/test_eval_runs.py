@@ -7,7 +7,7 @@ from django.db import close_old_connections
 from inference import quality
 from inference.mockprovider import Behaviour, MockProviderServer
 from inference.models import EvalRun, QualityRecord
-from stack.roles import Role
+from stack.registry.roles import Role
 from tests.factories import api_client, make_user
 from tests.inference.helpers import priced_deployment, routed_workflow
 from tests.integration.conftest import Processes, wait_until

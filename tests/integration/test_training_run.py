@@ -16,7 +16,7 @@ from django.db import close_old_connections
 from django.db.models import Sum
 
 from billing.models import UsageRecord
-from stack.models import Cluster, FailoverEvent
+from stack.registry.models import Cluster, FailoverEvent
 from tests.factories import make_cluster
 from tests.integration.conftest import Processes, wait_until
 from training.engine.objectstore import open_store

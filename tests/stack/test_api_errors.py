@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from billing.budgets import BudgetExhausted
-from stack.api.exceptions import exception_handler
+from stack.api_errors import exception_handler
 
 
 def test_a_spent_budget_fails_closed_with_402_naming_the_budget() -> None:

@@ -11,7 +11,7 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from rest_framework.test import APIClient
 
-from stack.models import ApiToken
+from stack.registry.models import ApiToken
 
 pytestmark = pytest.mark.django_db
 
@@ -92,7 +92,7 @@ def test_worker_refuses_a_concurrency_below_one() -> None:
 
 
 def test_apitoken_create_with_workflows_scopes_the_token_to_them(viewer: User, operator: User) -> None:
-    from stack.api.authentication import token_allows_workflow
+    from stack.registry.authentication import token_allows_workflow
     from tests.factories import make_workflow
 
     allowed = make_workflow(owner=operator)

@@ -13,8 +13,8 @@ from django.utils import timezone
 
 from billing.models import Unit
 from billing.services import usage_record
-from stack.models import ApiToken, Cluster, Provider, Workflow
-from stack.services import provider_set_credentials
+from stack.registry.models import ApiToken, Cluster, Provider, Workflow
+from stack.registry.services import provider_set_credentials
 from tests.factories import make_cluster, make_deployment, make_provider, make_user, make_workflow
 from training.models import ProbeJob
 from training.services import probe_job_create

@@ -13,8 +13,8 @@ from django.utils import timezone
 
 from billing.models import Unit
 from billing.services import usage_record
-from stack.models import FailoverEvent
-from stack.services import failover_event_record
+from stack.registry.models import FailoverEvent
+from stack.registry.services import failover_event_record
 from tests.factories import api_client, make_cluster
 from training.models import (
     GlobalVersionRecord,

@@ -12,7 +12,7 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from billing.models import UsageRecord
-from stack.models import Cluster
+from stack.registry.models import Cluster
 from tests.factories import make_cluster, tiny_run_config
 from training import orchestrator, services
 from training.models import GlobalVersionRecord, LearnerChunk, TrainingLearner, TrainingRun

@@ -17,7 +17,7 @@ from inference.models import ChaosConfig
 from inference.router import route
 from inference.selectors import rolling_caches_clear, route_cache_invalidate
 from inference.services import quality_record_create
-from stack.roles import Role
+from stack.registry.roles import Role
 from tests.factories import make_user
 from tests.inference.helpers import priced_deployment, routed_workflow
 from tests.ui.test_overview_browser import browser  # noqa: F401 (the Chromium fixture)

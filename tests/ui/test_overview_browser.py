@@ -16,7 +16,7 @@ from playwright.sync_api import Browser, sync_playwright
 
 from billing.models import Unit
 from billing.services import usage_record
-from stack.roles import Role
+from stack.registry.roles import Role
 from tests.factories import make_cluster, make_deployment, make_user, make_workflow
 
 CHROMIUM = os.environ.get("CHROMIUM_PATH") or shutil.which("chromium") or "/usr/bin/chromium"

@@ -11,7 +11,7 @@ from playwright.sync_api import Browser
 
 from billing.models import Unit
 from billing.services import usage_record
-from stack.roles import Role
+from stack.registry.roles import Role
 from tests.factories import make_user
 from tests.training.test_run_api import fabricate_run
 from tests.ui.test_overview_browser import browser  # noqa: F401  (the Chromium fixture)

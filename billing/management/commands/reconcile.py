@@ -11,7 +11,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from billing.management.commands.prices import write_errors
 from billing.price_import import FileImportError, decode_upload
 from billing.reconciliation import DEFAULT_TOLERANCE, reconciliation_import, reconciliation_result
-from stack.models import Provider
+from stack.registry.models import Provider
 
 
 def _tolerance(text: str) -> Decimal:

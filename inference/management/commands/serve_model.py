@@ -12,7 +12,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import close_old_connections
 from django.utils import timezone
 
-from stack.models import Deployment, RegisteredModel
+from stack.registry.models import Deployment, RegisteredModel
 from training.artifacts import ArtifactError
 
 

@@ -32,8 +32,8 @@ from django.utils import timezone
 
 from billing.selectors import usage_for_subject
 from stack.demo_seed import demo_local_replicas, demo_local_workflow_seed, demo_stack_seed
-from stack.models import Deployment, Workflow
-from stack.services import api_token_create
+from stack.registry.models import Deployment, Workflow
+from stack.registry.services import api_token_create
 from training import demo_config
 from training.models import ProbeJob, TrainingRun
 from training.services import probe_job_create, training_run_create
@@ -107,12 +107,15 @@ class Command(BaseCommand):
             self.stdout.write(self.style.SUCCESS(f"stack healthy after {time.monotonic() - started:.1f}s"))
             with transaction.atomic():
                 jobs = [
-                    probe_job_create(cluster=c, created_by=stack.admin, steps=300) for c in stack.clusters
+                    probe_job_create(cluster=c, created_by=stack.admin, steps=300)
+                    for c in stack.clusters
                 ]
             self._wait_jobs([j.pk for j in jobs], deadline=started + options["timeout"])
             with transaction.atomic():
                 run = training_run_create(
-                    config=demo_config(), created_by=stack.admin, name=f"demo-diloco-{timezone.now():%H%M%S}"
+                    config=demo_config(),
+                    created_by=stack.admin,
+                    name=f"demo-diloco-{timezone.now():%H%M%S}",
                 )
             self.stdout.write("")
             self.stdout.write(self.style.SUCCESS(f"Switchyard is running at {base}/"))

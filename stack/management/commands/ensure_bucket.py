@@ -13,7 +13,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         from botocore.exceptions import BotoCoreError, ClientError
 
-        from stack.objectstore import object_store_ensure_bucket
+        from stack.registry.objectstore import object_store_ensure_bucket
 
         try:
             self.stdout.write(object_store_ensure_bucket())

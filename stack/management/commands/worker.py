@@ -7,9 +7,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from stack.models import Cluster
-from stack.queues import CONTROL_QUEUE, cluster_queue
-from stack.worker_signals import WORKER_CLUSTER_ENV
+from stack.registry.models import Cluster
+from stack.registry.queues import CONTROL_QUEUE, cluster_queue
+from stack.registry.worker_signals import WORKER_CLUSTER_ENV
 
 
 class Command(BaseCommand):

@@ -6,9 +6,9 @@ from django.contrib import admin
 from django.db import models
 from django.http import HttpRequest
 
-from stack import services
-from stack.forms import ProviderForm
-from stack.models import (
+from stack.registry import services
+from stack.registry.forms import ProviderForm
+from stack.registry.models import (
     ApiToken,
     Cluster,
     Deployment,

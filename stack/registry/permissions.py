@@ -1,6 +1,6 @@
 """Role checks for API endpoints.
 
-Each view may declare `read_roles` and `write_roles` (sets of stack.roles.Role);
+Each view may declare `read_roles` and `write_roles` (sets of stack.registry.roles.Role);
 by default every role may read and operators may write. Admins may do anything.
 """
 
@@ -11,7 +11,7 @@ from typing import Any
 from rest_framework import permissions
 from rest_framework.request import Request
 
-from stack.roles import ALL_ROLES, OPERATORS, user_has_role
+from stack.registry.roles import ALL_ROLES, OPERATORS, user_has_role
 
 
 class RolePermission(permissions.BasePermission):

@@ -8,9 +8,9 @@ from django.contrib.auth.models import User
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
-from stack.models import ApiToken, Workflow
-from stack.roles import ALL_ROLES, user_has_role
-from stack.services import api_token_authenticate
+from stack.registry.models import ApiToken, Workflow
+from stack.registry.roles import ALL_ROLES, user_has_role
+from stack.registry.services import api_token_authenticate
 
 
 class BearerTokenAuthentication(authentication.BaseAuthentication):

@@ -7,8 +7,8 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from stack.models import ApiToken, Workflow
-from stack.services import api_token_create, api_token_revoke
+from stack.registry.models import ApiToken, Workflow
+from stack.registry.services import api_token_create, api_token_revoke
 
 
 class Command(BaseCommand):

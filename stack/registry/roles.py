@@ -2,7 +2,7 @@
 
 A superuser is an admin. Admin may do everything; the other roles are granted
 per endpoint through `read_roles` / `write_roles` on views (see
-stack.api.permissions.RolePermission).
+stack.registry.permissions.RolePermission).
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ class Role(models.TextChoices):
 ALL_ROLES = frozenset(Role)
 OPERATORS = frozenset({Role.OPERATOR, Role.ADMIN})
 ADMINS = frozenset({Role.ADMIN})
+# Who may read ledger rows and unit prices (the ledger, price and export APIs and pages).
+LEDGER_READERS = frozenset({Role.AUDITOR, Role.OPERATOR, Role.ADMIN})
 
 
 def user_roles(user: User | AnonymousUser) -> frozenset[Role]:

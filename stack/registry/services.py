@@ -17,8 +17,9 @@ from django.db import transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
-from stack.crypto import encrypt_secret
-from stack.models import (
+from stack.registry.crypto import encrypt_secret
+from stack.registry.errors import DomainError
+from stack.registry.models import (
     ApiToken,
     Cluster,
     Deployment,
@@ -33,12 +34,8 @@ from stack.models import (
 logger = logging.getLogger(__name__)
 
 
-class RegistryError(ValueError):
+class RegistryError(DomainError, ValueError):
     """A registry change that is not allowed; the message is shown to the user."""
-
-    def __init__(self, message: str, *, field: str | None = None) -> None:
-        super().__init__(message)
-        self.field = field
 
 
 # --- Providers ------------------------------------------------------------------
@@ -312,7 +309,7 @@ def workflow_switch_primary(
     *, workflow: Workflow, deployment: Deployment, author: User, reason: str
 ) -> RoutingPolicyVersion:
     """Make `deployment` the first choice; the rest of the route keeps its order."""
-    from stack.selectors import workflow_current_policy
+    from stack.registry.selectors import workflow_current_policy
 
     if not deployment.enabled:
         raise RegistryError(f"deployment {deployment.slug} is disabled", field="deployment")

@@ -6,8 +6,8 @@ from django.contrib.auth.models import AnonymousUser, User
 from django.db.models import Prefetch, QuerySet
 from django.http import Http404
 
-from stack.models import Cluster, RoutingPolicyVersion, WorkerHeartbeat, Workflow
-from stack.roles import ALL_ROLES, user_has_role
+from stack.registry.models import Cluster, RoutingPolicyVersion, WorkerHeartbeat, Workflow
+from stack.registry.roles import ALL_ROLES, user_has_role
 
 
 def workflow_current_policy(*, workflow: Workflow) -> RoutingPolicyVersion | None:

@@ -1,20 +1,13 @@
-"""URLs of the server-rendered pages."""
+"""Registry pages: providers, clusters, models, deployments, workflows and API tokens."""
 
 from __future__ import annotations
 
-from django.contrib.auth import views as auth_views
 from django.urls import URLPattern, path
 
-from stack import views
-from stack.models import Workflow
+from stack.registry import views
+from stack.registry.models import Workflow
 
 urlpatterns: list[URLPattern] = [
-    path("", views.OverviewView.as_view(), name="overview"),
-    path("login/", auth_views.LoginView.as_view(), name="login"),
-    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
-    path("assets/plotly.min.js", views.plotly_js, name="plotly-js"),
-    path("jobs/", views.JobListView.as_view(), name="jobs"),
-    path("jobs/<int:pk>/", views.JobDetailView.as_view(), name="job-detail"),
     path("tokens/", views.TokenView.as_view(), name="tokens"),
     path(
         "workflows/",

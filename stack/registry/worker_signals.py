@@ -27,7 +27,7 @@ _stop = threading.Event()
 
 
 def _beat_forever(cluster_slug: str, hostname: str) -> None:
-    from stack.services import cluster_heartbeat
+    from stack.registry.services import cluster_heartbeat
 
     started_at = timezone.now()
     pid = os.getpid()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from stack import services
+from stack.registry import services
 
 
 @shared_task(name="stack.cluster_health_check", ignore_result=True, acks_late=False)

@@ -1,4 +1,4 @@
-"""Plotly figures built in Python from ledger and job data.
+"""Plotly figures built in Python from ledger data.
 
 Pages embed the figure as a <div> and load plotly.js from the copy that ships
 inside the `plotly` package (stack.views.plotly_js), never from a CDN.
@@ -47,20 +47,3 @@ def spend_per_provider_chart(rows: Sequence[DailySpend], days: Sequence[date]) -
         legend={"orientation": "h"},
     )
     return _to_div(figure, "spend-chart")
-
-
-def loss_curve_chart(curve: Sequence[Sequence[float]], title: str) -> str:
-    import plotly.graph_objects as go
-
-    figure = go.Figure()
-    figure.add_scatter(
-        x=[p[0] for p in curve], y=[p[1] for p in curve], mode="lines+markers", name="train loss"
-    )
-    figure.update_layout(
-        height=300,
-        margin={"l": 50, "r": 10, "t": 30, "b": 40},
-        title={"text": title, "font": {"size": 14}},
-        xaxis={"title": {"text": "step"}},
-        yaxis={"title": {"text": "loss (nats/byte)"}},
-    )
-    return _to_div(figure, "loss-chart")

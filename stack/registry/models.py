@@ -11,7 +11,7 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
 
-from stack.queues import cluster_queue
+from stack.registry.queues import cluster_queue
 
 
 class Provider(models.Model):
@@ -29,7 +29,7 @@ class Provider(models.Model):
     kind = models.CharField(max_length=32, choices=Kind.choices)
     region = models.CharField(max_length=64, blank=True)
     base_url = models.URLField(blank=True)
-    # Fernet token (stack.crypto); never returned by the API nor shown in a form.
+    # Fernet token (stack.registry.crypto); never returned by the API nor shown in a form.
     credentials_encrypted = models.TextField(blank=True, editable=False)
     enabled = models.BooleanField(default=True)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
@@ -68,7 +68,7 @@ class Cluster(models.Model):
     capacity = models.PositiveIntegerField(
         default=1, validators=[MinValueValidator(1)], help_text="concurrent learners"
     )
-    # Derived from worker heartbeats by stack.services.cluster_health_check,
+    # Derived from worker heartbeats by stack.registry.services.cluster_health_check,
     # except DRAINING, which an operator sets and only an operator clears.
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.DOWN)
     status_changed_at = models.DateTimeField(default=timezone.now)
@@ -244,7 +244,7 @@ class RoutingPolicyEntry(models.Model):
 
 
 class FailoverEvent(models.Model):
-    """Every failover in the stack, written only by stack.services.failover_event_*."""
+    """Every failover in the stack, written only by stack.registry.services.failover_event_*."""
 
     class Kind(models.TextChoices):
         CLUSTER_HEALTH = "cluster-health", "Cluster health"

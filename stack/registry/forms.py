@@ -7,7 +7,7 @@ from typing import Any
 from django import forms
 from django.db import models
 
-from stack.models import Cluster, Deployment, Provider, RegisteredModel, Workflow
+from stack.registry.models import Cluster, Deployment, Provider, RegisteredModel, Workflow
 
 
 def formfield_with_https_urls(field: models.Field[Any, Any], **kwargs: Any) -> forms.Field | None:
@@ -93,11 +93,6 @@ class WorkflowForm(forms.ModelForm[Workflow]):
 class SwitchPrimaryForm(forms.Form):
     deployment = forms.ModelChoiceField(queryset=Deployment.objects.filter(enabled=True))
     reason = forms.CharField(max_length=500)
-
-
-class ProbeJobForm(forms.Form):
-    cluster = forms.ModelChoiceField(queryset=Cluster.objects.all(), to_field_name="slug")
-    steps = forms.IntegerField(min_value=10, max_value=5000, initial=300)
 
 
 class ApiTokenForm(forms.Form):
