@@ -27,7 +27,7 @@ lint: install
 	$(PY) -m ruff check .
 
 typecheck: install
-	$(PY) -m mypy stack billing training inference
+	$(PY) -m mypy stack billing training inference storage
 
 pytest: install
 	$(PY) -m pytest

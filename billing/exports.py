@@ -25,8 +25,6 @@ import hmac
 import io
 import json
 import logging
-import os
-import shutil
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -49,7 +47,6 @@ from stack.registry.errors import MultiFieldError
 from stack.registry.models import Cluster, Provider, Workflow
 from stack.registry.objectstore import default_store
 from stack.registry.queues import CONTROL_QUEUE
-from training.engine.objectstore import FileStore, ObjectNotFoundError, ObjectStore, S3Store
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -930,8 +927,8 @@ def export_job_run(*, job_id: int) -> ExportJob | None:
             store = default_store()
             # Data files first: a manifest in the store means its files are there too.
             for name in manifest["files"]:
-                _store_put_file(store, prefix + name, Path(tmp) / name)
-            _store_put_file(store, prefix + MANIFEST_NAME, Path(tmp) / MANIFEST_NAME)
+                store.put_file(prefix + name, Path(tmp) / name)
+            store.put_file(prefix + MANIFEST_NAME, Path(tmp) / MANIFEST_NAME)
     except Exception as exc:
         logger.exception("export job %s failed", job_id)
         ExportJob.objects.filter(pk=job_id, status=ExportJob.Status.RUNNING).update(
@@ -959,49 +956,4 @@ def export_job_file_chunks(*, job: ExportJob, name: str) -> Iterator[bytes]:
     """A finished job's file, read from the object store in chunks (ObjectNotFoundError if gone)."""
     if name not in export_job_file_names(job):
         raise LookupError(f"export #{job.pk} has no file {name!r}")
-    return _store_chunks(default_store(), (job.object_prefix or export_job_prefix(job.pk)) + name)
-
-
-# The object store API moves whole byte strings; exports can be large, so these
-# two move files in blocks where the store allows it (S3 multipart, a file copy).
-
-
-def _store_put_file(store: ObjectStore, key: str, path: Path) -> None:
-    if isinstance(store, S3Store):
-        store.client.upload_file(str(path), store.bucket, store.prefix + key)
-    elif isinstance(store, FileStore):
-        target = store.root / key
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
-        with os.fdopen(fd, "wb") as out, path.open("rb") as src:
-            shutil.copyfileobj(src, out)
-        os.replace(tmp, target)
-    else:
-        store.put(key, path.read_bytes())
-
-
-def _store_chunks(store: ObjectStore, key: str, block: int = 1 << 16) -> Iterator[bytes]:
-    if isinstance(store, S3Store):
-        try:
-            body = store.client.get_object(Bucket=store.bucket, Key=store.prefix + key)["Body"]
-        except store.client.exceptions.NoSuchKey:
-            raise ObjectNotFoundError(key) from None
-        return _closing(body.iter_chunks(block), body)
-    if isinstance(store, FileStore):
-        if not store.exists(key):
-            raise ObjectNotFoundError(key)
-        return _file_blocks(store.root / key, block)
-    return iter([store.get(key)])
-
-
-def _closing(chunks: Iterator[bytes], body: Any) -> Iterator[bytes]:
-    try:
-        yield from chunks
-    finally:
-        body.close()
-
-
-def _file_blocks(path: Path, block: int) -> Iterator[bytes]:
-    with path.open("rb") as fh:
-        while data := fh.read(block):
-            yield data
+    return default_store().iter_chunks((job.object_prefix or export_job_prefix(job.pk)) + name)

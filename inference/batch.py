@@ -45,7 +45,7 @@ from stack.registry.models import Workflow
 from stack.registry.objectstore import default_store
 from stack.registry.queues import CONTROL_QUEUE
 from stack.registry.services import RegistryError
-from training.engine.objectstore import ObjectNotFoundError
+from storage.objectstore import ObjectNotFoundError
 
 MAX_LINES = 100_000
 _OPTIONS = ("max_tokens", "temperature", "top_p", "stop")

@@ -1,6 +1,6 @@
 """Serving a registered model artifact as an OpenAI-compatible HTTP server (`serve_model`).
 
-The model is the DiLoCo engine's byte-level GPT (training.artifacts.model_artifact_load): a
+The model is the DiLoCo engine's byte-level GPT (training.engine.model.model_from_artifact): a
 prompt's tokens are its UTF-8 bytes, generation appends bytes greedily (temperature 0 or unset)
 or by sampling softmax(logits / temperature), and the answer is decoded with errors="replace".
 Token counts in `usage` are bytes in and bytes out. Chat messages become one prompt
@@ -244,9 +244,9 @@ def local_server_for_artifact(
     *, uri: str, name: str, host: str = "127.0.0.1", port: int = 0
 ) -> LocalModelServer:
     """Load the artifact and bind the server (call serve_forever to run it)."""
-    from training.artifacts import model_artifact_load
+    from training.engine.model import model_from_artifact  # torch: loaded only when serving
 
-    model, meta = model_artifact_load(uri=uri)
+    model, meta = model_from_artifact(uri=uri)
     cfg = meta.get("model_config") or {}
     block_size = int(cfg.get("block_size", 128)) if isinstance(cfg, dict) else 128
     return LocalModelServer(ByteGenerator(model, block_size=block_size, name=name), host=host, port=port)

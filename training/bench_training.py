@@ -216,11 +216,11 @@ def _bare_learner(
     """One bare-engine learner in its own process (no Django, no broker, no database)."""
     import torch
 
+    from storage.objectstore import open_store
     from training.engine.data import BatchSampler, load_corpus
     from training.engine.fragments import assign_fragments
     from training.engine.learner import Learner
     from training.engine.model import build_model
-    from training.engine.objectstore import open_store
     from training.engine.transport import ObjectStoreTransport, latest_version
     from training.run_config import RunConfig
 
@@ -273,9 +273,9 @@ def _bare_engine(cfg: dict[str, Any], *, seconds: float) -> dict[str, float]:
 
     import torch
 
+    from storage.objectstore import open_store
     from training.engine.fragments import assign_fragments
     from training.engine.model import build_model
-    from training.engine.objectstore import open_store
     from training.engine.syncer import Syncer
     from training.engine.transport import ObjectStoreTransport
     from training.run_config import RunConfig, run_config_validate

@@ -16,6 +16,7 @@ Every database write goes through training.services; tensors go only through the
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 import time
@@ -71,7 +72,7 @@ def warm_up() -> None:
 
 
 def run_transport(run: TrainingRun) -> ObjectStoreTransport:
-    from training.engine.objectstore import open_store
+    from storage.objectstore import open_store
     from training.engine.transport import ObjectStoreTransport
 
     rc = RunConfig(run.config)
@@ -118,10 +119,10 @@ def run_engine(run: TrainingRun) -> RunEngine:
     if cached is not None:
         return cached
     _torch_threads()
+    from storage.objectstore import open_store
     from training.engine.data import eval_batches, load_corpus
     from training.engine.fragments import assign_fragments
     from training.engine.model import build_model, param_count
-    from training.engine.objectstore import open_store
 
     rc = RunConfig(run.config)
     model = build_model(rc.model_config(), seed=rc.seed)
@@ -194,7 +195,7 @@ def run_initialise(run: TrainingRun) -> float:
 
 def write_artifact(run: TrainingRun, *, kind: str) -> tuple[str, float, int, list[int]]:
     """The newest global parameters as a model artifact: (uri, eval loss, parameter count, versions)."""
-    from training.artifacts import model_artifact_write
+    from storage.artifacts import model_artifact_write
 
     engine = run_engine(run)
     transport = run_transport(run)
@@ -204,7 +205,7 @@ def write_artifact(run: TrainingRun, *, kind: str) -> tuple[str, float, int, lis
     uri = model_artifact_write(
         store_url=engine.rc.object_store_url,
         key=key,
-        model_cfg=engine.rc.model_config(),
+        model_config=dataclasses.asdict(engine.rc.model_config()),
         params=params,
         meta={"run_id": run.pk, "kind": kind, "versions": versions, "eval_loss": loss},
         endpoint_url=settings.OBJECT_STORE_ENDPOINT_URL,

@@ -1,7 +1,7 @@
 """The project's object store (OBJECT_STORE_URL), for tensors, checkpoints and exports.
 
-The store itself is the engine's small, Django-free blob store
-(training.engine.objectstore); this module binds it to settings.
+The store itself is the Django-free blob store in storage.objectstore; this module binds it
+to settings, for every app.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from urllib.parse import urlparse
 
 from django.conf import settings
 
-from training.engine.objectstore import ObjectStore, open_store
+from storage.objectstore import ObjectStore, open_store
 
 
 def default_store() -> ObjectStore:

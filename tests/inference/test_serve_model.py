@@ -1,8 +1,9 @@
-"""`manage.py serve_model` round trip: a tiny artifact written by training.artifacts, served by a
+"""`manage.py serve_model` round trip: a tiny artifact written by storage.artifacts, served by a
 real subprocess, routed to through a self-hosted deployment on a cluster."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import subprocess
@@ -26,6 +27,7 @@ from inference.local_serving import local_server_for_artifact
 from inference.router import route
 from inference.selectors import deployment_price_per_1m
 from stack.registry.models import Provider
+from storage.artifacts import model_artifact_write
 from tests.factories import (
     make_cluster,
     make_deployment,
@@ -35,7 +37,6 @@ from tests.factories import (
     make_workflow,
 )
 from tests.integration.conftest import test_database_url as database_url_for_children
-from training.artifacts import model_artifact_write
 from training.engine.config import ModelConfig
 from training.engine.model import GPT
 
@@ -52,7 +53,10 @@ def served(transactional_db: Any, tmp_path: Path) -> Iterator[tuple[Any, str, st
     torch.manual_seed(0)
     cfg = ModelConfig(n_layer=1, n_embd=16, n_head=2, block_size=32)
     uri = model_artifact_write(
-        store_url=f"file://{tmp_path}", key="models/tiny.bin", model_cfg=cfg, params=GPT(cfg).state_dict()
+        store_url=f"file://{tmp_path}",
+        key="models/tiny.bin",
+        model_config=dataclasses.asdict(cfg),
+        params=GPT(cfg).state_dict(),
     )
     model = make_model(slug="tiny-gpt", artifact_uri=uri, context_length=32)
     port = _free_port()

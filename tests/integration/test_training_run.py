@@ -17,9 +17,9 @@ from django.db.models import Sum
 
 from billing.models import UsageRecord
 from stack.registry.models import Cluster, FailoverEvent
+from storage.objectstore import open_store
 from tests.factories import make_cluster
 from tests.integration.conftest import Processes, wait_until
-from training.engine.objectstore import open_store
 from training.engine.transport import ObjectStoreTransport
 from training.models import (
     GlobalVersionRecord,

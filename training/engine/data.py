@@ -5,7 +5,7 @@ Three sources, all read at run time:
 * the Python standard library's own source files (``sysconfig.get_paths()['stdlib']``), in
   sorted relative-path order, with every n-th file held out for eval;
 * user text files given by path;
-* objects in the object store (see :mod:`training.engine.objectstore`).
+* objects in the object store (see :mod:`storage.objectstore`).
 
 A :class:`Corpus` is a train byte stream plus an eval byte stream. Learners draw random
 windows from their shard: ``iid`` shards sample the whole train stream with a per-learner
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
+from storage.objectstore import ObjectStore
 from training.engine.config import DataConfig, Sharding
-from training.engine.objectstore import ObjectStore
 
 # Large, machine-generated or test-only trees that add little but bytes to the corpus.
 _SKIP_DIRS = frozenset({"site-packages", "test", "tests", "idlelib", "lib2to3", "__pycache__"})

@@ -1,27 +1,18 @@
 """What crosses the wire: a learner's fragment delta and a published global version.
 
-Both serialise to one self-describing blob (``SYD1`` magic, a JSON header, raw tensor
-bytes), so the object-store transport needs neither pickle nor torch.save.
+Both serialise to one self-describing tensor blob (storage.tensorblob: a JSON header and raw
+tensor bytes), so the object-store transport needs neither pickle nor torch.save.
 """
 
 from __future__ import annotations
 
-import json
-import struct
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from storage.tensorblob import pack, unpack
 from training.engine.compression import EncodedTensor, decode
-
-_MAGIC = b"SYD1"
-_DTYPES = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "int8": torch.int8,
-    "uint8": torch.uint8,
-}
 
 
 @dataclass
@@ -64,44 +55,6 @@ class GlobalVersion:
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.params.values())
-
-
-def _raw(t: torch.Tensor) -> bytes:
-    flat = t.detach().contiguous().reshape(-1)
-    return bytes(flat.view(torch.uint8).numpy().tobytes())
-
-
-def pack(meta: dict[str, Any], tensors: dict[str, torch.Tensor]) -> bytes:
-    index = []
-    chunks = []
-    for name, t in tensors.items():
-        raw = _raw(t)
-        index.append(
-            {
-                "name": name,
-                "dtype": str(t.dtype).removeprefix("torch."),
-                "shape": list(t.shape),
-                "n": len(raw),
-            }
-        )
-        chunks.append(raw)
-    header = json.dumps({"meta": meta, "tensors": index}).encode()
-    return _MAGIC + struct.pack("<I", len(header)) + header + b"".join(chunks)
-
-
-def unpack(blob: bytes) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    if blob[:4] != _MAGIC:
-        raise ValueError("not a Switchyard tensor blob")
-    (hlen,) = struct.unpack("<I", blob[4:8])
-    header = json.loads(blob[8 : 8 + hlen])
-    pos = 8 + hlen
-    tensors: dict[str, torch.Tensor] = {}
-    for item in header["tensors"]:
-        raw = bytearray(blob[pos : pos + item["n"]])
-        pos += item["n"]
-        u8 = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
-        tensors[item["name"]] = u8.view(_DTYPES[item["dtype"]]).reshape(item["shape"]).clone()
-    return header["meta"], tensors
 
 
 def delta_to_bytes(d: FragmentDelta) -> bytes:

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from storage.artifacts import model_artifact_read
 from training.engine.config import ModelConfig
 
 
@@ -109,3 +110,12 @@ def build_model(cfg: ModelConfig, *, seed: int = 0) -> GPT:
 
 def param_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def model_from_artifact(*, uri: str, endpoint_url: str | None = None) -> tuple[GPT, dict[str, object]]:
+    """The GPT rebuilt from a model artifact (storage.artifacts), in eval mode, with its header meta."""
+    cfg, params, meta = model_artifact_read(uri=uri, endpoint_url=endpoint_url)
+    model = GPT(ModelConfig(**cfg))
+    model.load_state_dict(params)
+    model.eval()
+    return model, meta

@@ -2,7 +2,7 @@
 
 ``Transport`` is the interface; :class:`InMemoryTransport` serves tests and the benchmark,
 :class:`ObjectStoreTransport` keeps everything in an object store (``file://`` or ``s3://``,
-see :mod:`training.engine.objectstore`) for the orchestration layer. Keys:
+see :mod:`storage.objectstore`) for the orchestration layer. Keys:
 
     <prefix>/deltas/f<fragment>/<delta id>.syd
     <prefix>/versions/f<fragment>/v<version>.syd
@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 from typing import Protocol
 
+from storage.objectstore import ObjectStore
 from training.engine.messages import (
     FragmentDelta,
     GlobalVersion,
@@ -24,7 +25,6 @@ from training.engine.messages import (
     version_from_bytes,
     version_to_bytes,
 )
-from training.engine.objectstore import ObjectStore
 
 
 class Transport(Protocol):

@@ -13,7 +13,7 @@ from django.db import close_old_connections
 from django.utils import timezone
 
 from stack.registry.models import Deployment, RegisteredModel
-from training.artifacts import ArtifactError
+from storage.artifacts import ArtifactError
 
 
 def _interrupt(signum: int, frame: object) -> None:

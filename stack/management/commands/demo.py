@@ -107,8 +107,7 @@ class Command(BaseCommand):
             self.stdout.write(self.style.SUCCESS(f"stack healthy after {time.monotonic() - started:.1f}s"))
             with transaction.atomic():
                 jobs = [
-                    probe_job_create(cluster=c, created_by=stack.admin, steps=300)
-                    for c in stack.clusters
+                    probe_job_create(cluster=c, created_by=stack.admin, steps=300) for c in stack.clusters
                 ]
             self._wait_jobs([j.pk for j in jobs], deadline=started + options["timeout"])
             with transaction.atomic():

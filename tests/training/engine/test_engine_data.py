@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from storage.objectstore import open_store
 from training.engine.config import DataConfig
 from training.engine.data import (
     BatchSampler,
@@ -16,7 +17,6 @@ from training.engine.data import (
     shard,
     stdlib_files,
 )
-from training.engine.objectstore import open_store
 
 
 def test_stdlib_files_come_in_sorted_path_order_without_tests_or_site_packages():

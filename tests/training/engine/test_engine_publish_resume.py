@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from storage.objectstore import open_store
 from training.engine.compression import Compressor
 from training.engine.config import CompressionConfig, OuterConfig, SyncerConfig
 from training.engine.messages import FragmentDelta, GlobalVersion
-from training.engine.objectstore import open_store
 from training.engine.syncer import Syncer
 from training.engine.transport import InMemoryTransport, ObjectStoreTransport, latest_version
 

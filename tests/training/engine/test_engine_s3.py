@@ -7,10 +7,10 @@ import pytest
 import torch
 from moto.server import ThreadedMotoServer
 
+from storage.objectstore import ObjectNotFoundError, open_store
 from training.engine.compression import Compressor
 from training.engine.config import CompressionConfig, OuterConfig, SyncerConfig
 from training.engine.messages import FragmentDelta
-from training.engine.objectstore import ObjectNotFoundError, open_store
 from training.engine.syncer import Syncer
 from training.engine.transport import ObjectStoreTransport
 
@@ -52,6 +52,17 @@ def test_the_s3_store_puts_gets_lists_and_writes_once(s3_endpoint):
         store.get("missing")
     # The prefix keeps runs apart inside one bucket.
     assert open_store(f"s3://{BUCKET}/elsewhere", endpoint_url=s3_endpoint).list() == []
+
+
+def test_the_s3_store_uploads_a_file_and_streams_it_back_in_blocks(s3_endpoint, tmp_path):
+    store = open_store(f"s3://{BUCKET}/files", endpoint_url=s3_endpoint)
+    source = tmp_path / "export.csv"
+    source.write_bytes(b"x" * 150_000)
+    store.put_file("exports/3/export.csv", source)
+    blocks = list(store.iter_chunks("exports/3/export.csv", block=64_000))
+    assert [len(b) for b in blocks] == [64_000, 64_000, 22_000]
+    with pytest.raises(ObjectNotFoundError):
+        store.iter_chunks("exports/3/missing.csv")
 
 
 def test_a_syncer_publishes_to_s3_and_a_new_one_resumes_from_it(s3_endpoint):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from training.engine.objectstore import FileStore, ObjectNotFoundError, open_store
+from storage.objectstore import FileStore, ObjectNotFoundError, open_store
 
 
 def test_the_file_store_puts_gets_lists_and_writes_once(tmp_path):
@@ -34,3 +34,20 @@ def test_keys_that_could_escape_the_store_are_refused(tmp_path, key):
 def test_unsupported_urls_are_refused(url):
     with pytest.raises(ValueError):
         open_store(url)
+
+
+def test_a_file_store_copies_a_file_in_and_streams_it_out_in_blocks(tmp_path):
+    store = open_store(f"file://{tmp_path / 'store'}")
+    source = tmp_path / "big.bin"
+    source.write_bytes(bytes(range(256)) * 1000)  # 256,000 bytes
+    store.put_file("exports/1/big.bin", source)
+    blocks = list(store.iter_chunks("exports/1/big.bin", block=100_000))
+    assert [len(b) for b in blocks] == [100_000, 100_000, 56_000]
+    assert b"".join(blocks) == source.read_bytes()
+    assert not any(".tmp-" in k for k in store.list())
+
+
+def test_streaming_a_missing_object_fails_before_the_first_read(tmp_path):
+    store = open_store(f"file://{tmp_path}")
+    with pytest.raises(ObjectNotFoundError):
+        store.iter_chunks("exports/9/missing.csv")

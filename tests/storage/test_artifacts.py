@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
-from training.artifacts import ArtifactError, model_artifact_load, model_artifact_read, model_artifact_write
+from storage.artifacts import ArtifactError, model_artifact_read, model_artifact_write
 from training.engine.config import ModelConfig
-from training.engine.model import build_model
+from training.engine.model import build_model, model_from_artifact
 
 
 def test_an_artifact_round_trips_config_and_parameters(tmp_path):
@@ -14,19 +16,19 @@ def test_an_artifact_round_trips_config_and_parameters(tmp_path):
     uri = model_artifact_write(
         store_url=f"file://{tmp_path}",
         key="runs/7/model.bin",
-        model_cfg=cfg,
+        model_config=dataclasses.asdict(cfg),
         params=dict(model.state_dict()),
         meta={"training_run_id": 7},
     )
     assert uri == f"file://{tmp_path}/runs/7/model.bin"
 
     read_cfg, params, meta = model_artifact_read(uri=uri)
-    assert read_cfg == cfg
+    assert ModelConfig(**read_cfg) == cfg
     assert meta["training_run_id"] == 7
     for name, tensor in model.state_dict().items():
         assert torch.equal(params[name], tensor), name
 
-    loaded, _ = model_artifact_load(uri=uri)
+    loaded, _ = model_from_artifact(uri=uri)
     x = torch.randint(0, 256, (1, 8))
     assert torch.equal(loaded(x), model.eval()(x))
 
