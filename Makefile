@@ -25,6 +25,7 @@ test: install lint typecheck pytest
 lint: install
 	$(PY) -m ruff format --check .
 	$(PY) -m ruff check .
+	$(VENV)/bin/lint-imports --no-cache
 
 typecheck: install
 	$(PY) -m mypy stack billing training inference storage
