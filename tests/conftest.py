@@ -13,6 +13,16 @@ from stack.registry.roles import Role
 from tests.factories import make_user
 
 
+@pytest.fixture(autouse=True)
+def _fast_password_hashing(request: pytest.FixtureRequest, settings: Any) -> None:
+    """PBKDF2's 10^6 rounds cost about 0.2 s per user; in-process tests never need them.
+
+    Integration tests keep the real hasher: their users log in to separate server processes,
+    which would not know MD5."""
+    if request.node.get_closest_marker("integration") is None:
+        settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 @pytest.fixture
 def admin_user(db: Any) -> User:
     return make_user(Role.ADMIN)

@@ -127,8 +127,8 @@ class RegisteredModel(models.Model):
     family = models.CharField(max_length=64, help_text="family or architecture, e.g. gpt-byte")
     parameter_count = models.BigIntegerField(default=0, validators=[MinValueValidator(0)])
     artifact_uri = models.CharField(max_length=512, blank=True, help_text="file://… or s3://…")
-    # The training run that produced it; the training-run issue turns this into
-    # a foreign key once TrainingRun exists.
+    # The training run that produced it, by id: a foreign key would make the registry
+    # depend on training, which sits above it (see the import contracts in pyproject.toml).
     produced_by_run_id = models.BigIntegerField(null=True, blank=True)
     # Set when a training run registers its result (training.services); null for outside models.
     final_eval_loss = models.FloatField(null=True, blank=True)

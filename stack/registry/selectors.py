@@ -14,10 +14,6 @@ def workflow_current_policy(*, workflow: Workflow) -> RoutingPolicyVersion | Non
     return workflow.policy_versions.order_by("-version").first()
 
 
-def workflow_list() -> QuerySet[Workflow]:
-    return Workflow.objects.select_related("owner").order_by("slug")
-
-
 def get_workflow_for_user(*, slug: str, user: User | AnonymousUser) -> Workflow:
     """The workflow if the user may see it (every role may read the registry)."""
     if not user_has_role(user, ALL_ROLES):

@@ -36,7 +36,7 @@ from tests.factories import (
     make_provider,
     make_workflow,
 )
-from tests.integration.conftest import test_database_url as database_url_for_children
+from tests.integration.processes import session_database_url as database_url_for_children
 from training.engine.config import ModelConfig
 from training.engine.model import GPT
 

@@ -19,7 +19,9 @@ from stack.registry.objectstore import default_store
 from stack.registry.roles import Role
 from tests.factories import make_user
 from tests.inference.helpers import priced_deployment, routed_workflow
-from tests.integration.conftest import Processes, wait_until
+from tests.integration.processes import Processes, wait_until
+
+pytestmark = pytest.mark.integration
 
 LINES = 40
 

@@ -5,14 +5,17 @@ from __future__ import annotations
 import uuid
 from decimal import Decimal
 
+import pytest
 from django.db import close_old_connections
 
 from billing.models import UsageRecord
 from stack.registry.models import Cluster, FailoverEvent, WorkerHeartbeat
 from stack.registry.roles import Role
 from tests.factories import api_client, make_cluster, make_user
-from tests.integration.conftest import Processes, wait_until
+from tests.integration.processes import Processes, wait_until
 from training.models import ProbeJob
+
+pytestmark = pytest.mark.integration
 
 
 def _status(slug: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from django.db import close_old_connections
 
 from inference import quality
@@ -10,7 +11,9 @@ from inference.models import EvalRun, QualityRecord
 from stack.registry.roles import Role
 from tests.factories import api_client, make_user
 from tests.inference.helpers import priced_deployment, routed_workflow
-from tests.integration.conftest import Processes, wait_until
+from tests.integration.processes import Processes, wait_until
+
+pytestmark = pytest.mark.integration
 
 
 def _finished_runs(eval_set_id: int, trigger: str) -> list[EvalRun] | None:

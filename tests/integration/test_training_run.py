@@ -19,7 +19,7 @@ from billing.models import UsageRecord
 from stack.registry.models import Cluster, FailoverEvent
 from storage.objectstore import open_store
 from tests.factories import make_cluster
-from tests.integration.conftest import Processes, wait_until
+from tests.integration.processes import Processes, wait_until
 from training.engine.transport import ObjectStoreTransport
 from training.models import (
     GlobalVersionRecord,

@@ -20,7 +20,8 @@ from inference.services import quality_record_create
 from stack.registry.roles import Role
 from tests.factories import make_user
 from tests.inference.helpers import priced_deployment, routed_workflow
-from tests.ui.test_overview_browser import browser  # noqa: F401 (the Chromium fixture)
+
+pytestmark = pytest.mark.browser
 
 
 def _clean_breakers() -> None:

@@ -2,53 +2,20 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-from collections.abc import Iterator
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
 import pytest
-from django.db import connections
 from django.utils import timezone
-from playwright.sync_api import Browser, sync_playwright
+from playwright.sync_api import Browser
 
 from billing.models import Unit
 from billing.services import usage_record
 from stack.registry.roles import Role
 from tests.factories import make_cluster, make_deployment, make_user, make_workflow
 
-CHROMIUM = os.environ.get("CHROMIUM_PATH") or shutil.which("chromium") or "/usr/bin/chromium"
-# The flags keep Chromium off the network it cannot reach from here.
-CHROMIUM_ARGS = [
-    "--headless=new",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-
-
-@pytest.fixture
-def browser() -> Iterator[Browser]:
-    # Playwright's sync API runs an event loop in this thread; the ORM calls the
-    # test makes around it are still synchronous, which Django must be told.
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield browser
-        finally:
-            browser.close()
-            # ORM calls made while Playwright's loop runs get connections of their
-            # own (Django keys them per async context); close them here, in that
-            # context, or the test database cannot be dropped at the end.
-            connections.close_all()
-    os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+pytestmark = pytest.mark.browser
 
 
 def test_an_operator_logs_in_and_sees_the_spend_chart_drawn(live_server: Any, browser: Browser) -> None:

@@ -6,6 +6,7 @@ from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
+import pytest
 from django.utils import timezone
 from playwright.sync_api import Browser
 
@@ -14,8 +15,9 @@ from billing.services import usage_record
 from stack.registry.roles import Role
 from tests.factories import make_user
 from tests.training.test_run_api import fabricate_run
-from tests.ui.test_overview_browser import browser  # noqa: F401  (the Chromium fixture)
 from training.models import GlobalVersionRecord
+
+pytestmark = pytest.mark.browser
 
 POINTS = "#chart-loss_tokens g.trace.scatter path.point"
 
