@@ -16,6 +16,7 @@ from django.views.decorators.cache import cache_control
 
 from billing import charts
 from billing.selectors import DailySpend, spend_per_provider_per_day
+from stack.celery import app as celery_app
 from stack.registry.models import Cluster, FailoverEvent
 from stack.registry.objectstore import object_store_health
 from stack.registry.selectors import cluster_list_with_workers
@@ -57,10 +58,8 @@ def _totals_by_currency(rows: list[DailySpend]) -> dict[str, Decimal]:
 
 
 def _broker_ok() -> tuple[bool, str]:
-    from stack.celery import app
-
     try:
-        with app.connection_for_write() as conn:
+        with celery_app.connection_for_write() as conn:
             conn.ensure_connection(max_retries=1, timeout=2)
         return True, "ok"
     except Exception as exc:  # any failure means "broker unreachable" here

@@ -30,6 +30,7 @@ from stack.registry.models import (
     WorkerHeartbeat,
     Workflow,
 )
+from stack.registry.selectors import workflow_current_policy
 
 logger = logging.getLogger(__name__)
 
@@ -309,8 +310,6 @@ def workflow_switch_primary(
     *, workflow: Workflow, deployment: Deployment, author: User, reason: str
 ) -> RoutingPolicyVersion:
     """Make `deployment` the first choice; the rest of the route keeps its order."""
-    from stack.registry.selectors import workflow_current_policy
-
     if not deployment.enabled:
         raise RegistryError(f"deployment {deployment.slug} is disabled", field="deployment")
     current = workflow_current_policy(workflow=workflow)

@@ -20,6 +20,8 @@ from django.conf import settings
 from django.db import close_old_connections, connection
 from django.utils import timezone
 
+from stack.registry.services import cluster_heartbeat
+
 logger = logging.getLogger(__name__)
 
 WORKER_CLUSTER_ENV = "SWITCHYARD_WORKER_CLUSTER"
@@ -27,8 +29,6 @@ _stop = threading.Event()
 
 
 def _beat_forever(cluster_slug: str, hostname: str) -> None:
-    from stack.registry.services import cluster_heartbeat
-
     started_at = timezone.now()
     pid = os.getpid()
     while not _stop.is_set():

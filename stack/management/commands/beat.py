@@ -7,6 +7,8 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
+from stack.celery import app
+
 
 class Command(BaseCommand):
     help = "Run Celery beat: periodic cluster health checks and other scheduled work."
@@ -15,8 +17,6 @@ class Command(BaseCommand):
         parser.add_argument("--loglevel", default="info")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from stack.celery import app
-
         app.start(
             argv=[
                 "beat",

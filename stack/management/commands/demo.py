@@ -31,6 +31,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing.selectors import usage_for_subject
+from inference.services import chaos_config_set
 from stack.demo_seed import demo_local_replicas, demo_local_workflow_seed, demo_stack_seed
 from stack.registry.models import Deployment, Workflow
 from stack.registry.services import api_token_create
@@ -282,8 +283,6 @@ class _Drill:
         return self.outcome
 
     def _chaos_drill(self, cmd: BaseCommand, admin: Any, workflow: Workflow) -> None:
-        from inference.services import chaos_config_set
-
         primary = Deployment.objects.get(slug=self.replicas[0].deployment_slug)
         chaos_config_set(deployment=primary, enabled=True, user=admin, error_rate=0.5, status_codes=[503])
         _, key = api_token_create(user=admin, name=f"demo drill {timezone.now():%Y-%m-%d %H:%M:%S}")

@@ -6,14 +6,14 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from stack.registry.objectstore import object_store_ensure_bucket
+
 
 class Command(BaseCommand):
     help = "Make sure OBJECT_STORE_URL's bucket or directory exists."
 
     def handle(self, *args: Any, **options: Any) -> None:
         from botocore.exceptions import BotoCoreError, ClientError
-
-        from stack.registry.objectstore import object_store_ensure_bucket
 
         try:
             self.stdout.write(object_store_ensure_bucket())

@@ -7,6 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from stack.celery import app
 from stack.registry.models import Cluster
 from stack.registry.queues import CONTROL_QUEUE, cluster_queue
 from stack.registry.worker_signals import WORKER_CLUSTER_ENV
@@ -31,8 +32,6 @@ class Command(BaseCommand):
         parser.add_argument("--loglevel", default="info")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from stack.celery import app
-
         concurrency: int = options["concurrency"]
         if concurrency < 1:
             raise CommandError("--concurrency must be at least 1")
