@@ -51,7 +51,7 @@ from django.db.models import Q, QuerySet, Sum
 from django.forms import ValidationError as FormValidationError
 from django.utils import timezone
 
-from billing.models import Budget, BudgetAlert, BudgetPeriod, LedgerHead, UsageRecord
+from billing.models import LEDGER_PARTITION, Budget, BudgetAlert, BudgetPeriod, LedgerHead, UsageRecord
 from stack.registry.crypto import decrypt_secret, encrypt_secret
 from stack.registry.errors import DomainError, MultiFieldError
 from stack.registry.models import Cluster, Provider, Workflow
@@ -60,7 +60,6 @@ logger = logging.getLogger(__name__)
 
 ZERO = Decimal("0")
 HUNDRED = Decimal("100")
-LEDGER_PARTITION = "main"
 WEBHOOK_TIMEOUT_S = (3.0, 5.0)  # connect, read: the alert row stays locked while we wait
 SIGNATURE_HEADER = "X-Switchyard-Signature"
 

@@ -42,7 +42,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from billing.focus import PRICING_UNIT, SERVICE_BY_UNIT, FocusResource, focus_pricing_unit, focus_resource
-from billing.models import ExportJob, LedgerHead, Unit, UsageRecord
+from billing.models import LEDGER_PARTITION, ExportJob, LedgerHead, Unit, UsageRecord
 from stack.registry.errors import MultiFieldError
 from stack.registry.models import Cluster, Provider, Workflow
 from stack.registry.objectstore import default_store
@@ -156,7 +156,7 @@ class ExportFilters:
     team: str = ""
     training_run: str = ""  # subject_type "training_run" with this subject_id
     unit: str = ""
-    partition: str = "main"
+    partition: str = LEDGER_PARTITION
     # The ledger head when the export started: later appends are not part of it.
     through_sequence: int | None = None
 
@@ -185,7 +185,7 @@ class ExportFilters:
                 values[name] = datetime.fromisoformat(values[name])
         return cls(
             **values,
-            partition=data.get("partition", "main"),
+            partition=data.get("partition", LEDGER_PARTITION),
             through_sequence=data.get("through_sequence"),
         )
 

@@ -12,6 +12,10 @@ from django.utils import timezone
 
 from stack.registry.models import Cluster, Deployment, ImmutableRowError, Provider, RegisteredModel, Workflow
 
+# The ledger partition writers append to unless told otherwise: its own hash chain, head row
+# and rollup watermark. Migrations keep the literal "main": they are history and never change.
+LEDGER_PARTITION = "main"
+
 
 class Unit(models.TextChoices):
     ACCELERATOR_HOUR = "accelerator_hour", "accelerator-hour"
@@ -133,7 +137,7 @@ class UsageRecord(models.Model):
     # Lets a retried task bill the same work exactly once.
     idempotency_key = models.CharField(max_length=128, unique=True)
     # Hash chain (billing.chain): sha256 over the canonical fields and prev_hash.
-    partition = models.CharField(max_length=32, default="main")
+    partition = models.CharField(max_length=32, default=LEDGER_PARTITION)
     sequence = models.BigIntegerField()
     prev_hash = models.CharField(max_length=64)
     row_hash = models.CharField(max_length=64)

@@ -12,7 +12,15 @@ from django.db import connection
 from django.db.models import Max, QuerySet, Sum
 
 from billing.chain import CHAINED_FIELDS, GENESIS_HASH, chain_hash_values
-from billing.models import DailyRollup, LedgerHead, PriceBook, RollupWatermark, Unit, UsageRecord
+from billing.models import (
+    LEDGER_PARTITION,
+    DailyRollup,
+    LedgerHead,
+    PriceBook,
+    RollupWatermark,
+    Unit,
+    UsageRecord,
+)
 from billing.rollups import with_rollup_dimensions
 from stack.registry.models import Cluster, Deployment, Provider
 
@@ -142,8 +150,8 @@ def spend_grouped(
     rollups = DailyRollup.objects.filter(day__gte=since_day, **filters)
     tail = with_rollup_dimensions(
         UsageRecord.objects.filter(
-            partition="main",
-            sequence__gt=rollup_watermark(partition="main"),
+            partition=LEDGER_PARTITION,
+            sequence__gt=rollup_watermark(partition=LEDGER_PARTITION),
             occurred_at__gte=datetime.combine(since_day, time.min, tzinfo=UTC),
         )
     ).filter(**filters)
@@ -259,7 +267,7 @@ def _verify_in_postgres(partition: str) -> tuple[int, tuple[int, int, int, str] 
 
 
 def ledger_verify(
-    *, partition: str = "main", method: str = "auto", chunk_size: int = 5000
+    *, partition: str = LEDGER_PARTITION, method: str = "auto", chunk_size: int = 5000
 ) -> LedgerVerification:
     """Walk a partition's hash chain; report the first row that does not match.
 

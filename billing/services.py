@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from billing.budgets import budget_record_spend
 from billing.chain import CHAINED_FIELDS, chain_hash_values
-from billing.models import LedgerHead, PriceBook, PriceSource, Unit, UsageRecord
+from billing.models import LEDGER_PARTITION, LedgerHead, PriceBook, PriceSource, Unit, UsageRecord
 from billing.selectors import PriceResolver, price_book_next_version
 from stack.registry.errors import DomainError
 from stack.registry.models import Cluster, Deployment, Provider, RegisteredModel, Workflow
@@ -104,7 +104,7 @@ def _lock_head(partition: str) -> LedgerHead:
 
 
 def usage_record_batch(
-    *, items: Sequence[UsageInput], partition: str = "main", prices: PriceResolver | None = None
+    *, items: Sequence[UsageInput], partition: str = LEDGER_PARTITION, prices: PriceResolver | None = None
 ) -> list[UsageRecord]:
     """Append many usage records in one transaction: priced, chained, idempotent.
 
