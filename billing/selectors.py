@@ -110,6 +110,19 @@ def price_book_next_version(
     return (latest or 0) + 1
 
 
+# What a unit of spend is for: the dashboard's training versus inference split, and the
+# ledger page's purpose filter.
+PURPOSE_BY_UNIT = {
+    Unit.ACCELERATOR_HOUR: "training and compute",
+    Unit.INPUT_TOKENS_1M: "inference",
+    Unit.OUTPUT_TOKENS_1M: "inference",
+    Unit.CACHED_INPUT_TOKENS_1M: "inference",
+    Unit.REQUEST: "inference",
+    Unit.STORAGE_GB_MONTH: "storage and transfer",
+    Unit.EGRESS_GB: "storage and transfer",
+}
+
+
 @dataclass(frozen=True)
 class DailySpend:
     day: date
