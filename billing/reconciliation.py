@@ -52,8 +52,8 @@ from django.db.models.functions import TruncDate
 
 from billing.focus import SERVICE_BY_UNIT, focus_resource
 from billing.models import DailyRollup, InvoiceImport, InvoiceLine, LedgerHead, RollupWatermark, UsageRecord
+from billing.money import LEDGER_QUANTUM
 from billing.price_import import FileImportError, RowError, csv_records, parse_decimal
-from billing.services import AMOUNT_QUANTUM
 from stack.registry.models import Provider
 
 FIELDS: dict[str, tuple[str, ...]] = {
@@ -352,8 +352,8 @@ def reconciliation_result(*, invoice: InvoiceImport, tolerance: Decimal | None =
     def ordered(found: dict[tuple[date, str], ReconciliationCell]) -> list[ReconciliationCell]:
         for cell in found.values():
             # Sums come back with backend-dependent exponents; show the ledger's 9 places everywhere.
-            cell.invoice_amount = cell.invoice_amount.quantize(AMOUNT_QUANTUM)
-            cell.ledger_amount = cell.ledger_amount.quantize(AMOUNT_QUANTUM)
+            cell.invoice_amount = cell.invoice_amount.quantize(LEDGER_QUANTUM)
+            cell.ledger_amount = cell.ledger_amount.quantize(LEDGER_QUANTUM)
         return [found[key] for key in sorted(found)]
 
     return Reconciliation(invoice, currency, ordered(by_resource), ordered(by_service), other)

@@ -14,11 +14,12 @@ from django.utils import timezone
 from billing.budgets import budget_record_spend
 from billing.chain import CHAINED_FIELDS, chain_hash_values
 from billing.models import LEDGER_PARTITION, LedgerHead, PriceBook, PriceSource, Unit, UsageRecord
+from billing.money import LEDGER_QUANTUM
 from billing.selectors import PriceResolver, price_book_next_version
 from stack.registry.errors import DomainError
 from stack.registry.models import Cluster, Deployment, Provider, RegisteredModel, Workflow
 
-AMOUNT_QUANTUM = Decimal("0.000000001")  # matches UsageRecord.amount's 9 places
+AMOUNT_QUANTUM = LEDGER_QUANTUM  # UsageRecord.amount's 9 places (the name inference.services imports)
 
 
 class NoPriceError(DomainError, LookupError):
