@@ -22,7 +22,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
+import subprocess
 import sys
 import time
 from datetime import UTC, datetime, timedelta
@@ -105,8 +107,6 @@ def _dashboard_p95_ms(end: datetime, repeats: int = 40) -> float:
 
 def _export_in_child(json_out: Path) -> dict[str, Any]:
     """Stream the whole ledger as CSV in a fresh interpreter; report rows/s and peak RSS."""
-    import subprocess
-
     env = {**os.environ, "SWITCHYARD_BENCH_DB": connection.settings_dict["NAME"]}
     code = (
         "import django, os, sys; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'stack.settings'); "
@@ -121,8 +121,6 @@ def _export_in_child(json_out: Path) -> dict[str, Any]:
 
 def export_phase(out_path: str) -> None:
     """Run in a child process by the benchmark: CSV-stream every row to nowhere."""
-    import resource
-
     began = time.perf_counter()
     lines = 0
     # Exactly what GET /api/usage-export/?format=csv streams, minus the socket.
