@@ -112,7 +112,7 @@ class AppendOnlyQuerySet(models.QuerySet["UsageRecord"]):
 
 
 class UsageRecord(models.Model):
-    """One priced unit of work. Written only by billing.services.usage_record."""
+    """One priced unit of work. Written only by billing.services.usage_record_batch (usage_record: one row)."""
 
     occurred_at = models.DateTimeField()
     recorded_at = models.DateTimeField(default=timezone.now, editable=False)
