@@ -13,8 +13,8 @@ touching its data), then measures, printing JSON:
 - export_csv_rows_per_s and export_peak_rss_mb: streaming every row as CSV
   (billing.exports, as the HTTP endpoint does) in a fresh process, so that its
   peak RSS is the export's own.
-Targets (issue 6, PostgreSQL, 2 cores): ingest >= 20000, export >= 200000,
-peak RSS < 200 MB, dashboard p95 < 100 ms, verify >= 100000.
+Targets (PostgreSQL, 2 cores; also printed under "targets"): ingest >= 20000,
+export >= 200000, peak RSS < 200 MB, dashboard p95 < 100 ms, verify >= 100000.
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
+import subprocess
 import sys
 import time
 from datetime import UTC, datetime, timedelta
@@ -31,6 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from django.db import connection
+
+from billing import exports
+from billing.models import Unit
+from billing.rollups import rollups_update
+from billing.selectors import ledger_verify, spend_per_provider_per_day
+from billing.services import UsageInput, price_book_publish, usage_record_batch
+from stack.registry.models import Cluster, Provider
 
 BATCH = 5000
 
@@ -49,11 +58,7 @@ def _scratch_database() -> str:
     return old_name
 
 
-def _seed() -> list[Any]:
-    from billing.models import Unit
-    from billing.services import price_book_publish
-    from stack.registry.models import Cluster, Provider
-
+def _seed() -> list[Cluster]:
     clusters = []
     for p in range(4):
         provider = Provider.objects.create(slug=f"bench-p{p}", display_name=f"Bench {p}", kind="aws")
@@ -71,10 +76,7 @@ def _seed() -> list[Any]:
     return clusters
 
 
-def _ingest(rows: int, clusters: list[Any], start: datetime) -> float:
-    from billing.models import Unit
-    from billing.services import UsageInput, usage_record_batch
-
+def _ingest(rows: int, clusters: list[Cluster], start: datetime) -> float:
     began = time.perf_counter()
     for offset in range(0, rows, BATCH):
         items = [
@@ -95,8 +97,6 @@ def _ingest(rows: int, clusters: list[Any], start: datetime) -> float:
 
 
 def _dashboard_p95_ms(end: datetime, repeats: int = 40) -> float:
-    from billing.selectors import spend_per_provider_per_day
-
     timings = []
     for _ in range(repeats):
         began = time.perf_counter()
@@ -107,8 +107,6 @@ def _dashboard_p95_ms(end: datetime, repeats: int = 40) -> float:
 
 def _export_in_child(json_out: Path) -> dict[str, Any]:
     """Stream the whole ledger as CSV in a fresh interpreter; report rows/s and peak RSS."""
-    import subprocess
-
     env = {**os.environ, "SWITCHYARD_BENCH_DB": connection.settings_dict["NAME"]}
     code = (
         "import django, os, sys; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'stack.settings'); "
@@ -123,10 +121,6 @@ def _export_in_child(json_out: Path) -> dict[str, Any]:
 
 def export_phase(out_path: str) -> None:
     """Run in a child process by the benchmark: CSV-stream every row to nowhere."""
-    import resource
-
-    from billing import exports
-
     began = time.perf_counter()
     lines = 0
     # Exactly what GET /api/usage-export/?format=csv streams, minus the socket.
@@ -149,9 +143,6 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.rows < BATCH:
         parser.error(f"--rows must be at least {BATCH}")
-
-    from billing.rollups import rollups_update
-    from billing.selectors import ledger_verify
 
     old_name = _scratch_database()
     try:

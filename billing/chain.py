@@ -10,7 +10,8 @@ in SQL (billing.selectors.ledger_verify checks a million rows there in one
 query): the CHAINED_FIELDS in this order, joined by U+001F (unit separator);
 NULL as \\N; text with backslash and U+001F escaped; decimals with exactly 9
 places and no negative zero; times as UTC `YYYY-MM-DDTHH:MM:SS.ffffffZ`.
-Pure functions: no Django imports, so the same code verifies exports offline.
+Pure functions: no Django imports (billing.money is pure too), so the same code
+verifies exports offline.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
+from billing.money import ledger_text
+
 GENESIS_HASH = "0" * 64
 SEPARATOR = "\x1f"
-_QUANTUM = Decimal("0.000000001")  # the ledger's 9 decimal places
 
 # The fields a row's hash covers (foreign keys by id), in canonical order.
 CHAINED_FIELDS = (
@@ -54,10 +56,7 @@ def canonical_value(value: Any) -> str:
     if value is None:
         return "\\N"
     if isinstance(value, Decimal):
-        value = value.quantize(_QUANTUM)
-        if value.is_zero():
-            value = abs(value)  # "-0.000000000" and "0.000000000" are one amount
-        return format(value, "f")
+        return ledger_text(value)  # 9 places, no exponent, no negative zero
     if isinstance(value, datetime):
         if value.tzinfo is None:
             raise ValueError("ledger times must be timezone-aware")
@@ -79,11 +78,6 @@ def _optional_id(value: int | None) -> str:
     return "\\N" if value is None else str(value)
 
 
-def _decimal(value: Decimal) -> str:
-    value = value.quantize(_QUANTUM)
-    return format(abs(value) if value.is_zero() else value, "f")
-
-
 def _time(value: datetime) -> str:
     return canonical_value(value)
 
@@ -94,9 +88,9 @@ _SPECIAL: dict[str, Callable[[Any], str]] = {
     "sequence": str,
     "price_book_id": str,
     "occurred_at": _time,
-    "quantity": _decimal,
-    "unit_price": _decimal,
-    "amount": _decimal,
+    "quantity": ledger_text,
+    "unit_price": ledger_text,
+    "amount": ledger_text,
 }
 _CONVERTERS: tuple[Callable[[Any], str], ...] = tuple(
     _SPECIAL.get(name, _optional_id if name.endswith("_id") and name != "subject_id" else _text)

@@ -24,7 +24,7 @@ def _to_div(figure: object, div_id: str) -> str:
 
 def spend_per_provider_chart(rows: Sequence[DailySpend], days: Sequence[date]) -> str:
     """Stacked bars: spend per provider per day (one trace per provider and currency)."""
-    import plotly.graph_objects as go
+    import plotly.graph_objects as go  # lazily: large, and only the pages that draw a chart need it
 
     by_series: dict[str, dict[date, Decimal]] = defaultdict(dict)
     for row in rows:

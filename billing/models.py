@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import Any, NoReturn
+from typing import Any, ClassVar, NoReturn
 
 from django.conf import settings
 from django.core.validators import MinValueValidator
@@ -11,6 +11,10 @@ from django.db import models
 from django.utils import timezone
 
 from stack.registry.models import Cluster, Deployment, ImmutableRowError, Provider, RegisteredModel, Workflow
+
+# The ledger partition writers append to unless told otherwise: its own hash chain, head row
+# and rollup watermark. Migrations keep the literal "main": they are history and never change.
+LEDGER_PARTITION = "main"
 
 
 class Unit(models.TextChoices):
@@ -108,7 +112,7 @@ class AppendOnlyQuerySet(models.QuerySet["UsageRecord"]):
 
 
 class UsageRecord(models.Model):
-    """One priced unit of work. Written only by billing.services.usage_record."""
+    """One priced unit of work. Written only by billing.services.usage_record_batch (usage_record: one row)."""
 
     occurred_at = models.DateTimeField()
     recorded_at = models.DateTimeField(default=timezone.now, editable=False)
@@ -133,7 +137,7 @@ class UsageRecord(models.Model):
     # Lets a retried task bill the same work exactly once.
     idempotency_key = models.CharField(max_length=128, unique=True)
     # Hash chain (billing.chain): sha256 over the canonical fields and prev_hash.
-    partition = models.CharField(max_length=32, default="main")
+    partition = models.CharField(max_length=32, default=LEDGER_PARTITION)
     sequence = models.BigIntegerField()
     prev_hash = models.CharField(max_length=64)
     row_hash = models.CharField(max_length=64)
@@ -229,6 +233,15 @@ class Budget(models.Model):
         WEEKLY = "weekly", "Weekly"
         CUSTOM = "custom", "Custom"
 
+    # The field naming what a budget covers, per scope; a budget leaves the other four empty.
+    SCOPE_FIELDS: ClassVar[dict[str, str]] = {
+        Scope.WORKFLOW: "workflow",
+        Scope.PROVIDER: "provider",
+        Scope.CLUSTER: "cluster",
+        Scope.TEAM: "team",
+        Scope.TRAINING_RUN: "training_run_id",
+    }
+
     name = models.CharField(max_length=100, unique=True)
     scope = models.CharField(max_length=16, choices=Scope.choices)
     workflow = models.ForeignKey(
@@ -263,6 +276,26 @@ class Budget(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @classmethod
+    def scope_attname(cls, scope: str) -> str:
+        """The attribute holding a scope's target: a foreign key's id ("workflow_id"), else the text."""
+        name = cls.SCOPE_FIELDS[scope]
+        return f"{name}_id" if cls._meta.get_field(name).is_relation else name
+
+    @staticmethod
+    def key_for(scope: str, target: object) -> tuple[str, str]:
+        """The key budgets and spends are matched on: (scope, the target's id or text, as text)."""
+        return str(scope), str(target)
+
+    def target_key(self) -> tuple[str, str]:
+        """This budget's key; billing.budgets.SpendTarget.keys() of a spend it covers holds the same."""
+        return self.key_for(self.scope, getattr(self, self.scope_attname(self.scope)))
+
+    def target_label(self) -> str:
+        """The scope and its target as people name them: "Workflow chat-prod" (slugs, not ids)."""
+        target = getattr(self, self.SCOPE_FIELDS[self.scope])
+        return f"{self.get_scope_display()} {getattr(target, 'slug', target) or ''}"
 
 
 class BudgetPeriod(models.Model):

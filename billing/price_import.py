@@ -34,6 +34,7 @@ from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from django.core.files.uploadedfile import UploadedFile
 from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
@@ -42,6 +43,8 @@ from billing.models import PriceBook, PriceSource, Unit, UsageRecord
 from billing.selectors import PriceResolver
 from billing.services import price_book_publish
 from stack.registry.models import Cluster, Deployment, Provider
+
+MAX_UPLOAD_BYTES = 20 * 1024 * 1024  # the largest file the pages and the API accept
 
 PRICE_COLUMNS = (
     "target_type",
@@ -391,6 +394,20 @@ def decode_upload(data: bytes) -> str:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise FileImportError([RowError(1, "", f"not UTF-8 text (byte {exc.start})")]) from None
+
+
+def read_upload(upload: UploadedFile) -> str:
+    """An uploaded file's text (a price file or an invoice); FileImportError when too big or not UTF-8."""
+    if upload.size is not None and upload.size > MAX_UPLOAD_BYTES:
+        raise FileImportError([RowError(1, "", f"file larger than {MAX_UPLOAD_BYTES // 2**20} MiB")])
+    return decode_upload(upload.read())
+
+
+def price_import_upload(*, upload: UploadedFile, file_format: str | None) -> PriceImportResult:
+    """price_import_file for an uploaded file; the format from `file_format`, else from its name."""
+    return price_import_file(
+        text=read_upload(upload), file_format=price_import_format_for(upload.name or "", file_format)
+    )
 
 
 # --- The price list page ------------------------------------------------------------------------

@@ -39,7 +39,7 @@ through, and an unknown code stays as it is (an invoice-only row).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
@@ -52,8 +52,8 @@ from django.db.models.functions import TruncDate
 
 from billing.focus import SERVICE_BY_UNIT, focus_resource
 from billing.models import DailyRollup, InvoiceImport, InvoiceLine, LedgerHead, RollupWatermark, UsageRecord
+from billing.money import LEDGER_QUANTUM
 from billing.price_import import FileImportError, RowError, csv_records, parse_decimal
-from billing.services import AMOUNT_QUANTUM
 from stack.registry.models import Provider
 
 FIELDS: dict[str, tuple[str, ...]] = {
@@ -352,8 +352,8 @@ def reconciliation_result(*, invoice: InvoiceImport, tolerance: Decimal | None =
     def ordered(found: dict[tuple[date, str], ReconciliationCell]) -> list[ReconciliationCell]:
         for cell in found.values():
             # Sums come back with backend-dependent exponents; show the ledger's 9 places everywhere.
-            cell.invoice_amount = cell.invoice_amount.quantize(AMOUNT_QUANTUM)
-            cell.ledger_amount = cell.ledger_amount.quantize(AMOUNT_QUANTUM)
+            cell.invoice_amount = cell.invoice_amount.quantize(LEDGER_QUANTUM)
+            cell.ledger_amount = cell.ledger_amount.quantize(LEDGER_QUANTUM)
         return [found[key] for key in sorted(found)]
 
     return Reconciliation(invoice, currency, ordered(by_resource), ordered(by_service), other)
@@ -408,3 +408,20 @@ def reconciliation_cell_rows(
         ledger = ledger.filter(unit__in=[unit for unit, name in SERVICE_BY_UNIT.items() if name == service])
     ledger = ledger.select_related("cluster", "deployment", "price_book").order_by("occurred_at", "id")
     return CellRows(list(lines.order_by("line_number")), list(ledger[:limit]), ledger.count())
+
+
+def invoice_imports() -> QuerySet[InvoiceImport]:
+    """Every invoice import, newest first, with its provider and uploader."""
+    return InvoiceImport.objects.select_related("provider", "uploaded_by")
+
+
+def reconciliation_cell_params(params: Mapping[str, Any]) -> tuple[date, str | None, str | None] | None:
+    """(day, resource, service) from ?day=...&resource=... or ?day=...&service=...; None if absent/bad."""
+    try:
+        day = date.fromisoformat(params.get("day", ""))
+    except ValueError:
+        return None
+    resource, service = params.get("resource"), params.get("service")
+    if (resource is None) == (service is None):
+        return None
+    return day, resource, service

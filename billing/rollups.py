@@ -19,7 +19,7 @@ from django.db import transaction
 from django.db.models import Case, CharField, Count, F, QuerySet, Sum, Value, When
 from django.db.models.functions import TruncDate
 
-from billing.models import DailyRollup, LedgerHead, RollupWatermark, UsageRecord
+from billing.models import LEDGER_PARTITION, DailyRollup, LedgerHead, RollupWatermark, UsageRecord
 
 DIMENSIONS = (
     "day",
@@ -70,7 +70,7 @@ def _lock_watermark(partition: str) -> RollupWatermark:
     return mark
 
 
-def rollups_update(*, partition: str = "main", batch_size: int = 100_000) -> int:
+def rollups_update(*, partition: str = LEDGER_PARTITION, batch_size: int = 100_000) -> int:
     """Fold new ledger rows into the rollups; returns how many rows were folded."""
     folded = 0
     while True:
@@ -114,7 +114,7 @@ def _fold(groups: list[dict[str, Any]]) -> None:
     DailyRollup.objects.bulk_update(changed, ["quantity", "amount", "row_count"], batch_size=2000)
 
 
-def rollups_rebuild(*, partition: str = "main") -> int:
+def rollups_rebuild(*, partition: str = LEDGER_PARTITION) -> int:
     """Drop the rollups and recompute them from the whole ledger."""
     with transaction.atomic():
         _lock_watermark(partition)

@@ -12,7 +12,15 @@ from django.db import connection
 from django.db.models import Max, QuerySet, Sum
 
 from billing.chain import CHAINED_FIELDS, GENESIS_HASH, chain_hash_values
-from billing.models import DailyRollup, LedgerHead, PriceBook, RollupWatermark, Unit, UsageRecord
+from billing.models import (
+    LEDGER_PARTITION,
+    DailyRollup,
+    LedgerHead,
+    PriceBook,
+    RollupWatermark,
+    Unit,
+    UsageRecord,
+)
 from billing.rollups import with_rollup_dimensions
 from stack.registry.models import Cluster, Deployment, Provider
 
@@ -102,6 +110,19 @@ def price_book_next_version(
     return (latest or 0) + 1
 
 
+# What a unit of spend is for: the dashboard's training versus inference split, and the
+# ledger page's purpose filter.
+PURPOSE_BY_UNIT = {
+    Unit.ACCELERATOR_HOUR: "training and compute",
+    Unit.INPUT_TOKENS_1M: "inference",
+    Unit.OUTPUT_TOKENS_1M: "inference",
+    Unit.CACHED_INPUT_TOKENS_1M: "inference",
+    Unit.REQUEST: "inference",
+    Unit.STORAGE_GB_MONTH: "storage and transfer",
+    Unit.EGRESS_GB: "storage and transfer",
+}
+
+
 @dataclass(frozen=True)
 class DailySpend:
     day: date
@@ -142,8 +163,8 @@ def spend_grouped(
     rollups = DailyRollup.objects.filter(day__gte=since_day, **filters)
     tail = with_rollup_dimensions(
         UsageRecord.objects.filter(
-            partition="main",
-            sequence__gt=rollup_watermark(partition="main"),
+            partition=LEDGER_PARTITION,
+            sequence__gt=rollup_watermark(partition=LEDGER_PARTITION),
             occurred_at__gte=datetime.combine(since_day, time.min, tzinfo=UTC),
         )
     ).filter(**filters)
@@ -259,7 +280,7 @@ def _verify_in_postgres(partition: str) -> tuple[int, tuple[int, int, int, str] 
 
 
 def ledger_verify(
-    *, partition: str = "main", method: str = "auto", chunk_size: int = 5000
+    *, partition: str = LEDGER_PARTITION, method: str = "auto", chunk_size: int = 5000
 ) -> LedgerVerification:
     """Walk a partition's hash chain; report the first row that does not match.
 

@@ -13,12 +13,13 @@ from django.utils import timezone
 
 from billing.budgets import budget_record_spend
 from billing.chain import CHAINED_FIELDS, chain_hash_values
-from billing.models import LedgerHead, PriceBook, PriceSource, Unit, UsageRecord
+from billing.models import LEDGER_PARTITION, LedgerHead, PriceBook, PriceSource, Unit, UsageRecord
+from billing.money import LEDGER_QUANTUM
 from billing.selectors import PriceResolver, price_book_next_version
 from stack.registry.errors import DomainError
 from stack.registry.models import Cluster, Deployment, Provider, RegisteredModel, Workflow
 
-AMOUNT_QUANTUM = Decimal("0.000000001")  # matches UsageRecord.amount's 9 places
+AMOUNT_QUANTUM = LEDGER_QUANTUM  # UsageRecord.amount's 9 places (the name inference.services imports)
 
 
 class NoPriceError(DomainError, LookupError):
@@ -104,7 +105,7 @@ def _lock_head(partition: str) -> LedgerHead:
 
 
 def usage_record_batch(
-    *, items: Sequence[UsageInput], partition: str = "main", prices: PriceResolver | None = None
+    *, items: Sequence[UsageInput], partition: str = LEDGER_PARTITION, prices: PriceResolver | None = None
 ) -> list[UsageRecord]:
     """Append many usage records in one transaction: priced, chained, idempotent.
 

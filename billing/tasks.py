@@ -1,39 +1,24 @@
-"""Periodic billing work (control queue)."""
+"""Billing's Celery tasks (control queue), imported here so that the worker's autodiscovery finds them.
+
+rollups_update_task is defined here. The two that billing's own code enqueues
+are defined next to the work they run, so that the code enqueueing them needs
+no import of this module: export_job_run_task in billing.exports.jobs (sent by
+export_job_create) and budget_alert_deliver_task in billing.budgets.delivery
+(sent by the ledger hook once a threshold alert commits).
+"""
 
 from __future__ import annotations
 
 from celery import shared_task
 
-from billing.budgets import AlertDeliveryError, budget_alert_deliver
-from billing.exports import export_job_run
+from billing.budgets import budget_alert_deliver_task
+from billing.exports import export_job_run_task
 from billing.rollups import rollups_update
+
+__all__ = ["budget_alert_deliver_task", "export_job_run_task", "rollups_update_task"]
 
 
 @shared_task(name="billing.rollups_update", ignore_result=True)
 def rollups_update_task() -> int:
     """Fold new ledger rows into the daily rollups (idempotent; safe to overlap)."""
     return rollups_update()
-
-
-# Sent to the control queue by billing.exports.export_job_create.
-@shared_task(name="billing.export_job_run", ignore_result=True)
-def export_job_run_task(job_id: int) -> None:
-    """Write an export job's files and signed manifest to the object store (idempotent)."""
-    export_job_run(job_id=job_id)
-
-
-@shared_task(
-    name="billing.budget_alert_deliver",
-    ignore_result=True,
-    # No queue= (deprecated in Celery 5.x): it goes to CELERY_TASK_DEFAULT_QUEUE, "control".
-    # Only transient delivery failures (SMTP or webhook unreachable, 5xx, 429)
-    # are retried, with exponential backoff capped at 10 minutes, 8 times.
-    autoretry_for=(AlertDeliveryError,),
-    retry_backoff=True,
-    retry_backoff_max=600,
-    retry_jitter=True,
-    max_retries=8,
-)
-def budget_alert_deliver_task(alert_id: int) -> None:
-    """Email and webhook for one budget alert; each channel is sent at most once."""
-    budget_alert_deliver(alert_id=alert_id)

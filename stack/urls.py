@@ -9,7 +9,7 @@ from drf_spectacular.views import SpectacularAPIView
 from rest_framework.routers import DefaultRouter
 
 from billing import api as billing_api
-from billing.export_views import UsageExportView
+from billing.api import UsageExportView
 from inference import api as inference_api
 from stack import views
 from stack.registry import api as registry_api

@@ -16,11 +16,14 @@ from billing.budgets import (
     budget_admission,
     budget_admit,
     budget_forecast,
+    budget_hard_limit_keys,
     budget_may_spend,
     budget_period_bounds,
     budget_save,
     budget_settle,
     budget_state,
+    budgets_for_target,
+    spend_target,
 )
 from billing.models import Budget, BudgetAlert, BudgetPeriod, Unit, UsageRecord
 from billing.services import usage_record, usage_reverse
@@ -145,6 +148,37 @@ def test_training_run_team_and_workflow_budgets_count_the_rows_that_name_them(
     assert _period(run).spent == training.amount
     assert _period(team).spent == served.amount
     assert _period(flow).spent == served.amount
+
+
+def test_a_budget_and_a_spend_it_covers_share_one_target_key_for_every_scope(
+    cluster: Cluster, operator: User
+) -> None:
+    workflow = make_workflow(owner=operator, team="vision")
+    budgets = [
+        _budget(scope=Budget.Scope.WORKFLOW, workflow=workflow),
+        _budget(scope=Budget.Scope.PROVIDER, provider=cluster.provider, hard_limit=True),
+        _budget(scope=Budget.Scope.CLUSTER, cluster=cluster),
+        _budget(scope=Budget.Scope.TEAM, team="vision", hard_limit=True),
+        _budget(scope=Budget.Scope.TRAINING_RUN, training_run_id="42"),
+    ]
+    spend = spend_target(workflow=workflow, cluster=cluster, training_run_id="42")
+    assert [b.target_key() for b in budgets] == spend.keys()
+    assert spend.keys() == [
+        ("workflow", str(workflow.pk)),
+        ("provider", str(cluster.provider_id)),
+        ("cluster", str(cluster.pk)),
+        ("team", "vision"),
+        ("training_run", "42"),
+    ]
+    assert budgets_for_target(target=spend) == budgets
+    assert budget_hard_limit_keys() == {budgets[1].target_key(), budgets[3].target_key()}
+    assert [b.target_label() for b in budgets] == [
+        f"Workflow {workflow.slug}",
+        f"Provider {cluster.provider.slug}",
+        f"Cluster {cluster.slug}",
+        "Team vision",
+        "Training run 42",
+    ]
 
 
 def test_a_reversal_takes_its_amount_back_out_of_the_budget(cluster: Cluster) -> None:
@@ -328,6 +362,8 @@ def test_operators_create_budgets_over_the_api_and_the_webhook_secret_is_write_o
     assert body["thresholds"] == [50, 100]
     assert body["current"]["spent"] == "1.100000000"
     assert body["current"]["limit"] == "11.000000000"
+    # Fixed-point at the ledger's 9 places even for zero (it read "0E-9" before billing.money).
+    assert body["current"]["reserved"] == "0.000000000"
     assert body["current"]["forecast"]
     budget = Budget.objects.get(name="a10g")
     assert "s3cret" not in budget.webhook_secret_encrypted

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from billing.models import LedgerHead
+from billing.models import LEDGER_PARTITION, LedgerHead
 from billing.selectors import ledger_verify
 
 
@@ -26,7 +26,7 @@ class Command(BaseCommand):
             [options["partition"]]
             if options["partition"]
             else list(LedgerHead.objects.order_by("partition").values_list("partition", flat=True))
-            or ["main"]
+            or [LEDGER_PARTITION]
         )
         failures = []
         for partition in partitions:

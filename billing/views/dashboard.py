@@ -8,7 +8,6 @@ from decimal import Decimal
 from typing import Any
 from urllib.parse import urlencode
 
-from django import forms
 from django.db.models import QuerySet, Sum
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
@@ -18,8 +17,9 @@ from django.views import View
 from billing import charts
 from billing.budgets import budget_state
 from billing.exports import ExportFilters, export_queryset
+from billing.forms import LedgerFilterForm
 from billing.models import Budget, Unit, UsageRecord
-from billing.selectors import price_in_force, spend_grouped, spend_per_provider_per_day
+from billing.selectors import PURPOSE_BY_UNIT, price_in_force, spend_grouped, spend_per_provider_per_day
 from billing.selfhosted import self_hosted_cost
 from stack.registry.models import Deployment, FailoverEvent
 from stack.registry.roles import LEDGER_READERS
@@ -27,16 +27,6 @@ from stack.registry.views import RoleRequiredMixin
 
 CHART_DAYS = 30
 TOP = 10
-# What a unit of spend is for, in the training versus inference split.
-SPLIT = {
-    Unit.ACCELERATOR_HOUR: "training and compute",
-    Unit.INPUT_TOKENS_1M: "inference",
-    Unit.OUTPUT_TOKENS_1M: "inference",
-    Unit.CACHED_INPUT_TOKENS_1M: "inference",
-    Unit.REQUEST: "inference",
-    Unit.STORAGE_GB_MONTH: "storage and transfer",
-    Unit.EGRESS_GB: "storage and transfer",
-}
 
 
 def _ledger_link(**filters: Any) -> str:
@@ -65,7 +55,7 @@ class BillingDashboardView(RoleRequiredMixin, View):
 
         split: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
         for (unit, currency), amount in spend_grouped(by=("unit", "currency"), since_day=month_start).items():
-            split[(SPLIT.get(unit, "other"), currency)] += amount
+            split[(PURPOSE_BY_UNIT.get(unit, "other"), currency)] += amount
         mtd = spend_grouped(by=("currency",), since_day=month_start)
         failover = (
             FailoverEvent.objects.filter(
@@ -117,7 +107,7 @@ class BillingDashboardView(RoleRequiredMixin, View):
                 ],
                 "split_links": {
                     purpose: _ledger_link(since=month_start.isoformat(), purpose=purpose)
-                    for purpose in set(SPLIT.values())
+                    for purpose in set(PURPOSE_BY_UNIT.values())
                 },
                 "failover_costs": list(failover),
                 "token_prices": _token_prices(since_day=first_day, now=now),
@@ -147,21 +137,6 @@ def _token_prices(*, since_day: date, now: datetime) -> list[dict[str, Any]]:
              "note": f"price v{price.version}" if price else "no output-token price"}
         )  # fmt: skip
     return table
-
-
-class LedgerFilterForm(forms.Form):
-    since = forms.DateField(required=False, help_text="UTC day, inclusive")
-    until = forms.DateField(required=False, help_text="UTC day, exclusive")
-    provider = forms.SlugField(required=False)
-    cluster = forms.SlugField(required=False)
-    workflow = forms.SlugField(required=False)
-    training_run = forms.CharField(required=False, max_length=64)
-    unit = forms.ChoiceField(required=False, choices=[("", "any"), *Unit.choices])
-    currency = forms.CharField(required=False, max_length=3)
-    purpose = forms.ChoiceField(
-        required=False, choices=[("", "any")] + [(p, p) for p in sorted(set(SPLIT.values()))]
-    )
-    before = forms.IntegerField(required=False, min_value=1, widget=forms.HiddenInput)
 
 
 PAGE_ROWS = 100
@@ -197,7 +172,7 @@ class LedgerRowsView(RoleRequiredMixin, View):
             if f["currency"]:
                 rows = rows.filter(currency=f["currency"].upper())
             if f["purpose"]:
-                rows = rows.filter(unit__in=[u for u, p in SPLIT.items() if p == f["purpose"]])
+                rows = rows.filter(unit__in=[u for u, p in PURPOSE_BY_UNIT.items() if p == f["purpose"]])
             if f["before"]:
                 rows = rows.filter(sequence__lt=f["before"])
         page = list(rows.order_by("-sequence")[: PAGE_ROWS + 1])

@@ -1,22 +1,16 @@
-"""Reconciliation pages (/billing/reconciliation/) and API (/api/invoice-imports/).
+"""Reconciliation's API: /api/invoice-imports/, provider invoices compared with the ledger.
 
-Auditors, operators and admins read and upload: an invoice import is evidence to
-compare with the ledger, it changes neither the ledger nor the prices, and
-checking invoices is an auditor's job. Viewers see neither.
+Auditors, operators and admins (the ledger readers) read and upload: an invoice
+import is evidence to compare with the ledger, it changes neither the ledger nor
+the prices, and checking invoices is an auditor's job. Viewers see neither.
 """
 
 from __future__ import annotations
 
-from datetime import date
 from decimal import Decimal
 from typing import Any
 
-from django import forms
-from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
-from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
-from django.views import View
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -24,110 +18,20 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from billing.models import InvoiceImport, InvoiceLine
-from billing.price_import import FileImportError, RowError
-from billing.price_views import read_upload
+from billing.price_import import FileImportError, read_upload
 from billing.reconciliation import (
     DEFAULT_TOLERANCE,
     CellRows,
     Reconciliation,
     ReconciliationCell,
+    invoice_imports,
+    reconciliation_cell_params,
     reconciliation_cell_rows,
     reconciliation_import,
     reconciliation_result,
 )
 from stack.registry.models import Provider
-from stack.registry.roles import Role
-from stack.registry.views import RoleRequiredMixin
-
-RECONCILERS = frozenset({Role.AUDITOR, Role.OPERATOR, Role.ADMIN})
-
-
-def _invoices() -> QuerySet[InvoiceImport]:
-    return InvoiceImport.objects.select_related("provider", "uploaded_by")
-
-
-def _cell_request(params: Any) -> tuple[date, str | None, str | None] | None:
-    """(day, resource, service) from ?day=...&resource=... or ?day=...&service=...; None if absent/bad."""
-    try:
-        day = date.fromisoformat(params.get("day", ""))
-    except ValueError:
-        return None
-    resource, service = params.get("resource"), params.get("service")
-    if (resource is None) == (service is None):
-        return None
-    return day, resource, service
-
-
-# --- Pages --------------------------------------------------------------------------------------
-
-
-class InvoiceUploadForm(forms.Form):
-    provider = forms.ModelChoiceField(queryset=Provider.objects.all(), to_field_name="slug")
-    tolerance = forms.DecimalField(min_value=Decimal("0"), initial=DEFAULT_TOLERANCE, decimal_places=6)
-    file = forms.FileField(help_text="AWS CUR, CUR 2.0 or FOCUS columns; see the docs")
-
-
-class ReconciliationListView(RoleRequiredMixin, View):
-    read_roles = RECONCILERS
-    write_roles = RECONCILERS
-
-    def get(self, request: HttpRequest) -> HttpResponse:
-        return self._page(request, InvoiceUploadForm())
-
-    def post(self, request: HttpRequest) -> HttpResponse:
-        form = InvoiceUploadForm(request.POST, request.FILES)
-        if not form.is_valid():
-            return self._page(request, form, status=400)
-        upload = form.cleaned_data["file"]
-        try:
-            invoice = reconciliation_import(
-                provider=form.cleaned_data["provider"],
-                filename=upload.name or "invoice.csv",
-                text=read_upload(upload),
-                tolerance=form.cleaned_data["tolerance"],
-                uploaded_by=request.user,  # type: ignore[arg-type]
-            )
-        except FileImportError as exc:
-            return self._page(request, form, errors=exc.errors, status=400)
-        return HttpResponseRedirect(reverse("billing-reconciliation-detail", args=[invoice.pk]))
-
-    def _page(
-        self,
-        request: HttpRequest,
-        form: InvoiceUploadForm,
-        errors: list[RowError] | None = None,
-        status: int = 200,
-    ) -> HttpResponse:
-        return render(
-            request,
-            "billing/reconciliation_list.html",
-            {"form": form, "errors": errors or [], "invoices": _invoices()[:200]},
-            status=status,
-        )
-
-
-class ReconciliationDetailView(RoleRequiredMixin, View):
-    read_roles = RECONCILERS
-
-    def get(self, request: HttpRequest, pk: int) -> HttpResponse:
-        invoice = get_object_or_404(_invoices(), pk=pk)
-        result = reconciliation_result(invoice=invoice)
-        context: dict[str, Any] = {"invoice": invoice, "result": result}
-        cell = _cell_request(request.GET)
-        if cell is not None:
-            day, resource, service = cell
-            context.update(
-                cell_day=day,
-                cell_resource=resource,
-                cell_service=service,
-                rows=reconciliation_cell_rows(
-                    invoice=invoice, day=day, resource_id=resource, service=service
-                ),
-            )
-        return render(request, "billing/reconciliation_detail.html", context)
-
-
-# --- API ----------------------------------------------------------------------------------------
+from stack.registry.roles import LEDGER_READERS
 
 
 class InvoiceImportSerializer(serializers.ModelSerializer[InvoiceImport]):
@@ -224,9 +128,9 @@ class InvoiceImportViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSe
     """Provider invoices compared with the ledger. Create: multipart provider, tolerance, file."""
 
     serializer_class = InvoiceImportSerializer
-    read_roles = RECONCILERS
-    write_roles = RECONCILERS
-    queryset = _invoices()
+    read_roles = LEDGER_READERS
+    write_roles = LEDGER_READERS
+    queryset = invoice_imports()
 
     @extend_schema(request={"multipart/form-data": InvoiceUploadSerializer})
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
@@ -255,7 +159,7 @@ class InvoiceImportViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSe
     @action(detail=True, methods=["get"])
     def rows(self, request: Request, pk: str | None = None) -> Response:
         """?day=YYYY-MM-DD and resource=ID or service=NAME: the invoice lines and ledger rows of that cell."""
-        cell = _cell_request(request.query_params)
+        cell = reconciliation_cell_params(request.query_params)
         if cell is None:
             raise serializers.ValidationError(
                 {"day": ["give day=YYYY-MM-DD and either resource= or service="]}

@@ -1,0 +1,180 @@
+"""Budgets' API: /api/budgets/ with this period's figures, and /api/budget-alerts/."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+from rest_framework import serializers, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from billing.budgets import (
+    BudgetInvalid,
+    BudgetState,
+    budget_alert_acknowledge,
+    budget_errors,
+    budget_save,
+    budget_state,
+)
+from billing.models import Budget, BudgetAlert
+from billing.money import CENT, ledger_text
+from stack.registry.models import Cluster, Provider, Workflow
+from stack.registry.roles import LEDGER_READERS, OPERATORS
+
+
+def budget_state_json(state: BudgetState | None) -> dict[str, Any] | None:
+    if state is None:
+        return None
+    return {
+        "start": state.start.isoformat(),
+        "end": state.end.isoformat(),
+        "spent": ledger_text(state.spent),
+        "reserved": ledger_text(state.reserved),
+        "limit": ledger_text(state.limit),
+        "remaining": ledger_text(state.remaining),
+        "percent": str(state.percent),
+        "forecast": state.forecast.text,
+        "runs_out_at": state.forecast.runs_out_at.isoformat() if state.forecast.runs_out_at else None,
+        "projected_spend": str(state.forecast.projected_spend.quantize(CENT)),
+    }
+
+
+class BudgetSerializer(serializers.ModelSerializer[Budget]):
+    workflow = serializers.SlugRelatedField(
+        slug_field="slug", queryset=Workflow.objects.all(), required=False, allow_null=True
+    )
+    provider = serializers.SlugRelatedField(
+        slug_field="slug", queryset=Provider.objects.all(), required=False, allow_null=True
+    )
+    cluster = serializers.SlugRelatedField(
+        slug_field="slug", queryset=Cluster.objects.all(), required=False, allow_null=True
+    )
+    thresholds = serializers.ListField(child=serializers.IntegerField(), required=False)
+    webhook_secret = serializers.CharField(
+        write_only=True,
+        required=False,
+        allow_blank=True,
+        trim_whitespace=False,
+        style={"input_type": "password"},
+        help_text="write-only HMAC key for the webhook's X-Switchyard-Signature; an empty string clears it",
+    )
+    has_webhook_secret = serializers.SerializerMethodField()
+    current = serializers.SerializerMethodField(help_text="this period: spent, reserved, limit, forecast")
+
+    class Meta:
+        model = Budget
+        fields = [
+            "id",
+            "name",
+            "scope",
+            "workflow",
+            "provider",
+            "cluster",
+            "team",
+            "training_run_id",
+            "period",
+            "custom_start",
+            "custom_end",
+            "limit_amount",
+            "currency",
+            "thresholds",
+            "hard_limit",
+            "email_to",
+            "webhook_url",
+            "webhook_secret",
+            "has_webhook_secret",
+            "active",
+            "created_at",
+            "current",
+        ]
+        read_only_fields = ["id", "created_at"]
+
+    def get_has_webhook_secret(self, budget: Budget) -> bool:
+        return bool(budget.webhook_secret_encrypted)
+
+    def get_current(self, budget: Budget) -> dict[str, Any] | None:
+        return budget_state_json(budget_state(budget=budget))
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        values = (
+            {f.name: getattr(self.instance, f.name) for f in Budget._meta.concrete_fields}
+            if self.instance
+            else {}
+        )
+        values.update(attrs)
+        secret = attrs.get("webhook_secret")
+        has_secret = bool(secret) if secret is not None else bool(values.get("webhook_secret_encrypted"))
+        errors = budget_errors(values=values, has_secret=has_secret)
+        if errors:
+            raise serializers.ValidationError(errors)
+        return attrs
+
+    def _save(self, budget: Budget, validated_data: dict[str, Any]) -> Budget:
+        secret = validated_data.pop("webhook_secret", None)
+        for name, value in validated_data.items():
+            setattr(budget, name, value)
+        try:
+            return budget_save(budget=budget, webhook_secret=secret)
+        except BudgetInvalid as exc:
+            raise serializers.ValidationError(exc.errors) from exc
+
+    def create(self, validated_data: dict[str, Any]) -> Budget:
+        return self._save(Budget(), validated_data)
+
+    def update(self, instance: Budget, validated_data: dict[str, Any]) -> Budget:
+        return self._save(instance, validated_data)
+
+
+class BudgetViewSet(viewsets.ModelViewSet[Budget]):
+    """Budgets per workflow, provider, cluster, team or training run, with this period's figures."""
+
+    serializer_class = BudgetSerializer
+    read_roles = LEDGER_READERS
+    write_roles = OPERATORS
+    queryset = Budget.objects.select_related("workflow", "provider", "cluster")
+
+
+class BudgetAlertSerializer(serializers.ModelSerializer[BudgetAlert]):
+    budget_name = serializers.CharField(source="budget.name", read_only=True)
+
+    class Meta:
+        model = BudgetAlert
+        fields = [
+            "id",
+            "budget",
+            "budget_name",
+            "period_start",
+            "threshold_percent",
+            "spent",
+            "limit_amount",
+            "triggered_at",
+            "email_sent_at",
+            "webhook_sent_at",
+            "webhook_status",
+            "acknowledged_at",
+        ]
+        read_only_fields = fields
+
+
+class BudgetAlertViewSet(viewsets.ReadOnlyModelViewSet[BudgetAlert]):
+    """Threshold alerts (`?open=1`: not acknowledged yet); POST .../acknowledge/ marks one seen."""
+
+    serializer_class = BudgetAlertSerializer
+    read_roles = LEDGER_READERS
+    write_roles = OPERATORS
+
+    def get_queryset(self) -> QuerySet[BudgetAlert]:
+        alerts = BudgetAlert.objects.select_related("budget")
+        params = self.request.query_params
+        if params.get("open") in ("1", "true"):
+            alerts = alerts.filter(acknowledged_at__isnull=True)
+        if params.get("budget", "").isdigit():
+            alerts = alerts.filter(budget_id=params["budget"])
+        return alerts
+
+    @action(detail=True, methods=["post"])
+    def acknowledge(self, request: Request, pk: str | None = None) -> Response:
+        alert = budget_alert_acknowledge(alert=self.get_object())
+        return Response(BudgetAlertSerializer(alert).data)

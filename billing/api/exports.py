@@ -1,0 +1,134 @@
+"""Exports' API: /api/usage-export/ streams the ledger in FOCUS columns; /api/export-jobs/ runs jobs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from django.http import HttpResponseBase
+from django.urls import reverse
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.negotiation import DefaultContentNegotiation
+from rest_framework.renderers import BaseRenderer, JSONRenderer
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from billing.downloads import export_response
+from billing.exports import (
+    FORMATS,
+    ExportFilterError,
+    ExportFilters,
+    export_filters_parse,
+    export_job_create,
+    export_job_file_names,
+)
+from billing.models import ExportJob
+from stack.registry.roles import LEDGER_READERS
+
+
+class _FormatIsAFilter(DefaultContentNegotiation):
+    """`?format=csv` chooses the export's format here, not one of DRF's renderers."""
+
+    def select_renderer(
+        self, request: Request, renderers: Iterable[BaseRenderer], format_suffix: str | None = None
+    ) -> tuple[BaseRenderer, str]:
+        renderer = next(iter(renderers))
+        return renderer, renderer.media_type
+
+
+class UsageExportView(APIView):
+    """GET /api/usage-export/?format=csv|jsonl|parquet&start=&end=&provider=&cluster=&workflow=&team=&training_run=&unit=
+
+    The ledger rows in FOCUS-style columns, streamed. Ledger readers only.
+    """
+
+    read_roles = LEDGER_READERS
+    renderer_classes = [JSONRenderer]
+    content_negotiation_class = _FormatIsAFilter
+
+    def get(self, request: Request) -> HttpResponseBase:
+        params = {key: request.query_params.get(key) for key in request.query_params}
+        fmt = params.get("format") or "csv"
+        errors: dict[str, list[str]] = {}
+        if fmt not in FORMATS:
+            errors["format"] = [f"unknown format {fmt!r}; one of {', '.join(FORMATS)}"]
+        try:
+            filters = export_filters_parse(params=params, ignore=("format",))
+        except ExportFilterError as exc:
+            errors.update(exc.errors)
+        if errors:
+            return Response(errors, status=status.HTTP_400_BAD_REQUEST)
+        return export_response(filters=filters, fmt=fmt)
+
+
+class ExportJobSerializer(serializers.ModelSerializer[ExportJob]):
+    filters = serializers.DictField(required=False, default=dict)
+    formats = serializers.ListField(child=serializers.CharField(), required=False, default=list(FORMATS))
+    created_by: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="username", read_only=True
+    )
+    files = serializers.SerializerMethodField()
+    page = serializers.SerializerMethodField()
+
+    class Meta:
+        model = ExportJob
+        fields = [
+            "id",
+            "status",
+            "created_at",
+            "created_by",
+            "filters",
+            "formats",
+            "started_at",
+            "finished_at",
+            "row_count",
+            "manifest",
+            "error",
+            "files",
+            "page",
+        ]
+        read_only_fields = [f for f in fields if f not in ("filters", "formats")]
+
+    def validate_filters(self, value: dict[str, Any]) -> ExportFilters:
+        try:
+            return export_filters_parse(params=value)
+        except ExportFilterError as exc:
+            raise serializers.ValidationError(exc.errors) from None
+
+    def validate_formats(self, value: list[str]) -> list[str]:
+        if not value:
+            raise serializers.ValidationError(f"choose at least one of {', '.join(FORMATS)}")
+        bad = [f for f in value if f not in FORMATS]
+        if bad:
+            raise serializers.ValidationError(f"unknown format {bad[0]!r}; one of {', '.join(FORMATS)}")
+        return value
+
+    def to_representation(self, instance: ExportJob) -> dict[str, Any]:
+        data: dict[str, Any] = super().to_representation(instance)
+        data["filters"], data["formats"] = instance.filters, instance.formats
+        return data
+
+    def get_files(self, job: ExportJob) -> list[dict[str, str]]:
+        return [
+            {"name": name, "url": reverse("billing-export-file", args=[job.pk, name])}
+            for name in export_job_file_names(job)
+        ]
+
+    def get_page(self, job: ExportJob) -> str:
+        return reverse("billing-export-job", args=[job.pk])
+
+    def create(self, validated_data: dict[str, Any]) -> ExportJob:
+        return export_job_create(
+            created_by=self.context["request"].user,
+            filters=validated_data.get("filters") or ExportFilters(),
+            formats=validated_data["formats"],
+        )
+
+
+class ExportJobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet[ExportJob]):
+    """Export jobs: files plus a signed manifest in the object store (ledger readers)."""
+
+    serializer_class = ExportJobSerializer
+    read_roles = write_roles = LEDGER_READERS
+    queryset = ExportJob.objects.select_related("created_by")

@@ -1,0 +1,74 @@
+"""The usage ledger's API: /api/usage-records/, read-only, for ledger readers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+from rest_framework import serializers, viewsets
+
+from billing.models import UsageRecord
+from stack.registry.roles import LEDGER_READERS
+
+
+class UsageRecordSerializer(serializers.ModelSerializer[UsageRecord]):
+    provider: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True
+    )
+    cluster: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True
+    )
+    deployment: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True
+    )
+    model: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    workflow: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True
+    )
+    price_book_version = serializers.IntegerField(source="price_book.version", read_only=True)
+
+    class Meta:
+        model = UsageRecord
+        fields = [
+            "id",
+            "occurred_at",
+            "recorded_at",
+            "subject_type",
+            "subject_id",
+            "description",
+            "provider",
+            "cluster",
+            "deployment",
+            "model",
+            "workflow",
+            "team",
+            "quantity",
+            "unit",
+            "unit_price",
+            "amount",
+            "currency",
+            "price_book",
+            "price_book_version",
+            "reverses",
+        ]
+        read_only_fields = fields
+
+
+class UsageRecordViewSet(viewsets.ReadOnlyModelViewSet[UsageRecord]):
+    """The append-only usage ledger (auditors, operators, admins)."""
+
+    serializer_class = UsageRecordSerializer
+    read_roles = LEDGER_READERS
+
+    def get_queryset(self) -> QuerySet[UsageRecord]:
+        rows = UsageRecord.objects.select_related(
+            "provider", "cluster", "deployment", "model", "workflow", "price_book"
+        )
+        params = self.request.query_params
+        for field in ("subject_type", "subject_id", "unit"):
+            if params.get(field):
+                rows = rows.filter(**{field: params[field]})
+        for field in ("provider", "cluster", "workflow"):
+            if params.get(field):
+                rows = rows.filter(**{f"{field}__slug": params[field]})
+        return rows

@@ -1,0 +1,180 @@
+"""Hard limits: admit a spend (reserving room in its periods) or refuse it, then settle; a read-only check."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+
+from django.db import transaction
+from django.utils import timezone
+
+from billing.budgets.errors import BudgetExhausted
+from billing.budgets.periods import ZERO, budget_period_bounds, budget_period_open
+from billing.budgets.state import budget_state
+from billing.budgets.targets import budgets_for_target, spend_target
+from billing.models import Budget, BudgetPeriod
+from billing.money import message_text
+from stack.registry.models import Cluster, Provider, Workflow
+
+
+def _exhausted_message(
+    *, budget: Budget, spent: Decimal, reserved: Decimal, start: datetime, end: datetime
+) -> str:
+    held = f" (+{message_text(reserved)} reserved by requests in flight)" if reserved else ""
+    return (
+        f"budget {budget.name!r} is spent: {message_text(spent)}{held} of its {message_text(budget.limit_amount)} "
+        f"{budget.currency} limit for {start:%Y-%m-%d %H:%M}–{end:%Y-%m-%d %H:%M} UTC"
+    )
+
+
+@dataclass
+class Admission:
+    """Room reserved in hard-limit budgets for one spend; hand it to `budget_settle` afterwards."""
+
+    estimate: Decimal
+    currency: str
+    # (BudgetPeriod id, amount reserved there); empty when no hard limit applies.
+    reservations: tuple[tuple[int, Decimal], ...] = ()
+    budget_names: tuple[str, ...] = ()
+    settled: bool = field(default=False, compare=False)
+
+
+def budget_admit(
+    *,
+    estimate: Decimal,
+    workflow: Workflow | None = None,
+    provider: Provider | None = None,
+    cluster: Cluster | None = None,
+    team: str = "",
+    training_run_id: str = "",
+    currency: str = "USD",
+) -> Admission:
+    """Ask "may I spend about `estimate`?" of every hard-limit budget the spend falls under.
+
+    Raises BudgetExhausted (naming the budget, its limit, spent and period)
+    when one has spent + reserved >= limit, and then reserves nothing.
+    Otherwise reserves `estimate` in each (same-currency) budget and returns
+    the Admission; after the real cost is in the ledger, call budget_settle.
+    A budget in another currency still refuses once it is spent.
+    """
+    if not isinstance(estimate, Decimal) or estimate < 0:
+        raise ValueError("estimate must be a non-negative Decimal")
+    target = spend_target(
+        workflow=workflow, provider=provider, cluster=cluster, team=team, training_run_id=training_run_id
+    )
+    now = timezone.now()
+    hard: list[tuple[Budget, datetime, datetime]] = []
+    for budget in budgets_for_target(target=target):
+        span = budget_period_bounds(budget=budget, at=now) if budget.hard_limit else None
+        if span is not None:
+            hard.append((budget, *span))
+    if not hard:
+        return Admission(estimate=estimate, currency=currency)
+    by_id = {budget.pk: budget for budget, _, _ in hard}
+    with transaction.atomic():
+        # Create missing periods first (that takes the ledger head lock), then
+        # lock the periods in id order: the module's lock order.
+        ids = [budget_period_open(budget=budget, start=start, end=end).pk for budget, start, end in hard]
+        periods = list(BudgetPeriod.objects.select_for_update().filter(pk__in=ids).order_by("pk"))
+        for period in periods:
+            budget = by_id[period.budget_id]
+            if period.spent + period.reserved >= budget.limit_amount:
+                raise BudgetExhausted(
+                    _exhausted_message(
+                        budget=budget,
+                        spent=period.spent,
+                        reserved=period.reserved,
+                        start=period.start,
+                        end=period.end,
+                    ),
+                    budget_id=budget.pk,
+                )
+        reservations = []
+        for period in periods:
+            if by_id[period.budget_id].currency != currency or estimate == 0:
+                continue
+            period.reserved += estimate
+            period.save(update_fields=["reserved"])
+            reservations.append((period.pk, estimate))
+    return Admission(
+        estimate=estimate,
+        currency=currency,
+        reservations=tuple(reservations),
+        budget_names=tuple(budget.name for budget, _, _ in hard),
+    )
+
+
+def budget_settle(*, admission: Admission) -> None:
+    """Release an admission's reservations (its real cost reaches `spent` through the ledger).
+
+    Settling twice is a no-op. Call it after the usage is recorded, also when
+    the spend failed (then nothing was recorded and the room comes back).
+    """
+    if admission.settled or not admission.reservations:
+        admission.settled = True
+        return
+    amounts = dict(admission.reservations)
+    with transaction.atomic():
+        for period in BudgetPeriod.objects.select_for_update().filter(pk__in=amounts).order_by("pk"):
+            # Never below zero: a period reset by hand must not go negative.
+            period.reserved = max(ZERO, period.reserved - amounts[period.pk])
+            period.save(update_fields=["reserved"])
+    admission.settled = True
+
+
+@contextmanager
+def budget_admission(
+    *,
+    estimate: Decimal,
+    workflow: Workflow | None = None,
+    provider: Provider | None = None,
+    cluster: Cluster | None = None,
+    team: str = "",
+    training_run_id: str = "",
+    currency: str = "USD",
+) -> Iterator[Admission]:
+    """`with budget_admission(estimate=..., workflow=wf): call; usage_record(...)` — admit, then settle.
+
+    The shape the inference router wants: call it outside a transaction, so
+    the period locks are held only for the admission itself.
+    """
+    admission = budget_admit(
+        estimate=estimate,
+        workflow=workflow,
+        provider=provider,
+        cluster=cluster,
+        team=team,
+        training_run_id=training_run_id,
+        currency=currency,
+    )
+    try:
+        yield admission
+    finally:
+        budget_settle(admission=admission)
+
+
+def budget_may_spend(
+    *,
+    workflow: Workflow | None = None,
+    provider: Provider | None = None,
+    cluster: Cluster | None = None,
+    team: str = "",
+    training_run_id: str = "",
+) -> tuple[bool, str]:
+    """Read-only: (False, why) when a hard-limit budget of this spend is spent, else (True, "")."""
+    target = spend_target(
+        workflow=workflow, provider=provider, cluster=cluster, team=team, training_run_id=training_run_id
+    )
+    now = timezone.now()
+    for budget in budgets_for_target(target=target):
+        if not budget.hard_limit:
+            continue
+        state = budget_state(budget=budget, now=now)
+        if state is not None and state.spent + state.reserved >= budget.limit_amount:
+            return False, _exhausted_message(
+                budget=budget, spent=state.spent, reserved=state.reserved, start=state.start, end=state.end
+            )
+    return True, ""

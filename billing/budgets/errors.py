@@ -1,0 +1,28 @@
+"""What budgets raise: a spend refused by a hard limit, a budget that does not fit together, a retryable send."""
+
+from __future__ import annotations
+
+from stack.registry.errors import DomainError, MultiFieldError
+
+
+class BudgetExhausted(DomainError):
+    """A hard-limit budget has no room left; nothing was spent or reserved.
+
+    The API fails closed with 402, naming the budget: the caller may not spend until it is raised."""
+
+    status_code = 402
+
+    def __init__(self, message: str, *, budget_id: int) -> None:
+        super().__init__(message)
+        self.budget_id = budget_id
+
+    def api_body(self) -> dict[str, object]:
+        return {"detail": str(self), "code": "budget_exhausted"}
+
+
+class BudgetInvalid(MultiFieldError, ValueError):
+    """A budget's fields do not fit together; `errors` maps field names to messages."""
+
+
+class AlertDeliveryError(Exception):
+    """A transient failure sending an alert (SMTP or webhook unreachable, 5xx, 429): retry later."""

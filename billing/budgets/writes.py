@@ -1,0 +1,90 @@
+"""Writes: validating and saving budgets, acknowledging alerts."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+from typing import Any
+
+from django.core.validators import validate_email
+from django.db import transaction
+from django.forms import ValidationError as FormValidationError
+from django.utils import timezone
+
+from billing.budgets.errors import BudgetInvalid
+from billing.budgets.periods import ZERO
+from billing.models import Budget, BudgetAlert, BudgetPeriod
+from stack.registry.crypto import encrypt_secret
+
+
+def budget_errors(*, values: Mapping[str, Any], has_secret: bool) -> dict[str, list[str]]:
+    """Field errors of a budget's values (those of the model's fields, plus the new secret's presence)."""
+    errors: dict[str, list[str]] = defaultdict(list)
+    scope = values.get("scope")
+    if scope in Budget.SCOPE_FIELDS:
+        needed = Budget.SCOPE_FIELDS[scope]
+        if values.get(needed) in (None, ""):
+            errors[needed].append(f"a {Budget.Scope(scope).label.lower()} budget needs a {needed}")
+        for other in Budget.SCOPE_FIELDS.values():
+            if other != needed and values.get(other) not in (None, ""):
+                errors[other].append(f"leave empty: the budget's scope is {scope}")
+    period = values.get("period")
+    start, end = values.get("custom_start"), values.get("custom_end")
+    if period == Budget.Period.CUSTOM:
+        if start is None:
+            errors["custom_start"].append("a custom period needs a start")
+        if end is None:
+            errors["custom_end"].append("a custom period needs an end")
+        if start is not None and end is not None and end <= start:
+            errors["custom_end"].append("the end must be after the start")
+    elif start is not None or end is not None:
+        errors["custom_start"].append("only a custom period has a start and end")
+    thresholds = values.get("thresholds") or []
+    if not isinstance(thresholds, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) and 1 <= t <= 1000 for t in thresholds
+    ):
+        errors["thresholds"].append("a list of whole percentages between 1 and 1000, e.g. [50, 80, 100]")
+    limit = values.get("limit_amount")
+    if limit is not None and limit < 0:
+        errors["limit_amount"].append("the limit cannot be negative")
+    for address in email_addresses(values.get("email_to") or ""):
+        try:
+            validate_email(address)
+        except FormValidationError:
+            errors["email_to"].append(f"{address!r} is not an email address")
+    if values.get("webhook_url") and not has_secret:
+        errors["webhook_secret"].append("a webhook needs a secret to sign its requests with")
+    return dict(errors)
+
+
+def email_addresses(email_to: str) -> list[str]:
+    """The addresses in a budget's comma-separated email_to."""
+    return [a.strip() for a in email_to.split(",") if a.strip()]
+
+
+def budget_save(*, budget: Budget, webhook_secret: str | None = None) -> Budget:
+    """Validate and save a budget. `webhook_secret`: a new secret, "" to clear, None to keep."""
+    has_secret = bool(webhook_secret) if webhook_secret is not None else bool(budget.webhook_secret_encrypted)
+    values = {f.name: getattr(budget, f.name) for f in Budget._meta.concrete_fields}
+    errors = budget_errors(values=values, has_secret=has_secret)
+    if errors:
+        raise BudgetInvalid(errors)
+    budget.thresholds = sorted(set(budget.thresholds))
+    if webhook_secret is not None:
+        budget.webhook_secret_encrypted = encrypt_secret(webhook_secret) if webhook_secret else ""
+    with transaction.atomic():
+        budget.save()
+        # A changed scope, currency or period kind makes the stored running
+        # totals of this budget wrong: drop those of the current and later
+        # periods, and they are re-summed from the ledger when next needed.
+        BudgetPeriod.objects.filter(budget=budget, end__gt=timezone.now(), reserved=ZERO).delete()
+    return budget
+
+
+def budget_alert_acknowledge(*, alert: BudgetAlert) -> BudgetAlert:
+    """Mark an alert seen (it leaves the open list); acknowledging twice keeps the first time."""
+    BudgetAlert.objects.filter(pk=alert.pk, acknowledged_at__isnull=True).update(
+        acknowledged_at=timezone.now()
+    )
+    alert.refresh_from_db()
+    return alert

@@ -1,0 +1,65 @@
+"""The export's shape: formats and file names, the FOCUS and x_ columns, and how times read as text."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+FORMATS = ("csv", "jsonl", "parquet")
+FILE_NAMES = {"csv": "usage.csv", "jsonl": "usage.jsonl", "parquet": "usage.parquet"}
+CONTENT_TYPES = {
+    "csv": "text/csv; charset=utf-8",
+    "jsonl": "application/x-ndjson",
+    "parquet": "application/vnd.apache.parquet",
+    "json": "application/json",
+}
+MANIFEST_NAME = "manifest.json"
+
+FOCUS_COLUMNS = (
+    "BilledCost",
+    "EffectiveCost",
+    "ListUnitPrice",
+    "PricingQuantity",
+    "PricingUnit",
+    "ChargePeriodStart",
+    "ChargePeriodEnd",
+    "BillingCurrency",
+    "ProviderName",
+    "ServiceName",
+    "ResourceId",
+    "ResourceType",
+    "Tags",
+)
+SWITCHYARD_COLUMNS = (
+    "x_UsageRecordId",
+    "x_Sequence",
+    "x_PriceBookId",
+    "x_PriceBookVersion",
+    "x_RowHash",
+    "x_PrevHash",
+    "x_Unit",
+    "x_IdempotencyKey",
+)
+COLUMNS = FOCUS_COLUMNS + SWITCHYARD_COLUMNS
+DECIMAL_COLUMNS = frozenset({"BilledCost", "EffectiveCost", "ListUnitPrice", "PricingQuantity"})
+TIME_COLUMNS = frozenset({"ChargePeriodStart", "ChargePeriodEnd"})
+INT_COLUMNS = frozenset({"x_UsageRecordId", "x_Sequence", "x_PriceBookId", "x_PriceBookVersion"})
+# Positions in a Row of the values a manifest summarises (and of Tags, spliced into JSON Lines).
+COST = COLUMNS.index("BilledCost")
+CURRENCY = COLUMNS.index("BillingCurrency")
+TAGS = COLUMNS.index("Tags")
+SEQUENCE = COLUMNS.index("x_Sequence")
+ROW_HASH = COLUMNS.index("x_RowHash")
+
+# Parquet: 28 digits with 9 after the point holds every ledger amount (24, 9) and any total.
+PARQUET_PRECISION, PARQUET_SCALE = 28, 9
+CHUNK_ROWS = 2000  # rows per database fetch and per streamed chunk
+PARQUET_BATCH_ROWS = 10_000  # rows per Parquet record batch (and row group)
+
+Row = tuple[Any, ...]  # one export row, values in COLUMNS order
+
+
+def iso_text(value: datetime) -> str:
+    """A time as UTC text with always six fractional digits: one fixed-width format for every row
+    (and PostgreSQL's COPY path writes the very same text, see billing.exports.postgres)."""
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

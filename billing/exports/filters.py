@@ -1,0 +1,189 @@
+"""Which ledger rows and formats an export holds: the filters, their form and parser, and the query."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from django import forms
+from django.db.models import QuerySet
+
+from billing.exports.columns import FORMATS, iso_text
+from billing.models import LEDGER_PARTITION, LedgerHead, Unit, UsageRecord
+from stack.registry.errors import MultiFieldError
+from stack.registry.models import Cluster, Provider, Workflow
+
+FILTER_FIELDS = ("start", "end", "provider", "cluster", "workflow", "team", "training_run", "unit")
+
+
+class ExportFilterError(MultiFieldError, ValueError):
+    """Filters that do not describe an export; `errors` maps each field to its messages."""
+
+    def __init__(self, errors: Mapping[str, list[str]]) -> None:
+        super().__init__(dict(errors))
+
+
+@dataclass(frozen=True)
+class ExportFilters:
+    """Which ledger rows an export holds. Period: start <= occurred_at < end (UTC)."""
+
+    start: datetime | None = None
+    end: datetime | None = None
+    provider: str = ""  # slugs
+    cluster: str = ""
+    workflow: str = ""
+    team: str = ""
+    training_run: str = ""  # subject_type "training_run" with this subject_id
+    unit: str = ""
+    partition: str = LEDGER_PARTITION
+    # The ledger head when the export started: later appends are not part of it.
+    through_sequence: int | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {}
+        for name in FILTER_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, datetime):
+                value = iso_text(value)
+            if value not in (None, ""):
+                data[name] = value
+        data["partition"] = self.partition
+        if self.through_sequence is not None:
+            data["through_sequence"] = self.through_sequence
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ExportFilters:
+        """Filters as stored on a job (already validated when the job was made)."""
+        values: dict[str, Any] = {}
+        for name in FILTER_FIELDS:
+            if data.get(name) not in (None, ""):
+                values[name] = data[name]
+        for name in ("start", "end"):
+            if name in values:
+                values[name] = datetime.fromisoformat(values[name])
+        return cls(
+            **values,
+            partition=data.get("partition", LEDGER_PARTITION),
+            through_sequence=data.get("through_sequence"),
+        )
+
+    def pinned(self) -> ExportFilters:
+        """These filters with the ledger head fixed, so the export cannot change under us."""
+        if self.through_sequence is not None:
+            return self
+        head = LedgerHead.objects.filter(partition=self.partition).first()
+        return replace(self, through_sequence=head.last_sequence if head is not None else 0)
+
+    def file_stem(self) -> str:
+        start = f"{self.start:%Y%m%dT%H%M%SZ}" if self.start else "beginning"
+        end = f"{self.end:%Y%m%dT%H%M%SZ}" if self.end else "now"
+        return f"switchyard-usage-{start}-{end}"
+
+
+class ExportFilterForm(forms.Form):
+    """Validates export filters for the page, the API, the job API and the command alike."""
+
+    start = forms.DateTimeField(
+        required=False, help_text="UTC, inclusive: 2026-05-01 or 2026-05-01T00:00:00Z"
+    )
+    end = forms.DateTimeField(required=False, help_text="UTC, exclusive")
+    provider = forms.ModelChoiceField(
+        Provider.objects.order_by("slug"),
+        to_field_name="slug",
+        required=False,
+        empty_label="any provider",
+        error_messages={"invalid_choice": "no provider with slug %(value)s"},
+    )
+    cluster = forms.ModelChoiceField(
+        Cluster.objects.order_by("slug"),
+        to_field_name="slug",
+        required=False,
+        empty_label="any cluster",
+        error_messages={"invalid_choice": "no cluster with slug %(value)s"},
+    )
+    workflow = forms.ModelChoiceField(
+        Workflow.objects.order_by("slug"),
+        to_field_name="slug",
+        required=False,
+        empty_label="any workflow",
+        error_messages={"invalid_choice": "no workflow with slug %(value)s"},
+    )
+    team = forms.CharField(required=False, max_length=64)
+    training_run = forms.CharField(required=False, max_length=64, label="Training run id")
+    unit = forms.ChoiceField(
+        required=False,
+        choices=[("", "any unit"), *Unit.choices],
+        error_messages={"invalid_choice": "unknown unit %(value)s; one of " + ", ".join(Unit.values)},
+    )
+
+    def clean(self) -> dict[str, Any]:
+        cleaned: dict[str, Any] = super().clean() or {}
+        start, end = cleaned.get("start"), cleaned.get("end")
+        if start is not None and end is not None and end <= start:
+            self.add_error("end", "end must be after start")
+        return cleaned
+
+    def filters(self) -> ExportFilters:
+        data = self.cleaned_data
+        return ExportFilters(
+            start=data["start"].astimezone(UTC) if data.get("start") else None,
+            end=data["end"].astimezone(UTC) if data.get("end") else None,
+            provider=data["provider"].slug if data.get("provider") else "",
+            cluster=data["cluster"].slug if data.get("cluster") else "",
+            workflow=data["workflow"].slug if data.get("workflow") else "",
+            team=data.get("team") or "",
+            training_run=data.get("training_run") or "",
+            unit=data.get("unit") or "",
+        )
+
+
+def export_filters_parse(*, params: Mapping[str, Any], ignore: Iterable[str] = ()) -> ExportFilters:
+    """Filters from query parameters or a JSON object; ExportFilterError names each bad field.
+
+    Unknown names are refused: a misspelt filter must not silently export everything.
+    """
+    skip = set(ignore)
+    unknown = sorted(k for k in params if k not in FILTER_FIELDS and k not in skip)
+    form = ExportFilterForm(data={k: params[k] for k in params if k in FILTER_FIELDS})
+    valid = form.is_valid()
+    errors: dict[str, list[str]] = {name: [str(m) for m in msgs] for name, msgs in form.errors.items()}
+    for name in unknown:
+        errors[name] = [f"unknown filter; use {', '.join(FILTER_FIELDS)}"]
+    if errors or not valid:
+        raise ExportFilterError(errors)
+    return form.filters()
+
+
+def export_formats_clean(formats: Sequence[str]) -> list[str]:
+    """The formats asked for, de-duplicated in order; ExportFilterError if none or one is unknown."""
+    cleaned = list(dict.fromkeys(formats))
+    if not cleaned:
+        raise ExportFilterError({"formats": ["choose at least one of " + ", ".join(FORMATS)]})
+    bad = [f for f in cleaned if f not in FORMATS]
+    if bad:
+        raise ExportFilterError({"formats": [f"unknown format {bad[0]!r}; one of " + ", ".join(FORMATS)]})
+    return cleaned
+
+
+def export_queryset(*, filters: ExportFilters) -> QuerySet[UsageRecord]:
+    """The ledger rows an export holds, in chain order."""
+    rows = UsageRecord.objects.filter(partition=filters.partition)
+    if filters.start is not None:
+        rows = rows.filter(occurred_at__gte=filters.start)
+    if filters.end is not None:
+        rows = rows.filter(occurred_at__lt=filters.end)
+    for name in ("provider", "cluster", "workflow"):
+        if getattr(filters, name):
+            rows = rows.filter(**{f"{name}__slug": getattr(filters, name)})
+    if filters.team:
+        rows = rows.filter(team=filters.team)
+    if filters.training_run:
+        rows = rows.filter(subject_type="training_run", subject_id=filters.training_run)
+    if filters.unit:
+        rows = rows.filter(unit=filters.unit)
+    if filters.through_sequence is not None:
+        rows = rows.filter(sequence__lte=filters.through_sequence)
+    return rows.order_by("sequence")

@@ -1,0 +1,136 @@
+"""Checking a downloaded export against its manifest: signature, file digests, rows and totals."""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+
+from billing.exports.columns import COLUMNS, COST, CURRENCY, PARQUET_BATCH_ROWS, ROW_HASH, SEQUENCE
+from billing.exports.manifest import file_digest, manifest_signature_ok
+from billing.exports.rows import ExportSummary
+from billing.exports.writers import parquet_schema
+
+
+@dataclass(frozen=True)
+class ExportCheck:
+    name: str
+    ok: bool
+    detail: str
+
+    def line(self) -> str:
+        return f"{self.name}: {'ok' if self.ok else 'MISMATCH'}: {self.detail}"
+
+
+def _tally_csv(path: Path) -> ExportSummary:
+    summary = ExportSummary()
+    with path.open(newline="", encoding="utf-8") as fh:
+        reader = csv.reader(fh)
+        header = next(reader, None)
+        if header is None or tuple(header) != COLUMNS:
+            raise ValueError("the header is not the export's column set")
+        for cells in reader:
+            summary.add(
+                cost=Decimal(cells[COST]),
+                currency=cells[CURRENCY],
+                sequence=int(cells[SEQUENCE]),
+                row_hash=cells[ROW_HASH],
+            )
+    return summary
+
+
+def _tally_jsonl(path: Path) -> ExportSummary:
+    summary = ExportSummary()
+    with path.open(encoding="utf-8") as fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            summary.add(
+                cost=Decimal(row["BilledCost"]),
+                currency=row["BillingCurrency"],
+                sequence=int(row["x_Sequence"]),
+                row_hash=row["x_RowHash"],
+            )
+    return summary
+
+
+def _tally_parquet(path: Path) -> ExportSummary:
+    import pyarrow.parquet as pq  # lazily: only checking a Parquet file needs it
+
+    summary = ExportSummary()
+    wanted = ["BilledCost", "BillingCurrency", "x_Sequence", "x_RowHash"]
+    parquet = pq.ParquetFile(str(path))
+    if parquet.schema_arrow.field("BilledCost").type != parquet_schema().field("BilledCost").type:
+        raise ValueError("BilledCost is not decimal128(28, 9)")
+    for batch in parquet.iter_batches(columns=wanted, batch_size=PARQUET_BATCH_ROWS):
+        data = batch.to_pydict()
+        for cost, currency, sequence, row_hash in zip(*(data[c] for c in wanted), strict=True):
+            summary.add(cost=cost, currency=currency, sequence=sequence, row_hash=row_hash)
+    return summary
+
+
+_TALLIES = {"csv": _tally_csv, "jsonl": _tally_jsonl, "parquet": _tally_parquet}
+
+
+def export_verify(*, manifest_path: Path, directory: Path | None = None) -> list[ExportCheck]:
+    """Check a downloaded export against its manifest: signature, each file's sha256 and
+    size, then each file re-read to recount rows and re-sum totals per currency."""
+    directory = directory or manifest_path.parent
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, ValueError) as exc:
+        return [ExportCheck(manifest_path.name, False, f"cannot read the manifest: {exc}")]
+    checks = [
+        ExportCheck(
+            "signature",
+            manifest_signature_ok(manifest),
+            "HMAC-SHA256 matches"
+            if manifest_signature_ok(manifest)
+            else "HMAC-SHA256 does not match: the manifest was changed or signed with another key",
+        )
+    ]
+    expected = {k: manifest.get(k) for k in ExportSummary().as_json()}
+    for name, meta in sorted(manifest.get("files", {}).items()):
+        path = directory / name
+        if not path.is_file():
+            checks.append(ExportCheck(name, False, f"missing from {directory}"))
+            continue
+        sha256, size = file_digest(path)
+        if (sha256, size) != (meta.get("sha256"), meta.get("size")):
+            checks.append(
+                ExportCheck(
+                    name,
+                    False,
+                    f"sha256 {sha256[:16]}… size {size} differs from the manifest's "
+                    f"{str(meta.get('sha256'))[:16]}… size {meta.get('size')}",
+                )
+            )
+        else:
+            checks.append(ExportCheck(name, True, f"sha256 and size ({size} bytes) match"))
+        try:
+            tally = _TALLIES[meta["format"]](path).as_json()
+        except (KeyError, ValueError, InvalidOperation, IndexError, OSError) as exc:
+            checks.append(
+                ExportCheck(f"{name} rows", False, f"cannot be re-read: {type(exc).__name__}: {exc}")
+            )
+            continue
+        differs = [k for k in expected if tally[k] != expected[k]]
+        totals = ", ".join(f"{c} {t}" for c, t in tally["totals"].items()) or "no money"
+        if differs:
+            checks.append(
+                ExportCheck(
+                    f"{name} rows",
+                    False,
+                    "; ".join(f"{k} is {tally[k]!r}, manifest says {expected[k]!r}" for k in differs),
+                )
+            )
+        else:
+            checks.append(
+                ExportCheck(
+                    f"{name} rows", True, f"{tally['row_count']} rows, totals {totals}, chain ends match"
+                )
+            )
+    return checks

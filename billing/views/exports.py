@@ -1,0 +1,93 @@
+"""Export pages: pick filters and download now or run a job (/billing/export/), job pages and their files."""
+
+from __future__ import annotations
+
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBase,
+    HttpResponseRedirect,
+    StreamingHttpResponse,
+)
+from django.shortcuts import get_object_or_404, render
+from django.urls import reverse
+from django.views import View
+
+from billing.downloads import attachment, export_response
+from billing.exports import (
+    CONTENT_TYPES,
+    FORMATS,
+    MANIFEST_NAME,
+    export_job_create,
+    export_job_file_chunks,
+    export_job_file_names,
+)
+from billing.forms import ExportPageForm
+from billing.models import ExportJob
+from stack.registry.roles import LEDGER_READERS
+from stack.registry.views import RoleRequiredMixin
+
+
+class ExportPageView(RoleRequiredMixin, View):
+    """Pick a period and filters; download now, or run an export job to the object store."""
+
+    read_roles = write_roles = LEDGER_READERS
+
+    def get(self, request: HttpRequest) -> HttpResponse:
+        return self._page(request, ExportPageForm())
+
+    def post(self, request: HttpRequest) -> HttpResponseBase:
+        form = ExportPageForm(request.POST)
+        if not form.is_valid():
+            return self._page(request, form, status=400)
+        if request.POST.get("action") == "job":
+            job = export_job_create(created_by=request.user, filters=form.filters(), formats=FORMATS)  # type: ignore[arg-type]
+            return HttpResponseRedirect(reverse("billing-export-job", args=[job.pk]))
+        return export_response(filters=form.filters(), fmt=form.cleaned_data["format"])
+
+    def _page(self, request: HttpRequest, form: ExportPageForm, status: int = 200) -> HttpResponse:
+        jobs = ExportJob.objects.select_related("created_by")[:20]
+        return render(request, "billing/export.html", {"form": form, "jobs": jobs}, status=status)
+
+
+class ExportJobPageView(RoleRequiredMixin, View):
+    read_roles = LEDGER_READERS
+
+    def get(self, request: HttpRequest, pk: int) -> HttpResponse:
+        job = get_object_or_404(ExportJob.objects.select_related("created_by"), pk=pk)
+        files = [
+            {
+                "name": name,
+                "url": reverse("billing-export-file", args=[job.pk, name]),
+                **job.manifest.get("files", {}).get(name, {}),
+            }
+            for name in export_job_file_names(job)
+        ]
+        return render(
+            request,
+            "billing/export_job.html",
+            {
+                "job": job,
+                "files": files,
+                "totals": sorted(job.manifest.get("totals", {}).items()),
+                "finished": job.status in (ExportJob.Status.SUCCEEDED, ExportJob.Status.FAILED),
+            },
+        )
+
+
+class ExportJobFileView(RoleRequiredMixin, View):
+    """One file of a finished export job, streamed from the object store."""
+
+    read_roles = LEDGER_READERS
+
+    def get(self, request: HttpRequest, pk: int, name: str) -> StreamingHttpResponse:
+        job = get_object_or_404(ExportJob, pk=pk)
+        try:
+            chunks = export_job_file_chunks(job=job, name=name)
+        except LookupError:  # not one of the job's files, or gone from the store
+            raise Http404(f"export #{pk} has no file {name}") from None
+        fmt = "json" if name == MANIFEST_NAME else job.manifest["files"][name]["format"]
+        response = StreamingHttpResponse(chunks, content_type=CONTENT_TYPES[fmt])
+        response["Content-Disposition"] = attachment(f"switchyard-export-{pk}-{name}")
+        return response
