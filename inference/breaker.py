@@ -168,7 +168,7 @@ class RedisBreakers:
     """Breakers whose state every process shares (REDIS_URL)."""
 
     def __init__(self, url: str) -> None:
-        import redis
+        import redis  # only with REDIS_URL (the embedded demo runs without it)
 
         self.redis = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
         self._peek = self.redis.register_script(_PEEK)
@@ -222,9 +222,6 @@ class RedisBreakers:
         return {
             d: [float(x) for x in values] for d, values in zip(deployment_ids, pipe.execute(), strict=True)
         }
-
-    def reset(self, deployment_id: int) -> None:
-        self.redis.delete(_key(deployment_id), _lat_key(deployment_id), _calls_key(deployment_id))
 
     def claim_once(self, key: str, *, ttl_s: float) -> bool:
         """True for the first caller within ttl_s (e.g. one demotion event per episode)."""
@@ -307,11 +304,6 @@ class LocalBreakers:
     def latencies(self, deployment_ids: Sequence[int]) -> dict[int, list[float]]:
         with self._lock:
             return {d: list(self._lat.get(d, ())) for d in deployment_ids}
-
-    def reset(self, deployment_id: int) -> None:
-        with self._lock:
-            self._state.pop(deployment_id, None)
-            self._lat.pop(deployment_id, None)
 
     def claim_once(self, key: str, *, ttl_s: float) -> bool:
         now = time.monotonic()
