@@ -156,8 +156,7 @@ class _Context:
     attempts: list[AttemptInfo] = field(default_factory=list)
     demoted: list[tuple[PlanEntry, float]] = field(default_factory=list)
     budget_error: BudgetExhausted | None = None
-    stop_error: ProviderError | None = None
-    deployment: Deployment | None = None  # a one-deployment call (route_to_deployment)
+    deployment: Deployment | None = None  # a one-deployment call: route(deployment=...)
 
 
 def _prepare(
@@ -346,8 +345,7 @@ def _attempt_calls(ctx: _Context, stack: ExitStack, *, stream: bool) -> Iterator
                     )
                 if not exc.retryable:
                     if exc.status_code in CLIENT_ERRORS:
-                        ctx.stop_error = exc
-                        return
+                        return  # the request itself is at fault: no other deployment would take it
                     refused_by.add(entry.deployment_id)
         retryable_left = any(a.outcome == Outcome.RETRYABLE for a in ctx.attempts)
         if not any_called or not retryable_left:
