@@ -1,6 +1,6 @@
-"""Inference: provider adapters, the router, the OpenAI-compatible gateway.
+"""Inference: provider adapters, the router, the OpenAI-compatible gateway, local serving,
+eval sets and quality scores, batch jobs.
 
 The routing policies it executes are versioned in the registry
-(stack.registry.models.RoutingPolicyVersion); the gateway itself is built by the
-inference-gateway issue.
+(stack.registry.models.RoutingPolicyVersion); inference/README.md maps the modules.
 """

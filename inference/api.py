@@ -1,14 +1,372 @@
-"""Inference API viewsets, registered on the /api/ router by stack.urls."""
+"""The inference app's /api/ endpoints: serializers and viewsets, and `register(router)`.
+
+- /api/chaos/<deployment-slug>/: a deployment's fault injection for failover drills. GET lists
+  every deployment's settings (any role); PUT/PATCH changes one (operators) through
+  inference.services.chaos_config_set, so the next routed request sees it.
+- /api/eval-sets/, /api/eval-runs/, /api/feedback/: quality scores for deployments. Eval sets
+  and runs: any role reads, operators write. POST /api/eval-sets/<id>/cases/ adds a case (a bad
+  regex or schema answers 400 naming the field). POST /api/eval-runs/ {eval_set, deployment}
+  queues a run (201). POST /api/feedback/ records an application's score for a request or a
+  deployment (201 with the QualityRecord). The work is in inference.quality.
+- /api/batch-jobs/: create (operators), list and detail with progress (any role). POST
+  {workflow, input_uri} (a key in the object store) or {workflow, input_jsonl} (the JSONL text,
+  stored for the job); a bad line answers 400 naming the line. POST .../<id>/cancel/ stops a
+  pending or running job (400 when it has finished). The work is in inference.batch.
+
+The /v1 gateway is plain Django views (inference.gateway); the pages are inference.views.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
+from django.shortcuts import get_object_or_404
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
 from rest_framework.routers import BaseRouter
+
+from inference import batch, quality
+from inference.batch_selectors import batch_job_progress, batch_jobs
+from inference.models import (
+    BatchJob,
+    ChaosConfig,
+    EvalCase,
+    EvalRun,
+    EvalSet,
+    InferenceRequest,
+    QualityRecord,
+)
+from inference.services import chaos_config_set
+from stack.registry.models import Deployment, Workflow
+from stack.registry.roles import ALL_ROLES, OPERATORS
+
+# --- Chaos drills ------------------------------------------------------------------------------
+
+
+class ChaosSerializer(serializers.Serializer[Any]):
+    deployment = serializers.CharField(read_only=True)
+    enabled = serializers.BooleanField()
+    error_rate = serializers.FloatField(min_value=0.0, max_value=1.0, default=0.0)
+    status_codes = serializers.ListField(
+        child=serializers.IntegerField(min_value=100, max_value=599), default=list, max_length=10
+    )
+    latency_ms = serializers.IntegerField(min_value=0, max_value=600_000, default=0)
+    malformed_rate = serializers.FloatField(min_value=0.0, max_value=1.0, default=0.0)
+    updated_at = serializers.DateTimeField(read_only=True)
+
+
+def _chaos_doc(deployment: Deployment, config: ChaosConfig | None) -> dict[str, Any]:
+    return {
+        "deployment": deployment.slug,
+        "enabled": bool(config and config.enabled),
+        "error_rate": config.error_rate if config else 0.0,
+        "status_codes": list(config.status_codes) if config else [],
+        "latency_ms": config.latency_ms if config else 0,
+        "malformed_rate": config.malformed_rate if config else 0.0,
+        "updated_at": config.updated_at if config else None,
+    }
+
+
+class ChaosViewSet(viewsets.ViewSet):
+    lookup_field = "slug"
+    serializer_class = ChaosSerializer
+
+    def list(self, request: Request) -> Response:
+        configs = {c.deployment_id: c for c in ChaosConfig.objects.all()}
+        docs = [_chaos_doc(d, configs.get(d.pk)) for d in Deployment.objects.order_by("slug")]
+        return Response(ChaosSerializer(docs, many=True).data)
+
+    def retrieve(self, request: Request, slug: str | None = None) -> Response:
+        deployment = get_object_or_404(Deployment, slug=slug)
+        config = ChaosConfig.objects.filter(deployment=deployment).first()
+        return Response(ChaosSerializer(_chaos_doc(deployment, config)).data)
+
+    def update(self, request: Request, slug: str | None = None) -> Response:
+        deployment = get_object_or_404(Deployment, slug=slug)
+        return _chaos_apply(request, deployment, request.data)
+
+    def partial_update(self, request: Request, slug: str | None = None) -> Response:
+        """PATCH: PUT over the current settings."""
+        deployment = get_object_or_404(Deployment, slug=slug)
+        current = _chaos_doc(deployment, ChaosConfig.objects.filter(deployment=deployment).first())
+        merged = {k: v for k, v in current.items() if k not in ("deployment", "updated_at")}
+        merged.update(request.data)
+        return _chaos_apply(request, deployment, merged)
+
+
+def _chaos_apply(request: Request, deployment: Deployment, raw: Any) -> Response:
+    body = ChaosSerializer(data=raw)
+    body.is_valid(raise_exception=True)
+    data = body.validated_data
+    config = chaos_config_set(
+        deployment=deployment,
+        enabled=data["enabled"],
+        user=request.user,  # type: ignore[arg-type]
+        error_rate=data["error_rate"],
+        status_codes=data["status_codes"],
+        latency_ms=data["latency_ms"],
+        malformed_rate=data["malformed_rate"],
+    )
+    return Response(ChaosSerializer(_chaos_doc(deployment, config)).data)
+
+
+# --- Eval sets, eval runs and feedback -----------------------------------------------------------
+
+
+class EvalCaseSerializer(serializers.ModelSerializer[EvalCase]):
+    judge_deployment = serializers.SlugRelatedField(
+        slug_field="slug", queryset=Deployment.objects.all(), required=False, allow_null=True
+    )
+    scorer_config = serializers.JSONField(required=False, default=dict)
+    position = serializers.IntegerField(min_value=0, required=False)
+
+    class Meta:
+        model = EvalCase
+        fields = ["id", "position", "prompt", "expected", "scorer", "scorer_config", "judge_deployment"]
+        read_only_fields = ["id"]
+
+
+class EvalSetSerializer(serializers.ModelSerializer[EvalSet]):
+    workflow = serializers.SlugRelatedField(slug_field="slug", queryset=Workflow.objects.all())
+    cases = EvalCaseSerializer(many=True, required=False)
+
+    class Meta:
+        model = EvalSet
+        fields = ["id", "workflow", "name", "description", "schedule_enabled", "cases", "created_at"]
+        read_only_fields = ["id", "created_at"]
+        validators: list[Any] = []  # the service names the duplicate-name error on its field
+
+
+class EvalRunSerializer(serializers.ModelSerializer[EvalRun]):
+    eval_set = serializers.PrimaryKeyRelatedField(queryset=EvalSet.objects.all())
+    deployment = serializers.SlugRelatedField(slug_field="slug", queryset=Deployment.objects.all())
+
+    class Meta:
+        model = EvalRun
+        fields = [
+            "id",
+            "eval_set",
+            "deployment",
+            "state",
+            "trigger",
+            "cases_total",
+            "cases_done",
+            "mean_score",
+            "cost",
+            "error",
+            "created_at",
+            "started_at",
+            "finished_at",
+        ]
+        read_only_fields = [f for f in fields if f not in ("eval_set", "deployment")]
+
+
+class EvalSetViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    viewsets.GenericViewSet[EvalSet],
+):
+    read_roles = ALL_ROLES
+    write_roles = OPERATORS
+    serializer_class = EvalSetSerializer
+
+    def get_queryset(self) -> Any:
+        qs = EvalSet.objects.select_related("workflow").prefetch_related("cases__judge_deployment")
+        workflow = self.request.query_params.get("workflow")
+        return qs.filter(workflow__slug=workflow) if workflow else qs
+
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        body = EvalSetSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        eval_set = quality.eval_set_create(
+            workflow=data["workflow"],
+            name=data["name"],
+            description=data.get("description", ""),
+            schedule_enabled=data.get("schedule_enabled", False),
+            cases=[dict(c) for c in data.get("cases", [])],
+            user=request.user,  # type: ignore[arg-type]
+        )
+        return Response(EvalSetSerializer(eval_set).data, status=status.HTTP_201_CREATED)
+
+    @action(detail=True, methods=["post"], serializer_class=EvalCaseSerializer)
+    def cases(self, request: Request, pk: str | None = None) -> Response:
+        eval_set = get_object_or_404(EvalSet, pk=pk)
+        body = EvalCaseSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        case = quality.eval_case_create(eval_set=eval_set, **body.validated_data)
+        return Response(EvalCaseSerializer(case).data, status=status.HTTP_201_CREATED)
+
+
+class EvalRunViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    viewsets.GenericViewSet[EvalRun],
+):
+    read_roles = ALL_ROLES
+    write_roles = OPERATORS
+    serializer_class = EvalRunSerializer
+
+    def get_queryset(self) -> Any:
+        qs = EvalRun.objects.select_related("deployment")
+        eval_set = self.request.query_params.get("eval_set")
+        if eval_set and eval_set.isdigit():
+            qs = qs.filter(eval_set_id=int(eval_set))
+        return qs
+
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        body = EvalRunSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        run = quality.eval_run_start(
+            eval_set=body.validated_data["eval_set"],
+            deployment=body.validated_data["deployment"],
+            user=request.user,  # type: ignore[arg-type]
+        )
+        return Response(EvalRunSerializer(run).data, status=status.HTTP_201_CREATED)
+
+
+class FeedbackSerializer(serializers.Serializer[Any]):
+    request_id = serializers.PrimaryKeyRelatedField(
+        queryset=InferenceRequest.objects.select_related("deployment", "workflow"), required=False
+    )
+    deployment = serializers.SlugRelatedField(
+        slug_field="slug", queryset=Deployment.objects.all(), required=False
+    )
+    workflow = serializers.SlugRelatedField(
+        slug_field="slug", queryset=Workflow.objects.all(), required=False
+    )
+    # A float: applications send whatever their arithmetic produced (0.30000000000000004);
+    # the service rounds it to the record's four places.
+    score = serializers.FloatField(min_value=0.0, max_value=1.0)
+    comment = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        request = attrs.get("request_id")
+        if request is None and attrs.get("deployment") is None:
+            raise serializers.ValidationError(
+                {"deployment": ["give request_id, or deployment (and workflow)"]}
+            )
+        if request is not None:
+            for name, value in (("deployment", request.deployment), ("workflow", request.workflow)):
+                given = attrs.get(name)
+                if given is not None and given != value:
+                    raise serializers.ValidationError(
+                        {name: [f"request {request.pk} was not served by {given.slug}"]}
+                    )
+        return attrs
+
+
+class QualityRecordSerializer(serializers.ModelSerializer[QualityRecord]):
+    deployment: serializers.SlugRelatedField[Deployment] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True
+    )
+    workflow: serializers.SlugRelatedField[Workflow] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True
+    )
+    request_id = serializers.IntegerField(source="inference_request_id", read_only=True)
+
+    class Meta:
+        model = QualityRecord
+        fields = ["id", "deployment", "workflow", "source", "score", "request_id", "comment", "created_at"]
+        read_only_fields = fields
+
+
+class FeedbackViewSet(viewsets.GenericViewSet[QualityRecord]):
+    read_roles = ALL_ROLES
+    write_roles = OPERATORS
+    serializer_class = FeedbackSerializer
+
+    def create(self, request: Request) -> Response:
+        body = FeedbackSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        record = quality.feedback_record(
+            score=data["score"],
+            inference_request=data.get("request_id"),
+            deployment=data.get("deployment"),
+            workflow=data.get("workflow"),
+            comment=data.get("comment", ""),
+        )
+        return Response(QualityRecordSerializer(record).data, status=status.HTTP_201_CREATED)
+
+
+# --- Batch jobs ----------------------------------------------------------------------------------
+
+
+class BatchJobSerializer(serializers.ModelSerializer[BatchJob]):
+    workflow = serializers.SlugRelatedField(slug_field="slug", queryset=Workflow.objects.all())
+    input_uri = serializers.CharField(max_length=512, required=False, allow_blank=True, default="")
+    input_jsonl = serializers.CharField(required=False, write_only=True, trim_whitespace=False)
+    created_by = serializers.CharField(source="created_by.username", read_only=True)
+    progress = serializers.SerializerMethodField()
+
+    class Meta:
+        model = BatchJob
+        fields = [
+            "id",
+            "workflow",
+            "input_uri",
+            "input_jsonl",
+            "output_uri",
+            "state",
+            "total",
+            "done",
+            "failed",
+            "cost",
+            "progress",
+            "error",
+            "created_by",
+            "created_at",
+            "started_at",
+            "finished_at",
+        ]
+        read_only_fields = [f for f in fields if f not in ("workflow", "input_uri", "input_jsonl")]
+
+    def get_progress(self, job: BatchJob) -> dict[str, Any]:
+        progress = batch_job_progress(job=job)
+        progress["cost"] = str(progress["cost"])
+        return progress
+
+
+class BatchJobViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    viewsets.GenericViewSet[BatchJob],
+):
+    read_roles = ALL_ROLES
+    write_roles = OPERATORS
+    serializer_class = BatchJobSerializer
+
+    def get_queryset(self) -> Any:
+        return batch_jobs(workflow_slug=self.request.query_params.get("workflow"))
+
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        body = BatchJobSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        job = batch.batch_job_create(
+            workflow=data["workflow"],
+            user=request.user,  # type: ignore[arg-type]
+            input_uri=data.get("input_uri", ""),
+            input_jsonl=data.get("input_jsonl"),
+        )
+        return Response(BatchJobSerializer(job).data, status=status.HTTP_201_CREATED)
+
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk: str | None = None) -> Response:
+        job = batch.batch_job_cancel(job=get_object_or_404(BatchJob, pk=pk))
+        return Response(BatchJobSerializer(job).data)
 
 
 def register(router: BaseRouter) -> None:
-    """Add this app's viewsets to the /api/ router."""
-    from inference import batch_api, chaos_api, quality_api
-
-    chaos_api.register(router)
-    quality_api.register(router)
-    batch_api.register(router)
+    """Mount inference's viewsets on the project's /api/ router (stack.urls)."""
+    router.register("chaos", ChaosViewSet, basename="chaos")
+    router.register("eval-sets", EvalSetViewSet, basename="eval-set")
+    router.register("eval-runs", EvalRunViewSet, basename="eval-run")
+    router.register("feedback", FeedbackViewSet, basename="feedback")
+    router.register("batch-jobs", BatchJobViewSet, basename="batch-job")

@@ -41,6 +41,7 @@ from django.utils import timezone
 from billing.budgets import BudgetExhausted
 from inference.adapters.base import ChatMessage, ChatRequest, CompletionRequest, InferenceInput
 from inference.models import BatchJob, Endpoint
+from inference.router import NoRoute, route
 from stack.registry.models import Workflow
 from stack.registry.objectstore import default_store
 from stack.registry.queues import CONTROL_QUEUE
@@ -218,6 +219,10 @@ def batch_job_create(
 
 
 def batch_job_enqueue(*, job_id: int) -> None:
+    """Send a job to its task on the control queue."""
+    # inference.tasks imports this module (a task calls its service); the task object is
+    # imported when a job is queued. Sending the task by name instead would bypass
+    # CELERY_TASK_ALWAYS_EAGER.
     from inference.tasks import batch_job_run
 
     batch_job_run.apply_async(args=(job_id,), queue=CONTROL_QUEUE)
@@ -284,8 +289,6 @@ class _Tally:
 
 
 def _run_line(job: BatchJob, line: BatchLine) -> dict[str, Any]:
-    from inference.router import route
-
     record: dict[str, Any] = {"custom_id": line.custom_id, "line": line.number}
     try:
         result = route(
@@ -343,8 +346,6 @@ def batch_job_execute(*, job_id: int) -> BatchJob | None:
 
 
 def _execute(job: BatchJob, lines: list[BatchLine], lease: _Lease) -> BatchJob | None:
-    from inference.router import NoRoute
-
     job_id = job.pk
     store = default_store()
     existing = set(store.list(_job_prefix(job)))

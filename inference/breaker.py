@@ -28,6 +28,8 @@ from typing import Any
 
 from django.conf import settings
 
+from inference.routing import Peek
+
 CLOSED = "closed"
 OPEN = "open"
 HALF_OPEN = "half_open"
@@ -55,41 +57,43 @@ def breaker_settings() -> BreakerSettings:
     )
 
 
-# KEYS: breaker hash per candidate. ARGV: now, cooldown. Read-only: 1 = call, 2 = open but the
-# cooldown passed (a probe may be claimed), 0 = skip.
-_PEEK = """
-local out = {}
-local now = tonumber(ARGV[1]); local cooldown = tonumber(ARGV[2])
-for i, key in ipairs(KEYS) do
+# What a peek answers for one breaker hash, as a Lua function shared by the two peek scripts.
+# The numbers are inference.routing.Peek's, named here from the enum itself.
+_PEEK_ONE = f"""
+local OPEN, CLOSED, HALF_OPEN = {Peek.OPEN:d}, {Peek.CLOSED:d}, {Peek.HALF_OPEN:d}  -- inference.routing.Peek
+local function peek(key, now, cooldown)
   local h = redis.call('HMGET', key, 'state', 'opened', 'probe')
   local state = h[1]
-  if not state or state == 'closed' then out[i] = 1
-  elseif state == 'open' then
-    if now - tonumber(h[2]) >= cooldown then out[i] = 2 else out[i] = 0 end
-  else
-    if now - tonumber(h[3] or '0') >= cooldown then out[i] = 2 else out[i] = 0 end
-  end
+  if not state or state == 'closed' then return CLOSED end
+  local since = h[3] or '0'  -- half_open: when its probe was claimed
+  if state == 'open' then since = h[2] end  -- open: when it opened
+  if now - tonumber(since) >= cooldown then return HALF_OPEN end
+  return OPEN
 end
-return out
 """
 
-# The same, with the route-cache generation first: KEYS[1] is the generation key, the breakers
-# follow; returns {generation, state per breaker}.
-_PEEK_GEN = """
-local out = {tonumber(redis.call('GET', KEYS[1]) or '0')}
+# KEYS: breaker hash per candidate. ARGV: now, cooldown. Read-only: a Peek per breaker.
+_PEEK = (
+    _PEEK_ONE
+    + """
+local out = {}
 local now = tonumber(ARGV[1]); local cooldown = tonumber(ARGV[2])
-for i = 2, #KEYS do
-  local h = redis.call('HMGET', KEYS[i], 'state', 'opened', 'probe')
-  local state = h[1]
-  if not state or state == 'closed' then out[i] = 1
-  elseif state == 'open' then
-    if now - tonumber(h[2]) >= cooldown then out[i] = 2 else out[i] = 0 end
-  else
-    if now - tonumber(h[3] or '0') >= cooldown then out[i] = 2 else out[i] = 0 end
-  end
-end
+for i, key in ipairs(KEYS) do out[i] = peek(key, now, cooldown) end
 return out
 """
+)
+
+# The same, with the route-cache generation first: KEYS[1] is the generation key, the breakers
+# follow; returns {generation, Peek per breaker}.
+_PEEK_GEN = (
+    _PEEK_ONE
+    + """
+local out = {tonumber(redis.call('GET', KEYS[1]) or '0')}
+local now = tonumber(ARGV[1]); local cooldown = tonumber(ARGV[2])
+for i = 2, #KEYS do out[i] = peek(KEYS[i], now, cooldown) end
+return out
+"""
+)
 
 # KEYS[1]: breaker hash. ARGV: now, cooldown. Claims the half-open probe: 1 when this caller got it.
 _CLAIM = """
@@ -164,7 +168,7 @@ class RedisBreakers:
     """Breakers whose state every process shares (REDIS_URL)."""
 
     def __init__(self, url: str) -> None:
-        import redis
+        import redis  # only with REDIS_URL (the embedded demo runs without it)
 
         self.redis = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
         self._peek = self.redis.register_script(_PEEK)
@@ -172,18 +176,19 @@ class RedisBreakers:
         self._claim = self.redis.register_script(_CLAIM)
         self._record = self.redis.register_script(_RECORD)
 
-    def peek(self, deployment_ids: Sequence[int], *, now: float, cfg: BreakerSettings) -> list[int]:
+    def peek(self, deployment_ids: Sequence[int], *, now: float, cfg: BreakerSettings) -> list[Peek]:
         return [
-            int(x) for x in self._peek(keys=[_key(d) for d in deployment_ids], args=[now, cfg.cooldown_s])
+            Peek(int(x))
+            for x in self._peek(keys=[_key(d) for d in deployment_ids], args=[now, cfg.cooldown_s])
         ]
 
     def peek_with_generation(
         self, generation_key: str, deployment_ids: Sequence[int], *, now: float, cfg: BreakerSettings
-    ) -> tuple[int, list[int]]:
-        """(route-cache generation, peek states) in one round trip."""
+    ) -> tuple[int, list[Peek]]:
+        """(route-cache generation, peek per breaker) in one round trip."""
         keys = [generation_key, *(_key(d) for d in deployment_ids)]
         out = [int(x) for x in self._peek_gen(keys=keys, args=[now, cfg.cooldown_s])]
-        return out[0], out[1:]
+        return out[0], [Peek(x) for x in out[1:]]
 
     def claim_probe(self, deployment_id: int, *, now: float, cfg: BreakerSettings) -> bool:
         return bool(self._claim(keys=[_key(deployment_id)], args=[now, cfg.cooldown_s]))
@@ -218,9 +223,6 @@ class RedisBreakers:
             d: [float(x) for x in values] for d, values in zip(deployment_ids, pipe.execute(), strict=True)
         }
 
-    def reset(self, deployment_id: int) -> None:
-        self.redis.delete(_key(deployment_id), _lat_key(deployment_id), _calls_key(deployment_id))
-
     def claim_once(self, key: str, *, ttl_s: float) -> bool:
         """True for the first caller within ttl_s (e.g. one demotion event per episode)."""
         return bool(self.redis.set(f"sy:once:{key}", b"1", nx=True, px=int(ttl_s * 1000)))
@@ -242,17 +244,16 @@ class LocalBreakers:
     def _h(self, deployment_id: int) -> dict[str, Any]:
         return self._state.setdefault(deployment_id, {"state": CLOSED})
 
-    def peek(self, deployment_ids: Sequence[int], *, now: float, cfg: BreakerSettings) -> list[int]:
+    def peek(self, deployment_ids: Sequence[int], *, now: float, cfg: BreakerSettings) -> list[Peek]:
         out = []
         with self._lock:
             for d in deployment_ids:
                 h = self._h(d)
                 if h["state"] == CLOSED:
-                    out.append(1)
-                elif h["state"] == OPEN:
-                    out.append(2 if now - h["opened"] >= cfg.cooldown_s else 0)
-                else:
-                    out.append(2 if now - h.get("probe", 0.0) >= cfg.cooldown_s else 0)
+                    out.append(Peek.CLOSED)
+                    continue
+                since = h["opened"] if h["state"] == OPEN else h.get("probe", 0.0)
+                out.append(Peek.HALF_OPEN if now - since >= cfg.cooldown_s else Peek.OPEN)
         return out
 
     def claim_probe(self, deployment_id: int, *, now: float, cfg: BreakerSettings) -> bool:
@@ -303,11 +304,6 @@ class LocalBreakers:
     def latencies(self, deployment_ids: Sequence[int]) -> dict[int, list[float]]:
         with self._lock:
             return {d: list(self._lat.get(d, ())) for d in deployment_ids}
-
-    def reset(self, deployment_id: int) -> None:
-        with self._lock:
-            self._state.pop(deployment_id, None)
-            self._lat.pop(deployment_id, None)
 
     def claim_once(self, key: str, *, ttl_s: float) -> bool:
         now = time.monotonic()

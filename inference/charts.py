@@ -12,7 +12,7 @@ _CONFIG = {"displaylogo": False, "responsive": True}
 def cost_quality_chart(stats: Sequence[DeploymentStats]) -> str | None:
     """Scatter of $/1M tokens (blended 3:1) against mean quality, one point per deployment, with
     the Pareto frontier drawn as a line. None when no deployment has both figures."""
-    import plotly.graph_objects as go
+    import plotly.graph_objects as go  # slow to import: only the pages draw charts
 
     points = [s for s in stats if s.blended_per_1m is not None and s.quality is not None]
     if not points:

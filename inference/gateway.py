@@ -28,8 +28,7 @@ from billing.services import NoPriceError
 from inference.adapters.base import ChatMessage, ChatRequest, CompletionRequest, InferenceInput
 from inference.models import Endpoint
 from inference.router import NoRoute, RouteResult, route, route_stream
-from stack.registry.authentication import token_allows_workflow
-from stack.registry.models import ApiToken, Workflow
+from stack.registry.models import Workflow
 from stack.registry.roles import ALL_ROLES, user_has_role
 from stack.registry.services import api_token_authenticate
 
@@ -431,8 +430,3 @@ def models(request: HttpRequest) -> HttpResponse:
         for w in rows
     ]
     return HttpResponse(json.dumps({"object": "list", "data": data}), content_type="application/json")
-
-
-def token_may_call(*, token: ApiToken, workflow: Workflow) -> bool:
-    """The uncached scope check (stack.registry.authentication), for pages and tests."""
-    return token_allows_workflow(token=token, workflow=workflow)

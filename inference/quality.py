@@ -23,6 +23,8 @@ from billing.budgets import BudgetExhausted
 from inference import scorers
 from inference.adapters.base import ChatMessage, ChatRequest
 from inference.models import Endpoint, EvalCase, EvalRun, EvalSet, InferenceRequest, QualityRecord
+from inference.router import route
+from inference.selectors import route_plan
 from inference.services import quality_record_create
 from stack.registry.models import Deployment, Workflow
 from stack.registry.queues import CONTROL_QUEUE
@@ -112,8 +114,6 @@ def eval_run_start(
     user: User | AnonymousUser | None = None,
 ) -> EvalRun:
     """Queue a run of `eval_set` against `deployment` (the task starts after COMMIT)."""
-    from inference.tasks import eval_set_run
-
     if not deployment.enabled:
         raise RegistryError(f"deployment {deployment.slug} is disabled", field="deployment")
     total = eval_set.cases.count()
@@ -126,9 +126,18 @@ def eval_run_start(
         cases_total=total,
         created_by=_user(user),
     )
-    run_id = run.pk
-    transaction.on_commit(lambda: eval_set_run.apply_async(args=(run_id,), queue=CONTROL_QUEUE))
+    transaction.on_commit(partial(eval_run_enqueue, run_id=run.pk))
     return run
+
+
+def eval_run_enqueue(*, run_id: int) -> None:
+    """Send a run to its task on the control queue."""
+    # inference.tasks imports this module (a task calls its service); the task object is
+    # imported when a run is queued. Sending the task by name instead would bypass
+    # CELERY_TASK_ALWAYS_EAGER.
+    from inference.tasks import eval_set_run
+
+    eval_set_run.apply_async(args=(run_id,), queue=CONTROL_QUEUE)
 
 
 def _chat(text: str) -> ChatRequest:
@@ -151,7 +160,8 @@ def eval_run_execute(*, run_id: int) -> EvalRun | None:
     try:
         _run_cases(run)
     except (BudgetExhausted, LookupError) as exc:
-        # BudgetExhausted: fail closed; LookupError covers router.NoRoute (deployment disabled).
+        # BudgetExhausted: fail closed. LookupError: router.NoRoute (the deployment was
+        # disabled) and billing's NoPriceError (a price ended while answering).
         EvalRun.objects.filter(pk=run_id).update(
             state=EvalRun.State.FAILED, error=str(exc)[:2000], finished_at=timezone.now()
         )
@@ -175,8 +185,6 @@ def eval_run_execute(*, run_id: int) -> EvalRun | None:
 
 
 def _run_cases(run: EvalRun) -> None:
-    from inference.router import route
-
     workflow = run.eval_set.workflow
     done = set(run.quality_records.values_list("eval_case_id", flat=True))
     for case in run.eval_set.cases.select_related("judge_deployment").all():
@@ -220,8 +228,6 @@ def _run_cases(run: EvalRun) -> None:
 
 
 def _judge(run: EvalRun, case: EvalCase, answer: str) -> tuple[float, str, Decimal]:
-    from inference.router import route
-
     judge = case.judge_deployment
     if judge is None:  # the judge deployment was removed after the case was made
         return 0.0, "no judge deployment", Decimal("0")
@@ -251,8 +257,6 @@ def eval_runs_requeue_stale(*, stale_after_s: float | None = None) -> list[int]:
     `stale_after_s` (EVAL_RUN_STALE_SECONDS, default 30 min). Progress is the newest score of the
     run; a re-claimed run skips the cases it scored and replays the calls it already paid for.
     """
-    from inference.tasks import eval_set_run
-
     if stale_after_s is None:
         stale_after_s = float(getattr(settings, "EVAL_RUN_STALE_SECONDS", 1800.0))
     cutoff = timezone.now() - timedelta(seconds=stale_after_s)
@@ -268,9 +272,8 @@ def eval_runs_requeue_stale(*, stale_after_s: float | None = None) -> list[int]:
         if EvalRun.objects.filter(pk=run.pk, state=run.state, started_at=run.started_at).update(
             state=EvalRun.State.PENDING, started_at=timezone.now()
         ):
-            run_id = run.pk
-            transaction.on_commit(partial(eval_set_run.apply_async, args=(run_id,), queue=CONTROL_QUEUE))
-            requeued.append(run_id)
+            transaction.on_commit(partial(eval_run_enqueue, run_id=run.pk))
+            requeued.append(run.pk)
     return requeued
 
 
@@ -281,8 +284,6 @@ def eval_sets_scheduled() -> list[EvalRun]:
     a run still pending or running is left alone (no pile-up when a run takes longer than the
     schedule's period).
     """
-    from inference.selectors import route_plan
-
     eval_runs_requeue_stale()
     started: list[EvalRun] = []
     busy = set(

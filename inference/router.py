@@ -1,5 +1,10 @@
 """The router: executes a workflow's current routing-policy version.
 
+The order to try comes from the routing core (inference.routing, pure) over the plan that
+inference.selectors loads and caches; this module makes the calls (adapters), keeps the
+circuit breakers (inference.breaker), asks the budgets, retries, and has every attempt recorded
+(inference.services).
+
 Public entry points (used by the gateway, the eval runner and batch jobs):
 
     route(*, workflow, request, endpoint=Endpoint.CHAT, client_request_id=None, deadline_s=None,
@@ -15,11 +20,12 @@ NoRoute when the workflow has no usable policy. With a client_request_id seen be
 result is returned and nothing is called or billed again.
 
 How a request moves along the route:
-- the strategy orders the deployments (`order_candidates`, pure and testable without HTTP);
-  a deployment whose rolling quality is below the policy's floor is skipped;
+- the strategy orders the deployments (inference.routing.order_candidates); a deployment whose
+  rolling quality is below the policy's floor is skipped;
 - a deployment whose circuit is open is skipped; after its cooldown one request probes it;
-- before each call the budget is asked (billing.budgets.budget_admission); a refusal stops the
-  request (fail closed);
+- before each call the budget is asked (billing.budgets.budget_admission) when a hard-limit
+  budget covers the spend; a refused call is not made (fail closed), and the route goes on only
+  where another budget scope leaves room (another provider or cluster);
 - a retryable error (connect error, timeout, 429, 5xx, malformed answer) moves on to the next
   deployment at once; when every deployment failed, the whole route is retried after a jittered
   exponential backoff while the deadline allows (at most INFERENCE_MAX_ROUNDS rounds);
@@ -31,7 +37,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -51,6 +57,7 @@ from inference.adapters.base import (
 from inference.adapters.registry import adapter_for
 from inference.breaker import RedisBreakers, breaker_settings, breakers, monotonic_now, record_success
 from inference.models import Endpoint, InferenceAttempt, InferenceRequest
+from inference.routing import Peek, order_candidates
 from inference.selectors import (
     GENERATION_KEY,
     PlanEntry,
@@ -63,41 +70,16 @@ from inference.selectors import (
     route_plan_cached,
     route_plan_refresh,
 )
-from stack.registry.models import Deployment, RoutingPolicyVersion, Workflow
+from inference.services import AttemptInfo, inference_request_record
+from stack.registry.models import Deployment, Workflow
 
 Outcome = InferenceAttempt.Outcome
 CLIENT_ERRORS = frozenset({400, 413, 422})
-_rng = random.Random()  # noqa: S311 (load spreading and jitter, not security)
+_rng = random.Random()  # noqa: S311 (backoff jitter, not security)
 
 
 class NoRoute(LookupError):
     """The workflow has no routing policy (or none of its deployments is enabled)."""
-
-
-@dataclass
-class AttemptInfo:
-    position: int
-    entry: PlanEntry
-    outcome: str
-    status_code: int | None
-    latency_ms: float
-    tokens_in: int = 0
-    tokens_out: int = 0
-    cost: Decimal = Decimal("0")
-    error: str = ""
-    started_at: float = 0.0  # perf_counter at the start, for time lost between attempts
-
-    @property
-    def deployment_id(self) -> int:
-        return self.entry.deployment.pk
-
-    @property
-    def deployment_slug(self) -> str:
-        return self.entry.deployment.slug
-
-    @property
-    def called(self) -> bool:
-        return self.outcome in (Outcome.OK, Outcome.RETRYABLE, Outcome.NON_RETRYABLE)
 
 
 @dataclass
@@ -117,68 +99,6 @@ class RouteResult:
     replayed: bool = False  # answered from an earlier request with the same client_request_id
     policy_version: int | None = None
     demoted: list[tuple[PlanEntry, float]] = field(default_factory=list)
-
-
-# --- Ordering (pure) ------------------------------------------------------------------------------
-
-
-def order_candidates(
-    plan: RoutePlan,
-    *,
-    quality: dict[int, float | None],
-    p50s: dict[int, float | None],
-    rng: random.Random = _rng,
-) -> tuple[list[PlanEntry], list[tuple[PlanEntry, float]]]:
-    """(the deployments to try, in order; the ones demoted for quality with their score).
-
-    priority: policy order. cheapest: lowest blended token price first (unpriced last).
-    fastest: lowest rolling p50 first (never measured first, so they get measured).
-    weighted: a weighted draw without replacement, so the weights split the first choice and
-    the rest stay as fallbacks.
-    """
-    floor = plan.quality_floor
-    keep: list[PlanEntry] = []
-    demoted: list[tuple[PlanEntry, float]] = []
-    for e in plan.entries:
-        score = quality.get(e.deployment.pk)
-        if floor is not None and score is not None and score < floor:
-            demoted.append((e, score))
-        else:
-            keep.append(e)
-    strategy = plan.strategy
-    if strategy == RoutingPolicyVersion.Strategy.CHEAPEST:
-        keep.sort(key=lambda e: (e.blended_price is None, e.blended_price or Decimal(0), e.position))
-    elif strategy == RoutingPolicyVersion.Strategy.FASTEST:
-        keep.sort(
-            key=lambda e: (
-                p50s.get(e.deployment.pk) is not None,
-                p50s.get(e.deployment.pk) or 0.0,
-                e.position,
-            )
-        )
-    elif strategy == RoutingPolicyVersion.Strategy.WEIGHTED:
-        keep = _weighted_order(keep, rng)
-    return keep, demoted
-
-
-def _weighted_order(entries: Sequence[PlanEntry], rng: random.Random) -> list[PlanEntry]:
-    pool = list(entries)
-    out: list[PlanEntry] = []
-    while pool:
-        total = sum(max(e.weight, 0) for e in pool)
-        if total <= 0:
-            out.extend(pool)
-            break
-        pick = rng.uniform(0, total)
-        acc = 0.0
-        for i, e in enumerate(pool):
-            acc += max(e.weight, 0)
-            if pick <= acc:
-                out.append(pool.pop(i))
-                break
-        else:
-            out.append(pool.pop())
-    return out
 
 
 # --- Helpers ----------------------------------------------------------------------------------------
@@ -236,8 +156,7 @@ class _Context:
     attempts: list[AttemptInfo] = field(default_factory=list)
     demoted: list[tuple[PlanEntry, float]] = field(default_factory=list)
     budget_error: BudgetExhausted | None = None
-    stop_error: ProviderError | None = None
-    deployment: Deployment | None = None  # a one-deployment call (route_to_deployment)
+    deployment: Deployment | None = None  # a one-deployment call: route(deployment=...)
 
 
 def _prepare(
@@ -275,15 +194,16 @@ def _prepare(
 
 
 def _candidates(ctx: _Context) -> list[PlanEntry]:
+    """The plan's entries in the order its policy gives (inference.routing); the ones demoted
+    for quality are recorded as skipped attempts."""
     plan = ctx.plan
-    ids = [e.deployment.pk for e in plan.entries]
+    policy = plan.policy
+    ids = [e.deployment_id for e in plan.entries]
     quality = (
-        rolling_quality(workflow_id=plan.workflow_id, deployment_ids=ids)
-        if plan.quality_floor is not None
-        else {}
+        rolling_quality(workflow_id=plan.workflow_id, deployment_ids=ids) if policy.needs_quality else {}
     )
-    p50s = rolling_p50(deployment_ids=ids) if plan.strategy == RoutingPolicyVersion.Strategy.FASTEST else {}
-    order, demoted = order_candidates(plan, quality=quality, p50s=p50s)
+    p50s = rolling_p50(deployment_ids=ids) if policy.needs_latency else {}
+    order, demoted = order_candidates(policy, plan.entries, quality=quality, p50s=p50s)
     ctx.demoted = demoted
     for entry, score in demoted:
         ctx.attempts.append(
@@ -293,7 +213,7 @@ def _candidates(ctx: _Context) -> list[PlanEntry]:
                 outcome=Outcome.SKIPPED_QUALITY,
                 status_code=None,
                 latency_ms=0.0,
-                error=f"rolling quality {score:.3f} below the floor {plan.quality_floor:.3f}",
+                error=f"rolling quality {score:.3f} below the floor {policy.quality_floor:.3f}",
             )
         )
     return order
@@ -321,7 +241,7 @@ def _attempt_calls(ctx: _Context, stack: ExitStack, *, stream: bool) -> Iterator
     # One Redis round trip answers both "is the cached plan current?" and "which circuits are
     # open?"; a moved generation (a switch, a price, a chaos drill) rebuilds the plan first.
     order = _candidates(ctx)
-    ids = [e.deployment.pk for e in order]
+    ids = [e.deployment_id for e in order]
     if isinstance(store, RedisBreakers):
         current, states = store.peek_with_generation(GENERATION_KEY, ids, now=monotonic_now(), cfg=cfg)
     else:
@@ -336,7 +256,7 @@ def _attempt_calls(ctx: _Context, stack: ExitStack, *, stream: bool) -> Iterator
         ctx.plan = plan
         ctx.attempts.clear()
         order = _candidates(ctx)
-        ids = [e.deployment.pk for e in order]
+        ids = [e.deployment_id for e in order]
         states = store.peek(ids, now=monotonic_now(), cfg=cfg)
     refused_by: set[int] = set()
     max_rounds = int(_setting("INFERENCE_MAX_ROUNDS", 2))
@@ -354,10 +274,11 @@ def _attempt_calls(ctx: _Context, stack: ExitStack, *, stream: bool) -> Iterator
         for entry, state in zip(order, states, strict=True):
             if time.perf_counter() >= ctx.deadline:
                 return
-            if entry.deployment.pk in refused_by:
+            if entry.deployment_id in refused_by:
                 continue  # it answered a non-retryable error earlier in this request
-            if state == 0 or (
-                state == 2 and not store.claim_probe(entry.deployment.pk, now=monotonic_now(), cfg=cfg)
+            if state == Peek.OPEN or (
+                state == Peek.HALF_OPEN
+                and not store.claim_probe(entry.deployment_id, now=monotonic_now(), cfg=cfg)
             ):
                 ctx.attempts.append(
                     AttemptInfo(
@@ -403,10 +324,12 @@ def _attempt_calls(ctx: _Context, stack: ExitStack, *, stream: bool) -> Iterator
                 if stream:
                     chunks = adapter.stream(entry.target, ctx.request, timeout=timeout)
                     first = next(iter(chunks), None)
-                    yield _Answer(entry, call_started, first=first, chunks=chunks, probe=state == 2)
+                    yield _Answer(
+                        entry, call_started, first=first, chunks=chunks, probe=state == Peek.HALF_OPEN
+                    )
                 else:
                     answer = adapter.complete(entry.target, ctx.request, timeout=timeout)
-                    yield _Answer(entry, call_started, completion=answer, probe=state == 2)
+                    yield _Answer(entry, call_started, completion=answer, probe=state == Peek.HALF_OPEN)
                 return
             except ProviderError as exc:
                 now = time.perf_counter()
@@ -414,7 +337,7 @@ def _attempt_calls(ctx: _Context, stack: ExitStack, *, stream: bool) -> Iterator
                 ctx.attempts.append(attempt)
                 if exc.status_code not in CLIENT_ERRORS:
                     store.record(
-                        entry.deployment.pk,
+                        entry.deployment_id,
                         ok=False,
                         latency_ms=attempt.latency_ms,
                         now=monotonic_now(),
@@ -422,9 +345,8 @@ def _attempt_calls(ctx: _Context, stack: ExitStack, *, stream: bool) -> Iterator
                     )
                 if not exc.retryable:
                     if exc.status_code in CLIENT_ERRORS:
-                        ctx.stop_error = exc
-                        return
-                    refused_by.add(entry.deployment.pk)
+                        return  # the request itself is at fault: no other deployment would take it
+                    refused_by.add(entry.deployment_id)
         retryable_left = any(a.outcome == Outcome.RETRYABLE for a in ctx.attempts)
         if not any_called or not retryable_left:
             return
@@ -445,7 +367,7 @@ def _ok_attempt(
         started_at=started,
     )
     ctx.attempts.append(attempt)
-    record_success(entry.deployment.pk, latency_ms=latency, probe=probe, cfg=breaker_settings())
+    record_success(entry.deployment_id, latency_ms=latency, probe=probe, cfg=breaker_settings())
     return attempt
 
 
@@ -458,8 +380,6 @@ def _finish(
     ttft_ms: float | None,
     client_request_id: str | None,
 ) -> RouteResult:
-    from inference.services import inference_request_record
-
     latency_ms = (time.perf_counter() - ctx.started) * 1000.0
     error = ""
     status_code = None
@@ -491,8 +411,8 @@ def _finish(
     return RouteResult(
         ok=winner is not None,
         request_id=row.pk,
-        deployment_id=winner.deployment.pk if winner else None,
-        deployment_slug=winner.deployment.slug if winner else "",
+        deployment_id=winner.deployment_id if winner else None,
+        deployment_slug=winner.slug if winner else "",
         completion=completion,
         cost=row.cost,
         currency=row.currency,
@@ -607,7 +527,7 @@ class RouteStream:
 
     @property
     def deployment_slug(self) -> str:
-        return self.winner.deployment.slug if self.winner else ""
+        return self.winner.slug if self.winner else ""
 
     def __iter__(self) -> Iterator[StreamChunk]:
         texts: list[str] = []

@@ -1,10 +1,11 @@
 """Reads for the router and the pages: route plans (cached), rolling quality and latency.
 
-A route plan is everything the router needs about a workflow's current policy version: the
-deployments in order (with provider, model and hosting cluster loaded), their adapter targets,
-chaos settings and token prices. It is cached per process and invalidated through a generation
-counter that every save of a policy, deployment, provider, chaos config or price bumps
-(inference.signals): in Redis when REDIS_URL is set, so every web process sees a switch on its
+A route plan is everything the router needs about a workflow's current policy version: its
+policy and its enabled deployments in the policy's order, as candidates of the routing core
+(inference.routing) with the deployment (provider, model and hosting cluster loaded), the
+adapter target with chaos settings, and the token prices. It is cached per process and
+invalidated through a generation counter that every save of a policy, deployment, provider,
+chaos config, price or budget bumps (inference.signals): in Redis when REDIS_URL is set, so every web process sees a switch on its
 next request; in-process otherwise, with a one-second time limit for the other processes of the
 embedded demo.
 """
@@ -25,10 +26,12 @@ from django.utils import timezone
 
 from billing.models import Budget, Unit
 from billing.selectors import PriceResolver
+from billing.selfhosted import self_hosted_cost
 from inference.adapters.base import Target
 from inference.adapters.registry import adapter_kind
 from inference.breaker import breakers
 from inference.models import ChaosConfig, InferenceRequest, QualityRecord
+from inference.routing import Candidate, Policy, Strategy
 from stack.registry.crypto import decrypt_secret
 from stack.registry.models import Deployment, RoutingPolicyVersion, Workflow
 
@@ -39,24 +42,13 @@ QUALITY_TTL_S = 5.0
 LATENCY_TTL_S = 2.0
 
 
-@dataclass
-class PlanEntry:
+@dataclass(frozen=True, kw_only=True)
+class PlanEntry(Candidate):
+    """A candidate of the route (inference.routing) with what calling it needs: the deployment
+    (provider, model and hosting cluster loaded) and its adapter target."""
+
     deployment: Deployment
     target: Target
-    position: int
-    weight: int
-    # Token prices in force when the plan was built (None: no per-token price), for the
-    # budget estimate and the cheapest strategy; the ledger prices each row itself.
-    input_price: Decimal | None
-    output_price: Decimal | None
-    currency: str = "USD"
-
-    @property
-    def blended_price(self) -> Decimal | None:
-        """$/1M tokens with output weighted 3:1, the usual chat mix, to rank by cost."""
-        if self.input_price is None and self.output_price is None:
-            return None
-        return ((self.input_price or Decimal(0)) + 3 * (self.output_price or Decimal(0))) / 4
 
 
 @dataclass
@@ -64,9 +56,7 @@ class RoutePlan:
     workflow_id: int
     policy_id: int | None  # None: a one-deployment plan (evals, judges), not a workflow route
     version: int
-    strategy: str
-    quality_floor: float | None
-    max_cost_per_request: Decimal | None
+    policy: Policy
     entries: list[PlanEntry]
     generation: int = 0
     built_at: float = field(default_factory=time.monotonic)
@@ -91,7 +81,7 @@ class _Generation:
         self._redis = None
         url = getattr(settings, "REDIS_URL", "")
         if url:
-            import redis
+            import redis  # only with REDIS_URL (the embedded demo runs without it)
 
             self._redis = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
 
@@ -113,6 +103,7 @@ class _Generation:
 
 _gen: _Generation | None = None
 _plans: dict[int, RoutePlan] = {}
+_deployment_plans: dict[tuple[int, int], RoutePlan] = {}
 _lock = threading.Lock()
 
 
@@ -130,6 +121,35 @@ def route_cache_invalidate() -> None:
         _deployment_plans.clear()
         _quality_cache.clear()
     generation().bump()
+
+
+# --- Building plans ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TokenPrices:
+    """A deployment's per-token prices in force ($/1M tokens; None: no such price)."""
+
+    input: Decimal | None
+    output: Decimal | None
+    currency: str  # of the prices found; USD when there is none
+
+
+def deployment_token_prices(*, deployment: Deployment, at: datetime, prices: PriceResolver) -> TokenPrices:
+    """The input and output token prices in force at `at` for the deployment (its own price,
+    else its provider's), as the ledger will price its usage."""
+    found_in = prices.resolve(
+        unit=Unit.INPUT_TOKENS_1M, at=at, deployment_id=deployment.pk, provider_id=deployment.provider_id
+    )
+    found_out = prices.resolve(
+        unit=Unit.OUTPUT_TOKENS_1M, at=at, deployment_id=deployment.pk, provider_id=deployment.provider_id
+    )
+    priced = found_in or found_out
+    return TokenPrices(
+        input=found_in.unit_price if found_in else None,
+        output=found_out.unit_price if found_out else None,
+        currency=priced.currency if priced is not None else "USD",
+    )
 
 
 def _target(d: Deployment, chaos: ChaosConfig | None) -> Target:
@@ -155,25 +175,50 @@ def _target(d: Deployment, chaos: ChaosConfig | None) -> Target:
     )
 
 
-def _budget_target(budget: Budget) -> tuple[str, str]:
-    """A budget's (scope, target) as billing.budgets.SpendTarget.keys() spells it."""
-    value: object = {
-        Budget.Scope.WORKFLOW.value: budget.workflow_id,
-        Budget.Scope.PROVIDER.value: budget.provider_id,
-        Budget.Scope.CLUSTER.value: budget.cluster_id,
-        Budget.Scope.TEAM.value: budget.team,
-        Budget.Scope.TRAINING_RUN.value: budget.training_run_id,
-    }.get(str(budget.scope))
-    return str(budget.scope), str(value)
-
-
-def _hard_budget_keys() -> frozenset[tuple[str, str]]:
-    return frozenset(
-        _budget_target(b)
-        for b in Budget.objects.filter(active=True, hard_limit=True).only(
-            "scope", "workflow_id", "provider_id", "cluster_id", "team", "training_run_id"
-        )
+def _plan_entry(
+    d: Deployment,
+    *,
+    position: int,
+    weight: int,
+    chaos: ChaosConfig | None,
+    at: datetime,
+    prices: PriceResolver,
+) -> PlanEntry:
+    found = deployment_token_prices(deployment=d, at=at, prices=prices)
+    return PlanEntry(
+        deployment_id=d.pk,
+        slug=d.slug,
+        position=position,
+        weight=weight,
+        input_price=found.input,
+        output_price=found.output,
+        currency=found.currency,
+        deployment=d,
+        target=_target(d, chaos),
     )
+
+
+def hard_budget_keys() -> frozenset[tuple[str, str]]:
+    """(scope, target) of every active hard-limit budget, spelled as
+    billing.budgets.SpendTarget.keys() spells a spend's keys.
+
+    The scope -> target mapping below is a copy of billing's; it belongs in billing, and this
+    function is the one place to replace with billing's own when it offers one.
+    """
+    budgets = Budget.objects.filter(active=True, hard_limit=True).only(
+        "scope", "workflow_id", "provider_id", "cluster_id", "team", "training_run_id"
+    )
+    keys = set()
+    for b in budgets:
+        target: object = {
+            Budget.Scope.WORKFLOW.value: b.workflow_id,
+            Budget.Scope.PROVIDER.value: b.provider_id,
+            Budget.Scope.CLUSTER.value: b.cluster_id,
+            Budget.Scope.TEAM.value: b.team,
+            Budget.Scope.TRAINING_RUN.value: b.training_run_id,
+        }.get(str(b.scope))
+        keys.add((str(b.scope), str(target)))
+    return frozenset(keys)
 
 
 def route_plan_build(*, workflow_id: int, generation_value: int = 0) -> RoutePlan | None:
@@ -181,7 +226,7 @@ def route_plan_build(*, workflow_id: int, generation_value: int = 0) -> RoutePla
     policy = (
         RoutingPolicyVersion.objects.filter(workflow_id=workflow_id)
         .order_by("-version")
-        .only("id", "version", "strategy", "quality_floor", "max_cost_per_request", "workflow_id")
+        .only("id", "version", "strategy", "quality_floor", "workflow_id")
     ).first()
     if policy is None:
         return None
@@ -194,46 +239,29 @@ def route_plan_build(*, workflow_id: int, generation_value: int = 0) -> RoutePla
     chaos = {c.deployment_id: c for c in ChaosConfig.objects.filter(deployment_id__in=deployment_ids)}
     prices = PriceResolver()
     now = timezone.now()
-    plan_entries = []
-    for e in entries:
-        d = e.deployment
-        if not d.enabled or not d.provider.enabled:
-            continue
-        found_in = prices.resolve(
-            unit=Unit.INPUT_TOKENS_1M, at=now, deployment_id=d.pk, provider_id=d.provider_id
+    plan_entries = [
+        _plan_entry(
+            e.deployment,
+            position=e.position,
+            weight=e.weight,
+            chaos=chaos.get(e.deployment_id),
+            at=now,
+            prices=prices,
         )
-        found_out = prices.resolve(
-            unit=Unit.OUTPUT_TOKENS_1M, at=now, deployment_id=d.pk, provider_id=d.provider_id
-        )
-        priced = found_in or found_out
-        currency = priced.currency if priced is not None else "USD"
-        plan_entries.append(
-            PlanEntry(
-                deployment=d,
-                target=_target(d, chaos.get(d.pk)),
-                position=e.position,
-                weight=e.weight,
-                input_price=found_in.unit_price if found_in else None,
-                output_price=found_out.unit_price if found_out else None,
-                currency=currency,
-            )
-        )
-    hard = _hard_budget_keys()
+        for e in entries
+        if e.deployment.enabled and e.deployment.provider.enabled
+    ]
+    floor = float(policy.quality_floor) if policy.quality_floor is not None else None
     return RoutePlan(
         workflow_id=workflow_id,
         policy_id=policy.pk,
-        prices=prices,
-        hard_budget_keys=hard,
         version=policy.version,
-        strategy=policy.strategy,
-        quality_floor=float(policy.quality_floor) if policy.quality_floor is not None else None,
-        max_cost_per_request=policy.max_cost_per_request,
+        policy=Policy(strategy=policy.strategy, quality_floor=floor),
         entries=plan_entries,
         generation=generation_value,
+        prices=prices,
+        hard_budget_keys=hard_budget_keys(),
     )
-
-
-_deployment_plans: dict[tuple[int, int], RoutePlan] = {}
 
 
 def deployment_plan(*, workflow_id: int, deployment_id: int) -> RoutePlan | None:
@@ -253,34 +281,23 @@ def deployment_plan(*, workflow_id: int, deployment_id: int) -> RoutePlan | None
     if d is None:
         return None
     prices = PriceResolver()
-    now = timezone.now()
-    found_in = prices.resolve(
-        unit=Unit.INPUT_TOKENS_1M, at=now, deployment_id=d.pk, provider_id=d.provider_id
-    )
-    found_out = prices.resolve(
-        unit=Unit.OUTPUT_TOKENS_1M, at=now, deployment_id=d.pk, provider_id=d.provider_id
-    )
-    priced = found_in or found_out
-    entry = PlanEntry(
-        deployment=d,
-        target=_target(d, ChaosConfig.objects.filter(deployment=d).first()),
+    entry = _plan_entry(
+        d,
         position=0,
         weight=1,
-        input_price=found_in.unit_price if found_in else None,
-        output_price=found_out.unit_price if found_out else None,
-        currency=priced.currency if priced is not None else "USD",
+        chaos=ChaosConfig.objects.filter(deployment=d).first(),
+        at=timezone.now(),
+        prices=prices,
     )
     plan = RoutePlan(
         workflow_id=workflow_id,
         policy_id=None,
         version=0,
-        strategy=RoutingPolicyVersion.Strategy.PRIORITY,
-        quality_floor=None,
-        max_cost_per_request=None,
+        policy=Policy(strategy=Strategy.PRIORITY),
         entries=[entry],
         generation=current,
         prices=prices,
-        hard_budget_keys=_hard_budget_keys(),
+        hard_budget_keys=hard_budget_keys(),
     )
     with _lock:
         _deployment_plans[key] = plan
@@ -400,23 +417,8 @@ def deployment_price_per_1m(*, deployment: Deployment, since_day: date | None = 
     hosting cluster's accelerator-hours over the tokens served, from billing.selfhosted (never
     computed here); None until it has served a token."""
     if deployment.hosting_cluster_id is not None:
-        from billing.selfhosted import self_hosted_cost
-
         since = since_day or (timezone.now() - timedelta(days=30)).date()
         figure = self_hosted_cost(deployment=deployment, since_day=since)[0]
         return DeploymentPrice(figure.per_1m_tokens, figure.per_1m_tokens, figure.currency, True)
-    prices = PriceResolver()
-    now = timezone.now()
-    found_in = prices.resolve(
-        unit=Unit.INPUT_TOKENS_1M, at=now, deployment_id=deployment.pk, provider_id=deployment.provider_id
-    )
-    found_out = prices.resolve(
-        unit=Unit.OUTPUT_TOKENS_1M, at=now, deployment_id=deployment.pk, provider_id=deployment.provider_id
-    )
-    priced = found_in or found_out
-    return DeploymentPrice(
-        found_in.unit_price if found_in else None,
-        found_out.unit_price if found_out else None,
-        priced.currency if priced is not None else "USD",
-        False,
-    )
+    found = deployment_token_prices(deployment=deployment, at=timezone.now(), prices=PriceResolver())
+    return DeploymentPrice(found.input, found.output, found.currency, False)

@@ -1,6 +1,10 @@
 """Writes of the inference app: the request recorder (the one writer of InferenceRequest and
 InferenceAttempt rows, and of the UsageRecords and FailoverEvents they cause), quality records,
-chaos settings."""
+chaos settings.
+
+The router (inference.router) calls the recorder with its AttemptInfo steps; this module never
+imports the router.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from decimal import ROUND_HALF_EVEN, Decimal
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.contrib.auth.models import User
 from django.db import connection, transaction
@@ -20,16 +24,42 @@ from billing.models import Unit
 from billing.services import AMOUNT_QUANTUM, UsageInput, usage_record_batch
 from inference.breaker import breakers
 from inference.models import ChaosConfig, EvalCase, EvalRun, InferenceAttempt, InferenceRequest, QualityRecord
+from inference.selectors import PlanEntry, RoutePlan, rolling_caches_clear
 from stack.registry.models import Deployment, FailoverEvent, Workflow
 from stack.registry.services import RegistryError, failover_event_record
-
-if TYPE_CHECKING:
-    from inference.router import AttemptInfo
-    from inference.selectors import PlanEntry, RoutePlan
 
 MILLION = Decimal(1_000_000)
 DEMOTION_EVENT_TTL_S = 600.0  # one quality-demotion event per workflow and deployment per 10 min
 Outcome = InferenceAttempt.Outcome
+
+
+@dataclass
+class AttemptInfo:
+    """One step of a routed request, as the router made it and the recorder writes it (an
+    InferenceAttempt row); `cost` is filled in from the ledger when it is recorded."""
+
+    position: int
+    entry: PlanEntry
+    outcome: str
+    status_code: int | None
+    latency_ms: float
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost: Decimal = Decimal("0")
+    error: str = ""
+    started_at: float = 0.0  # perf_counter at the start, for time lost between attempts
+
+    @property
+    def deployment_id(self) -> int:
+        return self.entry.deployment_id
+
+    @property
+    def deployment_slug(self) -> str:
+        return self.entry.slug
+
+    @property
+    def called(self) -> bool:
+        return self.outcome in (Outcome.OK, Outcome.RETRYABLE, Outcome.NON_RETRYABLE)
 
 
 def _q(value: Decimal) -> Decimal:
@@ -101,7 +131,7 @@ def inference_request_record(
     values: dict[str, Any] = {
         "workflow_id": workflow.pk,
         "policy_version_id": plan.policy_id,
-        "deployment_id": winner.deployment.pk if winner is not None else None,
+        "deployment_id": winner.deployment_id if winner is not None else None,
         "status": InferenceRequest.Status.SUCCEEDED if winner is not None else InferenceRequest.Status.FAILED,
         "endpoint": str(endpoint),
         "stream": stream,
@@ -252,12 +282,12 @@ def _failover_events(job: _Job, row: InferenceRequest) -> None:
             details={"workflow": workflow.slug, "policy_version": plan.version, "outcome": failed.outcome},
         )
     for entry, score in job.demoted:
-        if breakers().claim_once(f"demoted:{workflow.pk}:{entry.deployment.pk}", ttl_s=DEMOTION_EVENT_TTL_S):
+        if breakers().claim_once(f"demoted:{workflow.pk}:{entry.deployment_id}", ttl_s=DEMOTION_EVENT_TTL_S):
             failover_event_record(
                 kind=FailoverEvent.Kind.INFERENCE,
                 reason=(
-                    f"quality demotion: {entry.deployment.slug} rolling score {score:.3f} "
-                    f"below the floor {plan.quality_floor:.3f} of {workflow.slug}"
+                    f"quality demotion: {entry.slug} rolling score {score:.3f} "
+                    f"below the floor {plan.policy.quality_floor:.3f} of {workflow.slug}"
                 ),
                 detected_at=now,
                 from_deployment=entry.deployment,
@@ -266,7 +296,7 @@ def _failover_events(job: _Job, row: InferenceRequest) -> None:
                 details={
                     "workflow": workflow.slug,
                     "score": score,
-                    "floor": plan.quality_floor,
+                    "floor": plan.policy.quality_floor,
                     "demotion": True,
                 },
             )
@@ -304,7 +334,7 @@ def _attempts_insert(attempts: Sequence[tuple[int, AttemptInfo]]) -> None:
         values = {
             "request_id": request_id,
             "position": a.position,
-            "deployment_id": a.entry.deployment.pk,
+            "deployment_id": a.deployment_id,
             "status_code": a.status_code,
             "outcome": str(a.outcome),
             "latency_ms": a.latency_ms,
@@ -333,8 +363,6 @@ def quality_record_create(
     comment: str = "",
 ) -> QualityRecord:
     """The only writer of QualityRecord rows. Score in [0, 1]; the router sees it within seconds."""
-    from inference.selectors import rolling_caches_clear
-
     try:
         value = Decimal(str(score)).quantize(Decimal("0.0001"), rounding=ROUND_HALF_EVEN)
     except ArithmeticError:

@@ -12,19 +12,19 @@ from typing import Any
 from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 
+from billing.models import Budget, PriceBook
+from inference.models import ChaosConfig
+from inference.selectors import route_cache_invalidate
+from stack.registry.models import Deployment, Provider, RoutingPolicyEntry, RoutingPolicyVersion
+
 
 def _invalidate(**kwargs: Any) -> None:
-    from inference.selectors import route_cache_invalidate
-
     route_cache_invalidate()
     transaction.on_commit(route_cache_invalidate)
 
 
 def connect() -> None:
-    from billing.models import Budget, PriceBook
-    from inference.models import ChaosConfig
-    from stack.registry.models import Deployment, Provider, RoutingPolicyEntry, RoutingPolicyVersion
-
+    """Connect the invalidation to every model a route plan reads (InferenceConfig.ready)."""
     for model in (
         RoutingPolicyVersion,
         RoutingPolicyEntry,

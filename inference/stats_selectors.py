@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from inference.breaker import breaker_state
 from inference.models import InferenceAttempt, InferenceRequest
+from inference.routing import blended_price
 from inference.selectors import DeploymentPrice, deployment_price_per_1m, deployment_quality_mean
 from stack.registry.models import Deployment, FailoverEvent, Provider, Workflow
 
@@ -60,11 +61,8 @@ class DeploymentStats:
 
     @property
     def blended_per_1m(self) -> Decimal | None:
-        """$/1M tokens with output weighted 3:1 (as the router's cheapest strategy ranks)."""
-        p = self.price
-        if p.per_1m_input is None and p.per_1m_output is None:
-            return None
-        return ((p.per_1m_input or Decimal(0)) + 3 * (p.per_1m_output or Decimal(0))) / 4
+        """$/1M tokens with output weighted 3:1, as the cheapest strategy ranks them."""
+        return blended_price(self.price.per_1m_input, self.price.per_1m_output)
 
 
 def _latencies(deployment_ids: Iterable[int], since: datetime) -> dict[int, list[float]]:

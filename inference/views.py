@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from django import forms
 from django.contrib import messages
 from django.db.models import Count
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
-from django.urls import NoReverseMatch, reverse
+from django.urls import reverse
 from django.views import View
 
 from inference import charts, quality
+from inference.forms import ChaosForm, EvalRunForm
 from inference.models import BatchJob, ChaosConfig, EvalRun, EvalSet
 from inference.selectors import workflow_requests
 from inference.services import chaos_config_set
@@ -30,15 +28,6 @@ from stack.registry.services import RegistryError
 from stack.registry.views import RoleRequiredMixin
 
 
-def _api_url(name: str) -> str | None:
-    """The list URL of an API route if it is registered (eval sets and batch jobs are built
-    alongside these pages; until they exist the page does not link them)."""
-    try:
-        return reverse(name)
-    except NoReverseMatch:
-        return None
-
-
 class InferenceHomeView(RoleRequiredMixin, View):
     def get(self, request: HttpRequest) -> HttpResponse:
         stats = deployment_stats()
@@ -49,38 +38,8 @@ class InferenceHomeView(RoleRequiredMixin, View):
                 "stats": stats,
                 "chart": charts.cost_quality_chart(stats),
                 "workflows": Workflow.objects.order_by("slug"),
-                "eval_api": _api_url("eval-set-list"),
-                "batch_api": _api_url("batch-job-list"),
             },
         )
-
-
-class ChaosForm(forms.Form):
-    """The failover drill: inject errors into one deployment of the route."""
-
-    deployment = forms.ModelChoiceField(queryset=Deployment.objects.none())
-    enabled = forms.BooleanField(required=False, label="Drill on")
-    error_rate = forms.FloatField(min_value=0.0, max_value=1.0, initial=0.0, label="Error rate (0..1)")
-
-    def __init__(self, *args: Any, deployments: list[Deployment], **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        field: Any = self.fields["deployment"]  # a ModelChoiceField (declared above)
-        field.queryset = Deployment.objects.filter(pk__in=[d.pk for d in deployments]).order_by("slug")
-
-
-class EvalRunForm(forms.Form):
-    """Run one of the workflow's eval sets against one deployment of its route, now."""
-
-    eval_set = forms.ModelChoiceField(queryset=EvalSet.objects.none())
-    deployment = forms.ModelChoiceField(queryset=Deployment.objects.none())
-
-    def __init__(self, *args: Any, workflow: Workflow, deployments: list[Deployment], **kwargs: Any) -> None:
-        kwargs.setdefault("prefix", "eval")  # its field names do not clash with the chaos form's
-        super().__init__(*args, **kwargs)
-        sets: Any = self.fields["eval_set"]  # ModelChoiceFields (declared above)
-        sets.queryset = EvalSet.objects.filter(workflow=workflow).order_by("name")
-        targets: Any = self.fields["deployment"]
-        targets.queryset = Deployment.objects.filter(pk__in=[d.pk for d in deployments]).order_by("slug")
 
 
 class WorkflowInferenceView(RoleRequiredMixin, View):
@@ -186,7 +145,6 @@ class WorkflowInferenceView(RoleRequiredMixin, View):
                 .order_by("-created_at")[:20],
                 # Batch jobs are created through the API; the page shows their progress.
                 "batch_jobs": BatchJob.objects.filter(workflow=workflow).order_by("-created_at")[:20],
-                "batch_api": _api_url("batch-job-list"),
                 "can_write": user_has_role(request.user, OPERATORS),
             },
             status=status,

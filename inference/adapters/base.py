@@ -30,10 +30,6 @@ class ChatRequest:
     # Extra provider parameters passed through untouched (OpenAI-compatible only).
     extra: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def kind(self) -> str:
-        return "chat"
-
 
 @dataclass(frozen=True)
 class CompletionRequest:
@@ -43,10 +39,6 @@ class CompletionRequest:
     top_p: float | None = None
     stop: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def kind(self) -> str:
-        return "completion"
 
 
 InferenceInput = ChatRequest | CompletionRequest

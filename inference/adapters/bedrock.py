@@ -4,6 +4,9 @@ botocore's own retries are off (the router decides about retries and fallbacks, 
 request's deadline). Credentials are the provider's secret as "ACCESS_KEY:SECRET_KEY"; an
 empty secret uses boto3's default chain. The deployment's (or provider's) base_url, when set,
 is the endpoint URL (a VPC endpoint, or the loopback server the tests run).
+
+boto3 and botocore are imported inside the functions that call Bedrock: they take a noticeable
+time to import, and most processes never call Bedrock.
 """
 
 from __future__ import annotations

@@ -20,7 +20,6 @@ from urllib.parse import urlsplit
 from inference.adapters.base import (
     ChatRequest,
     Completion,
-    CompletionRequest,
     InferenceInput,
     ProviderError,
     StreamChunk,
@@ -261,10 +260,3 @@ class OpenAICompatibleAdapter:
             raise ProviderError(f"stream from {target.slug} broke: {exc}", retryable=True) from exc
         if resp.will_close:
             _drop(*_split_base(target.base_url)[:3])
-
-
-def request_is_chat(request: InferenceInput) -> bool:
-    return isinstance(request, ChatRequest)
-
-
-__all__ = ["CompletionRequest", "OpenAICompatibleAdapter", "close_all", "request_json"]

@@ -1,4 +1,4 @@
-"""The issue's drill: the primary fails 100% mid-traffic, a healthy fallback takes over.
+"""The failover drill: the primary fails 100% mid-traffic, a healthy fallback takes over.
 
 Clients (the openai SDK, four threads, through the live gateway) see no error; the primary's
 circuit opens; every failed call is a FailoverEvent, every answered call is billed; the ledger

@@ -1,8 +1,8 @@
-"""The router: strategies (pure), failover, retries, breakers, quality demotion, budgets, records."""
+"""The router: failover, retries, breakers, quality demotion, budgets, records (the strategies'
+ordering is tested without a database in test_routing_core.py)."""
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable
 from decimal import Decimal
@@ -13,14 +13,14 @@ from django.contrib.auth.models import User
 
 from billing.budgets import BudgetExhausted
 from billing.models import Budget, UsageRecord
-from inference.adapters.base import ChatMessage, ChatRequest, Target
+from inference.adapters.base import ChatMessage, ChatRequest
 from inference.breaker import breaker_state
 from inference.mockprovider import MockProviderServer
 from inference.models import InferenceAttempt, InferenceRequest
-from inference.router import order_candidates, route
-from inference.selectors import PlanEntry, RoutePlan
+from inference.router import route
+from inference.routing import Strategy
 from inference.services import quality_record_create
-from stack.registry.models import Deployment, FailoverEvent, RoutingPolicyVersion
+from stack.registry.models import FailoverEvent, RoutingPolicyVersion
 from tests.factories import make_deployment
 from tests.inference.helpers import priced_deployment, routed_workflow
 
@@ -29,66 +29,8 @@ PING = ChatRequest(messages=(ChatMessage("user", "ping"),))
 Outcome = InferenceAttempt.Outcome
 
 
-# --- Strategies, without HTTP ------------------------------------------------------------------------
-
-
-def _entry(pk: int, *, price: str | None = None, weight: int = 1) -> PlanEntry:
-    deployment = Deployment(pk=pk, slug=f"d{pk}")
-    target = Target(
-        deployment_id=pk, slug=f"d{pk}", kind="openai-compatible", base_url="", provider_model_id=""
-    )
-    p = Decimal(price) if price is not None else None
-    return PlanEntry(
-        deployment=deployment, target=target, position=pk, weight=weight, input_price=p, output_price=p
-    )
-
-
-def _plan(strategy: str, entries: list[PlanEntry], floor: float | None = None) -> RoutePlan:
-    return RoutePlan(
-        workflow_id=1,
-        policy_id=1,
-        version=1,
-        strategy=strategy,
-        quality_floor=floor,
-        max_cost_per_request=None,
-        entries=entries,
-    )
-
-
-def _slugs(entries: list[PlanEntry]) -> list[str]:
-    return [e.deployment.slug for e in entries]
-
-
-def test_priority_keeps_policy_order() -> None:
-    plan = _plan(RoutingPolicyVersion.Strategy.PRIORITY, [_entry(1, price="9"), _entry(2, price="1")])
-    order, demoted = order_candidates(plan, quality={}, p50s={})
-    assert _slugs(order) == ["d1", "d2"] and demoted == []
-
-
-def test_cheapest_respects_the_quality_floor() -> None:
-    plan = _plan(
-        RoutingPolicyVersion.Strategy.CHEAPEST,
-        [_entry(1, price="5"), _entry(2, price="1"), _entry(3, price="2"), _entry(4)],
-        floor=0.7,
-    )
-    order, demoted = order_candidates(plan, quality={1: 0.9, 2: 0.5, 3: 0.8, 4: None}, p50s={})
-    assert _slugs(order) == ["d3", "d1", "d4"]  # d2 is cheapest but below the floor; unpriced last
-    assert [(e.deployment.slug, s) for e, s in demoted] == [("d2", 0.5)]
-
-
-def test_fastest_orders_by_rolling_p50_and_measures_the_unknown_first() -> None:
-    plan = _plan(RoutingPolicyVersion.Strategy.FASTEST, [_entry(1), _entry(2), _entry(3)])
-    order, _ = order_candidates(plan, quality={}, p50s={1: 40.0, 2: 5.0, 3: None})
-    assert _slugs(order) == ["d3", "d2", "d1"]
-
-
-def test_weighted_splits_the_first_choice_by_weight() -> None:
-    plan = _plan(RoutingPolicyVersion.Strategy.WEIGHTED, [_entry(1, weight=3), _entry(2, weight=1)])
-    rng = random.Random(7)
-    firsts = [order_candidates(plan, quality={}, p50s={}, rng=rng)[0] for _ in range(2000)]
-    share = sum(1 for order in firsts if order[0].deployment.pk == 1) / len(firsts)
-    assert 0.70 < share < 0.80
-    assert all(len(order) == 2 for order in firsts)  # the other stays as the fallback
+def test_the_core_strategies_are_the_policy_strategies() -> None:
+    assert {s.value for s in Strategy} == set(RoutingPolicyVersion.Strategy.values)
 
 
 # --- Routing over loopback providers -------------------------------------------------------------------
@@ -120,6 +62,18 @@ def test_success_records_request_attempt_and_usage(
     ]
     assert all(u.workflow_id == workflow.pk and u.deployment_id == primary.pk for u in usage)
     assert FailoverEvent.objects.count() == 0
+
+
+def test_cheapest_policy_calls_the_deployment_with_the_lowest_price_books(
+    admin_user: User, mock_provider: Callable[..., MockProviderServer]
+) -> None:
+    dear_server, cheap_server = mock_provider(), mock_provider()
+    dear = priced_deployment(dear_server, in_price=Decimal("5"), out_price=Decimal("15"))
+    cheap = priced_deployment(cheap_server, in_price=Decimal("0.5"), out_price=Decimal("1.5"))
+    workflow = routed_workflow(admin_user, [dear, cheap], strategy=Strategy.CHEAPEST)
+    result = route(workflow=workflow, request=PING)
+    assert result.ok and result.deployment_slug == cheap.slug
+    assert dear_server.behaviour.total_calls() == 0 and cheap_server.behaviour.total_calls() == 1
 
 
 def test_retryable_error_fails_over_and_records_the_event(

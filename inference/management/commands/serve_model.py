@@ -12,6 +12,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import close_old_connections
 from django.utils import timezone
 
+from inference.hosting import hosting_interval_bill
+from inference.local_serving import local_server_for_artifact
 from stack.registry.models import Deployment, RegisteredModel
 from storage.artifacts import ArtifactError
 
@@ -36,8 +38,6 @@ class Command(BaseCommand):
         parser.add_argument("--bill-every", type=float, default=60.0, help="seconds between hosting bills")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from inference.local_serving import local_server_for_artifact
-
         model = RegisteredModel.objects.filter(slug=options["model"]).first()
         if model is None:
             raise CommandError(f"no registered model {options['model']!r}")
@@ -56,7 +56,7 @@ class Command(BaseCommand):
                 raise CommandError(f"no deployment {options['deployment']!r} with a hosting cluster")
             if options["accelerators"] < 1 or options["bill_every"] <= 0:
                 raise CommandError("--accelerators must be >= 1 and --bill-every > 0")
-        import torch
+        import torch  # slow to import: only once the arguments are checked
 
         torch.set_num_threads(max(1, options["threads"]))
         try:
@@ -95,8 +95,6 @@ class Command(BaseCommand):
         self, deployment: Deployment, accelerators: int, every: float, stop: threading.Event
     ) -> None:
         """Bill each interval as it ends, and the last part on shutdown (SIGTERM/Ctrl-C)."""
-        from inference.hosting import hosting_interval_bill
-
         started = timezone.now()
         while True:
             stopping = stop.wait(every)
