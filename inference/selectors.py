@@ -24,7 +24,8 @@ from django.conf import settings
 from django.db.models import Avg
 from django.utils import timezone
 
-from billing.models import Budget, Unit
+from billing.budgets import budget_hard_limit_keys
+from billing.models import Unit
 from billing.selectors import PriceResolver
 from billing.selfhosted import self_hosted_cost
 from inference.adapters.base import Target
@@ -198,29 +199,6 @@ def _plan_entry(
     )
 
 
-def hard_budget_keys() -> frozenset[tuple[str, str]]:
-    """(scope, target) of every active hard-limit budget, spelled as
-    billing.budgets.SpendTarget.keys() spells a spend's keys.
-
-    The scope -> target mapping below is a copy of billing's; it belongs in billing, and this
-    function is the one place to replace with billing's own when it offers one.
-    """
-    budgets = Budget.objects.filter(active=True, hard_limit=True).only(
-        "scope", "workflow_id", "provider_id", "cluster_id", "team", "training_run_id"
-    )
-    keys = set()
-    for b in budgets:
-        target: object = {
-            Budget.Scope.WORKFLOW.value: b.workflow_id,
-            Budget.Scope.PROVIDER.value: b.provider_id,
-            Budget.Scope.CLUSTER.value: b.cluster_id,
-            Budget.Scope.TEAM.value: b.team,
-            Budget.Scope.TRAINING_RUN.value: b.training_run_id,
-        }.get(str(b.scope))
-        keys.add((str(b.scope), str(target)))
-    return frozenset(keys)
-
-
 def route_plan_build(*, workflow_id: int, generation_value: int = 0) -> RoutePlan | None:
     """Load the workflow's current policy version into a plan (three queries)."""
     policy = (
@@ -260,7 +238,7 @@ def route_plan_build(*, workflow_id: int, generation_value: int = 0) -> RoutePla
         entries=plan_entries,
         generation=generation_value,
         prices=prices,
-        hard_budget_keys=hard_budget_keys(),
+        hard_budget_keys=budget_hard_limit_keys(),
     )
 
 
@@ -297,7 +275,7 @@ def deployment_plan(*, workflow_id: int, deployment_id: int) -> RoutePlan | None
         entries=[entry],
         generation=current,
         prices=prices,
-        hard_budget_keys=hard_budget_keys(),
+        hard_budget_keys=budget_hard_limit_keys(),
     )
     with _lock:
         _deployment_plans[key] = plan

@@ -56,6 +56,7 @@ def test_the_contracts_hold_on_the_tree_as_it_is(tree_copy: Path) -> None:
         ("inference/router.py", "import training.services", "inference"),
         ("training/models.py", "import stack.urls", "training"),
         ("storage/objectstore.py", "import stack.registry.models", "pure-storage"),
+        ("inference/routing.py", "import inference.models", "pure-routing"),
     ],
 )
 def test_a_forbidden_import_fails_lint_naming_the_contract(
@@ -85,4 +86,10 @@ def test_every_composition_module_is_named_in_the_contracts_below_it() -> None:
 def test_the_engine_contract_names_every_other_training_module() -> None:
     others = {f"training.{name}" for name in _top_modules(ROOT / "training") - {"engine", "migrations"}}
     forbidden = set(_contracts()["pure-engine"]["forbidden_modules"])  # type: ignore[arg-type]
+    assert others <= forbidden, sorted(others - forbidden)
+
+
+def test_the_routing_core_contract_names_every_other_inference_module() -> None:
+    others = {f"inference.{name}" for name in _top_modules(ROOT / "inference") - {"routing", "migrations"}}
+    forbidden = set(_contracts()["pure-routing"]["forbidden_modules"])  # type: ignore[arg-type]
     assert others <= forbidden, sorted(others - forbidden)
