@@ -21,10 +21,9 @@ from billing.models import Unit
 from billing.selectors import price_in_force
 from billing.services import NoPriceError, usage_record
 from stack.registry.errors import DomainError
-from stack.registry.models import Cluster, FailoverEvent, RegisteredModel
-from stack.registry.queues import CONTROL_QUEUE, cluster_queue
+from stack.registry.models import Cluster, FailoverEvent, RegisteredModel, WorkerHeartbeat
 from stack.registry.services import failover_event_record, failover_event_recover
-from training import selectors
+from training import dispatch, selectors
 from training.models import (
     GlobalVersionRecord,
     InvalidTransition,
@@ -36,7 +35,9 @@ from training.models import (
     TrainingRunTransition,
 )
 from training.placement import Assignment, Constraints, PlacementResult, place
+from training.probe import ProbeConfig, run_probe
 from training.run_config import RunConfig, RunConfigError, run_config_validate
+from training.run_engines import newest_global, run_initialise, write_artifact
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +50,6 @@ class DispatchError(DomainError, ValueError):
 
 def probe_job_create(*, cluster: Cluster, created_by: User | None, steps: int = 300) -> ProbeJob:
     """Create a probe job and enqueue it on the cluster's queue once committed."""
-    from training.tasks import probe_job_run
-
     if cluster.status == Cluster.Status.DRAINING:
         raise DispatchError(f"cluster {cluster.slug} is draining", field="cluster")
     # Refuse up front what could not be billed at the end: without a price the
@@ -67,9 +66,8 @@ def probe_job_create(*, cluster: Cluster, created_by: User | None, steps: int = 
     if not may_spend:
         raise DispatchError(why, field="cluster")
     job = ProbeJob.objects.create(cluster=cluster, created_by=created_by, steps=steps)
-    queue = cluster.queue
-    job_id = job.pk
-    transaction.on_commit(lambda: probe_job_run.apply_async(args=(job_id,), queue=queue))
+    job_id, slug = job.pk, cluster.slug
+    transaction.on_commit(lambda: dispatch.probe_job_run_enqueue(job_id=job_id, cluster_slug=slug))
     return job
 
 
@@ -151,8 +149,6 @@ def probe_job_finish(
 
 def probe_job_execute(*, job_id: int, worker_hostname: str | None = None) -> ProbeJob | None:
     """Run a claimed probe job to completion (called by the worker task)."""
-    from training.probe import ProbeConfig, run_probe
-
     job = probe_job_claim(job_id=job_id, worker_hostname=worker_hostname or socket.gethostname())
     if job is None:
         logger.info("probe job %s already finished or gone; nothing to do", job_id)
@@ -206,8 +202,6 @@ def training_run_create(*, config: dict[str, Any], created_by: User | None, name
 
     Raises RunConfigError (field → messages) before anything is written or dispatched.
     """
-    from training.tasks import training_run_place_task
-
     name = (name or "").strip()
     errors: dict[str, list[str]] = {}
     try:
@@ -235,9 +229,7 @@ def training_run_create(*, config: dict[str, Any], created_by: User | None, name
             run=run, from_state="", to_state=run.state, at=run.created_at, reason="created"
         )
         run_id = run.pk
-        transaction.on_commit(
-            lambda: training_run_place_task.apply_async(args=(run_id,), queue=CONTROL_QUEUE)
-        )
+        transaction.on_commit(lambda: dispatch.training_run_place_enqueue(run_id=run_id))
     return run
 
 
@@ -309,8 +301,6 @@ def training_run_place(*, run_id: int) -> TrainingRun | None:
     Idempotent: a run already past `placing` is left alone; a run stuck in `placing` (its
     worker died) is placed again by the supervisor, and version 0 is write-once.
     """
-    from training import orchestrator
-
     run = TrainingRun.objects.filter(pk=run_id).first()
     if run is None:
         return None
@@ -336,7 +326,7 @@ def training_run_place(*, run_id: int) -> TrainingRun | None:
         _transition_quietly(run, TrainingRun.State.FAILED, reason=reason)
         return run
     try:
-        initial_loss = orchestrator.run_initialise(run)
+        initial_loss = run_initialise(run)
     except Exception as exc:  # a bad dataset or store URL: the run fails, saying why
         logger.exception("run %s could not be initialised", run.pk)
         _transition_quietly(
@@ -386,11 +376,9 @@ def training_run_place(*, run_id: int) -> TrainingRun | None:
 
 
 def _enqueue_start(*, run_id: int, token: str, chunks: list[tuple[int, int, str]]) -> None:
-    from training.tasks import learner_chunk_task, syncer_tick_task
-
     for learner_id, generation, slug in chunks:
-        learner_chunk_task.apply_async(args=(learner_id, generation, 0), queue=cluster_queue(slug))
-    syncer_tick_task.apply_async(args=(run_id, token), queue=CONTROL_QUEUE)
+        dispatch.learner_chunk_enqueue(learner_id=learner_id, generation=generation, seq=0, cluster_slug=slug)
+    dispatch.syncer_tick_enqueue(run_id=run_id, token=token)
 
 
 def _transition_quietly(run: TrainingRun, new: str, *, reason: str) -> bool:
@@ -647,14 +635,13 @@ def training_run_fail(*, run_id: int, reason: str) -> TrainingRun | None:
 
 
 def _enqueue_next_chunk(*, learner: TrainingLearner, generation: int, seq: int) -> None:
-    from training.tasks import learner_chunk_task
-
     if learner.cluster is None:
         return
-    queue = cluster_queue(learner.cluster.slug)
-    learner_id = learner.pk
+    learner_id, slug = learner.pk, learner.cluster.slug
     transaction.on_commit(
-        lambda: learner_chunk_task.apply_async(args=(learner_id, generation, seq), queue=queue)
+        lambda: dispatch.learner_chunk_enqueue(
+            learner_id=learner_id, generation=generation, seq=seq, cluster_slug=slug
+        )
     )
 
 
@@ -678,22 +665,18 @@ def syncer_tick_claim(*, run_id: int, token: str) -> TrainingRun | None:
 
 
 def syncer_tick_continue(*, run_id: int, token: str) -> None:
-    from training.tasks import syncer_tick_task
-
     if TrainingRun.objects.filter(
         pk=run_id, syncer_token=token, state__in=[TrainingRun.State.RUNNING, TrainingRun.State.RECOVERING]
     ).exists():
-        syncer_tick_task.apply_async(args=(run_id, token), queue=CONTROL_QUEUE, countdown=SYNCER_TICK_SECONDS)
+        dispatch.syncer_tick_enqueue(run_id=run_id, token=token, countdown=SYNCER_TICK_SECONDS)
 
 
 def syncer_restart(*, run: TrainingRun) -> str:
     """Start a new syncer chain (the old one, if it still runs, stops at its next tick)."""
-    from training.tasks import syncer_tick_task
-
     token = uuid.uuid4().hex
     TrainingRun.objects.filter(pk=run.pk).update(syncer_token=token, syncer_seen_at=timezone.now())
     run_id = run.pk
-    transaction.on_commit(lambda: syncer_tick_task.apply_async(args=(run_id, token), queue=CONTROL_QUEUE))
+    transaction.on_commit(lambda: dispatch.syncer_tick_enqueue(run_id=run_id, token=token))
     return token
 
 
@@ -713,8 +696,6 @@ def global_versions_record_missing(
     already holds (the versions it just published, the syncer's current parameters, the sizes
     of the deltas it merged) so that nothing is read back from the store twice.
     """
-    from training.orchestrator import newest_global
-
     known: dict[int, set[int]] = {}
     for f, v in GlobalVersionRecord.objects.filter(run=run).values_list("fragment", "version"):
         known.setdefault(f, set()).add(v)
@@ -802,9 +783,7 @@ def training_run_check_stop(*, run: TrainingRun) -> TrainingRun:
 
 def training_run_succeed(*, run: TrainingRun, why: str) -> TrainingRun:
     """Write the final artifact, register it as a model and move the run to `succeeded`."""
-    from training import orchestrator
-
-    uri, loss, n_params, versions = orchestrator.write_artifact(run, kind="final")
+    uri, loss, n_params, versions = write_artifact(run, kind="final")
     with transaction.atomic():
         locked = TrainingRun.objects.select_for_update().get(pk=run.pk)
         if locked.state not in (TrainingRun.State.RUNNING, TrainingRun.State.RECOVERING):
@@ -840,8 +819,6 @@ def training_run_succeed(*, run: TrainingRun, why: str) -> TrainingRun:
 
 def training_run_budget_exhaust(*, run: TrainingRun) -> TrainingRun:
     """The money budget is spent: stop cleanly, keeping the last published version as a checkpoint."""
-    from training import orchestrator
-
     spent = selectors.run_spend(run_id=run.pk)
     if not _transition_quietly(
         run,
@@ -853,7 +830,7 @@ def training_run_budget_exhaust(*, run: TrainingRun) -> TrainingRun:
         state=TrainingLearner.State.RELEASED, state_changed_at=run.state_changed_at
     )
     try:
-        uri, loss, _, _ = orchestrator.write_artifact(run, kind="checkpoint")
+        uri, loss, _, _ = write_artifact(run, kind="checkpoint")
     except Exception:
         logger.exception("run %s: checkpoint artifact not written", run.pk)
         return run
@@ -869,8 +846,6 @@ PLACEMENT_RETRY_SECONDS = 60.0
 
 def training_runs_supervise(*, now: datetime | None = None) -> dict[str, int]:
     """Beat's periodic check of live runs: restart a silent syncer, fail lost learners over."""
-    from training.tasks import training_run_place_task
-
     now = now or timezone.now()
     counts = {"runs": 0, "syncers_restarted": 0, "failovers": 0}
     stuck = TrainingRun.objects.filter(
@@ -879,7 +854,7 @@ def training_runs_supervise(*, now: datetime | None = None) -> dict[str, int]:
     ).values_list("pk", flat=True)
     for run_id in stuck:
         # The placement task was lost or its worker died: placing again is idempotent.
-        training_run_place_task.apply_async(args=(run_id,), queue=CONTROL_QUEUE)
+        dispatch.training_run_place_enqueue(run_id=run_id)
     for run in selectors.training_runs_live():
         counts["runs"] += 1
         rc = RunConfig(run.config)
@@ -933,8 +908,6 @@ def learner_failover(*, learner_id: int, reason: str, now: datetime) -> int:
     its cluster's price. When nothing fits, the learner stays lost and the next supervision
     tries again (a cluster that comes back becomes eligible again).
     """
-    from training.tasks import learner_chunk_task
-
     written = 0
     with transaction.atomic():
         learner = (
@@ -1007,9 +980,12 @@ def learner_failover(*, learner_id: int, reason: str, now: datetime) -> int:
             reason=reason_kind,
             now=now,
         )
-        args = (learner.pk, learner.generation, 0)
-        queue = cluster_queue(to_cluster.slug)
-        transaction.on_commit(lambda: learner_chunk_task.apply_async(args=args, queue=queue))
+        learner_pk, generation, slug = learner.pk, learner.generation, to_cluster.slug
+        transaction.on_commit(
+            lambda: dispatch.learner_chunk_enqueue(
+                learner_id=learner_pk, generation=generation, seq=0, cluster_slug=slug
+            )
+        )
     return written
 
 
@@ -1022,8 +998,6 @@ def _close_lost_chunks(*, learner: TrainingLearner, reason: str, now: datetime) 
     estimated from the learner's measured throughput (tokens per accelerator-second so far).
     Returns (tokens lost since the last delta reached the store, what that time cost).
     """
-    from stack.registry.models import WorkerHeartbeat
-
     done = LearnerChunk.objects.filter(learner=learner, finished_at__isnull=False).aggregate(
         s=Sum("accelerator_seconds"), t=Sum("tokens")
     )
