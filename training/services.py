@@ -19,7 +19,7 @@ from django.utils.text import slugify
 from billing.budgets import budget_may_spend
 from billing.models import Unit
 from billing.selectors import price_in_force
-from billing.services import NoPriceError, usage_record
+from billing.services import SECONDS_PER_HOUR, NoPriceError, accelerator_time_bill
 from stack.registry.errors import DomainError
 from stack.registry.models import Cluster, FailoverEvent, RegisteredModel, WorkerHeartbeat
 from stack.registry.services import failover_event_record, failover_event_recover
@@ -40,8 +40,6 @@ from training.run_config import RunConfig, RunConfigError, run_config_validate
 from training.run_engines import newest_global, run_initialise, write_artifact
 
 logger = logging.getLogger(__name__)
-
-SECONDS_PER_HOUR = Decimal(3600)
 
 
 class DispatchError(DomainError, ValueError):
@@ -126,14 +124,14 @@ def probe_job_finish(
         if updated == 1:
             try:
                 with transaction.atomic():  # a savepoint: a billing error keeps the outcome
-                    usage_record(
-                        unit=Unit.ACCELERATOR_HOUR,
-                        quantity=accelerator_seconds / SECONDS_PER_HOUR,
-                        occurred_at=finished_at,
-                        idempotency_key=f"probe_job:{job.pk}",
+                    accelerator_time_bill(
+                        cluster=job.cluster,
+                        seconds=accelerator_seconds,
+                        accelerators=1,
                         subject_type="probe_job",
                         subject_id=str(job.pk),
-                        cluster=job.cluster,
+                        idempotency_key=f"probe_job:{job.pk}",
+                        at=finished_at,
                         description=f"probe job #{job.pk}: {accelerator_seconds}s on {job.cluster.slug}",
                     )
             except NoPriceError as exc:
@@ -193,8 +191,6 @@ def probe_job_execute(*, job_id: int, worker_hostname: str | None = None) -> Pro
 # queue (training.orchestrator.learner_chunk_execute) and syncer ticks on the control queue
 # (training.orchestrator.syncer_tick_execute) → succeeded | failed | cancelled | budget_exhausted.
 # training_runs_supervise (beat) restarts a silent syncer and fails lost learners over.
-
-SUBJECT_TYPE = "training_run"
 
 
 def training_run_create(*, config: dict[str, Any], created_by: User | None, name: str) -> TrainingRun:
@@ -516,17 +512,16 @@ def _billable_seconds(*, run: TrainingRun, started_at: datetime, wall_seconds: f
 def _bill_chunk(*, chunk: LearnerChunk, learner: TrainingLearner, occurred_at: datetime) -> bool:
     if chunk.accelerator_seconds <= 0:
         return False
-    quantity = chunk.accelerator_seconds / SECONDS_PER_HOUR * chunk.accelerators
     try:
         with transaction.atomic():  # a savepoint: a billing error keeps the chunk's outcome
-            usage_record(
-                unit=Unit.ACCELERATOR_HOUR,
-                quantity=quantity,
-                occurred_at=occurred_at,
-                idempotency_key=chunk.billing_key,
-                subject_type=SUBJECT_TYPE,
-                subject_id=str(learner.run_id),
+            accelerator_time_bill(
                 cluster=chunk.cluster,
+                seconds=chunk.accelerator_seconds,
+                accelerators=chunk.accelerators,
+                subject_type=selectors.RUN_SUBJECT_TYPE,
+                subject_id=str(learner.run_id),
+                idempotency_key=chunk.billing_key,
+                at=occurred_at,
                 description=(
                     f"training run #{learner.run_id} learner {learner.index} g{chunk.generation} "
                     f"chunk {chunk.seq}: {chunk.accelerator_seconds}s × {chunk.accelerators} on {chunk.cluster.slug}"
