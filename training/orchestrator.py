@@ -21,7 +21,6 @@ import logging
 import socket
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import TYPE_CHECKING
 
 from django.utils import timezone
@@ -38,6 +37,7 @@ from training.run_engines import (
     run_transport,
     torch_threads_limit,
 )
+from training.services import ChunkOutcome
 
 if TYPE_CHECKING:
     from training.engine.learner import Adopt, Learner
@@ -130,19 +130,6 @@ def forget_run(run: TrainingRun) -> None:
         del _LEARNERS[cached]
     _SYNCERS.pop(key, None)
     run_engine_forget(run)
-
-
-@dataclass
-class ChunkOutcome:
-    steps: int = 0
-    tokens: int = 0
-    losses: list[float] = field(default_factory=list)
-    deltas_pushed: int = 0
-    bytes_sent: int = 0
-    rejoined: bool = False
-    stopped_by: str = ""  # "" (time up) or the run/learner state that stopped it
-    stopped_at: float | None = None  # wall time the stop was seen
-    first_step_at: datetime | None = None  # when the first inner step finished (training again)
 
 
 def learner_chunk_execute(
