@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from training.engine.chart import write_chart
 from training.engine.config import (
     CompressionConfig,
     CompressionKind,
@@ -546,8 +547,6 @@ def main(argv: list[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(text + "\n")
     if args.chart:
-        from training.engine.chart import write_chart
-
         write_chart(result, args.chart)
     return 0
 
