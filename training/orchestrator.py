@@ -135,7 +135,7 @@ def forget_run(run: TrainingRun) -> None:
 def learner_chunk_execute(
     *, learner_id: int, generation: int, seq: int, worker_hostname: str | None = None
 ) -> None:
-    """Run one chunk of a learner (the `training.learner_chunk` task); see services for claims."""
+    """Run one chunk of a learner (the `training.learner_chunk` task); claims are in training.services.chunks."""
     # Lazily: the engine modules import torch.
     from training.engine.fragments import due, offsets
     from training.engine.transport import latest_version
