@@ -10,30 +10,29 @@ from __future__ import annotations
 from datetime import datetime
 from decimal import Decimal
 
-from billing.models import Unit, UsageRecord
-from billing.services import usage_record
+from billing.models import UsageRecord
+from billing.services import accelerator_time_bill
 from stack.registry.models import Deployment
-
-SECONDS_PER_HOUR = Decimal(3600)
 
 
 def hosting_interval_bill(
     *, deployment: Deployment, started_at: datetime, ended_at: datetime, accelerators: int = 1
 ) -> UsageRecord | None:
     """One ledger row for [started_at, ended_at) of serving; None for an empty interval."""
-    if deployment.hosting_cluster_id is None:
+    cluster = deployment.hosting_cluster
+    if cluster is None:
         raise ValueError(f"deployment {deployment.slug} has no hosting cluster to bill")
     seconds = Decimal(str(round((ended_at - started_at).total_seconds(), 3)))
     if seconds <= 0:
         return None
-    return usage_record(
-        unit=Unit.ACCELERATOR_HOUR,
-        quantity=seconds / SECONDS_PER_HOUR * accelerators,
-        occurred_at=ended_at,
-        idempotency_key=f"hosting:{deployment.pk}:{started_at.isoformat()}",
+    return accelerator_time_bill(
+        cluster=cluster,
+        seconds=seconds,
+        accelerators=accelerators,
         subject_type="deployment_hosting",
         subject_id=str(deployment.pk),
-        cluster=deployment.hosting_cluster,
+        idempotency_key=f"hosting:{deployment.pk}:{started_at.isoformat()}",
+        at=ended_at,
         deployment=deployment,
         model=deployment.model,
         description=f"serving {deployment.slug}: {seconds} s x {accelerators} accelerator(s)",

@@ -7,6 +7,8 @@ from typing import Any
 
 def demo_config() -> dict[str, Any]:
     """The demo's training-run config (see training.run_config.demo_config)."""
+    # Imported on call: importing any of training.engine (pure torch, used without Django by the
+    # engine benchmark and local serving) runs this file, which must not pull in Django or Celery.
     from training.run_config import demo_config as config
 
     return config()

@@ -48,9 +48,18 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from django.core.management import call_command
 from django.db import close_old_connections
 from django.db.models import F, Max, Min, Sum
 from django.utils import timezone
+
+from billing.models import Unit
+from billing.services import price_book_publish
+from stack.registry.models import Cluster, FailoverEvent, Provider
+from stack.registry.services import cluster_set_draining
+from training.bench_bare import bare_engine_run
+from training.models import GlobalVersionRecord, LearnerChunk, TrainingLearner, TrainingRun
+from training.services import training_run_create
 
 HEALTH_ENV = {
     "SWITCHYARD_HEARTBEAT_SECONDS": "1",
@@ -124,11 +133,7 @@ def _wait(predicate: Callable[[], Any], *, timeout: float, what: str) -> Any:
     raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
-def _scratch_clusters(tag: str) -> list[Any]:
-    from billing.models import Unit
-    from billing.services import price_book_publish
-    from stack.registry.models import Cluster, Provider
-
+def _scratch_clusters(tag: str) -> list[Cluster]:
     provider, _ = Provider.objects.get_or_create(
         slug="bench-training", defaults={"display_name": "Training benchmark", "kind": Provider.Kind.OTHER}
     )
@@ -154,8 +159,6 @@ def _scratch_clusters(tag: str) -> list[Any]:
 
 
 def _run_figures(run_id: int) -> dict[str, Any]:
-    from training.models import GlobalVersionRecord, LearnerChunk, TrainingLearner, TrainingRun
-
     # Chunks still training when the run ended stop within a second or two and then bill;
     # count them (and a failover's recovery) before reading the figures.
     try:
@@ -210,130 +213,12 @@ def _run_figures(run_id: int) -> dict[str, Any]:
     }
 
 
-def _bare_learner(
-    index: int, raw: dict[str, Any], store_url: str, seconds: float, barrier: Any, results: Any
-) -> None:
-    """One bare-engine learner in its own process (no Django, no broker, no database)."""
-    import torch
-
-    from storage.objectstore import open_store
-    from training.engine.data import BatchSampler, load_corpus
-    from training.engine.fragments import assign_fragments
-    from training.engine.learner import Learner
-    from training.engine.model import build_model
-    from training.engine.transport import ObjectStoreTransport, latest_version
-    from training.run_config import RunConfig
-
-    torch.set_num_threads(1)
-    rc = RunConfig(raw)
-    params = {
-        n: p.detach().clone() for n, p in build_model(rc.model_config(), seed=rc.seed).named_parameters()
-    }
-    fragments = assign_fragments(params, fragments=rc.fragment_count)
-    corpus = load_corpus(rc.data_config())
-    transport = ObjectStoreTransport(open_store(store_url), prefix="bare")
-    learner = Learner(
-        learner_id=index,
-        model_cfg=rc.model_config(),
-        inner=rc.inner_config(),
-        fragments=fragments,
-        sampler=BatchSampler(
-            corpus.train, block_size=rc.model_config().block_size, batch_size=rc.batch_size, seed=index + 1
-        ),
-        init=params,
-        compression=rc.compression_config(),
-    )
-    barrier.wait()  # every learner is set up: the clocks start together
-    start = time.monotonic()
-    tokens = 0
-    pushed_base: dict[int, int] = {}
-    while time.monotonic() - start < seconds:
-        learner.train(rc.h)
-        tokens += rc.h * learner.tokens_per_step
-        for f in range(len(fragments)):
-            found = transport.versions(f)
-            if found and max(found) > learner.base_version[f]:
-                newer = latest_version(transport, f)
-                if newer is not None:
-                    learner.adopt(f, newer.params, newer.version, how="rebase")
-            # As the orchestrated learner does: one delta per fragment waits for the syncer.
-            if f not in pushed_base or learner.base_version[f] > pushed_base[f]:
-                pushed_base[f] = learner.base_version[f]
-                transport.put_delta(learner.make_delta(f, now=time.time()))
-    results.put((tokens, time.monotonic() - start))
-
-
-def _bare_engine(cfg: dict[str, Any], *, seconds: float) -> dict[str, float]:
-    """The same learners with the bare engine: one process per learner with one torch thread
-    (as each worker has), deltas and versions through a file:// object-store transport, the
-    syncer merging in this process every half second, learners rebasing onto new versions.
-    Only the orchestration is missing: no Celery, no database, no chunks, no evaluation."""
-    import multiprocessing
-    import tempfile
-
-    import torch
-
-    from storage.objectstore import open_store
-    from training.engine.fragments import assign_fragments
-    from training.engine.model import build_model
-    from training.engine.syncer import Syncer
-    from training.engine.transport import ObjectStoreTransport
-    from training.run_config import RunConfig, run_config_validate
-
-    torch.set_num_threads(1)
-    raw = run_config_validate(cfg)
-    rc = RunConfig(raw)
-    params = {
-        n: p.detach().clone() for n, p in build_model(rc.model_config(), seed=rc.seed).named_parameters()
-    }
-    fragments = assign_fragments(params, fragments=rc.fragment_count)
-    with tempfile.TemporaryDirectory(prefix="bench-bare-") as tmp:
-        store_url = f"file://{tmp}"
-        transport = ObjectStoreTransport(open_store(store_url), prefix="bare")
-        syncer = Syncer(
-            cfg=rc.syncer_config(),
-            outer=rc.outer_config(),
-            fragments=fragments,
-            init=params,
-            transport=transport,
-        )
-        ctx = multiprocessing.get_context("spawn")
-        barrier = ctx.Barrier(rc.learners + 1)
-        results = ctx.Queue()
-        procs = [
-            ctx.Process(target=_bare_learner, args=(i, raw, store_url, seconds, barrier, results))
-            for i in range(rc.learners)
-        ]
-        for proc in procs:
-            proc.start()
-        barrier.wait()
-        start = time.monotonic()
-        while time.monotonic() - start < seconds:
-            time.sleep(0.5)
-            syncer.pull(time.time())
-            syncer.poll(time.time())
-        # Read the results before joining: a child exits only once its queue is drained.
-        got = [results.get(timeout=120) for _ in procs]
-        for proc in procs:
-            proc.join(timeout=30)
-    tokens = sum(t for t, _ in got)
-    wall = max(w for _, w in got)
-    return {"tokens": tokens, "wall_s": round(wall, 2), "tokens_per_s": tokens / wall}
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="manage.py bench training")
     parser.add_argument("--json", required=True, help="where to write the figures")
     parser.add_argument("--outer-steps", type=int, default=45)
     parser.add_argument("--keep", action="store_true", help="leave the scratch clusters as they are")
     args = parser.parse_args(argv)
-
-    from django.core.management import call_command
-
-    from stack.registry.models import Cluster, FailoverEvent
-    from stack.registry.services import cluster_set_draining
-    from training.models import TrainingLearner, TrainingRun
-    from training.services import training_run_create
 
     # The bench may be pointed at a fresh scratch database: bring its schema up to date first.
     call_command("migrate", verbosity=0)
@@ -358,13 +243,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         print("workers up", flush=True)
 
-        out["bare_before"] = _bare_engine(cfg, seconds=BARE_SECONDS)
+        out["bare_before"] = bare_engine_run(cfg, seconds=BARE_SECONDS)
         print("bare engine before", json.dumps(out["bare_before"]), flush=True)
         plain = training_run_create(config=cfg, created_by=None, name="bench-plain")
         _wait(lambda: TrainingRun.objects.get(pk=plain.pk).is_finished, timeout=600, what="the plain run")
         out["plain"] = _run_figures(plain.pk)
         print("plain", json.dumps(out["plain"]), flush=True)
-        out["bare_after"] = _bare_engine(cfg, seconds=BARE_SECONDS)
+        out["bare_after"] = bare_engine_run(cfg, seconds=BARE_SECONDS)
         print("bare engine after", json.dumps(out["bare_after"]), flush=True)
         plain_wall = out["plain"]["wall_s"]
 
@@ -372,8 +257,6 @@ def main(argv: list[str] | None = None) -> int:
         victim = clusters[0]
 
         def a_third_done() -> bool:
-            from training.models import GlobalVersionRecord
-
             v = GlobalVersionRecord.objects.filter(run_id=failing.pk).aggregate(v=Max("version"))["v"] or 0
             return v >= args.outer_steps // 3
 

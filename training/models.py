@@ -1,7 +1,7 @@
 """Training: probe jobs and DiLoCo training runs across registered clusters.
 
 TrainingRun (one multi-cluster Decoupled DiLoCo job)
-  config            the validated, normalised config (training.run_config.RunConfig.to_dict())
+  config            the validated, normalised config (what training.run_config.run_config_validate returns)
   state             pending → placing → running ⇄ recovering → succeeded | failed | cancelled |
                     budget_exhausted (TRANSITIONS below is the whole graph; every change goes
                     through TrainingRun.transition(), which writes a TrainingRunTransition row)
@@ -150,10 +150,6 @@ class TrainingRun(models.Model):
 
     def __str__(self) -> str:
         return f"run #{self.pk} {self.name} ({self.state})"
-
-    @property
-    def is_live(self) -> bool:
-        return self.state in self.LIVE_STATES
 
     @property
     def is_finished(self) -> bool:

@@ -1,7 +1,7 @@
-"""The torch side of a training run: engine objects, per-process caches, the chunk and syncer loops.
+"""The chunk and syncer loops of a training run, with the engine objects they keep between tasks.
 
-The engine (training/engine) is used as is; this module builds its objects from a run's config
-and keeps them between Celery tasks of the same worker process:
+The engine (training/engine) is used as is, through the run's engine objects (training.run_engines);
+this module keeps what must survive between Celery tasks of the same worker process:
 
 * a learner's `Learner` (model + AdamW state) lives in `_LEARNERS`, keyed (run, learner index,
   generation), so consecutive chunks on the same worker continue where the last one stopped;
@@ -12,31 +12,37 @@ and keeps them between Celery tasks of the same worker process:
   ticks; it is rebuilt with `Syncer.resume` whenever the store holds a version it has not seen.
 
 Every database write goes through training.services; tensors go only through the object store.
+The engine modules import torch, so they are imported inside the functions that use them.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import socket
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from django.conf import settings
 from django.utils import timezone
 
-from training.run_config import RunConfig
+from training import services
+from training.models import TrainingRun
+from training.run_engines import (
+    RunEngine,
+    RunKey,
+    newest_global,
+    run_engine,
+    run_engine_forget,
+    run_key,
+    run_transport,
+    torch_threads_limit,
+)
+from training.services import ChunkOutcome
 
 if TYPE_CHECKING:
-    import torch
-
-    from training.engine.data import Corpus
     from training.engine.learner import Adopt, Learner
     from training.engine.syncer import Syncer
     from training.engine.transport import ObjectStoreTransport
-    from training.models import TrainingRun
 
 logger = logging.getLogger(__name__)
 
@@ -50,167 +56,6 @@ OWED_CHECK_SECONDS = 0.2
 # generation or process, share an id (the syncer would skip the second as already consumed).
 CHUNK_SPACE = 100_000
 PUSH_SPACE = 10_000
-
-
-def _torch_threads() -> None:
-    import torch
-
-    # One intra-op thread per worker process: the cluster workers, the control worker and the
-    # web process share this machine's cores, and oversubscribed BLAS threads slow all of them.
-    if torch.get_num_threads() != 1:
-        torch.set_num_threads(1)
-
-
-def warm_up() -> None:
-    """Import the engine (and torch) in this process; called when a worker starts."""
-    import training.engine.data
-    import training.engine.learner
-    import training.engine.syncer
-    import training.engine.transport  # noqa: F401
-
-    _torch_threads()
-
-
-def run_transport(run: TrainingRun) -> ObjectStoreTransport:
-    from storage.objectstore import open_store
-    from training.engine.transport import ObjectStoreTransport
-
-    rc = RunConfig(run.config)
-    store = open_store(rc.object_store_url, endpoint_url=settings.OBJECT_STORE_ENDPOINT_URL)
-    return ObjectStoreTransport(store, prefix=f"runs/{run.pk}")
-
-
-@dataclass
-class RunEngine:
-    """What every process of a run derives from its config: fragments, data, eval batches."""
-
-    run_id: int
-    rc: RunConfig
-    fragments: list[list[str]]
-    init: dict[str, torch.Tensor]
-    corpus: Corpus
-    eval_batches: list[tuple[torch.Tensor, torch.Tensor]]
-    parameter_count: int
-    eval_model: Any = None
-
-    def evaluate(self, params: dict[str, torch.Tensor]) -> float:
-        from training.engine.data import evaluate
-        from training.engine.model import GPT
-
-        if self.eval_model is None:
-            self.eval_model = GPT(self.rc.model_config())
-        self.eval_model.load_state_dict(params)
-        return evaluate(self.eval_model, self.eval_batches)
-
-
-RunKey = tuple[int, str]
-
-
-def run_key(run: TrainingRun) -> RunKey:
-    """Cache key of a run: its id and creation time (a recreated database may reuse an id)."""
-    return (run.pk, run.created_at.isoformat())
-
-
-_ENGINES: dict[RunKey, RunEngine] = {}
-
-
-def run_engine(run: TrainingRun) -> RunEngine:
-    cached = _ENGINES.get(run_key(run))
-    if cached is not None:
-        return cached
-    _torch_threads()
-    from storage.objectstore import open_store
-    from training.engine.data import eval_batches, load_corpus
-    from training.engine.fragments import assign_fragments
-    from training.engine.model import build_model, param_count
-
-    rc = RunConfig(run.config)
-    model = build_model(rc.model_config(), seed=rc.seed)
-    params = dict(model.named_parameters())
-    fragments = assign_fragments(
-        params, fragments=rc.fragment_count, assignment=rc.streaming_config().assignment
-    )
-    data_cfg = rc.data_config()
-    store = None
-    if data_cfg.source == "objects":
-        uri = str(rc.raw["dataset"])
-        bucket, _, prefix = uri[len("s3://") :].partition("/")
-        store = open_store(f"s3://{bucket}", endpoint_url=settings.OBJECT_STORE_ENDPOINT_URL)
-        data_cfg = type(data_cfg)(**{**data_cfg.__dict__, "paths": tuple(sorted(store.list(prefix)))})
-    corpus = load_corpus(data_cfg, store=store)
-    batches = eval_batches(
-        corpus.eval, block_size=rc.model_config().block_size, windows=int(rc.raw["eval_windows"])
-    )
-    engine = RunEngine(
-        run_id=run.pk,
-        rc=rc,
-        fragments=fragments,
-        init={n: p.detach().clone() for n, p in params.items()},
-        corpus=corpus,
-        eval_batches=batches,
-        parameter_count=param_count(model),
-    )
-    # Keep a few runs at most: a long-lived worker serves many runs over its life.
-    while len(_ENGINES) >= 4:
-        _ENGINES.pop(next(iter(_ENGINES)))
-    _ENGINES[run_key(run)] = engine
-    return engine
-
-
-def newest_global(
-    transport: ObjectStoreTransport, fragments: list[list[str]]
-) -> tuple[dict[str, torch.Tensor], list[int], list[dict[str, Any]]]:
-    """The global parameters assembled from each fragment's newest version."""
-    from training.engine.transport import latest_version
-
-    params: dict[str, torch.Tensor] = {}
-    versions: list[int] = []
-    metas: list[dict[str, Any]] = []
-    for f in range(len(fragments)):
-        v = latest_version(transport, f)
-        if v is None:
-            raise LookupError(f"fragment {f} has no published version")
-        params.update(v.params)
-        versions.append(v.version)
-        metas.append(v.meta)
-    return params, versions, metas
-
-
-def run_initialise(run: TrainingRun) -> float:
-    """Publish version 0 of every fragment (write-once) and return the initial eval loss."""
-    from training.engine.syncer import Syncer
-
-    engine = run_engine(run)
-    transport = run_transport(run)
-    Syncer(
-        cfg=engine.rc.syncer_config(),
-        outer=engine.rc.outer_config(),
-        fragments=engine.fragments,
-        init=engine.init,
-        transport=transport,
-    )
-    params, _, _ = newest_global(transport, engine.fragments)
-    return engine.evaluate(params)
-
-
-def write_artifact(run: TrainingRun, *, kind: str) -> tuple[str, float, int, list[int]]:
-    """The newest global parameters as a model artifact: (uri, eval loss, parameter count, versions)."""
-    from storage.artifacts import model_artifact_write
-
-    engine = run_engine(run)
-    transport = run_transport(run)
-    params, versions, _ = newest_global(transport, engine.fragments)
-    loss = engine.evaluate(params)
-    key = f"runs/{run.pk}/artifacts/{kind}-v{'-'.join(map(str, versions))}.syd"
-    uri = model_artifact_write(
-        store_url=engine.rc.object_store_url,
-        key=key,
-        model_config=dataclasses.asdict(engine.rc.model_config()),
-        params=params,
-        meta={"run_id": run.pk, "kind": kind, "versions": versions, "eval_loss": loss},
-        endpoint_url=settings.OBJECT_STORE_ENDPOINT_URL,
-    )
-    return uri, loss, engine.parameter_count, versions
 
 
 # --- Learner chunks -------------------------------------------------------------------------
@@ -242,6 +87,7 @@ def _learner_for(run: TrainingRun, index: int, generation: int, steps_done: int)
     slot = _LEARNERS.get(key)
     if slot is not None:
         return slot, False
+    # Lazily: the engine modules import torch.
     from training.engine.data import BatchSampler, shard
     from training.engine.learner import Learner
 
@@ -283,27 +129,14 @@ def forget_run(run: TrainingRun) -> None:
     for cached in [k for k in _LEARNERS if k[0] == key]:
         del _LEARNERS[cached]
     _SYNCERS.pop(key, None)
-    _ENGINES.pop(key, None)
-
-
-@dataclass
-class ChunkOutcome:
-    steps: int = 0
-    tokens: int = 0
-    losses: list[float] = field(default_factory=list)
-    deltas_pushed: int = 0
-    bytes_sent: int = 0
-    rejoined: bool = False
-    stopped_by: str = ""  # "" (time up) or the run/learner state that stopped it
-    stopped_at: float | None = None  # wall time the stop was seen
-    first_step_at: datetime | None = None  # when the first inner step finished (training again)
+    run_engine_forget(run)
 
 
 def learner_chunk_execute(
     *, learner_id: int, generation: int, seq: int, worker_hostname: str | None = None
 ) -> None:
-    """Run one chunk of a learner (the `training.learner_chunk` task); see services for claims."""
-    from training import services
+    """Run one chunk of a learner (the `training.learner_chunk` task); claims are in training.services.chunks."""
+    # Lazily: the engine modules import torch.
     from training.engine.fragments import due, offsets
     from training.engine.transport import latest_version
 
@@ -318,7 +151,7 @@ def learner_chunk_execute(
     started_at = timezone.now()
     outcome = ChunkOutcome()
     try:
-        _torch_threads()
+        torch_threads_limit()
         slot, outcome.rejoined = _learner_for(run, learner_row.index, generation, learner_row.steps)
         engine = run_engine(run)
         rc = engine.rc
@@ -411,7 +244,7 @@ _SYNCERS: dict[RunKey, Syncer] = {}
 
 def _syncer_for(run: TrainingRun, engine: RunEngine, transport: ObjectStoreTransport) -> Syncer:
     """The cached syncer if it is at the store's newest versions, else one resumed from the store."""
-    from training.engine.syncer import Syncer
+    from training.engine.syncer import Syncer  # lazily: imports torch
 
     cached = _SYNCERS.get(run_key(run))
     if cached is not None:
@@ -431,8 +264,6 @@ def _syncer_for(run: TrainingRun, engine: RunEngine, transport: ObjectStoreTrans
 
 def syncer_tick_execute(*, run_id: int, token: str) -> None:
     """One syncer tick (the `training.syncer_tick` task): merge, publish, record, maybe finish."""
-    from training import services
-
     run = services.syncer_tick_claim(run_id=run_id, token=token)
     if run is None:
         return

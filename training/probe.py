@@ -51,6 +51,7 @@ def stdlib_corpus(max_bytes: int) -> bytes:
 
 
 def run_probe(config: ProbeConfig, on_progress: Callable[[int, float], None] | None = None) -> ProbeResult:
+    # Lazily: the web process imports this module (through training.services) without torch.
     import torch
     from torch import nn
 

@@ -33,22 +33,20 @@ import copy
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.conf import settings
 
 from stack.registry.errors import MultiFieldError
-
-if TYPE_CHECKING:
-    from training.engine.config import (
-        CompressionConfig,
-        DataConfig,
-        InnerConfig,
-        ModelConfig,
-        OuterConfig,
-        StreamingConfig,
-        SyncerConfig,
-    )
+from training.engine.config import (
+    CompressionConfig,
+    DataConfig,
+    InnerConfig,
+    ModelConfig,
+    OuterConfig,
+    StreamingConfig,
+    SyncerConfig,
+)
 
 
 class RunConfigError(MultiFieldError, ValueError):
@@ -390,6 +388,8 @@ def _check_placement(cfg: dict[str, Any], m: int, errors: _Errors) -> None:
     if not isinstance(pins, dict):
         errors.add("placement.pins", "must map learner index to cluster slug")
         return
+    # Imported here, not at the top: RunConfig is also used where Django is not set up (the
+    # benchmark's bare-engine learner processes, training.bench_bare), and models cannot load there.
     from stack.registry.models import Cluster
 
     normalised: dict[str, str] = {}
@@ -471,8 +471,6 @@ class RunConfig:
         return int(self.raw["seed"])
 
     def model_config(self) -> ModelConfig:
-        from training.engine.config import ModelConfig
-
         m = self.raw["model"]
         return ModelConfig(
             n_layer=m["n_layer"],
@@ -483,8 +481,6 @@ class RunConfig:
         )
 
     def inner_config(self) -> InnerConfig:
-        from training.engine.config import InnerConfig
-
         i = self.raw["inner"]
         return InnerConfig(
             lr=i["lr"],
@@ -498,28 +494,20 @@ class RunConfig:
         )
 
     def outer_config(self) -> OuterConfig:
-        from training.engine.config import OuterConfig
-
         o = self.raw["outer"]
         return OuterConfig(lr=o["lr"], momentum=o["momentum"], nesterov=o["nesterov"])
 
     def streaming_config(self) -> StreamingConfig:
-        from training.engine.config import StreamingConfig
-
         f = self.raw["fragments"]
         return StreamingConfig(
             fragments=f["count"], assignment=f["assignment"], overlap=f["overlap"], alpha=f["alpha"]
         )
 
     def compression_config(self) -> CompressionConfig:
-        from training.engine.config import CompressionConfig
-
         c = self.raw["compression"]
         return CompressionConfig(kind=c["kind"], error_feedback=c["error_feedback"])
 
     def syncer_config(self) -> SyncerConfig:
-        from training.engine.config import SyncerConfig
-
         s = self.raw["syncer"]
         return SyncerConfig(
             learners=self.learners,
@@ -532,8 +520,6 @@ class RunConfig:
         )
 
     def data_config(self) -> DataConfig:
-        from training.engine.config import DataConfig
-
         d = self.raw["data"]
         uri = str(self.raw["dataset"])
         source = "stdlib"

@@ -9,7 +9,7 @@ from decimal import Decimal
 from django.db.models import Count, Q, QuerySet, Sum
 
 from billing.models import Unit
-from billing.selectors import PriceResolver, spend_total
+from billing.selectors import PriceResolver, spend_total, usage_for_subject
 from stack.registry.models import Cluster, FailoverEvent
 from training.models import (
     GlobalVersionRecord,
@@ -168,8 +168,6 @@ def run_chunks(*, run: TrainingRun) -> QuerySet[LearnerChunk]:
 
 def run_cost_per_cluster(*, run: TrainingRun) -> list[dict[str, object]]:
     """Ledger spend of the run per cluster: [{cluster, amount, quantity}]."""
-    from billing.selectors import usage_for_subject
-
     rows = (
         usage_for_subject(subject_type=RUN_SUBJECT_TYPE, subject_id=str(run.pk))
         .values("cluster__slug")

@@ -8,7 +8,7 @@ scored by the eval loss of the *global* parameters on held-out stdlib files. Wal
 claims (stragglers, failures) come from the virtual clock of :mod:`simulator`; the compute
 behind them is real. Bytes are exact payload bytes (values + quantisation scales).
 
-Summary keys (issue 3):
+Summary keys:
 
 * ``protocol_b_loss_ratio_m{2,4}``: DiLoCo with M learners of batch B/M ÷ data-parallel with
   batch B, same steps (equal tokens).
@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from training.engine.chart import write_chart
 from training.engine.config import (
     CompressionConfig,
     CompressionKind,
@@ -60,6 +61,7 @@ from training.engine.simulator import (
     NetworkConfig,
     SimConfig,
     Simulator,
+    time_to_loss,
     train_data_parallel,
 )
 
@@ -422,8 +424,8 @@ def summarise(
 
     barrier, decoupled = runs["straggler_barrier"], runs["straggler_decoupled"]
     target = barrier["eval_loss"]
-    t_barrier = _time_to(barrier["curve"], target)
-    t_decoupled = _time_to(decoupled["curve"], target)
+    t_barrier = time_to_loss(barrier["curve"], target)
+    t_decoupled = time_to_loss(decoupled["curve"], target)
     speedup = t_barrier / t_decoupled if t_barrier and t_decoupled else None
     decoupled["target_loss"] = barrier["target_loss"] = target
     barrier["time_to_target"], decoupled["time_to_target"] = t_barrier, t_decoupled
@@ -443,13 +445,6 @@ def summarise(
         "goodput_with_failure": goodput,
         "learner_overhead_ratio": overhead["ratio"],
     }
-
-
-def _time_to(curve: list[dict[str, float]], target: float) -> float | None:
-    for point in curve:
-        if point["eval_loss"] <= target + 1e-9:
-            return point["time"]
-    return None
 
 
 TARGETS: dict[str, tuple[str, float]] = {
@@ -546,8 +541,6 @@ def main(argv: list[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(text + "\n")
     if args.chart:
-        from training.engine.chart import write_chart
-
         write_chart(result, args.chart)
     return 0
 

@@ -11,7 +11,7 @@ from typing import Any
 
 
 def figure(result: dict[str, Any]) -> Any:
-    import plotly.graph_objects as go
+    import plotly.graph_objects as go  # lazily: the engine itself needs only torch
 
     fig = go.Figure()
     groups: dict[str, list[dict[str, Any]]] = {}

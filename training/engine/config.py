@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Literal
 
 CompressionKind = Literal["fp32", "bf16", "int8", "4bit"]
 StalePolicy = Literal["discount", "drop"]
@@ -104,8 +104,3 @@ class DataConfig:
     sharding: Sharding = "iid"
     seed: int = 0
     paths: tuple[str, ...] = field(default_factory=tuple)
-
-
-def config_dict(obj: Any) -> dict[str, Any]:
-    """A JSON-ready dict of a config dataclass."""
-    return asdict(obj)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -100,11 +100,8 @@ class SimResult:
     curve: list[dict[str, float]] = field(default_factory=list)  # time, tokens_merged, eval_loss
 
     def time_to_loss(self, target: float) -> float | None:
-        """First virtual time at which the evaluated global loss was <= target."""
-        for point in self.curve:
-            if "eval_loss" in point and point["eval_loss"] <= target:
-                return point["time"]
-        return None
+        """First virtual time at which the evaluated global loss was <= target (see time_to_loss)."""
+        return time_to_loss(self.curve, target)
 
     def tokens_merged_by(self, t: float) -> int:
         merged = 0
@@ -112,6 +109,18 @@ class SimResult:
             if point["time"] <= t:
                 merged = int(point["tokens_merged"])
         return merged
+
+
+def time_to_loss(curve: Sequence[Mapping[str, float]], target: float) -> float | None:
+    """First time in a run's curve at which the evaluated global loss was <= target.
+
+    Points without an eval loss are skipped. A margin of 1e-9 absorbs float noise: the target is
+    often another run's (or this run's own) final loss.
+    """
+    for point in curve:
+        if "eval_loss" in point and point["eval_loss"] <= target + 1e-9:
+            return point["time"]
+    return None
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from training.engine.bench import main
+from training.engine.simulator import time_to_loss
 
 SUMMARY_KEYS = {
     "protocol_b_loss_ratio_m2",
@@ -47,3 +48,14 @@ def test_bench_diloco_writes_the_summary_and_runs_it_prints(tmp_path, capsys):
     # Exact byte accounting: DiLoCo sends S per sync, data-parallel 2(M-1)/M * S per step.
     assert written["summary"]["bytes_ratio_fp32"] == written["config"]["H"]
     assert set(written["targets"]) <= SUMMARY_KEYS
+
+
+def test_time_to_loss_is_the_first_evaluated_point_at_or_below_the_target():
+    curve = [
+        {"time": 1.0, "tokens_merged": 10.0},  # not evaluated: skipped
+        {"time": 2.0, "tokens_merged": 20.0, "eval_loss": 3.0},
+        {"time": 3.0, "tokens_merged": 30.0, "eval_loss": 2.5 + 1e-12},  # float noise counts as reached
+        {"time": 4.0, "tokens_merged": 40.0, "eval_loss": 2.0},
+    ]
+    assert time_to_loss(curve, 2.5) == 3.0
+    assert time_to_loss(curve, 1.0) is None

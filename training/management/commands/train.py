@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
@@ -27,8 +28,6 @@ def _load(path: Path) -> Any:
     text = path.read_text()
     if path.suffix.lower() == ".json":
         return json.loads(text)
-    import yaml
-
     return yaml.safe_load(text)
 
 

@@ -1,0 +1,79 @@
+"""Writes for training: probe jobs and DiLoCo training runs; callers import from here.
+
+One module per concern: probes (probe jobs), runs (a run's life and state), placing (the first
+placement and version 0), chunks (learner chunks and their bill), syncer (the syncer chain and the
+version records), supervision (beat's checks and learner failover). Tasks are sent through
+training.dispatch, never by importing training.tasks.
+"""
+
+from __future__ import annotations
+
+from training.services.chunks import (
+    MAX_CHUNK_FAILURES,
+    ChunkClaim,
+    ChunkOutcome,
+    learner_chunk_claim,
+    learner_chunk_finish,
+    learner_chunk_progress,
+    learner_chunk_should_stop,
+)
+from training.services.placing import training_run_place
+from training.services.probes import (
+    DispatchError,
+    probe_job_claim,
+    probe_job_create,
+    probe_job_execute,
+    probe_job_finish,
+    probe_job_progress,
+)
+from training.services.runs import (
+    RunStateError,
+    training_run_budget_exhaust,
+    training_run_cancel,
+    training_run_check_stop,
+    training_run_create,
+    training_run_fail,
+    training_run_succeed,
+)
+from training.services.supervision import PLACEMENT_RETRY_SECONDS, learner_failover, training_runs_supervise
+from training.services.syncer import (
+    SYNCER_STALE_SECONDS,
+    SYNCER_TICK_SECONDS,
+    global_versions_record_missing,
+    syncer_restart,
+    syncer_tick_claim,
+    syncer_tick_continue,
+)
+
+__all__ = [
+    "MAX_CHUNK_FAILURES",
+    "PLACEMENT_RETRY_SECONDS",
+    "SYNCER_STALE_SECONDS",
+    "SYNCER_TICK_SECONDS",
+    "ChunkClaim",
+    "ChunkOutcome",
+    "DispatchError",
+    "RunStateError",
+    "global_versions_record_missing",
+    "learner_chunk_claim",
+    "learner_chunk_finish",
+    "learner_chunk_progress",
+    "learner_chunk_should_stop",
+    "learner_failover",
+    "probe_job_claim",
+    "probe_job_create",
+    "probe_job_execute",
+    "probe_job_finish",
+    "probe_job_progress",
+    "syncer_restart",
+    "syncer_tick_claim",
+    "syncer_tick_continue",
+    "training_run_budget_exhaust",
+    "training_run_cancel",
+    "training_run_check_stop",
+    "training_run_create",
+    "training_run_fail",
+    "training_run_place",
+    "training_run_succeed",
+    "training_runs_supervise",
+]

@@ -1,0 +1,278 @@
+"""Learner chunks: claiming one, recording its progress and outcome, billing it, chaining the next."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+
+from django.db import transaction
+from django.utils import timezone
+
+from billing.services import NoPriceError, accelerator_time_bill
+from stack.registry.models import RegisteredModel
+from stack.registry.services import failover_event_recover
+from training import dispatch, selectors
+from training.models import LearnerChunk, TrainingLearner, TrainingRun
+from training.services.runs import training_run_budget_exhaust, training_run_fail
+
+logger = logging.getLogger(__name__)
+
+# A learner whose chunks failed this often (on whatever clusters) stops the run.
+MAX_CHUNK_FAILURES = 3
+
+
+@dataclass(frozen=True)
+class ChunkClaim:
+    run: TrainingRun
+    learner: TrainingLearner
+    chunk: LearnerChunk
+
+
+@dataclass
+class ChunkOutcome:
+    """What a chunk did (training.orchestrator fills it in as it trains)."""
+
+    steps: int = 0
+    tokens: int = 0
+    losses: list[float] = field(default_factory=list)
+    deltas_pushed: int = 0
+    bytes_sent: int = 0
+    rejoined: bool = False
+    stopped_by: str = ""  # "" (time up) or the run/learner state that stopped it
+    stopped_at: float | None = None  # wall time the stop was seen
+    first_step_at: datetime | None = None  # when the first inner step finished (training again)
+
+
+def _learner_stopped(learner: TrainingLearner, run: TrainingRun, generation: int) -> str:
+    """Why this generation of the learner must not train ("" when it may)."""
+    if run.state not in (TrainingRun.State.RUNNING, TrainingRun.State.RECOVERING):
+        return f"run {run.state}"
+    if learner.generation != generation:
+        return f"learner re-placed (generation {learner.generation})"
+    if learner.state in (
+        TrainingLearner.State.LOST,
+        TrainingLearner.State.DONE,
+        TrainingLearner.State.RELEASED,
+    ):
+        return f"learner {learner.state}"
+    return ""
+
+
+def learner_chunk_claim(
+    *, learner_id: int, generation: int, seq: int, worker_hostname: str
+) -> ChunkClaim | None:
+    """Claim chunk `seq` of a learner's generation; None means "nothing to do" (a no-op).
+
+    A finished chunk, a stale generation (the learner was re-placed) or a run that is no
+    longer live are no-ops. A started but unfinished chunk is a redelivery after its worker
+    died: it starts over on this worker. A spent money budget stops the run here, before
+    anything more is trained or billed.
+    """
+    now = timezone.now()
+    exhausted_run: TrainingRun | None = None
+    with transaction.atomic():
+        learner = (
+            TrainingLearner.objects.select_for_update(of=("self",))
+            .select_related("run", "cluster")
+            .filter(pk=learner_id)
+            .first()
+        )
+        if learner is None or learner.cluster is None:
+            return None
+        run = learner.run
+        if _learner_stopped(learner, run, generation):
+            return None
+        existing = LearnerChunk.objects.filter(learner=learner, generation=generation, seq=seq).first()
+        if existing is not None and existing.finished_at is not None:
+            # Redelivered after it finished: make sure the chain of chunks goes on.
+            if (
+                existing.error == ""
+                and not LearnerChunk.objects.filter(
+                    learner=learner, generation=generation, seq=seq + 1
+                ).exists()
+            ):
+                _enqueue_next_chunk(learner=learner, generation=generation, seq=seq + 1)
+            return None
+        if run.money_budget is not None and selectors.run_spend(run_id=run.pk) >= run.money_budget:
+            exhausted_run = run
+        else:
+            if existing is None:
+                chunk = LearnerChunk.objects.create(
+                    learner=learner,
+                    generation=generation,
+                    seq=seq,
+                    cluster=learner.cluster,
+                    accelerators=selectors.accelerators_per_learner(learner.cluster),
+                    worker_hostname=worker_hostname[:255],
+                    started_at=now,
+                    progress_at=now,
+                )
+            else:
+                chunk = existing
+                LearnerChunk.objects.filter(pk=chunk.pk).update(
+                    worker_hostname=worker_hostname[:255], started_at=now, progress_at=now, steps=0, tokens=0
+                )
+                chunk.refresh_from_db()
+            TrainingLearner.objects.filter(pk=learner.pk).update(
+                state=TrainingLearner.State.RUNNING, worker_hostname=worker_hostname[:255]
+            )
+            learner.state = TrainingLearner.State.RUNNING
+    if exhausted_run is not None:
+        training_run_budget_exhaust(run=exhausted_run)
+        return None
+    return ChunkClaim(run=run, learner=learner, chunk=chunk)
+
+
+def learner_chunk_progress(
+    *,
+    chunk_id: int,
+    learner_id: int,
+    steps: int,
+    tokens: int,
+    deltas_pushed: int,
+    bytes_sent: int,
+    tokens_at_push: int,
+) -> None:
+    """A chunk pushed deltas: record how far it got (a killed chunk leaves this behind)."""
+    now = timezone.now()
+    chunk = LearnerChunk.objects.filter(pk=chunk_id, finished_at__isnull=True)
+    chunk.update(
+        steps=steps, tokens=tokens, deltas_pushed=deltas_pushed, bytes_sent=bytes_sent, progress_at=now
+    )
+    TrainingLearner.objects.filter(pk=learner_id).update(tokens_at_last_push=tokens_at_push, last_push_at=now)
+
+
+def learner_chunk_should_stop(*, learner_id: int, generation: int) -> str:
+    """Why a running chunk must stop now ("" to go on): the run ended or the learner moved."""
+    learner = TrainingLearner.objects.select_related("run").filter(pk=learner_id).first()
+    if learner is None:
+        return "learner gone"
+    return _learner_stopped(learner, learner.run, generation)
+
+
+def _billable_seconds(*, run: TrainingRun, started_at: datetime, wall_seconds: float) -> float:
+    """Seconds to bill: all of them, except that nothing after a run's end is billed."""
+    if run.is_finished and run.finished_at is not None:
+        return max(0.0, min(wall_seconds, (run.finished_at - started_at).total_seconds()))
+    return max(0.0, wall_seconds)
+
+
+def learner_chunk_bill(*, chunk: LearnerChunk, learner: TrainingLearner, occurred_at: datetime) -> bool:
+    """Bill a closed chunk's accelerator time once (its billing key); False when nothing was billed."""
+    if chunk.accelerator_seconds <= 0:
+        return False
+    try:
+        with transaction.atomic():  # a savepoint: a billing error keeps the chunk's outcome
+            accelerator_time_bill(
+                cluster=chunk.cluster,
+                seconds=chunk.accelerator_seconds,
+                accelerators=chunk.accelerators,
+                subject_type=selectors.RUN_SUBJECT_TYPE,
+                subject_id=str(learner.run_id),
+                idempotency_key=chunk.billing_key,
+                at=occurred_at,
+                description=(
+                    f"training run #{learner.run_id} learner {learner.index} g{chunk.generation} "
+                    f"chunk {chunk.seq}: {chunk.accelerator_seconds}s × {chunk.accelerators} on {chunk.cluster.slug}"
+                )[:200],
+            )
+    except NoPriceError as exc:
+        logger.error("chunk %s could not be billed: %s", chunk.pk, exc)
+        LearnerChunk.objects.filter(pk=chunk.pk).update(error=f"not billed: {exc}"[:5000])
+        return False
+    LearnerChunk.objects.filter(pk=chunk.pk).update(billed=True)
+    return True
+
+
+def learner_chunk_finish(
+    *,
+    chunk_id: int,
+    outcome: ChunkOutcome,
+    wall_seconds: float,
+    started_at: datetime,
+    finished_at: datetime,
+    error: str = "",
+) -> LearnerChunk | None:
+    """Record a chunk's outcome, bill its accelerator-seconds and enqueue the next chunk."""
+    with transaction.atomic():
+        chunk = (
+            LearnerChunk.objects.select_for_update(of=("self",))
+            .select_related("cluster")
+            .filter(pk=chunk_id)
+            .first()
+        )
+        if chunk is None or chunk.finished_at is not None:
+            return chunk  # already finished (a duplicate): nothing is billed twice
+        learner = (
+            TrainingLearner.objects.select_for_update(of=("self",))
+            .select_related("run")
+            .get(pk=chunk.learner_id)
+        )
+        run = learner.run
+        seconds = _billable_seconds(run=run, started_at=started_at, wall_seconds=wall_seconds)
+        chunk.finished_at = finished_at
+        chunk.steps = outcome.steps
+        chunk.tokens = outcome.tokens
+        chunk.train_losses = [round(x, 5) for x in outcome.losses]
+        chunk.deltas_pushed = outcome.deltas_pushed
+        chunk.bytes_sent = outcome.bytes_sent
+        chunk.accelerator_seconds = Decimal(str(round(seconds, 3)))
+        chunk.progress_at = finished_at
+        chunk.error = error[:5000]
+        chunk.save()
+        learner_chunk_bill(chunk=chunk, learner=learner, occurred_at=finished_at)
+        current = learner.generation == chunk.generation
+        learner.tokens += outcome.tokens
+        learner.steps += outcome.steps
+        fields = ["tokens", "steps"]
+        if current:
+            learner.last_report_at = finished_at
+            fields.append("last_report_at")
+            if error and learner.state in (TrainingLearner.State.PLACED, TrainingLearner.State.RUNNING):
+                learner.state = TrainingLearner.State.LOST
+                learner.state_changed_at = finished_at
+                learner.last_error = f"chunk {chunk.seq} failed: {error}"[:5000]
+                fields += ["state", "state_changed_at", "last_error"]
+        learner.save(update_fields=fields)
+        if error and current:
+            failures = LearnerChunk.objects.filter(learner=learner).exclude(error="")
+            failures = failures.exclude(error__startswith="lost:").exclude(error__startswith="not billed:")
+            if failures.count() >= MAX_CHUNK_FAILURES:
+                # The same learner failing on every cluster it is moved to is a bug or bad data,
+                # not a cluster problem: stop instead of failing over forever.
+                why = f"learner {learner.index} failed {MAX_CHUNK_FAILURES} chunks; last: {error}"
+                training_run_fail(run_id=run.pk, reason=why)
+        if current and not error and chunk.steps > 0:
+            event = selectors.learner_open_failover(learner=learner)
+            if event is not None and chunk.generation > 0:
+                # Recovered when the re-placed learner finished its first inner step again.
+                back = outcome.first_step_at or started_at
+                failover_event_recover(event=event, recovered_at=back, to_cluster=chunk.cluster)
+        if (
+            current
+            and not error
+            and not outcome.stopped_by
+            and not _learner_stopped(learner, run, chunk.generation)
+        ):
+            _enqueue_next_chunk(learner=learner, generation=chunk.generation, seq=chunk.seq + 1)
+        if run.registered_model_id is not None:
+            # Chunks that were still training when the run succeeded bill after it registered
+            # its model; keep the model's training cost equal to the ledger.
+            RegisteredModel.objects.filter(pk=run.registered_model_id).update(
+                training_cost=selectors.run_spend(run_id=run.pk)
+            )
+    return chunk
+
+
+def _enqueue_next_chunk(*, learner: TrainingLearner, generation: int, seq: int) -> None:
+    """The learner's next chunk on its cluster's queue, once this transaction commits."""
+    if learner.cluster is None:
+        return
+    learner_id, slug = learner.pk, learner.cluster.slug
+    transaction.on_commit(
+        lambda: dispatch.learner_chunk_enqueue(
+            learner_id=learner_id, generation=generation, seq=seq, cluster_slug=slug
+        )
+    )

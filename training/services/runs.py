@@ -1,0 +1,191 @@
+"""A training run's life: creating, cancelling, failing, finishing and stopping it at its budget.
+
+training_run_create (pending) → training_run_place on the control queue (placing → running;
+learners placed, version 0 published) → learner chunks on each cluster's queue and syncer ticks on
+the control queue (training.orchestrator) → succeeded | failed | cancelled | budget_exhausted.
+training_runs_supervise (beat) restarts a silent syncer and fails lost learners over.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.contrib.auth.models import User
+from django.db import transaction
+from django.db.models import Max
+from django.utils.text import slugify
+
+from stack.registry.errors import DomainError
+from stack.registry.models import RegisteredModel
+from training import dispatch, selectors
+from training.models import (
+    GlobalVersionRecord,
+    InvalidTransition,
+    TrainingLearner,
+    TrainingRun,
+    TrainingRunTransition,
+)
+from training.run_config import RunConfig, RunConfigError, run_config_validate
+from training.run_engines import write_artifact
+
+logger = logging.getLogger(__name__)
+
+
+class RunStateError(DomainError, ValueError):
+    """An action that the run's current state does not allow; the message is shown as is."""
+
+    status_code = 400
+
+
+def transition_quietly(run: TrainingRun, new: str, *, reason: str) -> bool:
+    """Transition, or return False when another process already moved the run on."""
+    try:
+        run.transition(new, reason=reason)
+    except InvalidTransition:
+        return False
+    return True
+
+
+def training_run_create(*, config: dict[str, Any], created_by: User | None, name: str) -> TrainingRun:
+    """Validate `config`, create the run in `pending` and dispatch placement after commit.
+
+    Raises RunConfigError (field → messages) before anything is written or dispatched.
+    """
+    name = (name or "").strip()
+    errors: dict[str, list[str]] = {}
+    try:
+        cfg = run_config_validate(config)
+    except RunConfigError as exc:
+        errors.update(exc.errors)
+        cfg = {}
+    if not name:
+        errors.setdefault("name", []).append("a run needs a name")
+    elif len(name) > 128:
+        errors.setdefault("name", []).append("at most 128 characters")
+    if errors:
+        raise RunConfigError(errors)
+    budget = RunConfig(cfg).money_budget
+    with transaction.atomic():
+        run = TrainingRun.objects.create(
+            name=name,
+            config=cfg,
+            created_by=created_by,
+            money_budget=budget,
+            currency=cfg["currency"],
+            reason="created",
+        )
+        TrainingRunTransition.objects.create(
+            run=run, from_state="", to_state=run.state, at=run.created_at, reason="created"
+        )
+        run_id = run.pk
+        transaction.on_commit(lambda: dispatch.training_run_place_enqueue(run_id=run_id))
+    return run
+
+
+def training_run_cancel(*, run: TrainingRun, reason: str, by: User | None) -> TrainingRun:
+    """Stop a run: in-flight chunks notice within a couple of seconds and bill nothing after."""
+    who = f" by {by.get_username()}" if by is not None else ""
+    why = (reason or "").strip() or "cancelled"
+    try:
+        run.transition(TrainingRun.State.CANCELLED, reason=f"{why}{who}")
+    except InvalidTransition as exc:
+        raise RunStateError(
+            f"run #{run.pk} is {run.state}; only a pending or live run can be cancelled"
+        ) from exc
+    TrainingLearner.objects.filter(run=run).exclude(state=TrainingLearner.State.DONE).update(
+        state=TrainingLearner.State.RELEASED, state_changed_at=run.state_changed_at
+    )
+    return run
+
+
+def training_run_fail(*, run_id: int, reason: str) -> TrainingRun | None:
+    """Move a live run to `failed` (no-op when it already ended)."""
+    run = TrainingRun.objects.filter(pk=run_id).first()
+    if run is None or not transition_quietly(run, TrainingRun.State.FAILED, reason=reason[:1000]):
+        return run
+    TrainingLearner.objects.filter(run=run).exclude(state=TrainingLearner.State.DONE).update(
+        state=TrainingLearner.State.RELEASED, state_changed_at=run.state_changed_at
+    )
+    return run
+
+
+def training_run_check_stop(*, run: TrainingRun) -> TrainingRun:
+    """Finish the run when its stop condition holds, or stop it when its money budget is spent."""
+    run.refresh_from_db()
+    if run.state not in (TrainingRun.State.RUNNING, TrainingRun.State.RECOVERING):
+        return run
+    rc = RunConfig(run.config)
+    if run.money_budget is not None and selectors.run_spend(run_id=run.pk) >= run.money_budget:
+        return training_run_budget_exhaust(run=run)
+    records = GlobalVersionRecord.objects.filter(run=run)
+    done = False
+    if rc.outer_steps is not None:
+        newest = dict(records.values_list("fragment").annotate(v=Max("version")).values_list("fragment", "v"))
+        done = len(newest) == rc.fragment_count and all(v >= rc.outer_steps for v in newest.values())
+        why = f"{rc.outer_steps} outer steps on every fragment"
+    else:
+        total = records.aggregate(t=Max("tokens_total"))["t"] or 0
+        done = rc.token_budget is not None and total >= rc.token_budget
+        why = f"token budget {rc.token_budget} merged"
+    if done:
+        return training_run_succeed(run=run, why=why)
+    return run
+
+
+def training_run_succeed(*, run: TrainingRun, why: str) -> TrainingRun:
+    """Write the final artifact, register it as a model and move the run to `succeeded`."""
+    uri, loss, n_params, versions = write_artifact(run, kind="final")
+    with transaction.atomic():
+        locked = TrainingRun.objects.select_for_update().get(pk=run.pk)
+        if locked.state not in (TrainingRun.State.RUNNING, TrainingRun.State.RECOVERING):
+            return locked
+        rc = RunConfig(run.config)
+        slug = slugify(f"run-{run.pk}-{run.name}")[:64].strip("-") or f"run-{run.pk}"
+        model, _ = RegisteredModel.objects.get_or_create(
+            slug=slug,
+            defaults={
+                "family": "gpt-byte",
+                "parameter_count": n_params,
+                "artifact_uri": uri,
+                "produced_by_run_id": run.pk,
+                "final_eval_loss": loss,
+                "training_cost": selectors.run_spend(run_id=run.pk),
+                "tokenizer": "bytes",
+                "context_length": rc.model_config().block_size,
+            },
+        )
+        TrainingRun.objects.filter(pk=run.pk).update(
+            registered_model=model, final_eval_loss=loss, artifact_uri=uri
+        )
+        run.registered_model, run.final_eval_loss, run.artifact_uri = model, loss, uri
+        run.transition(TrainingRun.State.SUCCEEDED, reason=f"{why}; versions {versions}; model {slug}")
+        TrainingLearner.objects.filter(run=run).exclude(state=TrainingLearner.State.LOST).update(
+            state=TrainingLearner.State.DONE, state_changed_at=run.state_changed_at
+        )
+        TrainingLearner.objects.filter(run=run, state=TrainingLearner.State.LOST).update(
+            state=TrainingLearner.State.RELEASED, state_changed_at=run.state_changed_at
+        )
+    return run
+
+
+def training_run_budget_exhaust(*, run: TrainingRun) -> TrainingRun:
+    """The money budget is spent: stop cleanly, keeping the last published version as a checkpoint."""
+    spent = selectors.run_spend(run_id=run.pk)
+    if not transition_quietly(
+        run,
+        TrainingRun.State.BUDGET_EXHAUSTED,
+        reason=f"money budget {run.money_budget} {run.currency} spent ({spent})",
+    ):
+        return run
+    TrainingLearner.objects.filter(run=run).exclude(state=TrainingLearner.State.DONE).update(
+        state=TrainingLearner.State.RELEASED, state_changed_at=run.state_changed_at
+    )
+    try:
+        uri, loss, _, _ = write_artifact(run, kind="checkpoint")
+    except Exception:
+        logger.exception("run %s: checkpoint artifact not written", run.pk)
+        return run
+    TrainingRun.objects.filter(pk=run.pk).update(artifact_uri=uri, final_eval_loss=loss)
+    run.artifact_uri, run.final_eval_loss = uri, loss
+    return run

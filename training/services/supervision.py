@@ -1,0 +1,224 @@
+"""Supervision of live runs (beat): stuck placements, silent syncers, and learner failover."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+from django.db import transaction
+from django.db.models import Sum
+from django.utils import timezone
+
+from billing.models import Unit
+from billing.selectors import price_in_force
+from billing.services import SECONDS_PER_HOUR
+from stack.registry.models import Cluster, FailoverEvent, WorkerHeartbeat
+from stack.registry.services import failover_event_record
+from training import dispatch, selectors
+from training.models import LearnerChunk, PlacementDecision, TrainingLearner, TrainingRun
+from training.placement import Constraints, place
+from training.run_config import RunConfig
+from training.services.chunks import learner_chunk_bill
+from training.services.placing import placement_decision_record
+from training.services.runs import transition_quietly
+from training.services.syncer import SYNCER_STALE_SECONDS, syncer_restart
+
+PLACEMENT_RETRY_SECONDS = 60.0
+
+
+def training_runs_supervise(*, now: datetime | None = None) -> dict[str, int]:
+    """Beat's periodic check of live runs: restart a silent syncer, fail lost learners over."""
+    now = now or timezone.now()
+    counts = {"runs": 0, "syncers_restarted": 0, "failovers": 0}
+    stuck = TrainingRun.objects.filter(
+        state__in=[TrainingRun.State.PENDING, TrainingRun.State.PLACING],
+        state_changed_at__lt=now - timedelta(seconds=PLACEMENT_RETRY_SECONDS),
+    ).values_list("pk", flat=True)
+    for run_id in stuck:
+        # The placement task was lost or its worker died: placing again is idempotent.
+        dispatch.training_run_place_enqueue(run_id=run_id)
+    for run in selectors.training_runs_live():
+        counts["runs"] += 1
+        rc = RunConfig(run.config)
+        seen = run.syncer_seen_at
+        if seen is None or (now - seen).total_seconds() > SYNCER_STALE_SECONDS:
+            with transaction.atomic():
+                syncer_restart(run=run)
+            counts["syncers_restarted"] += 1
+        for learner in TrainingLearner.objects.filter(run=run).select_related("cluster"):
+            reason = _lost_reason(learner=learner, rc=rc, now=now)
+            if reason:
+                counts["failovers"] += learner_failover(learner_id=learner.pk, reason=reason, now=now)
+        run.refresh_from_db()
+        lost = selectors.run_has_open_failovers(run=run)
+        if run.state == TrainingRun.State.RUNNING and lost:
+            transition_quietly(run, TrainingRun.State.RECOVERING, reason="learners lost; re-placing")
+        elif run.state == TrainingRun.State.RECOVERING and not lost:
+            transition_quietly(run, TrainingRun.State.RUNNING, reason="every learner is training again")
+    return counts
+
+
+def _lost_reason(*, learner: TrainingLearner, rc: RunConfig, now: datetime) -> str:
+    if learner.state == TrainingLearner.State.LOST:
+        return learner.last_error or "lost"
+    if learner.state not in (TrainingLearner.State.PLACED, TrainingLearner.State.RUNNING):
+        return ""
+    cluster = learner.cluster
+    if cluster is not None and cluster.status in (Cluster.Status.DOWN, Cluster.Status.DRAINING):
+        return f"cluster {cluster.slug} is {cluster.status}"
+    inflight = selectors.learner_inflight_chunk(learner=learner)
+    marks = [learner.state_changed_at, learner.last_report_at]
+    if inflight is not None:
+        marks += [inflight.started_at, inflight.progress_at]
+    last = max(m for m in marks if m is not None)
+    silent = (now - last).total_seconds()
+    if silent > rc.learner_timeout:
+        return f"no report for {silent:.0f}s (learner_timeout {rc.learner_timeout:.0f}s)"
+    return ""
+
+
+def learner_failover(*, learner_id: int, reason: str, now: datetime) -> int:
+    """Record a lost learner and re-place it on the cheapest healthy cluster with room.
+
+    One FailoverEvent per loss episode: from the first loss until the learner trains again
+    (its first inner step on the new cluster closes the event). Losing it again on the way
+    (the new cluster dies too) moves it on under the same open event.
+
+    Returns 1 when a FailoverEvent was written (the first time the learner is seen lost),
+    else 0. The event's tokens_lost are the tokens trained since the learner's last delta
+    reached the store; extra_cost is what those tokens cost at the learner's throughput and
+    its cluster's price. When nothing fits, the learner stays lost and the next supervision
+    tries again (a cluster that comes back becomes eligible again).
+    """
+    written = 0
+    with transaction.atomic():
+        learner = (
+            TrainingLearner.objects.select_for_update(of=("self",))
+            .select_related("run", "cluster")
+            .filter(pk=learner_id)
+            .first()
+        )
+        if learner is None:
+            return 0
+        run = learner.run
+        if run.state not in (TrainingRun.State.RUNNING, TrainingRun.State.RECOVERING):
+            return 0
+        rc = RunConfig(run.config)
+        event = selectors.learner_open_failover(learner=learner)
+        from_cluster = learner.cluster
+        if learner.state != TrainingLearner.State.LOST or (event is None and from_cluster is not None):
+            tokens_lost, extra_cost = _close_lost_chunks(learner=learner, reason=reason, now=now)
+            learner.state = TrainingLearner.State.LOST
+            learner.state_changed_at = now
+            learner.last_error = reason[:5000]
+            learner.save(update_fields=["state", "state_changed_at", "last_error"])
+        else:
+            tokens_lost, extra_cost = 0, Decimal("0")
+        result = place(
+            learners=[learner.index],
+            options=selectors.cluster_options(at=now),
+            constraints=Constraints(
+                accelerator_type=rc.raw["placement"]["accelerator_type"],
+                regions=tuple(rc.raw["placement"]["regions"]),
+            ),
+            avoid=frozenset({from_cluster.pk}) if from_cluster is not None else frozenset(),
+        )
+        assignment = result.assignments[0] if result.assignments else None
+        to_cluster = Cluster.objects.get(pk=assignment.option.cluster_id) if assignment else None
+        if event is None and from_cluster is not None:
+            event = failover_event_record(
+                kind=FailoverEvent.Kind.TRAINING,
+                reason=f"learner {learner.index}: {reason}"
+                + ("" if to_cluster else f"; not re-placed yet: {'; '.join(result.problems)}"),
+                detected_at=now,
+                from_cluster=from_cluster,
+                to_cluster=to_cluster,
+                subject=selectors.learner_failover_subject(run_id=run.pk, index=learner.index),
+                extra_cost=extra_cost,
+                currency=run.currency,
+                training_run_id=run.pk,
+                tokens_lost=tokens_lost,
+                details={"learner": learner.index, "generation": learner.generation},
+            )
+            written = 1
+        if assignment is None or to_cluster is None:
+            return written
+        learner.generation += 1
+        learner.cluster = to_cluster
+        learner.state = TrainingLearner.State.PLACED
+        learner.state_changed_at = now
+        learner.save(update_fields=["generation", "cluster", "state", "state_changed_at"])
+        reason_kind = (
+            PlacementDecision.Reason.FAILOVER
+            if from_cluster is not None
+            else PlacementDecision.Reason.INITIAL
+        )
+        placement_decision_record(
+            run=run,
+            index=learner.index,
+            generation=learner.generation,
+            assignment=assignment,
+            result=result,
+            reason=reason_kind,
+            now=now,
+        )
+        learner_pk, generation, slug = learner.pk, learner.generation, to_cluster.slug
+        transaction.on_commit(
+            lambda: dispatch.learner_chunk_enqueue(
+                learner_id=learner_pk, generation=generation, seq=0, cluster_slug=slug
+            )
+        )
+    return written
+
+
+def _close_lost_chunks(*, learner: TrainingLearner, reason: str, now: datetime) -> tuple[int, Decimal]:
+    """Finish the lost learner's unfinished chunks and bill the time their worker held the slot.
+
+    A killed worker cannot say how far it got after its last push. It was alive, and holding
+    its accelerators, until its last heartbeat (WorkerHeartbeat of the chunk's worker), so the
+    chunk is closed and billed up to then; the tokens it trained after its last push are
+    estimated from the learner's measured throughput (tokens per accelerator-second so far).
+    Returns (tokens lost since the last delta reached the store, what that time cost).
+    """
+    done = LearnerChunk.objects.filter(learner=learner, finished_at__isnull=False).aggregate(
+        s=Sum("accelerator_seconds"), t=Sum("tokens")
+    )
+    rate = float(done["t"]) / float(done["s"]) if done["t"] and done["s"] else 0.0
+    unreported_tokens = 0
+    lost_seconds = 0.0
+    for chunk in (
+        LearnerChunk.objects.select_for_update()
+        .select_related("cluster")
+        .filter(learner=learner, finished_at__isnull=True)
+    ):
+        reported = chunk.progress_at or chunk.started_at
+        seen = (
+            WorkerHeartbeat.objects.filter(cluster=chunk.cluster, hostname=chunk.worker_hostname)
+            .values_list("last_seen_at", flat=True)
+            .first()
+        )
+        end = min(max(reported, seen), now) if seen is not None else reported
+        chunk.finished_at = end
+        chunk.accelerator_seconds = Decimal(str(round(max(0.0, (end - chunk.started_at).total_seconds()), 3)))
+        chunk.error = f"lost: {reason}"[:5000]
+        chunk.save(update_fields=["finished_at", "accelerator_seconds", "error"])
+        learner_chunk_bill(chunk=chunk, learner=learner, occurred_at=end)
+        learner.tokens += chunk.tokens
+        learner.steps += chunk.steps
+        if chunk.generation == learner.generation:
+            unreported_tokens += int(rate * (end - reported).total_seconds())
+    learner.save(update_fields=["tokens", "steps"])
+    tokens_lost = max(0, learner.tokens - learner.tokens_at_last_push) + unreported_tokens
+    if rate > 0:
+        lost_seconds = tokens_lost / rate
+    extra = Decimal("0")
+    if learner.cluster is not None and lost_seconds > 0:
+        price = price_in_force(
+            unit=Unit.ACCELERATOR_HOUR, at=now, cluster=learner.cluster, provider=learner.cluster.provider
+        )
+        if price is not None:
+            accelerators = selectors.accelerators_per_learner(learner.cluster)
+            extra = (
+                Decimal(str(round(lost_seconds, 3))) / SECONDS_PER_HOUR * accelerators * price.unit_price
+            ).quantize(Decimal("0.000000001"))
+    return tokens_lost, extra
