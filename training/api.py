@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from decimal import Decimal
 from typing import Any
 
 from drf_spectacular.types import OpenApiTypes
@@ -14,6 +13,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.routers import BaseRouter
 
+from billing.money import ledger_text_or_none
 from stack.registry.models import Cluster
 from training.models import ProbeJob, TrainingRun
 from training.run_config import RunConfigError
@@ -65,19 +65,6 @@ class ProbeJobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet[Pro
 # --- Training runs ------------------------------------------------------------------------
 
 
-LEDGER_PLACES = Decimal("0.000000001")
-
-
-def _money(value: Decimal | None) -> str | None:
-    """Ledger money goes out as a string, never a float."""
-    return None if value is None else str(value)
-
-
-def _ledger_sum(value: object) -> str | None:
-    """A ledger sum at the ledger's 9 places (SQLite's Sum drops trailing zeros, PostgreSQL keeps them)."""
-    return None if value is None else str(Decimal(str(value)).quantize(LEDGER_PLACES))
-
-
 class TrainingRunCreateSerializer(serializers.Serializer[TrainingRun]):
     name = serializers.CharField(max_length=128)
     config = serializers.JSONField(
@@ -125,9 +112,9 @@ class TrainingRunSerializer(serializers.ModelSerializer[TrainingRun]):
             "tokens": p.tokens,
             "tokens_merged": p.tokens_merged,
             "eval_loss": p.eval_loss,
-            "cost": _ledger_sum(p.cost),
-            "cost_per_million_tokens": _money(p.cost_per_million_tokens),
-            "cost_per_loss_improvement": _money(p.cost_per_loss_improvement),
+            "cost": ledger_text_or_none(p.cost),
+            "cost_per_million_tokens": ledger_text_or_none(p.cost_per_million_tokens),
+            "cost_per_loss_improvement": ledger_text_or_none(p.cost_per_loss_improvement),
         }
 
 
@@ -183,7 +170,7 @@ class TrainingRunDetailSerializer(TrainingRunSerializer):
                 "generation": p.generation,
                 "cluster": p.cluster.slug,
                 "reason": p.reason,
-                "unit_price": _money(p.unit_price),
+                "unit_price": ledger_text_or_none(p.unit_price),
                 "currency": p.currency,
                 "price_book": p.price_book_id,
                 "decided_at": p.decided_at.isoformat(),
@@ -197,8 +184,8 @@ class TrainingRunDetailSerializer(TrainingRunSerializer):
         return [
             {
                 "cluster": r["cluster"],
-                "amount": _ledger_sum(r["amount"]),
-                "quantity": _ledger_sum(r["quantity"]),
+                "amount": ledger_text_or_none(r["amount"]),
+                "quantity": ledger_text_or_none(r["quantity"]),
             }
             for r in run_cost_per_cluster(run=run)
         ]
@@ -215,7 +202,7 @@ class TrainingRunDetailSerializer(TrainingRunSerializer):
                 "detected_at": f.detected_at.isoformat(),
                 "recovered_at": f.recovered_at.isoformat() if f.recovered_at else None,
                 "tokens_lost": f.tokens_lost,
-                "extra_cost": _money(f.extra_cost),
+                "extra_cost": ledger_text_or_none(f.extra_cost),
                 "currency": f.currency,
             }
             for f in run_failover_events(run=run).order_by("detected_at", "id")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from decimal import Decimal
 from typing import Any
 
 from django.db.models import Sum
 
+from billing.money import ledger_text_or_none
 from training.models import TrainingLearner, TrainingRun, TrainingRunTransition
 from training.selectors import (
     RunProgress,
@@ -131,10 +131,6 @@ def run_metric_series(*, run: TrainingRun) -> dict[str, Any]:
     }
 
 
-def decimal_str(value: Decimal | None) -> str | None:
-    return None if value is None else str(value)
-
-
 def run_metrics_payload(*, run: TrainingRun) -> dict[str, Any]:
     """The chart series as JSON-safe values (money as strings)."""
     series = run_metric_series(run=run)
@@ -146,7 +142,7 @@ def run_metrics_payload(*, run: TrainingRun) -> dict[str, Any]:
             {
                 **v,
                 "published_at": v["published_at"].isoformat(),
-                "cost_so_far": decimal_str(v["cost_so_far"]),
+                "cost_so_far": ledger_text_or_none(v["cost_so_far"]),
             }
             for v in series["versions"]
         ],

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
+from typing import TypedDict
 
 from django.db.models import Count, Q, QuerySet, Sum
 
@@ -166,7 +167,13 @@ def run_chunks(*, run: TrainingRun) -> QuerySet[LearnerChunk]:
     return LearnerChunk.objects.filter(learner__run=run).select_related("learner", "cluster")
 
 
-def run_cost_per_cluster(*, run: TrainingRun) -> list[dict[str, object]]:
+class ClusterCost(TypedDict):
+    cluster: str
+    amount: Decimal
+    quantity: Decimal
+
+
+def run_cost_per_cluster(*, run: TrainingRun) -> list[ClusterCost]:
     """Ledger spend of the run per cluster: [{cluster, amount, quantity}]."""
     rows = (
         usage_for_subject(subject_type=RUN_SUBJECT_TYPE, subject_id=str(run.pk))
@@ -174,7 +181,7 @@ def run_cost_per_cluster(*, run: TrainingRun) -> list[dict[str, object]]:
         .annotate(amount=Sum("amount"), quantity=Sum("quantity"))
         .order_by("cluster__slug")
     )
-    return [{"cluster": r["cluster__slug"], "amount": r["amount"], "quantity": r["quantity"]} for r in rows]
+    return [ClusterCost(cluster=r["cluster__slug"], amount=r["amount"], quantity=r["quantity"]) for r in rows]
 
 
 def learner_inflight_chunk(*, learner: TrainingLearner) -> LearnerChunk | None:

@@ -15,11 +15,6 @@ from inference.selectors import rolling_caches_clear, route_cache_invalidate
 
 
 @pytest.fixture(autouse=True)
-def _fast_password_hashing(settings: Any) -> None:
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture(autouse=True)
 def _clean_inference_state() -> Iterator[None]:
     """Breakers, latency samples and caches start empty in every test (Redis db of this run)."""
 

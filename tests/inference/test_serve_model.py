@@ -40,6 +40,8 @@ from tests.integration.processes import session_database_url as database_url_for
 from training.engine.config import ModelConfig
 from training.engine.model import GPT
 
+pytestmark = pytest.mark.integration
+
 
 def _free_port() -> int:
     with socket.socket() as s:

@@ -24,12 +24,6 @@ PRICE = Decimal("1.100000")  # per accelerator-hour
 STEPS = 20
 
 
-@pytest.fixture(autouse=True)
-def _fast_password_hashing(settings: Any) -> None:
-    # PBKDF2's 10^6 rounds cost ~0.2 s per user; nothing here logs in.
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 @pytest.fixture
 def cluster() -> Cluster:
     # A slug of its own: the enqueue test publishes to the real broker.

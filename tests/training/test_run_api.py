@@ -3,7 +3,6 @@ fabricated versions, chunks and ledger rows written through billing.services.usa
 
 from __future__ import annotations
 
-from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -11,80 +10,14 @@ import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
 
-from billing.models import Unit
-from billing.services import usage_record
 from stack.registry.models import FailoverEvent
 from stack.registry.services import failover_event_record
-from tests.factories import api_client, make_cluster
+from tests.factories import api_client, fabricate_run
 from training.models import (
-    GlobalVersionRecord,
-    LearnerChunk,
-    PlacementDecision,
-    TrainingLearner,
     TrainingRun,
 )
 
 S = TrainingRun.State
-
-
-def fabricate_run(name: str = "fabricated") -> TrainingRun:
-    """A running run on two clusters with three versions, two chunks and 4.50 USD in the ledger."""
-    now = timezone.now()
-    a = make_cluster(price=Decimal("2.000000"))
-    b = make_cluster(price=Decimal("3.000000"))
-    run = TrainingRun.objects.create(name=name, config={"learners": {"count": 2}}, initial_eval_loss=5.0)
-    run.transition(S.PLACING, reason="placing")
-    run.transition(S.RUNNING, reason="placed")
-    learners = []
-    for index, (cluster, tokens) in enumerate(((a, 1000), (b, 3000))):
-        learner = TrainingLearner.objects.create(
-            run=run, index=index, cluster=cluster, state=TrainingLearner.State.RUNNING, tokens=tokens, steps=3
-        )
-        learners.append(learner)
-        PlacementDecision.objects.create(
-            run=run,
-            learner_index=index,
-            generation=0,
-            cluster=cluster,
-            reason=PlacementDecision.Reason.INITIAL,
-            unit_price=Decimal("2.000000") if cluster == a else Decimal("3.000000"),
-            candidates=[{"cluster": a.slug, "rejected": ""}, {"cluster": b.slug, "rejected": ""}],
-        )
-        LearnerChunk.objects.create(
-            learner=learner,
-            generation=0,
-            seq=0,
-            cluster=cluster,
-            steps=3,
-            tokens=tokens,
-            train_losses=[5.5, 5.0 - index, 4.5 - index],
-            bytes_sent=100 * (index + 1),
-            finished_at=now,
-        )
-    for version, (loss, cost) in enumerate(((5.0, "0"), (4.0, "1.5"), (3.0, "4.5"))):
-        GlobalVersionRecord.objects.create(
-            run=run,
-            fragment=0,
-            version=version,
-            published_at=now + timedelta(seconds=version),
-            eval_loss=loss,
-            tokens_total=1000 * version,
-            learners_merged=[0, 1][: version + 1] if version else [],
-            bytes_in=512 * version,
-            cost_so_far=Decimal(cost),
-            wall_seconds=10.0 * version,
-        )
-    for cluster, hours in ((a, "1.5"), (b, "0.5")):
-        usage_record(
-            unit=Unit.ACCELERATOR_HOUR,
-            quantity=Decimal(hours),
-            occurred_at=now,
-            idempotency_key=f"test:{run.pk}:{cluster.slug}",
-            subject_type="training_run",
-            subject_id=str(run.pk),
-            cluster=cluster,
-        )
-    return run
 
 
 @pytest.mark.django_db

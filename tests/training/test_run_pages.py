@@ -8,7 +8,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from tests.training.test_run_api import fabricate_run
+from tests.factories import fabricate_run
 from training.models import TrainingRun
 
 

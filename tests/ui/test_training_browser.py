@@ -13,8 +13,7 @@ from playwright.sync_api import Browser
 from billing.models import Unit
 from billing.services import usage_record
 from stack.registry.roles import Role
-from tests.factories import make_user
-from tests.training.test_run_api import fabricate_run
+from tests.factories import fabricate_run, make_user
 from training.models import GlobalVersionRecord
 
 pytestmark = pytest.mark.browser

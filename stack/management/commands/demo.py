@@ -35,8 +35,8 @@ from inference.services import chaos_config_set
 from stack.demo_seed import demo_local_replicas, demo_local_workflow_seed, demo_stack_seed
 from stack.registry.models import Deployment, Workflow
 from stack.registry.services import api_token_create
-from training import demo_config
 from training.models import ProbeJob, TrainingRun
+from training.run_config import demo_config
 from training.services import probe_job_create, training_run_create
 
 DRILL_REQUESTS = 24
