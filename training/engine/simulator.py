@@ -99,17 +99,6 @@ class SimResult:
     publishes: int
     curve: list[dict[str, float]] = field(default_factory=list)  # time, tokens_merged, eval_loss
 
-    def time_to_loss(self, target: float) -> float | None:
-        """First virtual time at which the evaluated global loss was <= target (see time_to_loss)."""
-        return time_to_loss(self.curve, target)
-
-    def tokens_merged_by(self, t: float) -> int:
-        merged = 0
-        for point in self.curve:
-            if point["time"] <= t:
-                merged = int(point["tokens_merged"])
-        return merged
-
 
 def time_to_loss(curve: Sequence[Mapping[str, float]], target: float) -> float | None:
     """First time in a run's curve at which the evaluated global loss was <= target.
