@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # The stamp is named after the lock file's hash, so a changed lock reinstalls.
 STAMP := $(VENV)/.installed-$(shell sha256sum requirements.txt | cut -c1-16)
 
-.PHONY: install demo test lint typecheck pytest fmt bench-diloco clean
+.PHONY: install demo test lint typecheck pytest browser fmt bench-diloco clean
 
 install: $(STAMP)
 
@@ -20,7 +20,7 @@ demo: install
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py demo
 
-test: install lint typecheck pytest
+test: install lint typecheck browser pytest
 
 lint: install
 	$(PY) -m ruff format --check .
@@ -29,6 +29,20 @@ lint: install
 
 typecheck: install
 	$(PY) -m mypy stack billing training inference storage
+
+# The browser tests drive Debian's chromium through Playwright (never a downloaded browser).
+# As root on Debian it is installed here; elsewhere this says what to run and stops.
+browser:
+	@if [ -n "$$CHROMIUM_PATH" ] && [ -x "$$CHROMIUM_PATH" ]; then exit 0; fi; \
+	if command -v chromium >/dev/null 2>&1; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "Installing Debian's chromium for the browser tests"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	else \
+	  echo "The browser tests need Debian's chromium: run 'sudo apt-get install chromium'" \
+	       "(or set CHROMIUM_PATH to a Chromium binary), then make test again." >&2; \
+	  exit 1; \
+	fi
 
 pytest: install
 	$(PY) -m pytest
