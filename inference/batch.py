@@ -39,8 +39,14 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from billing.budgets import BudgetExhausted
-from inference.adapters.base import ChatMessage, ChatRequest, CompletionRequest, InferenceInput
+from inference.adapters.base import InferenceInput
 from inference.models import BatchJob, Endpoint
+from inference.openai_request import (
+    InvalidRequest,
+    chat_request_parse,
+    completion_request_parse,
+    json_document,
+)
 from inference.router import NoRoute, route
 from stack.registry.models import Workflow
 from stack.registry.objectstore import default_store
@@ -49,7 +55,6 @@ from stack.registry.services import RegistryError
 from storage.objectstore import ObjectNotFoundError
 
 MAX_LINES = 100_000
-_OPTIONS = ("max_tokens", "temperature", "top_p", "stop")
 _ACTIVE = (BatchJob.State.PENDING, BatchJob.State.RUNNING)
 
 
@@ -78,39 +83,17 @@ class BatchLine:
 
 
 def _line_request(obj: dict[str, Any], where: str) -> InferenceInput:
-    options: dict[str, Any] = {}
-    for name in _OPTIONS:
-        if obj.get(name) is None:
-            continue
-        value = obj[name]
-        if name == "stop":
-            stops = [value] if isinstance(value, str) else value
-            if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-                raise RegistryError(f"{where}: stop must be a string or a list of strings", field="input")
-            options["stop"] = tuple(stops)
-        elif name == "max_tokens":
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise RegistryError(f"{where}: max_tokens must be a positive integer", field="input")
-            options[name] = value
-        else:
-            if not isinstance(value, int | float) or isinstance(value, bool):
-                raise RegistryError(f"{where}: {name} must be a number", field="input")
-            options[name] = float(value)
+    """The line's request, checked as the gateway checks a body (inference.openai_request)."""
     if "messages" in obj:
-        messages = obj["messages"]
-        if not isinstance(messages, list) or not messages:
-            raise RegistryError(f"{where}: messages must be a non-empty list", field="input")
-        parsed = []
-        for m in messages:
-            if not (
-                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-            ):
-                raise RegistryError(f"{where}: each message needs string 'role' and 'content'", field="input")
-            parsed.append(ChatMessage(m["role"], m["content"]))
-        return ChatRequest(messages=tuple(parsed), **options)
-    if isinstance(obj.get("prompt"), str):
-        return CompletionRequest(prompt=obj["prompt"], **options)
-    raise RegistryError(f"{where}: needs 'messages' (list) or 'prompt' (string)", field="input")
+        parse = chat_request_parse
+    elif "prompt" in obj:
+        parse = completion_request_parse
+    else:
+        raise RegistryError(f"{where}: needs 'messages' (list) or 'prompt' (string)", field="input")
+    try:
+        return parse(obj, require_model=False).request
+    except InvalidRequest as exc:
+        raise RegistryError(f"{where}: {exc}", field="input") from None
 
 
 def batch_lines_parse(data: bytes) -> list[BatchLine]:
@@ -126,14 +109,20 @@ def batch_lines_parse(data: bytes) -> list[BatchLine]:
             continue
         where = f"line {number}"
         try:
-            obj = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise RegistryError(f"{where}: not JSON ({exc.msg})", field="input") from None
-        if not isinstance(obj, dict):
-            raise RegistryError(f"{where}: must be a JSON object", field="input")
+            # Strict JSON, an object, valid Unicode throughout (a lone surrogate in a custom_id
+            # or a message is refused here, not by the database or a provider), bounded depth.
+            obj = json_document(raw)
+        except InvalidRequest as exc:
+            message = str(exc).replace("The request body", "the line")
+            raise RegistryError(f"{where}: {message}", field="input") from None
         custom_id = obj.get("custom_id")
-        if custom_id is not None and (not isinstance(custom_id, str) or not custom_id):
-            raise RegistryError(f"{where}: custom_id must be a non-empty string", field="input")
+        if custom_id is not None and (
+            not isinstance(custom_id, str) or not custom_id or not custom_id.isprintable()
+        ):
+            # It becomes part of the request's client_request_id: no NUL or control characters.
+            raise RegistryError(
+                f"{where}: custom_id must be a non-empty string of printable characters", field="input"
+            )
         key = custom_id if custom_id is not None else f"line-{number}"
         if key in seen:
             raise RegistryError(f"{where}: duplicate custom_id {key!r}", field="input")

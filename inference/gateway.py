@@ -3,7 +3,11 @@
 `model` names a workflow; the router picks the deployment. Plain Django views (no DRF) for
 speed. Authentication is a Switchyard API token (`Authorization: Bearer sy_...`), optionally
 scoped to workflows (ApiToken.workflows). Every answer carries the deployment that served it and
-its cost in headers; errors are OpenAI-style bodies ({"error": {"message", "type", "code"}}).
+its cost in headers; errors are OpenAI-style bodies ({"error": {"message", "type", "param",
+"code"}}), here and, for what happens outside these views under /v1 (size limit, unknown paths,
+Django's error pages), in inference.gateway_middleware. Request bodies are checked in one place,
+inference.openai_request, before the workflow is looked up or any provider called; what a
+provider answered on failure is logged, never returned.
 
 Authenticated tokens and workflow look-ups are cached per process for AUTH_CACHE_SECONDS (a
 revoked token stops working within that time), so a request costs no registry queries in the
@@ -13,26 +17,39 @@ steady state: the database work per request is the ledger transaction alone.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from django.core.exceptions import RequestDataTooBig
 from django.db import transaction
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from billing.budgets import BudgetExhausted
 from billing.services import NoPriceError
-from inference.adapters.base import ChatMessage, ChatRequest, CompletionRequest, InferenceInput
+from inference.adapters.base import CLIENT_ERROR_STATUSES, InferenceInput
 from inference.models import Endpoint
+from inference.openai_request import (
+    InvalidRequest,
+    chat_request_parse,
+    completion_request_parse,
+    error_document,
+    json_document,
+)
 from inference.router import NoRoute, RouteResult, route, route_stream
 from stack.registry.models import Workflow
 from stack.registry.roles import ALL_ROLES, user_has_role
 from stack.registry.services import api_token_authenticate
 
 AUTH_CACHE_SECONDS = 5.0
+TOKEN_MAX_LENGTH = 256
+# InferenceRequest.client_request_id holds 128 characters: "v1:<token id>:" and the key.
+IDEMPOTENCY_KEY_MAX_LENGTH = 100
+logger = logging.getLogger(__name__)
 
 
 class GatewayError(Exception):
@@ -43,12 +60,25 @@ class GatewayError(Exception):
         self.code = code
 
 
-def _error(status: int, message: str, type_: str, code: str | None = None) -> HttpResponse:
-    body = json.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}})
+def error_response(
+    status: int, message: str, type_: str, code: str | None = None, *, param: str | None = None
+) -> HttpResponse:
+    """An OpenAI-style error answer (every /v1 error goes through here)."""
+    body = json.dumps(error_document(message, type_=type_, param=param, code=code))
     response = HttpResponse(body, status=status, content_type="application/json")
     if status == 401:
         response["WWW-Authenticate"] = 'Bearer realm="switchyard"'
     return response
+
+
+def _method_not_allowed(allowed: str) -> HttpResponse:
+    response = error_response(405, f"Use {allowed}", "invalid_request_error", "method_not_allowed")
+    response["Allow"] = allowed
+    return response
+
+
+def _invalid(exc: InvalidRequest) -> HttpResponse:
+    return error_response(exc.status, str(exc), "invalid_request_error", exc.code, param=exc.param)
 
 
 # --- Authentication and scope (cached) ---------------------------------------------------------------
@@ -88,7 +118,9 @@ def _caller(request: HttpRequest) -> _Caller:
     hit = _callers.get(raw)
     if hit is not None and hit.expires > now:
         return hit
-    token = api_token_authenticate(raw=raw)
+    # A token is printable ASCII: anything else (a NUL would be a database error) is no token.
+    well_formed = len(raw) <= TOKEN_MAX_LENGTH and raw.isascii() and raw.isprintable()
+    token = api_token_authenticate(raw=raw) if well_formed else None
     if token is None or not token.user.is_active:
         raise GatewayError(
             401, "Invalid or revoked API key", type_="invalid_request_error", code="invalid_api_key"
@@ -139,97 +171,34 @@ def _authorize(caller: _Caller, workflow: Workflow) -> None:
 
 
 def _body(request: HttpRequest) -> dict[str, Any]:
+    """The JSON object of the body (inference.openai_request checks shape, Unicode, depth)."""
     try:
-        body = json.loads(request.body or b"null")
-    except ValueError:
-        raise GatewayError(400, "The request body is not valid JSON", type_="invalid_request_error") from None
-    if not isinstance(body, dict):
-        raise GatewayError(400, "The request body must be a JSON object", type_="invalid_request_error")
-    return body
+        raw = request.body
+    except RequestDataTooBig:
+        # Normally refused before the view by GatewayErrorsMiddleware (Content-Length); this is
+        # the same answer for a body whose length was not announced.
+        raise InvalidRequest(
+            "The request body is over the size limit", code="request_too_large", status=413
+        ) from None
+    return json_document(raw or b"null")
 
 
-def _invalid(message: str, param: str) -> GatewayError:
-    return GatewayError(400, message, type_="invalid_request_error", code=f"invalid_{param}")
+def _idempotency_key(request: HttpRequest, caller: _Caller) -> str | None:
+    """The router's client_request_id for an Idempotency-Key header, in the caller's namespace.
 
-
-def _common(body: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    if max_tokens is not None:
-        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-            raise _invalid("max_tokens must be a positive integer", "max_tokens")
-        out["max_tokens"] = max_tokens
-    for name, low, high in (("temperature", 0.0, 2.0), ("top_p", 0.0, 1.0)):
-        value = body.get(name)
-        if value is not None:
-            if not isinstance(value, int | float) or isinstance(value, bool) or not low <= value <= high:
-                raise _invalid(f"{name} must be a number between {low:g} and {high:g}", name)
-            out[name] = float(value)
-    stop = body.get("stop")
-    if stop is not None:
-        if isinstance(stop, str):
-            stop = [stop]
-        if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop) or len(stop) > 4:
-            raise _invalid("stop must be a string or a list of at most 4 strings", "stop")
-        out["stop"] = tuple(stop)
-    n = body.get("n", 1)
-    if n != 1:
-        raise _invalid("only n=1 is supported", "n")
-    return out
-
-
-def _model(body: dict[str, Any]) -> str:
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise _invalid("model is required: the slug of a Switchyard workflow", "model")
-    return model
-
-
-def _content(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list):
-        parts = []
-        for part in value:
-            if (
-                not isinstance(part, dict)
-                or part.get("type") != "text"
-                or not isinstance(part.get("text"), str)
-            ):
-                raise _invalid("message content parts must be {'type': 'text', 'text': ...}", "messages")
-            parts.append(part["text"])
-        return "".join(parts)
-    if value is None:
-        return ""
-    raise _invalid("message content must be a string or a list of text parts", "messages")
-
-
-def _chat_request(body: dict[str, Any]) -> ChatRequest:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise _invalid("messages must be a non-empty list", "messages")
-    parsed = []
-    for m in messages:
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise _invalid("each message needs a role and content", "messages")
-        parsed.append(ChatMessage(role=m["role"], content=_content(m.get("content"))))
-    return ChatRequest(messages=tuple(parsed), **_common(body))
-
-
-def _completion_request(body: dict[str, Any]) -> CompletionRequest:
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if not isinstance(prompt, str):
-        raise _invalid("prompt must be a string", "prompt")
-    return CompletionRequest(prompt=prompt, **_common(body))
-
-
-def _stream_flag(body: dict[str, Any]) -> bool:
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise _invalid("stream must be true or false", "stream")
-    return stream
+    Keyed by the API token so that a key can only replay its own caller's answers (batch and
+    eval requests use the `batch:` and `eval:` namespaces of the same column).
+    """
+    key = request.META.get("HTTP_IDEMPOTENCY_KEY") or None
+    if key is None:
+        return None
+    if len(key) > IDEMPOTENCY_KEY_MAX_LENGTH or not key.isprintable():
+        raise InvalidRequest(
+            f"Idempotency-Key must be at most {IDEMPOTENCY_KEY_MAX_LENGTH} printable characters",
+            param="Idempotency-Key",
+            code="invalid_idempotency_key",
+        )
+    return f"v1:{caller.token_id}:{key}"
 
 
 # --- Responses -----------------------------------------------------------------------------------------
@@ -247,51 +216,63 @@ def _headers(response: HttpResponse | StreamingHttpResponse, result: RouteResult
 
 
 def _failure(result: RouteResult) -> HttpResponse:
+    """Every deployment failed. The caller gets the status class, an OpenAI-style type and the
+    request id; what the providers said stays in the logs and the request's attempts (an
+    upstream body may name internal hosts or echo another system's data)."""
+    logger.warning(
+        "v1 request %s failed (last status %s): %s", result.request_id, result.status_code, result.error
+    )
+    ref = f" (request {result.request_id})" if result.request_id is not None else ""
     if result.status_code == 429:
-        response = _error(
-            429, f"Every deployment is rate limited: {result.error}", "rate_limit_error", "rate_limited"
+        response = error_response(
+            429, f"Every deployment is rate limited; retry later{ref}", "rate_limit_error", "rate_limited"
         )
-    elif result.status_code in (400, 413, 422):
-        response = _error(
+    elif result.status_code in CLIENT_ERROR_STATUSES:
+        response = error_response(
             400,
-            f"The provider refused the request: {result.error}",
+            f"The provider refused the request as invalid{ref}",
             "invalid_request_error",
             "provider_rejected",
         )
     else:
-        response = _error(502, f"No deployment could answer: {result.error}", "api_error", "upstream_error")
+        response = error_response(502, f"No deployment could answer{ref}", "api_error", "upstream_error")
     _headers(response, result, "")
     return response
 
 
 def _complete(request: HttpRequest, *, chat: bool) -> HttpResponse | StreamingHttpResponse:
     if request.method != "POST":
-        return _error(405, "Use POST", "invalid_request_error", "method_not_allowed")
+        return _method_not_allowed("POST")
     try:
         caller = _caller(request)
-        body = _body(request)
-        workflow = _workflow(_model(body))
+        # The whole request is checked before the workflow is looked up or a provider called.
+        parse = chat_request_parse if chat else completion_request_parse
+        parsed = parse(_body(request))
+        idempotency_key = _idempotency_key(request, caller)
+        assert parsed.model is not None  # noqa: S101 (required by the parser)
+        workflow = _workflow(parsed.model)
         _authorize(caller, workflow)
-        payload: InferenceInput = _chat_request(body) if chat else _completion_request(body)
-        stream = _stream_flag(body)
+        payload: InferenceInput = parsed.request
         endpoint = Endpoint.CHAT if chat else Endpoint.COMPLETION
-        if stream:
-            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return _stream_response(workflow, payload, endpoint, chat=chat, include_usage=include_usage)
-        idempotency_key = request.META.get("HTTP_IDEMPOTENCY_KEY") or None
+        if parsed.stream:
+            return _stream_response(
+                workflow, payload, endpoint, chat=chat, include_usage=parsed.include_usage
+            )
         result = route(
             workflow=workflow, request=payload, endpoint=endpoint, client_request_id=idempotency_key
         )
+    except InvalidRequest as exc:
+        return _invalid(exc)
     except GatewayError as exc:
-        return _error(exc.status, str(exc), exc.type, exc.code)
+        return error_response(exc.status, str(exc), exc.type, exc.code)
     except BudgetExhausted as exc:
-        return _error(402, f"Budget exhausted: {exc}", "insufficient_quota", "budget_exhausted")
+        return error_response(402, f"Budget exhausted: {exc}", "insufficient_quota", "budget_exhausted")
     except NoRoute as exc:
-        return _error(503, str(exc), "api_error", "no_route")
+        return error_response(503, str(exc), "api_error", "no_route")
     except NoPriceError as exc:
         # A price ended between routing and recording: nothing was recorded (the ledger refuses
         # unpriced usage), so the answer is not handed out unbilled either.
-        return _error(502, f"Pricing changed while answering; retry: {exc}", "api_error", "no_price")
+        return error_response(502, f"Pricing changed while answering; retry: {exc}", "api_error", "no_price")
     if not result.ok or result.completion is None:
         return _failure(result)
     c = result.completion
@@ -409,14 +390,15 @@ def completions(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
     return _complete(request, chat=False)
 
 
+@csrf_exempt  # bearer tokens, never cookies: a POST is answered 405, not a CSRF page
 @transaction.non_atomic_requests
 def models(request: HttpRequest) -> HttpResponse:
     if request.method != "GET":
-        return _error(405, "Use GET", "invalid_request_error", "method_not_allowed")
+        return _method_not_allowed("GET")
     try:
         caller = _caller(request)
     except GatewayError as exc:
-        return _error(exc.status, str(exc), exc.type, exc.code)
+        return error_response(exc.status, str(exc), exc.type, exc.code)
     rows = Workflow.objects.order_by("slug") if caller.may_read else Workflow.objects.none()
     if caller.scope is not None:
         rows = rows.filter(pk__in=caller.scope)

@@ -4,7 +4,8 @@ The model is the DiLoCo engine's byte-level GPT (training.engine.model.model_fro
 prompt's tokens are its UTF-8 bytes, generation appends bytes greedily (temperature 0 or unset)
 or by sampling softmax(logits / temperature), and the answer is decoded with errors="replace".
 Token counts in `usage` are bytes in and bytes out. Chat messages become one prompt
-("role: content" lines, then "assistant:").
+("role: content" lines, then "assistant:"). Requests are checked as the gateway checks them
+(inference.openai_request): bad input is answered 400 with an OpenAI-style body.
 
 A deployment whose base_url points here (and whose hosting_cluster is the cluster it runs on)
 is routed like any OpenAI-compatible provider; its cost per token comes from
@@ -15,19 +16,32 @@ from __future__ import annotations
 
 import codecs
 import json
+import logging
 import threading
 import time
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
-from inference.adapters.base import ChatMessage, ChatRequest, prompt_text
+from inference.adapters.base import prompt_text
 from inference.loopback_http import KeepAliveHandler
+from inference.openai_request import (
+    InvalidRequest,
+    chat_request_parse,
+    completion_request_parse,
+    error_document,
+    json_document,
+)
 
 if TYPE_CHECKING:
     import torch
 
 DEFAULT_MAX_TOKENS = 64
 MAX_TOKENS_LIMIT = 1024
+# The gateway's 2.5 MB body, re-encoded by the adapter with \u escapes, stays well under this.
+MAX_BODY_BYTES = 16 * 1024 * 1024
+_PATHS = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions")
+logger = logging.getLogger(__name__)
 
 
 class ByteGenerator:
@@ -73,17 +87,74 @@ class ByteGenerator:
         return out, len(data), finish
 
 
-def _json(handler: BaseHTTPRequestHandler, status: int, doc: dict[str, Any]) -> None:
+def _json(handler: BaseHTTPRequestHandler, status: int, doc: dict[str, Any], *, close: bool = False) -> None:
     body = json.dumps(doc).encode()
     handler.send_response(status)
     handler.send_header("Content-Type", "application/json")
     handler.send_header("Content-Length", str(len(body)))
+    if close:
+        handler.send_header("Connection", "close")
+        handler.close_connection = True
     handler.end_headers()
     handler.wfile.write(body)
 
 
-def _bad(handler: BaseHTTPRequestHandler, message: str) -> None:
-    _json(handler, 400, {"error": {"message": message, "type": "invalid_request_error", "code": None}})
+def _bad(handler: BaseHTTPRequestHandler, exc: InvalidRequest, *, close: bool = False) -> None:
+    doc = error_document(str(exc), type_="invalid_request_error", param=exc.param, code=exc.code)
+    _json(handler, exc.status, doc, close=close)
+
+
+def _not_found(handler: BaseHTTPRequestHandler) -> None:
+    _json(handler, 404, error_document("not found", type_="invalid_request_error", code="unknown_url"))
+
+
+def _body_length(handler: BaseHTTPRequestHandler) -> int:
+    raw = handler.headers.get("Content-Length") or "0"
+    try:
+        length = int(raw)
+    except ValueError:
+        length = -1
+    if length < 0:
+        raise InvalidRequest("Content-Length is not a length", code="invalid_body")
+    if length > MAX_BODY_BYTES:
+        raise InvalidRequest(
+            f"The request body is over {MAX_BODY_BYTES} bytes", code="request_too_large", status=413
+        )
+    return length
+
+
+@dataclass(frozen=True)
+class _Generation:
+    chat: bool
+    prompt: str
+    max_tokens: int
+    temperature: float | None
+    stop: tuple[str, ...]
+    seed: int | None
+    stream: bool
+
+
+def _generation(path: str, raw: bytes) -> _Generation:
+    """The request, checked as the gateway checks it (inference.openai_request)."""
+    doc = json_document(raw)
+    chat = path in ("/v1/chat/completions", "/chat/completions")
+    parse = chat_request_parse if chat else completion_request_parse
+    parsed = parse(doc, require_model=False)
+    request = parsed.request
+    max_tokens = request.max_tokens or DEFAULT_MAX_TOKENS
+    if max_tokens > MAX_TOKENS_LIMIT:
+        raise InvalidRequest(
+            f"max_tokens must be 1..{MAX_TOKENS_LIMIT}", param="max_tokens", code="invalid_max_tokens"
+        )
+    return _Generation(
+        chat=chat,
+        prompt=prompt_text(request),
+        max_tokens=max_tokens,
+        temperature=request.temperature,
+        stop=request.stop,
+        seed=parsed.seed,
+        stream=parsed.stream,
+    )
 
 
 class _Handler(KeepAliveHandler):
@@ -100,50 +171,43 @@ class _Handler(KeepAliveHandler):
         elif self.path == "/health":
             _json(self, 200, {"status": "ok"})
         else:
-            _json(self, 404, {"error": {"message": "not found", "type": "invalid_request_error"}})
+            _not_found(self)
 
     def do_POST(self) -> None:  # noqa: N802 (stdlib naming)
-        length = int(self.headers.get("Content-Length") or 0)
+        # Every answer is a complete HTTP response: bad input is a 400 with an OpenAI-style body
+        # (the caller's fault; a router does not count it against this server), never a dropped
+        # connection, which a router must take for a dead server.
         try:
-            body = json.loads(self.rfile.read(length) or b"{}")
-        except ValueError:
-            _bad(self, "body is not JSON")
+            length = _body_length(self)
+        except InvalidRequest as exc:
+            _bad(self, exc, close=True)  # the body was not read: the connection is done
             return
+        raw = self.rfile.read(length)
         path = self.path.rstrip("/")
-        if path in ("/v1/chat/completions", "/chat/completions"):
-            messages = body.get("messages")
-            if not isinstance(messages, list) or not messages:
-                _bad(self, "messages must be a non-empty list")
-                return
-            prompt = prompt_text(
-                ChatRequest(
-                    messages=tuple(
-                        ChatMessage(str(m.get("role")), str(m.get("content") or "")) for m in messages
-                    )
-                )
+        if path not in _PATHS:
+            _not_found(self)
+            return
+        try:
+            req = _generation(path, raw)
+        except InvalidRequest as exc:
+            _bad(self, exc)
+            return
+        try:
+            pieces, tokens_in, finish = self.server.generator.generate(
+                req.prompt,
+                max_tokens=req.max_tokens,
+                temperature=req.temperature,
+                stop=req.stop,
+                seed=req.seed,
             )
-            chat = True
-        elif path in ("/v1/completions", "/completions"):
-            prompt = body.get("prompt")
-            if isinstance(prompt, list) and len(prompt) == 1:
-                prompt = prompt[0]
-            if not isinstance(prompt, str):
-                _bad(self, "prompt must be a string")
-                return
-            chat = False
-        else:
-            _json(self, 404, {"error": {"message": "not found", "type": "invalid_request_error"}})
+        except Exception:
+            logger.exception("generation failed")
+            _json(
+                self,
+                500,
+                error_document("The model failed to generate", type_="api_error", code="internal_error"),
+            )
             return
-        max_tokens = body.get("max_tokens") or DEFAULT_MAX_TOKENS
-        if not isinstance(max_tokens, int) or not 0 < max_tokens <= MAX_TOKENS_LIMIT:
-            _bad(self, f"max_tokens must be 1..{MAX_TOKENS_LIMIT}")
-            return
-        stop = body.get("stop") or ()
-        stop = (stop,) if isinstance(stop, str) else tuple(stop)
-        temperature = body.get("temperature")
-        pieces, tokens_in, finish = self.server.generator.generate(
-            prompt, max_tokens=max_tokens, temperature=temperature, stop=stop, seed=body.get("seed")
-        )
         model = self.server.generator.name
         usage = {
             "prompt_tokens": tokens_in,
@@ -151,7 +215,8 @@ class _Handler(KeepAliveHandler):
             "total_tokens": tokens_in + len(pieces),
         }
         created = int(time.time())
-        if body.get("stream"):
+        chat = req.chat
+        if req.stream:
             self._stream(chat, model, pieces, usage, finish, created)
             return
         text = b"".join(pieces).decode("utf-8", "replace")

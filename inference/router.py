@@ -47,6 +47,7 @@ from django.db import IntegrityError
 
 from billing.budgets import BudgetExhausted, budget_admission, spend_target
 from inference.adapters.base import (
+    CLIENT_ERROR_STATUSES,
     ChatRequest,
     Completion,
     CompletionRequest,
@@ -74,7 +75,7 @@ from inference.services import AttemptInfo, inference_request_record
 from stack.registry.models import Deployment, Workflow
 
 Outcome = InferenceAttempt.Outcome
-CLIENT_ERRORS = frozenset({400, 413, 422})
+CLIENT_ERRORS = CLIENT_ERROR_STATUSES  # the request's fault: no retry, no failover, no breaker
 _rng = random.Random()  # noqa: S311 (backoff jitter, not security)
 
 
@@ -133,7 +134,7 @@ def _needs_admission(ctx: _Context, entry: PlanEntry) -> bool:
 def _error_attempt(
     position: int, entry: PlanEntry, exc: ProviderError, started: float, now: float
 ) -> AttemptInfo:
-    client_error = exc.status_code in CLIENT_ERRORS
+    client_error = exc.client_error
     return AttemptInfo(
         position=position,
         entry=entry,
@@ -335,17 +336,27 @@ def _attempt_calls(ctx: _Context, stack: ExitStack, *, stream: bool) -> Iterator
                 now = time.perf_counter()
                 attempt = _error_attempt(len(ctx.attempts), entry, exc, call_started, now)
                 ctx.attempts.append(attempt)
-                if exc.status_code not in CLIENT_ERRORS:
-                    store.record(
-                        entry.deployment_id,
-                        ok=False,
-                        latency_ms=attempt.latency_ms,
-                        now=monotonic_now(),
-                        cfg=cfg,
-                    )
+                if exc.client_error:
+                    # The request itself is at fault (the provider answered 400/413/422): no other
+                    # deployment would take it, and it says nothing about this one's health, so
+                    # its breaker does not count it (nor does a failover event follow).
+                    if state == Peek.HALF_OPEN:
+                        store.record(
+                            entry.deployment_id,
+                            ok=True,
+                            latency_ms=attempt.latency_ms,
+                            now=monotonic_now(),
+                            cfg=cfg,
+                        )
+                    return
+                store.record(
+                    entry.deployment_id,
+                    ok=False,
+                    latency_ms=attempt.latency_ms,
+                    now=monotonic_now(),
+                    cfg=cfg,
+                )
                 if not exc.retryable:
-                    if exc.status_code in CLIENT_ERRORS:
-                        return  # the request itself is at fault: no other deployment would take it
                     refused_by.add(entry.deployment_id)
         retryable_left = any(a.outcome == Outcome.RETRYABLE for a in ctx.attempts)
         if not any_called or not retryable_left:

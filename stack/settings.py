@@ -79,6 +79,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # /v1 answers OpenAI-style JSON errors only (size limit, unknown paths, Django's error pages).
+    "inference.gateway_middleware.GatewayErrorsMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",

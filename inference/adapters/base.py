@@ -2,7 +2,8 @@
 
 Adapters know nothing about Django: they get plain dataclasses and a deadline and return
 a Completion, or raise ProviderError with `retryable` set the way the router needs it
-(connect errors, timeouts, 429 and 5xx are retryable; other 4xx and malformed bodies are not).
+(connect errors, timeouts, 429 and 5xx are retryable; other 4xx are not) and the provider's
+HTTP status, from which `client_error` (400, 413, 422: the request is at fault) follows.
 """
 
 from __future__ import annotations
@@ -66,13 +67,20 @@ class StreamChunk:
     tokens_out: int | None = None
 
 
+# "Your request is bad": the same request would be refused by any deployment, so the router
+# stops at once, and the answer says nothing about the deployment's health (its breaker ignores it).
+CLIENT_ERROR_STATUSES = frozenset({400, 413, 422})
+
+
 class ProviderError(Exception):
-    """A failed call; `retryable` says whether another try (here or elsewhere) may succeed."""
+    """A failed call; `retryable` says whether another try (here or elsewhere) may succeed, and
+    `client_error` whether the request itself was refused (see CLIENT_ERROR_STATUSES)."""
 
     def __init__(self, message: str, *, retryable: bool, status_code: int | None = None) -> None:
         super().__init__(message)
-        self.retryable = retryable
         self.status_code = status_code
+        self.client_error = status_code in CLIENT_ERROR_STATUSES
+        self.retryable = retryable and not self.client_error
 
 
 def classify_status(status: int) -> bool:

@@ -92,6 +92,12 @@ def _converse_args(target: Target, request: InferenceInput) -> dict[str, Any]:
 
 
 _FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length"}
+_STATUS_BY_CODE = {
+    "ValidationException": 400,
+    "ThrottlingException": 429,
+    "ModelTimeoutException": 408,
+    "ServiceUnavailableException": 503,
+}
 
 
 def _map_error(exc: Exception, slug: str) -> ProviderError:
@@ -109,7 +115,9 @@ def _map_error(exc: Exception, slug: str) -> ProviderError:
         status = int(meta.get("HTTPStatusCode") or 0)
         code = exc.response.get("Error", {}).get("Code", "")
         if not status:
-            status = {"ThrottlingException": 429, "ServiceUnavailableException": 503}.get(code, 500)
+            # An error event inside a stream carries no HTTP status: take it from the code, so a
+            # refused request (ValidationException) stays a client error, not a 500.
+            status = _STATUS_BY_CODE.get(code, 500)
         message = exc.response.get("Error", {}).get("Message", str(exc))
         return ProviderError(
             f"HTTP {status} {code}: {message}", retryable=classify_status(status), status_code=status

@@ -138,11 +138,16 @@ def test_failed_lines_are_counted_and_reported(operator: User, mock_provider: St
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ('{"custom_id": "a", "prompt": "x"}\nnot json\n', "line 2: not JSON"),
+        ('{"custom_id": "a", "prompt": "x"}\nnot json\n', "line 2: the line is not valid JSON"),
         ('{"custom_id": "a", "prompt": "x"}\n{"custom_id": "a", "prompt": "y"}\n', "duplicate custom_id"),
         ('{"custom_id": "a"}\n', "needs 'messages'"),
-        ('{"messages": [{"role": "user"}]}\n', "'role' and 'content'"),
+        ('{"messages": [{"role": "user"}]}\n', r"line 1: messages\[0\]\.content must be a string"),
         ('{"prompt": "x", "max_tokens": -1}\n', "max_tokens"),
+        ('{"prompt": "hi \\ud800"}\n', r"line 1: prompt is not valid Unicode"),
+        ('{"custom_id": "a\\udc00", "prompt": "x"}\n', "custom_id is not valid Unicode"),
+        ('{"custom_id": "a\\u0000", "prompt": "x"}\n', "custom_id must be a non-empty string of printable"),
+        ('{"prompt": "x", "n": true}\n', "only n=1"),
+        ('{"prompt": "x", "deep": ' + "[" * 5000 + "]" * 5000 + "}\n", "nested more than"),
         ("\n\n", "no lines"),
     ],
 )

@@ -207,3 +207,35 @@ def test_chaos_api_switches_a_drill_for_the_next_request(
     off = api.patch(f"/api/chaos/{primary.slug}/", {"enabled": False}, format="json")
     assert off.status_code == 200 and off.json()["error_rate"] == 1.0  # PATCH kept the rest
     assert _chat(gateway, workflow.slug)["x-switchyard-deployment"] == primary.slug
+
+
+@pytest.mark.parametrize(
+    ("upstream", "status", "type_", "code"),
+    [
+        (500, 502, "api_error", "upstream_error"),
+        (429, 429, "rate_limit_error", "rate_limited"),
+        (400, 400, "invalid_request_error", "provider_rejected"),
+        (422, 400, "invalid_request_error", "provider_rejected"),
+    ],
+)
+def test_upstream_error_bodies_are_logged_not_returned(
+    viewer: User,
+    mock_provider: Callable[..., MockProviderServer],
+    caplog: pytest.LogCaptureFixture,
+    upstream: int,
+    status: int,
+    type_: str,
+    code: str,
+) -> None:
+    deployment = priced_deployment(mock_provider(status=upstream))
+    workflow = routed_workflow(viewer, [deployment])
+    with caplog.at_level("WARNING", logger="inference.gateway"):
+        response = _chat(_client(viewer), workflow.slug)
+    assert response.status_code == status
+    error = response.json()["error"]
+    request_id = response["x-switchyard-request-id"]
+    assert (error["type"], error["code"]) == (type_, code) and f"(request {request_id})" in error["message"]
+    assert (
+        "mock failure" not in response.content.decode() and deployment.slug not in response.content.decode()
+    )
+    assert "mock failure" in caplog.text and request_id in caplog.text

@@ -19,7 +19,7 @@ from inference.mockprovider import MockProviderServer
 from inference.models import InferenceAttempt, InferenceRequest
 from inference.router import route
 from inference.routing import Strategy
-from inference.services import quality_record_create
+from inference.services import db_text, quality_record_create
 from stack.registry.models import FailoverEvent, RoutingPolicyVersion
 from tests.factories import make_deployment
 from tests.inference.helpers import priced_deployment, routed_workflow
@@ -360,3 +360,17 @@ def test_successes_reach_the_shared_latency_samples(
         time.sleep(0.02)
     assert len(breakers().latencies([deployment.pk])[deployment.pk]) == 5
     assert breaker_state(deployment.pk) == "closed"
+
+
+def test_text_postgresql_cannot_store_is_recorded_with_replacement_characters(
+    admin_user: User, mock_provider: Callable[..., MockProviderServer]
+) -> None:
+    # A byte-level local model can generate a NUL; PostgreSQL refuses NUL in text, which used
+    # to fail the whole record (and the caller's request) for a batch line or a keyed request.
+    server = mock_provider(text="a\x00b")
+    workflow = routed_workflow(admin_user, [priced_deployment(server)])
+    result = route(workflow=workflow, request=PING, client_request_id="test:nul")
+    assert result.ok and result.completion is not None and result.completion.text == "a\x00b"
+    assert InferenceRequest.objects.get(pk=result.request_id).response_text == "a\ufffdb"
+    assert db_text("bad \ud800 and \x00") == "bad ? and \ufffd"
+    assert db_text("Grüße 😀") == "Grüße 😀"

@@ -3,20 +3,15 @@ real subprocess, routed to through a self-hosted deployment on a cluster."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
-from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from django.conf import settings
 from django.contrib.auth.models import User
 
@@ -27,71 +22,16 @@ from inference.local_serving import local_server_for_artifact
 from inference.router import route
 from inference.selectors import deployment_price_per_1m
 from stack.registry.models import Provider
-from storage.artifacts import model_artifact_write
 from tests.factories import (
     make_cluster,
     make_deployment,
-    make_model,
     make_price,
     make_provider,
     make_workflow,
 )
 from tests.integration.processes import session_database_url as database_url_for_children
-from training.engine.config import ModelConfig
-from training.engine.model import GPT
 
 pytestmark = pytest.mark.integration
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture
-def served(transactional_db: Any, tmp_path: Path) -> Iterator[tuple[Any, str, str]]:
-    """(registered model, its artifact URI, the base URL of a running serve_model process)."""
-    torch.manual_seed(0)
-    cfg = ModelConfig(n_layer=1, n_embd=16, n_head=2, block_size=32)
-    uri = model_artifact_write(
-        store_url=f"file://{tmp_path}",
-        key="models/tiny.bin",
-        model_config=dataclasses.asdict(cfg),
-        params=GPT(cfg).state_dict(),
-    )
-    model = make_model(slug="tiny-gpt", artifact_uri=uri, context_length=32)
-    port = _free_port()
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            str(Path(settings.BASE_DIR) / "manage.py"),
-            "serve_model",
-            "--model",
-            model.slug,
-            "--port",
-            str(port),
-        ],
-        env={**os.environ, "DATABASE_URL": database_url_for_children()},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{base}/health", timeout=1).read()  # noqa: S310 (loopback)
-                break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    output = process.stdout.read().decode() if process.stdout else ""
-                    raise AssertionError(f"serve_model did not start: {output}") from None
-                time.sleep(0.2)
-        yield model, uri, f"{base}/v1"
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
 
 
 def test_served_artifact_answers_like_the_model_in_process(

@@ -1,0 +1,113 @@
+"""OpenAI-style JSON errors on every /v1 answer, whoever produced the error.
+
+The gateway's views answer their own errors in the OpenAI shape; this middleware covers the rest
+under the /v1 prefix, in one place: a body over DATA_UPLOAD_MAX_MEMORY_SIZE (413, refused from
+its Content-Length before anything reads it), an unknown path (Django's 404), an exception in a
+view (500, logged here), and any other error page Django or a middleware renders (400 for a bad
+Host, 403...), which is rewritten into the same shape with its status kept. Other paths are
+left alone.
+
+Installed in settings.MIDDLEWARE right after SecurityMiddleware, so it sees the answers of every
+middleware below it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from django.conf import settings
+from django.core.exceptions import BadRequest, PermissionDenied, RequestDataTooBig, SuspiciousOperation
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase
+
+from inference.gateway import error_response
+
+PREFIX = "/v1"
+logger = logging.getLogger(__name__)
+
+# status -> (type, code) for errors the gateway's views did not shape themselves.
+_KINDS: dict[int, tuple[str, str]] = {
+    400: ("invalid_request_error", "bad_request"),
+    401: ("invalid_request_error", "invalid_api_key"),
+    403: ("permission_error", "forbidden"),
+    404: ("invalid_request_error", "unknown_url"),
+    405: ("invalid_request_error", "method_not_allowed"),
+    413: ("invalid_request_error", "request_too_large"),
+}
+
+
+def is_gateway_path(path: str) -> bool:
+    return path == PREFIX or path.startswith(PREFIX + "/")
+
+
+def _generic(status: int, request: HttpRequest) -> HttpResponse:
+    type_, code = _KINDS.get(
+        status, ("api_error", "internal_error") if status >= 500 else ("invalid_request_error", "error")
+    )
+    if status == 404:
+        # OpenAI's own wording for an unknown route.
+        message = f"Invalid URL ({request.method} {request.path[:200]})"
+    elif status == 405:
+        message = f"Method {request.method} is not allowed on {request.path[:200]}"
+    elif status >= 500:
+        message = "The server had an error while processing the request"
+    else:
+        message = f"The request was refused (HTTP {status})"
+    return error_response(status, message, type_, code)
+
+
+def _too_big(request: HttpRequest) -> HttpResponse | None:
+    """413 (or 400 for a Content-Length that is no length) before anything reads the body."""
+    raw = request.META.get("CONTENT_LENGTH") or "0"
+    try:
+        length = int(raw)
+    except ValueError:
+        length = -1
+    if length < 0:
+        return error_response(400, "Content-Length is not a length", "invalid_request_error", "bad_request")
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    if limit is not None and length > limit:
+        return error_response(
+            413,
+            f"The request body is {length} bytes; the limit is {limit} bytes",
+            "invalid_request_error",
+            "request_too_large",
+        )
+    return None
+
+
+class GatewayErrorsMiddleware:
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponseBase:
+        if not is_gateway_path(request.path_info):
+            return self.get_response(request)
+        refused = _too_big(request)
+        if refused is not None:
+            # The body was not read: the connection cannot carry another request.
+            refused["Connection"] = "close"
+            return refused
+        response = self.get_response(request)
+        if response.status_code >= 400 and not response.get("Content-Type", "").startswith(
+            "application/json"
+        ):
+            shaped = _generic(response.status_code, request)
+            if response.has_header("Allow"):
+                shaped["Allow"] = response["Allow"]
+            return shaped
+        return response
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        if not is_gateway_path(request.path_info):
+            return None
+        if isinstance(exception, RequestDataTooBig):
+            return _generic(413, request)
+        if isinstance(exception, Http404):
+            return _generic(404, request)
+        if isinstance(exception, PermissionDenied):
+            return _generic(403, request)
+        if isinstance(exception, BadRequest | SuspiciousOperation):
+            return _generic(400, request)
+        logger.error("unhandled error on %s %s", request.method, request.path, exc_info=exception)
+        return _generic(500, request)
