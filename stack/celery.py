@@ -6,11 +6,13 @@ import os
 
 from celery import Celery
 
-from stack import embedded_broker
+from stack import embedded_broker, redis_broker
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "stack.settings")
 # `filesystem://` (the embedded default broker) writes messages atomically.
 embedded_broker.install()
+# `redis://` survives Redis going away under a worker that holds unacked messages.
+redis_broker.install()
 
 app = Celery("switchyard")
 app.config_from_object("django.conf:settings", namespace="CELERY")

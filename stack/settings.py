@@ -192,6 +192,15 @@ else:
         "visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 3600, minimum=60)
     }
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A lost broker is waited for, however long it is gone (Celery's default gives up after 100
+# attempts, about 45 minutes, and the worker exits). redis:// goes through stack/redis_broker.py,
+# which keeps a worker holding unacked messages from crashing while it reconnects.
+CELERY_BROKER_CONNECTION_RETRY = True
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
+# A task that is running when the connection drops finishes (its rows are written once; the
+# claims make a redelivery a no-op) instead of being cancelled; its ack is lost with the
+# connection. Said explicitly: Celery 6 changes the default.
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 CELERY_TASK_IGNORE_RESULT = True  # task outcomes live in our own tables
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_DEFAULT_QUEUE = "control"

@@ -64,6 +64,12 @@ def test_every_long_running_service_has_a_healthcheck() -> None:
         assert service["healthcheck"]["test"], name
 
 
+def test_every_long_running_service_is_restarted_when_it_exits() -> None:
+    for name, service in _compose()["services"].items():
+        if name != "init":
+            assert service.get("restart") in ("always", "unless-stopped"), name
+
+
 def test_every_app_service_runs_a_command_that_exists_in_the_project() -> None:
     services = _compose()["services"]
     for name in APP_SERVICES:

@@ -6,7 +6,11 @@ training run across both demo clusters. When the run succeeds its model is
 served by two `serve_model` replicas (one per cluster) behind the `local-chat`
 workflow, and a chaos drill (the primary failing half its calls) sends requests
 through the /v1 gateway so failovers show on the workflow's page.
-Ctrl-C stops everything it started.
+
+Every process runs under a `stack.supervisor.Supervisor`: one that exits is started
+again with capped exponential backoff (1 s, doubling to 60 s), and one that crashes
+five times in a row within a minute of starting is given up; each restart and the
+giving up are printed. Ctrl-C (or SIGTERM) stops everything it started.
 """
 
 from __future__ import annotations
@@ -14,10 +18,8 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shlex
 import signal
 import socket
-import subprocess
 import sys
 import time
 import urllib.error
@@ -35,6 +37,7 @@ from inference.services import chaos_config_set
 from stack.demo_seed import demo_local_replicas, demo_local_workflow_seed, demo_stack_seed
 from stack.registry.models import Deployment, Workflow
 from stack.registry.services import api_token_create
+from stack.supervisor import Supervisor
 from training.models import ProbeJob, TrainingRun
 from training.run_config import demo_config
 from training.services import probe_job_create, training_run_create
@@ -89,28 +92,23 @@ class Command(BaseCommand):
                 "--loglevel",
                 "warning",
             ]
-        children: dict[str, subprocess.Popen[bytes]] = {}
+        supervisor = Supervisor(say=lambda line: self.stdout.write(self.style.WARNING(line)))
         # Stop the children on Ctrl-C, on `kill` and when the terminal closes.
         # (SIGINT is set explicitly: a shell starts background jobs with it ignored.)
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(signum, _interrupt)
         try:
             for name, argv in commands.items():
-                log = (log_dir / f"{name}.log").open("ab")
-                # Own session: Ctrl-C reaches only this supervisor, which then
-                # stops the children in order instead of all at once.
-                children[name] = subprocess.Popen(  # noqa: S603 (our own manage.py)
-                    argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-                )
-                self.stdout.write(f"started {name} (pid {children[name].pid}), log {log.name}")
+                child = supervisor.start(name, argv, log_path=log_dir / f"{name}.log")
+                self.stdout.write(f"started {name} (pid {child.pid}), log {child.log_path}")
             base = f"http://{host}:{port}"
-            self._wait_healthy(base, children, deadline=started + options["timeout"])
+            self._wait_healthy(base, supervisor, deadline=started + options["timeout"])
             self.stdout.write(self.style.SUCCESS(f"stack healthy after {time.monotonic() - started:.1f}s"))
             with transaction.atomic():
                 jobs = [
                     probe_job_create(cluster=c, created_by=stack.admin, steps=300) for c in stack.clusters
                 ]
-            self._wait_jobs([j.pk for j in jobs], deadline=started + options["timeout"])
+            self._wait_jobs([j.pk for j in jobs], supervisor, deadline=started + options["timeout"])
             with transaction.atomic():
                 run = training_run_create(
                     config=demo_config(),
@@ -126,41 +124,29 @@ class Command(BaseCommand):
             self.stdout.write(f"  health:    {base}/healthz     API schema: {base}/api/schema/")
             self.stdout.write(f"  logs:      {log_dir}")
             self.stdout.write("Press Ctrl-C to stop.")
-            reported: set[str] = set()
             drill = _Drill(run_id=run.pk, base=base, port=port, manage=manage, log_dir=log_dir)
             run_deadline = time.monotonic() + options["run_timeout"]
             while True:
-                outcome = drill.step(self, stack.admin, children, commands)
+                outcome = drill.step(self, stack.admin, supervisor)
                 if options["once"] and outcome is not None:
                     if outcome != "drilled":
                         raise CommandError(f"demo run #{run.pk} ended {outcome}")
                     return
                 if options["once"] and time.monotonic() > run_deadline:
                     raise CommandError(f"demo run #{run.pk} did not finish in {options['run_timeout']:.0f}s")
-                for name, child in children.items():
-                    if child.poll() is None or name in reported:
-                        continue
-                    # Keep the rest running: a dead cluster worker is exactly
-                    # what the failover drill in the README wants to show.
-                    reported.add(name)
-                    self.stdout.write(
-                        self.style.WARNING(
-                            f"{name} exited with code {child.returncode} (log {log_dir / name}.log); "
-                            f"restart it with: {shlex.join(commands[name])}"
-                        )
-                    )
+                # A crashed process is started again after its backoff; the others keep running.
+                supervisor.poll()
                 time.sleep(1)
         except KeyboardInterrupt:
             self.stdout.write("\nstopping…")
         finally:
-            self._stop(children)
+            for name in supervisor.stop_all():
+                self.stdout.write(f"stopped {name}")
 
-    def _wait_healthy(self, base: str, children: dict[str, subprocess.Popen[bytes]], deadline: float) -> None:
+    def _wait_healthy(self, base: str, supervisor: Supervisor, deadline: float) -> None:
         last = ""
         while time.monotonic() < deadline:
-            for name, child in children.items():
-                if child.poll() is not None:
-                    raise CommandError(f"{name} exited with code {child.returncode} during start-up")
+            _supervise(supervisor)
             try:
                 with urllib.request.urlopen(f"{base}/healthz", timeout=5) as response:  # noqa: S310 (loopback)
                     body = json.load(response)
@@ -172,9 +158,10 @@ class Command(BaseCommand):
             time.sleep(1)
         raise CommandError(f"the stack did not become healthy in time (last: {last})")
 
-    def _wait_jobs(self, job_ids: list[int], deadline: float) -> None:
+    def _wait_jobs(self, job_ids: list[int], supervisor: Supervisor, deadline: float) -> None:
         pending = set(job_ids)
         while pending and time.monotonic() < deadline:
+            _supervise(supervisor)
             for job in ProbeJob.objects.filter(pk__in=pending).select_related("cluster"):
                 if not job.is_finished:
                     continue
@@ -198,18 +185,13 @@ class Command(BaseCommand):
         if pending:
             raise CommandError(f"probe jobs {sorted(pending)} did not finish in time")
 
-    def _stop(self, children: dict[str, subprocess.Popen[bytes]]) -> None:
-        for child in children.values():
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-        stop_by = time.monotonic() + 15
-        for name, child in children.items():
-            try:
-                child.wait(timeout=max(0.1, stop_by - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
-            self.stdout.write(f"stopped {name}")
+
+def _supervise(supervisor: Supervisor) -> None:
+    """Restart what crashed while the demo waits; stop waiting once a process was given up."""
+    supervisor.poll()
+    lost = [c.name for c in supervisor.children.values() if c.gave_up]
+    if lost:
+        raise CommandError(f"{', '.join(lost)} kept crashing during start-up; see its log")
 
 
 class _Drill:
@@ -224,13 +206,7 @@ class _Drill:
         self.outcome: str | None = None
         self.last_line = ""
 
-    def step(
-        self,
-        cmd: BaseCommand,
-        admin: Any,
-        children: dict[str, subprocess.Popen[bytes]],
-        commands: dict[str, list[str]],
-    ) -> str | None:
+    def step(self, cmd: BaseCommand, admin: Any, supervisor: Supervisor) -> str | None:
         """Advance by one poll; returns the outcome ("drilled" or the run's final state) once known."""
         if self.outcome is not None:
             return self.outcome
@@ -270,12 +246,8 @@ class _Drill:
                 "--deployment",
                 replica.deployment_slug,
             ]
-            commands[name] = argv
-            log = (self.log_dir / f"{name}.log").open("ab")
-            children[name] = subprocess.Popen(  # noqa: S603 (our own manage.py)
-                argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-            cmd.stdout.write(f"started {name} (pid {children[name].pid}) on port {replica.port}")
+            child = supervisor.start(name, argv, log_path=self.log_dir / f"{name}.log")
+            cmd.stdout.write(f"started {name} (pid {child.pid}) on port {replica.port}")
         for replica in self.replicas:
             _wait_http(f"http://127.0.0.1:{replica.port}/v1/models", timeout=60)
         self._chaos_drill(cmd, admin, workflow)
