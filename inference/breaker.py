@@ -171,61 +171,105 @@ class RedisBreakers:
         import redis  # only with REDIS_URL (the embedded demo runs without it)
 
         self.redis = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
+        # Redis unreachable (restarting, say): the breakers fail open instead of failing the
+        # request. Every circuit reads closed and nothing is recorded until it answers again.
+        self.down_errors = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
         self._peek = self.redis.register_script(_PEEK)
         self._peek_gen = self.redis.register_script(_PEEK_GEN)
         self._claim = self.redis.register_script(_CLAIM)
         self._record = self.redis.register_script(_RECORD)
 
     def peek(self, deployment_ids: Sequence[int], *, now: float, cfg: BreakerSettings) -> list[Peek]:
-        return [
-            Peek(int(x))
-            for x in self._peek(keys=[_key(d) for d in deployment_ids], args=[now, cfg.cooldown_s])
-        ]
+        try:
+            out = self._peek(keys=[_key(d) for d in deployment_ids], args=[now, cfg.cooldown_s])
+        except self.down_errors:
+            redis_unreachable("peek")
+            return [Peek.CLOSED] * len(deployment_ids)
+        return [Peek(int(x)) for x in out]
 
     def peek_with_generation(
         self, generation_key: str, deployment_ids: Sequence[int], *, now: float, cfg: BreakerSettings
     ) -> tuple[int, list[Peek]]:
         """(route-cache generation, peek per breaker) in one round trip."""
         keys = [generation_key, *(_key(d) for d in deployment_ids)]
-        out = [int(x) for x in self._peek_gen(keys=keys, args=[now, cfg.cooldown_s])]
+        try:
+            out = [int(x) for x in self._peek_gen(keys=keys, args=[now, cfg.cooldown_s])]
+        except self.down_errors:
+            redis_unreachable("peek")
+            return GENERATION_UNKNOWN, [Peek.CLOSED] * len(deployment_ids)
         return out[0], [Peek(x) for x in out[1:]]
 
     def claim_probe(self, deployment_id: int, *, now: float, cfg: BreakerSettings) -> bool:
-        return bool(self._claim(keys=[_key(deployment_id)], args=[now, cfg.cooldown_s]))
+        try:
+            return bool(self._claim(keys=[_key(deployment_id)], args=[now, cfg.cooldown_s]))
+        except self.down_errors:
+            redis_unreachable("claim a probe")
+            return False
 
     def record(
         self, deployment_id: int, *, ok: bool, latency_ms: float, now: float, cfg: BreakerSettings
     ) -> tuple[str, str]:
-        state, transition = self._record(
-            keys=[_key(deployment_id), _lat_key(deployment_id), _calls_key(deployment_id)],
-            args=[
-                f"{now:.6f}",
-                1 if ok else 0,
-                f"{latency_ms:.3f}",
-                cfg.window_s,
-                cfg.min_requests,
-                cfg.failure_rate,
-                LATENCY_SAMPLES,
-                cfg.window_calls,
-            ],
-        )
+        try:
+            state, transition = self._record(
+                keys=[_key(deployment_id), _lat_key(deployment_id), _calls_key(deployment_id)],
+                args=[
+                    f"{now:.6f}",
+                    1 if ok else 0,
+                    f"{latency_ms:.3f}",
+                    cfg.window_s,
+                    cfg.min_requests,
+                    cfg.failure_rate,
+                    LATENCY_SAMPLES,
+                    cfg.window_calls,
+                ],
+            )
+        except self.down_errors:
+            redis_unreachable("record a call")
+            return CLOSED, ""
         return _s(state), _s(transition)
 
     def state(self, deployment_id: int) -> dict[str, str]:
-        raw = self.redis.hgetall(_key(deployment_id))
+        try:
+            raw = self.redis.hgetall(_key(deployment_id))
+        except self.down_errors:
+            redis_unreachable("read a breaker")
+            return {}
         return {_s(k): _s(v) for k, v in raw.items()}
 
     def latencies(self, deployment_ids: Sequence[int]) -> dict[int, list[float]]:
         pipe = self.redis.pipeline(transaction=False)
         for d in deployment_ids:
             pipe.lrange(_lat_key(d), 0, -1)
-        return {
-            d: [float(x) for x in values] for d, values in zip(deployment_ids, pipe.execute(), strict=True)
-        }
+        try:
+            rows = pipe.execute()
+        except self.down_errors:
+            redis_unreachable("read latencies")
+            return {d: [] for d in deployment_ids}
+        return {d: [float(x) for x in values] for d, values in zip(deployment_ids, rows, strict=True)}
 
     def claim_once(self, key: str, *, ttl_s: float) -> bool:
-        """True for the first caller within ttl_s (e.g. one demotion event per episode)."""
-        return bool(self.redis.set(f"sy:once:{key}", b"1", nx=True, px=int(ttl_s * 1000)))
+        """True for the first caller within ttl_s (e.g. one demotion event per episode); False
+        while Redis is unreachable (better one event missed than one per request)."""
+        try:
+            return bool(self.redis.set(f"sy:once:{key}", b"1", nx=True, px=int(ttl_s * 1000)))
+        except self.down_errors:
+            redis_unreachable("claim an event")
+            return False
+
+
+# The route-cache generation while Redis is unreachable: no plan is current against it, so each
+# request rebuilds its plan from the database (three queries) until Redis answers again.
+GENERATION_UNKNOWN = -1
+_last_unreachable_warning = 0.0
+
+
+def redis_unreachable(what: str) -> None:
+    """Log, at most every 10 s per process, that the breakers' Redis did not answer."""
+    global _last_unreachable_warning
+    now = time.monotonic()
+    if now - _last_unreachable_warning >= 10.0:
+        _last_unreachable_warning = now
+        logger.warning("Redis (REDIS_URL) unreachable: could not %s; circuit breakers fail open", what)
 
 
 def _s(value: Any) -> str:

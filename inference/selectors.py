@@ -30,7 +30,7 @@ from billing.selectors import PriceResolver
 from billing.selfhosted import self_hosted_cost
 from inference.adapters.base import Target
 from inference.adapters.registry import adapter_kind
-from inference.breaker import breakers
+from inference.breaker import GENERATION_UNKNOWN, breakers, redis_unreachable
 from inference.models import ChaosConfig, InferenceRequest, QualityRecord
 from inference.routing import Candidate, Policy, Strategy
 from stack.registry.crypto import decrypt_secret
@@ -69,7 +69,7 @@ class RoutePlan:
     hard_budget_keys: frozenset[tuple[str, str]] = frozenset()
 
     def is_current(self, generation_value: int, *, shared: bool) -> bool:
-        if self.generation != generation_value:
+        if generation_value == GENERATION_UNKNOWN or self.generation != generation_value:
             return False
         return shared or time.monotonic() - self.built_at < LOCAL_PLAN_TTL_S
 
@@ -85,21 +85,33 @@ class _Generation:
             import redis  # only with REDIS_URL (the embedded demo runs without it)
 
             self._redis = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
+            self._down_errors = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 
     @property
     def shared(self) -> bool:
         return self._redis is not None
 
     def read(self) -> int:
+        """The shared generation; GENERATION_UNKNOWN while Redis is unreachable (plans rebuild)."""
         if self._redis is None:
             return self.local
-        value = self._redis.get(GENERATION_KEY)
+        try:
+            value = self._redis.get(GENERATION_KEY)
+        except self._down_errors:
+            redis_unreachable("read the route generation")
+            return GENERATION_UNKNOWN
         return int(value) if value else 0
 
     def bump(self) -> None:
+        """Move the generation. A save must not fail because Redis is away: plans built while it
+        is away are never current (GENERATION_UNKNOWN), and the next bump after it returns
+        reaches every process."""
         self.local += 1
         if self._redis is not None:
-            self._redis.incr(GENERATION_KEY)
+            try:
+                self._redis.incr(GENERATION_KEY)
+            except self._down_errors:
+                redis_unreachable("bump the route generation")
 
 
 _gen: _Generation | None = None

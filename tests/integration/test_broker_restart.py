@@ -8,8 +8,9 @@ clusters, one control worker is in the middle of a batch job and the other waits
 task: each holds unacknowledged messages, the case that made kombu's Redis transport crash the
 worker (stack/redis_broker.py).
 
-Only the broker goes away: REDIS_URL, which the inference router also keeps its circuit breakers
-in, stays what the session has (unset, or CI's shared Redis).
+As in production, the same Redis also holds the router's circuit breakers and route generation
+(REDIS_URL) for the worker processes: while it is away they fail open (inference.breaker), so
+batch lines routed then are answered rather than failing the job.
 """
 
 from __future__ import annotations
@@ -118,6 +119,7 @@ def test_workers_and_beat_survive_a_broker_restart_and_the_run_and_the_batch_job
     settings.OBJECT_STORE_URL = store_url
     env = {
         "CELERY_BROKER_URL": broker.url,
+        "REDIS_URL": broker.url,
         "OBJECT_STORE_URL": store_url,
         "SWITCHYARD_TRAINING_SUPERVISE_SECONDS": "1",
         "SWITCHYARD_BATCH_PART_LINES": "5",
