@@ -46,6 +46,7 @@ from stack.registry.models import Workflow
 from stack.registry.objectstore import default_store
 from stack.registry.queues import CONTROL_QUEUE
 from stack.registry.services import RegistryError
+from stack.registry.validation import InputError, json_parse
 from storage.objectstore import ObjectNotFoundError
 
 MAX_LINES = 100_000
@@ -126,9 +127,10 @@ def batch_lines_parse(data: bytes) -> list[BatchLine]:
             continue
         where = f"line {number}"
         try:
-            obj = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise RegistryError(f"{where}: not JSON ({exc.msg})", field="input") from None
+            obj = json_parse(raw)  # bounded: depth, finite numbers, text that can be stored
+        except InputError as exc:
+            at = f" at {exc.field}" if exc.field else ""
+            raise RegistryError(f"{where}: not JSON the batch can take{at} ({exc})", field="input") from None
         if not isinstance(obj, dict):
             raise RegistryError(f"{where}: must be a JSON object", field="input")
         custom_id = obj.get("custom_id")
