@@ -30,7 +30,6 @@ from datetime import UTC, date, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-import pycountry
 import yaml
 
 from stack.registry.errors import DomainError
@@ -274,6 +273,10 @@ def currency_parse(text: str) -> str:
     if not _THREE_LETTERS.fullmatch(code):
         raise InputError(f"must be three letters: {_shown(text)}")
     code = code.upper()
+    # Imported here: the package costs about 0.1 s to import, which every process would pay at
+    # start (it reads its database on the first lookup either way).
+    import pycountry
+
     if pycountry.currencies.get(alpha_3=code) is None:
         raise InputError(f"not an ISO 4217 currency code: {_shown(text)}")
     return code
