@@ -10,10 +10,11 @@ from django import forms
 from billing.budgets import budget_errors
 from billing.exports import FORMATS, ExportFilterForm
 from billing.models import Budget, Unit
-from billing.reconciliation import DEFAULT_TOLERANCE
+from billing.reconciliation import DEFAULT_TOLERANCE, TOLERANCE_DIGITS, TOLERANCE_PLACES
 from billing.selectors import PURPOSE_BY_UNIT
-from stack.registry.forms import formfield_with_https_urls
+from stack.registry.form_fields import CurrencyField, DecimalField, IntegerField, model_formfield
 from stack.registry.models import Provider
+from stack.registry.validation import InputError, int_parse
 
 FORMAT_LABELS = {"csv": "CSV", "jsonl": "JSON Lines", "parquet": "Parquet"}
 PRICE_FILE_FORMATS = [("", "from the file name (.json is a catalog file)"), ("csv", "CSV"), ("json", "JSON")]
@@ -54,7 +55,7 @@ class BudgetForm(forms.ModelForm[Budget]):
             "webhook_url",
             "active",
         ]
-        formfield_callback = formfield_with_https_urls
+        formfield_callback = model_formfield
         help_texts = {
             "custom_start": "Custom periods only; UTC, e.g. 2026-01-01 00:00.",
             "custom_end": "Custom periods only; UTC, exclusive.",
@@ -76,8 +77,8 @@ class BudgetForm(forms.ModelForm[Budget]):
         cleaned: dict[str, Any] = super().clean() or {}
         text = cleaned.get("thresholds_text") or ""
         try:
-            thresholds = [int(part) for part in text.replace(";", ",").split(",") if part.strip()]
-        except ValueError:
+            thresholds = [int_parse(part) for part in text.replace(";", ",").split(",") if part.strip()]
+        except InputError:
             self.add_error("thresholds_text", "whole percentages separated by commas, e.g. 50, 80, 100")
             return cleaned
         cleaned["thresholds"] = thresholds
@@ -99,11 +100,11 @@ class LedgerFilterForm(forms.Form):
     workflow = forms.SlugField(required=False)
     training_run = forms.CharField(required=False, max_length=64)
     unit = forms.ChoiceField(required=False, choices=[("", "any"), *Unit.choices])
-    currency = forms.CharField(required=False, max_length=3)
+    currency = CurrencyField(required=False)
     purpose = forms.ChoiceField(
         required=False, choices=[("", "any")] + [(p, p) for p in sorted(set(PURPOSE_BY_UNIT.values()))]
     )
-    before = forms.IntegerField(required=False, min_value=1, widget=forms.HiddenInput)
+    before = IntegerField(required=False, min_value=1, widget=forms.HiddenInput)
 
 
 class ExportPageForm(ExportFilterForm):
@@ -119,5 +120,10 @@ class PriceImportForm(forms.Form):
 
 class InvoiceUploadForm(forms.Form):
     provider = forms.ModelChoiceField(queryset=Provider.objects.all(), to_field_name="slug")
-    tolerance = forms.DecimalField(min_value=Decimal("0"), initial=DEFAULT_TOLERANCE, decimal_places=6)
+    tolerance = DecimalField(
+        max_digits=TOLERANCE_DIGITS,
+        decimal_places=TOLERANCE_PLACES,
+        min_value=Decimal("0"),
+        initial=DEFAULT_TOLERANCE,
+    )
     file = forms.FileField(help_text="AWS CUR, CUR 2.0 or FOCUS columns; see the docs")

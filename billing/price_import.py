@@ -26,12 +26,11 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from decimal import Decimal, InvalidOperation
+from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 from django.core.files.uploadedfile import UploadedFile
@@ -43,6 +42,15 @@ from billing.models import PriceBook, PriceSource, Unit, UsageRecord
 from billing.selectors import PriceResolver
 from billing.services import price_book_publish
 from stack.registry.models import Cluster, Deployment, Provider
+from stack.registry.validation import (
+    InputError,
+    JSONSyntaxError,
+    currency_parse,
+    datetime_parse,
+    decimal_parse,
+    json_parse,
+    text_problem,
+)
 
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024  # the largest file the pages and the API accept
 
@@ -58,9 +66,9 @@ PRICE_COLUMNS = (
 )
 REQUIRED_COLUMNS = ("target_type", "target", "unit", "unit_price", "currency", "effective_from")
 TARGET_TYPES = ("cluster", "deployment", "provider")
+CATALOG_MAX_DEPTH = 3  # a list of objects of values; deeper is not a catalog
 PRICE_MAX_DIGITS, PRICE_DECIMAL_PLACES = 24, 9  # PriceBook.unit_price
 NOTE_MAX_LENGTH = 200
-_CURRENCY = re.compile(r"[A-Za-z]{3}")
 
 
 @dataclass(frozen=True)
@@ -106,58 +114,67 @@ class PriceImportResult:
     unchanged: int = 0
 
 
-# --- Parsing helpers shared with billing.reconciliation -----------------------------------------
+# --- Reading CSV, shared with billing.reconciliation ---------------------------------------------
+
+MAX_CSV_FIELD_CHARS = 128 * 1024  # one cell; longer is refused naming its line and column
+# The csv module's own field limit (128 KiB by default, one setting for the whole process) ends
+# reading with a bare csv.Error that names neither line nor column. It is raised to the upload
+# limit here, so no cell of an accepted file trips it, and csv_records refuses a cell longer
+# than MAX_CSV_FIELD_CHARS itself, naming where it is.
+csv.field_size_limit(max(csv.field_size_limit(), MAX_UPLOAD_BYTES))
 
 
-def parse_decimal(
-    text: str, *, max_digits: int, decimal_places: int, allow_negative: bool, round_excess: bool = False
-) -> Decimal:
-    """A finite Decimal that fits a DecimalField; raises ValueError with a readable reason."""
-    try:
-        value = Decimal(text.strip())
-    except InvalidOperation:
-        raise ValueError(f"not a decimal: {text!r}") from None
-    if not value.is_finite():
-        raise ValueError(f"not a finite decimal: {text!r}")
-    if value < 0 and not allow_negative:
-        raise ValueError(f"must not be negative: {text!r}")
-    if abs(value) >= Decimal(10) ** (max_digits - decimal_places):
-        raise ValueError(f"too large: {text!r}")
-    rounded = value.quantize(Decimal(1).scaleb(-decimal_places))
-    if rounded != value and not round_excess:
-        raise ValueError(f"more than {decimal_places} decimal places: {text!r}")
-    value = rounded
-    return value
+def _cell_errors(line: int, cells: Sequence[str], columns: Sequence[str]) -> list[RowError]:
+    errors = []
+    for index, cell in enumerate(cells):
+        column = columns[index] if index < len(columns) else f"{index + 1}"
+        if len(cell) > MAX_CSV_FIELD_CHARS:
+            errors.append(RowError(line, column, f"longer than {MAX_CSV_FIELD_CHARS} characters"))
+        elif (problem := text_problem(cell)) is not None:
+            errors.append(RowError(line, column, problem))
+    return errors
 
 
-def parse_aware_datetime(text: str) -> datetime:
-    """An ISO 8601 time with a UTC offset or Z, converted to UTC."""
-    try:
-        value = datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise ValueError(f"not an ISO 8601 time: {text!r}") from None
-    if value.tzinfo is None:
-        raise ValueError(f"needs a UTC offset or Z: {text!r}")
-    return value.astimezone(UTC)
+def csv_records(text: str, errors: list[RowError]) -> tuple[list[str], Iterator[tuple[int, dict[str, str]]]]:
+    """The header's column names and (line number, row) for each non-blank record.
 
-
-def csv_records(text: str) -> tuple[list[str], Iterator[tuple[int, dict[str, str]]]]:
-    """The header's column names and (line number, row) for each non-blank record."""
+    A record with a cell that cannot be taken (longer than MAX_CSV_FIELD_CHARS, or holding a
+    control character) is not yielded: its errors, naming line and column, go to `errors`;
+    a file that stops being CSV ends the records with one error there."""
     reader = csv.reader(io.StringIO(text.removeprefix("\ufeff")))
-    header = next(reader, None)
+    try:
+        header = next(reader, None)
+    except csv.Error as exc:
+        errors.append(RowError(reader.line_num or 1, "", f"not valid CSV: {exc}"))
+        header = None
     columns = [name.strip() for name in header] if header else []
+    header_errors = _cell_errors(1, columns, [f"{i + 1}" for i in range(len(columns))])
+    if header_errors:
+        errors.extend(header_errors)
+        columns = []
 
     def records() -> Iterator[tuple[int, dict[str, str]]]:
-        for cells in reader:
+        while True:
+            try:
+                cells = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as exc:
+                errors.append(RowError(reader.line_num, "", f"not valid CSV: {exc}"))
+                return
             line = reader.line_num
             if not any(cell.strip() for cell in cells):
+                continue
+            cell_errors = _cell_errors(line, cells, columns)
+            if cell_errors:
+                errors.extend(cell_errors)
                 continue
             row = {name: cells[i] if i < len(cells) else "" for i, name in enumerate(columns)}
             if len(cells) > len(columns):
                 row[""] = ",".join(cells[len(columns) :])
             yield line, row
 
-    return columns, records()
+    return columns, records() if columns else iter(())
 
 
 # --- Validation ---------------------------------------------------------------------------------
@@ -214,23 +231,26 @@ def _validate_row(
     unit_price: Decimal | None = None
     if cell("unit_price"):
         try:
-            unit_price = parse_decimal(
+            unit_price = decimal_parse(
                 cell("unit_price"),
                 max_digits=PRICE_MAX_DIGITS,
                 decimal_places=PRICE_DECIMAL_PLACES,
-                allow_negative=False,
+                minimum=Decimal(0),
             )
-        except ValueError as exc:
+        except InputError as exc:
             err("unit_price", str(exc))
     currency = cell("currency")
-    if currency and not _CURRENCY.fullmatch(currency):
-        err("currency", f"must be three letters: {currency!r}")
+    if currency:
+        try:
+            currency = currency_parse(currency)
+        except InputError as exc:
+            err("currency", str(exc))
     times: dict[str, datetime | None] = {"effective_from": None, "effective_to": None}
     for name in times:
         if cell(name):
             try:
-                times[name] = parse_aware_datetime(cell(name))
-            except ValueError as exc:
+                times[name] = datetime_parse(cell(name))
+            except InputError as exc:
                 err(name, str(exc))
     start, end = times["effective_from"], times["effective_to"]
     if start is not None and end is not None and end <= start:
@@ -246,7 +266,7 @@ def _validate_row(
             target=target,
             unit=unit,
             unit_price=unit_price,
-            currency=currency.upper(),
+            currency=currency,
             effective_from=start,
             effective_to=end,
             note=cell("note"),
@@ -300,20 +320,24 @@ def _header_errors(columns: Sequence[str]) -> list[RowError]:
 
 
 def price_import_parse_csv(*, text: str) -> tuple[list[PriceRow], list[RowError]]:
-    columns, records = csv_records(text)
+    read_errors: list[RowError] = []
+    columns, records = csv_records(text, read_errors)
+    if read_errors and not columns:
+        return [], read_errors
     if not columns:
         return [], [RowError(1, "", "the file is empty; expected a header row")]
     header_errors = _header_errors(columns)
     if header_errors:
         return [], header_errors
-    return price_import_validate(records=list(records))
+    rows, errors = price_import_validate(records=list(records))
+    return rows, sorted(read_errors + errors, key=lambda e: e.line)
 
 
 def price_import_parse_catalog(*, text: str) -> tuple[list[PriceRow], list[RowError]]:
     try:
-        data = json.loads(text.removeprefix("\ufeff"))
-    except json.JSONDecodeError as exc:
-        return [], [RowError(exc.lineno, "", f"not valid JSON: {exc.msg}")]
+        data = json_parse(text, max_depth=CATALOG_MAX_DEPTH)
+    except InputError as exc:
+        return [], [_catalog_error(exc)]
     if not isinstance(data, list):
         return [], [RowError(1, "", "a catalog file is a JSON list of price objects")]
     records: list[tuple[int, dict[str, Any]]] = []
@@ -328,6 +352,17 @@ def price_import_parse_catalog(*, text: str) -> tuple[list[PriceRow], list[RowEr
         records.append((index, {k: ("" if v is None else str(v)) for k, v in entry.items()}))
     rows, row_errors = price_import_validate(records=records, where="entry")
     return rows, sorted(errors + row_errors, key=lambda e: e.line)
+
+
+def _catalog_error(exc: InputError) -> RowError:
+    """A catalog's parse error as a RowError: the entry and field when the path names them."""
+    if isinstance(exc, JSONSyntaxError):
+        return RowError(exc.line, "", f"not valid JSON: {exc.reason}")
+    match = re.fullmatch(r"\[(\d+)\](?:\.(.+))?", exc.field or "")
+    if match is None:
+        return RowError(1, exc.field or "", str(exc))
+    column = re.split(r"[.\[]", match.group(2) or "")[0]  # the entry's field, not the path inside it
+    return RowError(int(match.group(1)) + 1, column, str(exc), "entry")
 
 
 def _already_present(row: PriceRow) -> bool:

@@ -38,7 +38,6 @@ through, and an unknown code stays as it is (an invoice-only row).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
@@ -53,8 +52,16 @@ from django.db.models.functions import TruncDate
 from billing.focus import SERVICE_BY_UNIT, focus_resource
 from billing.models import DailyRollup, InvoiceImport, InvoiceLine, LedgerHead, RollupWatermark, UsageRecord
 from billing.money import LEDGER_QUANTUM
-from billing.price_import import FileImportError, RowError, csv_records, parse_decimal
+from billing.price_import import FileImportError, RowError, csv_records
 from stack.registry.models import Provider
+from stack.registry.validation import (
+    InputError,
+    currency_parse,
+    date_parse,
+    datetime_parse,
+    decimal_check,
+    decimal_parse,
+)
 
 FIELDS: dict[str, tuple[str, ...]] = {
     "usage_start": ("lineItem/UsageStartDate", "line_item_usage_start_date", "ChargePeriodStart"),
@@ -76,9 +83,29 @@ INVOICE_SERVICES = {
     "AWSDataTransfer": "Data transfer",
 }
 DEFAULT_TOLERANCE = Decimal("0.01")
+TOLERANCE_DIGITS, TOLERANCE_PLACES = 12, 6  # InvoiceImport.tolerance
 MAX_ERRORS = 1000
 BATCH_SIZE = 5000
-_CURRENCY = re.compile(r"[A-Za-z]{3}")
+
+
+def tolerance_check(tolerance: Decimal) -> Decimal:
+    """The tolerance if it fits InvoiceImport.tolerance (≥ 0, 6 places); InputError otherwise."""
+    try:
+        return decimal_check(
+            tolerance, max_digits=TOLERANCE_DIGITS, decimal_places=TOLERANCE_PLACES, minimum=Decimal(0)
+        )
+    except InputError as exc:
+        raise InputError(str(exc), field="tolerance") from None
+
+
+def tolerance_parse(text: str) -> Decimal:
+    """A tolerance written in ASCII digits (the command's --tolerance), checked by tolerance_check."""
+    try:
+        return decimal_parse(
+            text, max_digits=TOLERANCE_DIGITS, decimal_places=TOLERANCE_PLACES, minimum=Decimal(0)
+        )
+    except InputError as exc:
+        raise InputError(str(exc), field="tolerance") from None
 
 
 def invoice_service_name(service: str) -> str:
@@ -106,13 +133,7 @@ def _column_map(columns: list[str]) -> tuple[dict[str, str], list[RowError]]:
 
 
 def _usage_day(text: str) -> date:
-    try:
-        value = datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise ValueError(f"not an ISO 8601 time: {text!r}") from None
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)  # CUR times are UTC
-    return value.astimezone(UTC).date()
+    return datetime_parse(text, naive_is_utc=True).date()  # CUR times are UTC, without an offset
 
 
 def _parse_line(
@@ -130,7 +151,7 @@ def _parse_line(
     if cell("usage_start"):
         try:
             values["day"] = _usage_day(cell("usage_start"))
-        except ValueError as exc:
+        except InputError as exc:
             errors.append(RowError(line, columns["usage_start"], str(exc)))
     if len(cell("service")) > 128:
         errors.append(RowError(line, columns["service"], "longer than 128 characters"))
@@ -143,15 +164,16 @@ def _parse_line(
             values[name] = default
             continue
         try:
-            values[name] = parse_decimal(
-                cell(name), max_digits=28, decimal_places=9, allow_negative=True, round_excess=True
-            )
-        except ValueError as exc:
+            values[name] = decimal_parse(cell(name), max_digits=28, decimal_places=9, round_excess=True)
+        except InputError as exc:
             errors.append(RowError(line, columns[name], str(exc)))
     currency = cell("currency")
-    if currency and not _CURRENCY.fullmatch(currency):
-        errors.append(RowError(line, columns["currency"], f"must be three letters: {currency!r}"))
-    values["currency"] = currency.upper()
+    if currency:
+        try:
+            currency = currency_parse(currency)
+        except InputError as exc:
+            errors.append(RowError(line, columns["currency"], str(exc)))
+    values["currency"] = currency
     values["raw"] = {columns[name]: cell(name) for name in columns}
     return (None if errors else values), errors
 
@@ -165,14 +187,16 @@ def reconciliation_import(
     uploaded_by: User | None = None,
 ) -> InvoiceImport:
     """Validate and store an invoice CSV for `provider`; FileImportError (nothing stored) if any line is bad."""
-    if not tolerance.is_finite() or tolerance < 0:
-        raise ValueError("the tolerance is an amount ≥ 0")
-    header, records = csv_records(text)
+    tolerance_check(tolerance)
+    read_errors: list[RowError] = []
+    header, records = csv_records(text, read_errors)
     columns, errors = _column_map(header)
     if not header:
-        errors = [RowError(1, "", "the file is empty; expected a header row")]
+        errors = read_errors or [RowError(1, "", "the file is empty; expected a header row")]
     if errors:
         raise FileImportError(errors)
+    # Cells that cannot be read are appended to read_errors while the records are read.
+    errors = read_errors
     with transaction.atomic():
         invoice = InvoiceImport.objects.create(
             provider=provider,
@@ -418,8 +442,8 @@ def invoice_imports() -> QuerySet[InvoiceImport]:
 def reconciliation_cell_params(params: Mapping[str, Any]) -> tuple[date, str | None, str | None] | None:
     """(day, resource, service) from ?day=...&resource=... or ?day=...&service=...; None if absent/bad."""
     try:
-        day = date.fromisoformat(params.get("day", ""))
-    except ValueError:
+        day = date_parse(str(params.get("day", "")))
+    except InputError:
         return None
     resource, service = params.get("resource"), params.get("service")
     if (resource is None) == (service is None):

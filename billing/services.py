@@ -26,6 +26,10 @@ class NoPriceError(DomainError, LookupError):
     """No price-book version covers this usage; nothing was billed."""
 
 
+class PriceInvalid(DomainError, ValueError):
+    """A price version that cannot be published; `field` names the input at fault."""
+
+
 def _quantize(value: Decimal) -> Decimal:
     return value.quantize(AMOUNT_QUANTUM, rounding=ROUND_HALF_EVEN)
 
@@ -291,11 +295,11 @@ def price_book_publish(
 ) -> PriceBook:
     """Add a new price version for a target; older versions stay for history."""
     if effective_to is not None and effective_to <= effective_from:
-        raise ValueError("effective_to must be after effective_from")
+        raise PriceInvalid("effective_to must be after effective_from", field="effective_to")
     if unit_price < 0:
-        raise ValueError("a price cannot be negative")
+        raise PriceInvalid("a price cannot be negative", field="unit_price")
     if cluster is None and deployment is None and provider is None:
-        raise ValueError("a price needs a cluster, a deployment or a provider")
+        raise PriceInvalid("a price needs a cluster, a deployment or a provider", field="cluster")
     if cluster is not None or deployment is not None:
         provider = None  # a cluster or deployment price is not also provider-wide
     with transaction.atomic():

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.shortcuts import get_object_or_404
+from django.utils.datastructures import MultiValueDict
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -39,8 +40,10 @@ from inference.models import (
     QualityRecord,
 )
 from inference.services import chaos_config_set
+from stack.registry.api_fields import FloatField, IntegerField, JSONField, ModelSerializer
 from stack.registry.models import Deployment, Workflow
 from stack.registry.roles import ALL_ROLES, OPERATORS
+from stack.registry.validation import INTEGER_MAX, id_parse
 
 # --- Chaos drills ------------------------------------------------------------------------------
 
@@ -48,12 +51,12 @@ from stack.registry.roles import ALL_ROLES, OPERATORS
 class ChaosSerializer(serializers.Serializer[Any]):
     deployment = serializers.CharField(read_only=True)
     enabled = serializers.BooleanField()
-    error_rate = serializers.FloatField(min_value=0.0, max_value=1.0, default=0.0)
+    error_rate = FloatField(min_value=0.0, max_value=1.0, default=0.0)
     status_codes = serializers.ListField(
-        child=serializers.IntegerField(min_value=100, max_value=599), default=list, max_length=10
+        child=IntegerField(min_value=100, max_value=599), default=list, max_length=10
     )
-    latency_ms = serializers.IntegerField(min_value=0, max_value=600_000, default=0)
-    malformed_rate = serializers.FloatField(min_value=0.0, max_value=1.0, default=0.0)
+    latency_ms = IntegerField(min_value=0, max_value=600_000, default=0)
+    malformed_rate = FloatField(min_value=0.0, max_value=1.0, default=0.0)
     updated_at = serializers.DateTimeField(read_only=True)
 
 
@@ -92,7 +95,8 @@ class ChaosViewSet(viewsets.ViewSet):
         deployment = get_object_or_404(Deployment, slug=slug)
         current = _chaos_doc(deployment, ChaosConfig.objects.filter(deployment=deployment).first())
         merged = {k: v for k, v in current.items() if k not in ("deployment", "updated_at")}
-        merged.update(request.data)
+        # A form body is a QueryDict: its .dict() holds one value per field, as JSON would.
+        merged.update(request.data.dict() if isinstance(request.data, MultiValueDict) else request.data)
         return _chaos_apply(request, deployment, merged)
 
 
@@ -115,12 +119,12 @@ def _chaos_apply(request: Request, deployment: Deployment, raw: Any) -> Response
 # --- Eval sets, eval runs and feedback -----------------------------------------------------------
 
 
-class EvalCaseSerializer(serializers.ModelSerializer[EvalCase]):
+class EvalCaseSerializer(ModelSerializer[EvalCase]):
     judge_deployment = serializers.SlugRelatedField(
         slug_field="slug", queryset=Deployment.objects.all(), required=False, allow_null=True
     )
-    scorer_config = serializers.JSONField(required=False, default=dict)
-    position = serializers.IntegerField(min_value=0, required=False)
+    scorer_config = JSONField(required=False, default=dict)
+    position = IntegerField(min_value=0, max_value=INTEGER_MAX, required=False)  # EvalCase.position
 
     class Meta:
         model = EvalCase
@@ -128,7 +132,7 @@ class EvalCaseSerializer(serializers.ModelSerializer[EvalCase]):
         read_only_fields = ["id"]
 
 
-class EvalSetSerializer(serializers.ModelSerializer[EvalSet]):
+class EvalSetSerializer(ModelSerializer[EvalSet]):
     workflow = serializers.SlugRelatedField(slug_field="slug", queryset=Workflow.objects.all())
     cases = EvalCaseSerializer(many=True, required=False)
 
@@ -139,7 +143,7 @@ class EvalSetSerializer(serializers.ModelSerializer[EvalSet]):
         validators: list[Any] = []  # the service names the duplicate-name error on its field
 
 
-class EvalRunSerializer(serializers.ModelSerializer[EvalRun]):
+class EvalRunSerializer(ModelSerializer[EvalRun]):
     eval_set = serializers.PrimaryKeyRelatedField(queryset=EvalSet.objects.all())
     deployment = serializers.SlugRelatedField(slug_field="slug", queryset=Deployment.objects.all())
 
@@ -172,6 +176,7 @@ class EvalSetViewSet(
     read_roles = ALL_ROLES
     write_roles = OPERATORS
     serializer_class = EvalSetSerializer
+    query_params_known = ("workflow",)
 
     def get_queryset(self) -> Any:
         qs = EvalSet.objects.select_related("workflow").prefetch_related("cases__judge_deployment")
@@ -194,7 +199,7 @@ class EvalSetViewSet(
 
     @action(detail=True, methods=["post"], serializer_class=EvalCaseSerializer)
     def cases(self, request: Request, pk: str | None = None) -> Response:
-        eval_set = get_object_or_404(EvalSet, pk=pk)
+        eval_set = self.get_object()  # DRF's lookup: a malformed or unknown id is a 404
         body = EvalCaseSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         case = quality.eval_case_create(eval_set=eval_set, **body.validated_data)
@@ -210,12 +215,16 @@ class EvalRunViewSet(
     read_roles = ALL_ROLES
     write_roles = OPERATORS
     serializer_class = EvalRunSerializer
+    query_params_known = ("eval_set",)
 
     def get_queryset(self) -> Any:
         qs = EvalRun.objects.select_related("deployment")
         eval_set = self.request.query_params.get("eval_set")
-        if eval_set and eval_set.isdigit():
-            qs = qs.filter(eval_set_id=int(eval_set))
+        if eval_set:
+            eval_set_id = id_parse(eval_set)
+            if eval_set_id is None:
+                raise serializers.ValidationError({"eval_set": ["an eval set's id: a whole number"]})
+            qs = qs.filter(eval_set_id=eval_set_id)
         return qs
 
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
@@ -241,7 +250,7 @@ class FeedbackSerializer(serializers.Serializer[Any]):
     )
     # A float: applications send whatever their arithmetic produced (0.30000000000000004);
     # the service rounds it to the record's four places.
-    score = serializers.FloatField(min_value=0.0, max_value=1.0)
+    score = FloatField(min_value=0.0, max_value=1.0)
     comment = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
@@ -260,7 +269,7 @@ class FeedbackSerializer(serializers.Serializer[Any]):
         return attrs
 
 
-class QualityRecordSerializer(serializers.ModelSerializer[QualityRecord]):
+class QualityRecordSerializer(ModelSerializer[QualityRecord]):
     deployment: serializers.SlugRelatedField[Deployment] = serializers.SlugRelatedField(
         slug_field="slug", read_only=True
     )
@@ -297,7 +306,7 @@ class FeedbackViewSet(viewsets.GenericViewSet[QualityRecord]):
 # --- Batch jobs ----------------------------------------------------------------------------------
 
 
-class BatchJobSerializer(serializers.ModelSerializer[BatchJob]):
+class BatchJobSerializer(ModelSerializer[BatchJob]):
     workflow = serializers.SlugRelatedField(slug_field="slug", queryset=Workflow.objects.all())
     input_uri = serializers.CharField(max_length=512, required=False, allow_blank=True, default="")
     input_jsonl = serializers.CharField(required=False, write_only=True, trim_whitespace=False)
@@ -341,6 +350,7 @@ class BatchJobViewSet(
     read_roles = ALL_ROLES
     write_roles = OPERATORS
     serializer_class = BatchJobSerializer
+    query_params_known = ("workflow",)
 
     def get_queryset(self) -> Any:
         return batch_jobs(workflow_slug=self.request.query_params.get("workflow"))
@@ -359,7 +369,7 @@ class BatchJobViewSet(
 
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str | None = None) -> Response:
-        job = batch.batch_job_cancel(job=get_object_or_404(BatchJob, pk=pk))
+        job = batch.batch_job_cancel(job=self.get_object())  # a malformed or unknown id is a 404
         return Response(BatchJobSerializer(job).data)
 
 

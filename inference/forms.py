@@ -7,6 +7,7 @@ from typing import Any
 from django import forms
 
 from inference.models import EvalSet
+from stack.registry.form_fields import FloatField
 from stack.registry.models import Deployment, Workflow
 
 
@@ -15,7 +16,7 @@ class ChaosForm(forms.Form):
 
     deployment = forms.ModelChoiceField(queryset=Deployment.objects.none())
     enabled = forms.BooleanField(required=False, label="Drill on")
-    error_rate = forms.FloatField(min_value=0.0, max_value=1.0, initial=0.0, label="Error rate (0..1)")
+    error_rate = FloatField(min_value=0.0, max_value=1.0, initial=0.0, label="Error rate (0..1)")
 
     def __init__(self, *args: Any, deployments: list[Deployment], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

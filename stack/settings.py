@@ -82,6 +82,8 @@ MIDDLEWARE = [
     # /v1 answers OpenAI-style JSON errors only (size limit, unknown paths, Django's error pages).
     "inference.gateway_middleware.GatewayErrorsMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    # Paths, query strings and form posts holding NUL or other control characters answer 400.
+    "stack.registry.middleware.InputTextMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -284,7 +286,16 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["stack.registry.permissions.RolePermission"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    # Bounded ?limit= and ?offset= (stack.registry.pagination); bodies bounded and checked
+    # (stack.registry.parsers): every input the API takes is refused with 400, never a 500.
+    "DEFAULT_PAGINATION_CLASS": "stack.registry.pagination.BoundedLimitOffsetPagination",
+    # Unknown query parameters answer 400 naming them (stack.registry.query_params).
+    "DEFAULT_FILTER_BACKENDS": ["stack.registry.query_params.KnownQueryParams"],
+    "DEFAULT_PARSER_CLASSES": [
+        "stack.registry.parsers.BoundedJSONParser",
+        "stack.registry.parsers.CheckedFormParser",
+        "stack.registry.parsers.CheckedMultiPartParser",
+    ],
     "PAGE_SIZE": 100,
     "EXCEPTION_HANDLER": "stack.api_errors.exception_handler",
     "COERCE_DECIMAL_TO_STRING": True,

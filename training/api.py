@@ -14,6 +14,7 @@ from rest_framework.response import Response
 from rest_framework.routers import BaseRouter
 
 from billing.money import ledger_text_or_none
+from stack.registry.api_fields import JSONField, ModelSerializer
 from stack.registry.models import Cluster
 from training.models import ProbeJob, TrainingRun
 from training.run_config import RunConfigError
@@ -22,7 +23,7 @@ from training.selectors import run_cost_per_cluster, run_failover_events, run_pl
 from training.services import RunStateError, probe_job_create, training_run_cancel, training_run_create
 
 
-class ProbeJobSerializer(serializers.ModelSerializer[ProbeJob]):
+class ProbeJobSerializer(ModelSerializer[ProbeJob]):
     cluster = serializers.SlugRelatedField(slug_field="slug", queryset=Cluster.objects.all())
     created_by = serializers.CharField(source="created_by.get_username", read_only=True, default=None)
 
@@ -67,16 +68,14 @@ class ProbeJobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet[Pro
 
 class TrainingRunCreateSerializer(serializers.Serializer[TrainingRun]):
     name = serializers.CharField(max_length=128)
-    config = serializers.JSONField(
-        help_text="The run config (see training.run_config); defaults fill the rest."
-    )
+    config = JSONField(help_text="The run config (see training.run_config); defaults fill the rest.")
 
 
 class TrainingRunCancelSerializer(serializers.Serializer[TrainingRun]):
     reason = serializers.CharField(max_length=500, required=False, allow_blank=True)
 
 
-class TrainingRunSerializer(serializers.ModelSerializer[TrainingRun]):
+class TrainingRunSerializer(ModelSerializer[TrainingRun]):
     created_by = serializers.CharField(source="created_by.get_username", read_only=True, default=None)
     registered_model: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
         slug_field="slug", read_only=True
@@ -119,7 +118,7 @@ class TrainingRunSerializer(serializers.ModelSerializer[TrainingRun]):
 
 
 class TrainingRunDetailSerializer(TrainingRunSerializer):
-    config = serializers.JSONField(read_only=True)
+    config = JSONField(read_only=True)
     transitions = serializers.SerializerMethodField()
     learners = serializers.SerializerMethodField()
     placements = serializers.SerializerMethodField()

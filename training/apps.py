@@ -7,8 +7,14 @@ class TrainingConfig(AppConfig):
     name = "training"
 
     def ready(self) -> None:
-        # Register the tasks (and their worker signal handlers) in every process, so that
-        # training.dispatch's sends by name find them: with task_always_eager they then run in
-        # place, as `task.apply_async` does. Imported here, not at the top: the module imports
-        # models, which cannot load before the app registry is ready. It does not import torch.
+        # Imported here, not at the top: these modules import models, which cannot load before the
+        # app registry is ready (none imports torch).
+        # The tasks register in every process, so that training.dispatch's sends by name find them:
+        # with task_always_eager they then run in place, as `task.apply_async` does.
+        # Billing's budgets name runs by id but may not import training: they ask the registry,
+        # which learns here how to tell whether a run exists.
+        from stack.registry.subjects import subject_kind_register
         from training import tasks  # noqa: F401
+        from training.selectors import training_run_exists
+
+        subject_kind_register("training_run", exists=training_run_exists)

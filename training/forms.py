@@ -3,14 +3,15 @@ simple fields that override it)."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import yaml
 from django import forms
 
+from stack.registry.form_fields import DecimalField, IntegerField
 from stack.registry.models import Cluster
-from training.run_config import demo_config
+from stack.registry.validation import InputError, config_parse
+from training.run_config import MONEY_DECIMAL_PLACES, MONEY_MAX_DIGITS, demo_config
 
 
 def example_config_text() -> str:
@@ -23,19 +24,25 @@ class TrainingRunForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 22, "cols": 80, "spellcheck": "false"}),
         help_text="YAML or JSON; anything left out takes its default.",
     )
-    learners = forms.IntegerField(required=False, min_value=1, help_text="Overrides learners.count.")
-    outer_steps = forms.IntegerField(required=False, min_value=1, help_text="Replaces the stop condition.")
-    money_budget = forms.DecimalField(
-        required=False, min_value=0, decimal_places=9, help_text="Overrides money_budget."
+    learners = IntegerField(required=False, min_value=1, help_text="Overrides learners.count.")
+    outer_steps = IntegerField(required=False, min_value=1, help_text="Replaces the stop condition.")
+    money_budget = DecimalField(
+        required=False,
+        min_value=0,
+        max_digits=MONEY_MAX_DIGITS,
+        decimal_places=MONEY_DECIMAL_PLACES,
+        help_text="Overrides money_budget.",
     )
 
     def clean_config(self) -> dict[str, Any]:
         text = self.cleaned_data["config"]
         try:
-            # JSON is a subset of YAML 1.2, but json first gives the clearer message for JSON input.
-            parsed = json.loads(text) if text.lstrip().startswith("{") else yaml.safe_load(text)
-        except (ValueError, yaml.YAMLError) as exc:
-            raise forms.ValidationError(f"not valid YAML or JSON: {exc}") from exc
+            # JSON is a subset of YAML 1.2, but the JSON parser gives the clearer message for JSON
+            # input; both are bounded (size, depth, finite numbers: stack.registry.validation).
+            parsed = config_parse(text)
+        except InputError as exc:
+            where = f" at {exc.field}" if exc.field else ""
+            raise forms.ValidationError(f"not valid YAML or JSON{where}: {exc}") from exc
         if parsed is None:
             parsed = {}
         if not isinstance(parsed, dict):
@@ -73,4 +80,4 @@ class TrainingRunForm(forms.Form):
 
 class ProbeJobForm(forms.Form):
     cluster = forms.ModelChoiceField(queryset=Cluster.objects.all(), to_field_name="slug")
-    steps = forms.IntegerField(min_value=10, max_value=5000, initial=300)
+    steps = IntegerField(min_value=10, max_value=5000, initial=300)

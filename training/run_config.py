@@ -30,14 +30,23 @@ Shape (every key optional except `stop`; defaults in DEFAULTS):
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 
 from stack.registry.errors import MultiFieldError
+from stack.registry.validation import (
+    BIGINT_MAX,
+    InputError,
+    currency_parse,
+    decimal_check,
+    decimal_parse,
+    int_parse,
+)
 from training.engine.config import (
     CompressionConfig,
     DataConfig,
@@ -110,7 +119,9 @@ _CHOICES = {
     "compression.kind": ("fp32", "bf16", "int8", "4bit"),
     "syncer.stale_policy": ("discount", "drop"),
 }
-# (min, max) for numbers; None = unbounded.
+MONEY_MAX_DIGITS, MONEY_DECIMAL_PLACES = 20, 9  # TrainingRun.money_budget
+# (min, max) for numbers; every bound is finite: a number is stored, and some reach bigint
+# columns or torch (a seed beyond 64 bits is an error there).
 _INT_RANGES: dict[str, tuple[int | None, int | None]] = {
     "model.n_layer": (1, 48),
     "model.n_embd": (8, 4096),
@@ -119,16 +130,16 @@ _INT_RANGES: dict[str, tuple[int | None, int | None]] = {
     "data.max_train_bytes": (1024, 10_000_000_000),
     "data.max_eval_bytes": (256, 1_000_000_000),
     "data.eval_every_nth_file": (0, 1000),
-    "data.seed": (0, None),
+    "data.seed": (0, BIGINT_MAX),
     "learners.count": (1, 256),
     "learners.batch_size": (1, 4096),
     "h": (1, 100_000),
     "fragments.count": (1, 64),
     "fragments.overlap": (0, 100_000),
-    "inner.warmup_steps": (0, None),
+    "inner.warmup_steps": (0, BIGINT_MAX),
     "syncer.max_staleness": (0, 1000),
     "eval_windows": (1, 100_000),
-    "seed": (0, None),
+    "seed": (0, BIGINT_MAX),
 }
 _FLOAT_RANGES: dict[str, tuple[float | None, float | None]] = {
     "model.dropout": (0.0, 0.9),
@@ -136,7 +147,7 @@ _FLOAT_RANGES: dict[str, tuple[float | None, float | None]] = {
     "inner.lr": (1e-8, 10.0),
     "inner.min_lr_ratio": (0.0, 1.0),
     "inner.weight_decay": (0.0, 10.0),
-    "inner.grad_clip": (0.0, None),
+    "inner.grad_clip": (0.0, 1e6),
     "outer.lr": (1e-6, 10.0),
     "outer.momentum": (0.0, 0.999),
     "syncer.grace_seconds": (0.0, 3600.0),
@@ -211,7 +222,14 @@ def _check_float(cfg: dict[str, Any], path: str, lo: float | None, hi: float | N
     if isinstance(v, bool) or not isinstance(v, int | float):
         errors.add(path, "must be a number")
         return
-    v = float(v)
+    try:
+        v = float(v)
+    except OverflowError:  # an integer of hundreds of digits
+        errors.add(path, "must be a finite number")
+        return
+    if not math.isfinite(v):
+        errors.add(path, "must be a finite number")
+        return
     _set(cfg, path, v)
     if lo is not None and v < lo:
         errors.add(path, f"must be at least {lo:g}")
@@ -292,8 +310,8 @@ def run_config_validate(raw: Any) -> dict[str, Any]:
     if inner["total_steps"] is not None:
         if isinstance(inner["total_steps"], bool) or not isinstance(inner["total_steps"], int):
             errors.add("inner.total_steps", "must be an integer or null")
-        elif inner["total_steps"] < 1:
-            errors.add("inner.total_steps", "must be at least 1")
+        elif not 1 <= inner["total_steps"] <= BIGINT_MAX:
+            errors.add("inner.total_steps", f"must be between 1 and {BIGINT_MAX}")
 
     _check_stop(cfg, errors)
     _check_money(cfg, errors)
@@ -350,31 +368,43 @@ def _check_stop(cfg: dict[str, Any], errors: _Errors) -> None:
     value = stop[key]
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         errors.add(f"stop.{key}", "must be a positive integer")
+    elif value > BIGINT_MAX:
+        errors.add(f"stop.{key}", f"must be at most {BIGINT_MAX}")
 
 
 def _check_money(cfg: dict[str, Any], errors: _Errors) -> None:
     raw = cfg["money_budget"]
     if raw is not None:
-        if isinstance(raw, float | bool):
+        if isinstance(raw, float | bool) or not isinstance(raw, str | int):
             # Floats are refused rather than rounded: money is a decimal string.
             errors.add("money_budget", 'must be a decimal string such as "12.50"')
         else:
             try:
-                amount = Decimal(str(raw))
-            except InvalidOperation:
-                errors.add("money_budget", 'must be a decimal string such as "12.50"')
+                # The column's limits (TrainingRun.money_budget), in ASCII digits.
+                amount = (
+                    decimal_parse(raw, max_digits=MONEY_MAX_DIGITS, decimal_places=MONEY_DECIMAL_PLACES)
+                    if isinstance(raw, str)
+                    else decimal_check(
+                        Decimal(raw), max_digits=MONEY_MAX_DIGITS, decimal_places=MONEY_DECIMAL_PLACES
+                    )
+                )
+            except InputError as exc:
+                message = str(exc)
+                if message.startswith(("not a decimal", "write the number")):
+                    message = f'must be a decimal string such as "12.50" ({message})'
+                elif message.startswith("not a finite"):
+                    message = "must be more than 0"
+                errors.add("money_budget", message)
             else:
-                if not amount.is_finite() or amount <= 0:
+                if amount <= 0:
                     errors.add("money_budget", "must be more than 0")
-                elif amount.as_tuple().exponent < -9:  # type: ignore[operator]
-                    errors.add("money_budget", "at most 9 decimal places")
                 else:
                     cfg["money_budget"] = str(amount)
     cur = cfg["currency"]
-    if not isinstance(cur, str) or len(cur) != 3 or not cur.isalpha():
-        errors.add("currency", "must be a 3-letter currency code")
-    else:
-        cfg["currency"] = cur.upper()
+    try:
+        cfg["currency"] = currency_parse(cur) if isinstance(cur, str) else currency_parse("")
+    except InputError as exc:
+        errors.add("currency", f"must be an ISO 4217 currency code ({exc})")
 
 
 def _check_placement(cfg: dict[str, Any], m: int, errors: _Errors) -> None:
@@ -400,8 +430,8 @@ def _check_placement(cfg: dict[str, Any], m: int, errors: _Errors) -> None:
     )
     for key, slug in pins.items():
         try:
-            index = int(key)
-        except (TypeError, ValueError):
+            index = key if isinstance(key, int) and not isinstance(key, bool) else int_parse(str(key))
+        except InputError:
             errors.add("placement.pins", f"{key!r} is not a learner index")
             continue
         if not 0 <= index < m:

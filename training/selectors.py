@@ -12,6 +12,7 @@ from django.db.models import Count, Q, QuerySet, Sum
 from billing.models import Unit
 from billing.selectors import PriceResolver, spend_total, usage_for_subject
 from stack.registry.models import Cluster, FailoverEvent
+from stack.registry.validation import id_parse
 from training.models import (
     GlobalVersionRecord,
     LearnerChunk,
@@ -31,6 +32,12 @@ def probe_jobs_recent(*, limit: int = 20) -> QuerySet[ProbeJob]:
 
 def training_runs_list() -> QuerySet[TrainingRun]:
     return TrainingRun.objects.select_related("created_by", "registered_model").order_by("-created_at")
+
+
+def training_run_exists(subject_id: str) -> bool:
+    """Whether a run has this id (text, as the ledger and budgets hold it)."""
+    run_id = id_parse(subject_id)
+    return run_id is not None and TrainingRun.objects.filter(pk=run_id).exists()
 
 
 def training_runs_live() -> QuerySet[TrainingRun]:

@@ -20,8 +20,10 @@ from billing.budgets import (
 )
 from billing.models import Budget, BudgetAlert
 from billing.money import CENT, ledger_text
+from stack.registry.api_fields import IntegerField, ModelSerializer
 from stack.registry.models import Cluster, Provider, Workflow
 from stack.registry.roles import LEDGER_READERS, OPERATORS
+from stack.registry.validation import id_parse
 
 
 def budget_state_json(state: BudgetState | None) -> dict[str, Any] | None:
@@ -41,7 +43,7 @@ def budget_state_json(state: BudgetState | None) -> dict[str, Any] | None:
     }
 
 
-class BudgetSerializer(serializers.ModelSerializer[Budget]):
+class BudgetSerializer(ModelSerializer[Budget]):
     workflow = serializers.SlugRelatedField(
         slug_field="slug", queryset=Workflow.objects.all(), required=False, allow_null=True
     )
@@ -51,7 +53,7 @@ class BudgetSerializer(serializers.ModelSerializer[Budget]):
     cluster = serializers.SlugRelatedField(
         slug_field="slug", queryset=Cluster.objects.all(), required=False, allow_null=True
     )
-    thresholds = serializers.ListField(child=serializers.IntegerField(), required=False)
+    thresholds = serializers.ListField(child=IntegerField(), required=False)
     webhook_secret = serializers.CharField(
         write_only=True,
         required=False,
@@ -136,7 +138,7 @@ class BudgetViewSet(viewsets.ModelViewSet[Budget]):
     queryset = Budget.objects.select_related("workflow", "provider", "cluster")
 
 
-class BudgetAlertSerializer(serializers.ModelSerializer[BudgetAlert]):
+class BudgetAlertSerializer(ModelSerializer[BudgetAlert]):
     budget_name = serializers.CharField(source="budget.name", read_only=True)
 
     class Meta:
@@ -164,14 +166,18 @@ class BudgetAlertViewSet(viewsets.ReadOnlyModelViewSet[BudgetAlert]):
     serializer_class = BudgetAlertSerializer
     read_roles = LEDGER_READERS
     write_roles = OPERATORS
+    query_params_known = ("open", "budget")
 
     def get_queryset(self) -> QuerySet[BudgetAlert]:
         alerts = BudgetAlert.objects.select_related("budget")
         params = self.request.query_params
         if params.get("open") in ("1", "true"):
             alerts = alerts.filter(acknowledged_at__isnull=True)
-        if params.get("budget", "").isdigit():
-            alerts = alerts.filter(budget_id=params["budget"])
+        if params.get("budget"):
+            budget_id = id_parse(params["budget"])
+            if budget_id is None:
+                raise serializers.ValidationError({"budget": ["a budget's id: a whole number"]})
+            alerts = alerts.filter(budget_id=budget_id)
         return alerts
 
     @action(detail=True, methods=["post"])

@@ -24,6 +24,7 @@ from billing.exports import (
     export_job_file_names,
 )
 from billing.models import ExportJob
+from stack.registry.api_fields import ModelSerializer, RefuseUnknownFields
 from stack.registry.roles import LEDGER_READERS
 
 
@@ -62,7 +63,11 @@ class UsageExportView(APIView):
         return export_response(filters=filters, fmt=fmt)
 
 
-class ExportJobSerializer(serializers.ModelSerializer[ExportJob]):
+class ExportJobSerializer(RefuseUnknownFields, ModelSerializer[ExportJob]):
+    """An export job; a field it does not know (a filter given beside `filters`, or
+    `filters[provider]` in a form) is refused rather than dropped: dropping it would export
+    more than was asked."""
+
     filters = serializers.DictField(required=False, default=dict)
     formats = serializers.ListField(child=serializers.CharField(), required=False, default=list(FORMATS))
     created_by: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(

@@ -8,10 +8,11 @@ from django.db.models import QuerySet
 from rest_framework import serializers, viewsets
 
 from billing.models import UsageRecord
+from stack.registry.api_fields import ModelSerializer
 from stack.registry.roles import LEDGER_READERS
 
 
-class UsageRecordSerializer(serializers.ModelSerializer[UsageRecord]):
+class UsageRecordSerializer(ModelSerializer[UsageRecord]):
     provider: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
         slug_field="slug", read_only=True
     )
@@ -59,6 +60,7 @@ class UsageRecordViewSet(viewsets.ReadOnlyModelViewSet[UsageRecord]):
 
     serializer_class = UsageRecordSerializer
     read_roles = LEDGER_READERS
+    query_params_known = ("subject_type", "subject_id", "unit", "provider", "cluster", "workflow")
 
     def get_queryset(self) -> QuerySet[UsageRecord]:
         rows = UsageRecord.objects.select_related(

@@ -14,11 +14,12 @@ from rest_framework.response import Response
 from billing.models import PriceBook
 from billing.price_import import FileImportError, price_import_upload
 from billing.services import price_book_publish
+from stack.registry.api_fields import DecimalField, ModelSerializer
 from stack.registry.models import Cluster, Deployment, Provider
 from stack.registry.roles import ADMINS, LEDGER_READERS
 
 
-class PriceBookSerializer(serializers.ModelSerializer[PriceBook]):
+class PriceBookSerializer(ModelSerializer[PriceBook]):
     provider = serializers.SlugRelatedField(
         slug_field="slug", queryset=Provider.objects.all(), required=False, allow_null=True
     )
@@ -28,7 +29,7 @@ class PriceBookSerializer(serializers.ModelSerializer[PriceBook]):
     deployment = serializers.SlugRelatedField(
         slug_field="slug", queryset=Deployment.objects.all(), required=False, allow_null=True
     )
-    unit_price = serializers.DecimalField(max_digits=24, decimal_places=9, min_value=Decimal("0"))
+    unit_price = DecimalField(max_digits=24, decimal_places=9, min_value=Decimal("0"))
 
     class Meta:
         model = PriceBook
@@ -48,6 +49,8 @@ class PriceBookSerializer(serializers.ModelSerializer[PriceBook]):
             "created_at",
         ]
         read_only_fields = ["id", "source", "version", "created_at"]
+        # A price takes effect when its publisher says, never "now" by omission.
+        extra_kwargs = {"effective_from": {"required": True, "allow_null": False}}
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         targets = [k for k in ("cluster", "deployment") if attrs.get(k) is not None]
@@ -55,6 +58,9 @@ class PriceBookSerializer(serializers.ModelSerializer[PriceBook]):
             raise serializers.ValidationError({"cluster": ["price one cluster or one deployment, not both"]})
         if not targets and attrs.get("provider") is None:
             raise serializers.ValidationError({"cluster": ["name a cluster, a deployment or a provider"]})
+        start, end = attrs.get("effective_from"), attrs.get("effective_to")
+        if start is not None and end is not None and end <= start:
+            raise serializers.ValidationError({"effective_to": ["must be after effective_from"]})
         return attrs
 
     def create(self, validated_data: dict[str, Any]) -> PriceBook:

@@ -21,6 +21,8 @@ from billing.models import InvoiceImport, InvoiceLine
 from billing.price_import import FileImportError, read_upload
 from billing.reconciliation import (
     DEFAULT_TOLERANCE,
+    TOLERANCE_DIGITS,
+    TOLERANCE_PLACES,
     CellRows,
     Reconciliation,
     ReconciliationCell,
@@ -30,11 +32,12 @@ from billing.reconciliation import (
     reconciliation_import,
     reconciliation_result,
 )
+from stack.registry.api_fields import DecimalField, ModelSerializer
 from stack.registry.models import Provider
 from stack.registry.roles import LEDGER_READERS
 
 
-class InvoiceImportSerializer(serializers.ModelSerializer[InvoiceImport]):
+class InvoiceImportSerializer(ModelSerializer[InvoiceImport]):
     provider: serializers.SlugRelatedField[Provider] = serializers.SlugRelatedField(
         slug_field="slug", read_only=True
     )
@@ -60,8 +63,11 @@ class InvoiceUploadSerializer(serializers.Serializer[Any]):
     provider: serializers.SlugRelatedField[Provider] = serializers.SlugRelatedField(
         slug_field="slug", queryset=Provider.objects.all()
     )
-    tolerance = serializers.DecimalField(
-        max_digits=12, decimal_places=6, min_value=Decimal("0"), default=DEFAULT_TOLERANCE
+    tolerance = DecimalField(
+        max_digits=TOLERANCE_DIGITS,
+        decimal_places=TOLERANCE_PLACES,
+        min_value=Decimal("0"),
+        default=DEFAULT_TOLERANCE,
     )
     file = serializers.FileField()
 
@@ -131,6 +137,7 @@ class InvoiceImportViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSe
     read_roles = LEDGER_READERS
     write_roles = LEDGER_READERS
     queryset = invoice_imports()
+    query_params_known = ("day", "resource", "service")  # the rows action's cell
 
     @extend_schema(request={"multipart/form-data": InvoiceUploadSerializer})
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:

@@ -15,6 +15,8 @@ from billing.budgets.errors import BudgetInvalid
 from billing.budgets.periods import ZERO
 from billing.models import Budget, BudgetAlert, BudgetPeriod
 from stack.registry.crypto import encrypt_secret
+from stack.registry.subjects import subject_exists
+from stack.registry.validation import id_parse
 
 
 def budget_errors(*, values: Mapping[str, Any], has_secret: bool) -> dict[str, list[str]]:
@@ -28,6 +30,12 @@ def budget_errors(*, values: Mapping[str, Any], has_secret: bool) -> dict[str, l
         for other in Budget.SCOPE_FIELDS.values():
             if other != needed and values.get(other) not in (None, ""):
                 errors[other].append(f"leave empty: the budget's scope is {scope}")
+    run_id = values.get("training_run_id")
+    if scope == Budget.Scope.TRAINING_RUN and run_id not in (None, ""):
+        if id_parse(str(run_id)) is None:
+            errors["training_run_id"].append(f"a training run's id is a whole number: {str(run_id)[:40]!r}")
+        elif subject_exists("training_run", str(run_id)) is False:
+            errors["training_run_id"].append(f"no training run #{run_id}")
     period = values.get("period")
     start, end = values.get("custom_start"), values.get("custom_end")
     if period == Budget.Period.CUSTOM:

@@ -13,6 +13,7 @@ from django.db.models import QuerySet
 from billing.exports.columns import FORMATS, iso_text
 from billing.models import LEDGER_PARTITION, LedgerHead, Unit, UsageRecord
 from stack.registry.errors import MultiFieldError
+from stack.registry.form_fields import DateTimeField
 from stack.registry.models import Cluster, Provider, Workflow
 
 FILTER_FIELDS = ("start", "end", "provider", "cluster", "workflow", "team", "training_run", "unit")
@@ -86,10 +87,8 @@ class ExportFilters:
 class ExportFilterForm(forms.Form):
     """Validates export filters for the page, the API, the job API and the command alike."""
 
-    start = forms.DateTimeField(
-        required=False, help_text="UTC, inclusive: 2026-05-01 or 2026-05-01T00:00:00Z"
-    )
-    end = forms.DateTimeField(required=False, help_text="UTC, exclusive")
+    start = DateTimeField(required=False, help_text="UTC, inclusive: 2026-05-01 or 2026-05-01T00:00:00Z")
+    end = DateTimeField(required=False, help_text="UTC, exclusive")
     provider = forms.ModelChoiceField(
         Provider.objects.order_by("slug"),
         to_field_name="slug",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import json
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -12,6 +11,7 @@ from billing.exports.columns import COLUMNS, COST, CURRENCY, PARQUET_BATCH_ROWS,
 from billing.exports.manifest import file_digest, manifest_signature_ok
 from billing.exports.rows import ExportSummary
 from billing.exports.writers import parquet_schema
+from stack.registry.validation import json_parse
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,9 @@ def _tally_jsonl(path: Path) -> ExportSummary:
         for line in fh:
             if not line.strip():
                 continue
-            row = json.loads(line)
+            row = json_parse(line)
+            if not isinstance(row, dict):
+                raise ValueError("a line is not a JSON object")
             summary.add(
                 cost=Decimal(row["BilledCost"]),
                 currency=row["BillingCurrency"],
@@ -80,9 +82,11 @@ def export_verify(*, manifest_path: Path, directory: Path | None = None) -> list
     size, then each file re-read to recount rows and re-sum totals per currency."""
     directory = directory or manifest_path.parent
     try:
-        manifest = json.loads(manifest_path.read_text())
-    except (OSError, ValueError) as exc:
+        manifest = json_parse(manifest_path.read_bytes())
+    except (OSError, ValueError) as exc:  # missing, unreadable, not JSON (InputError is a ValueError)
         return [ExportCheck(manifest_path.name, False, f"cannot read the manifest: {exc}")]
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files", {}), dict):
+        return [ExportCheck(manifest_path.name, False, "not an export manifest (a JSON object with files)")]
     checks = [
         ExportCheck(
             "signature",
@@ -94,6 +98,9 @@ def export_verify(*, manifest_path: Path, directory: Path | None = None) -> list
     ]
     expected = {k: manifest.get(k) for k in ExportSummary().as_json()}
     for name, meta in sorted(manifest.get("files", {}).items()):
+        if not isinstance(meta, dict) or "/" in name or name in ("", ".", ".."):
+            checks.append(ExportCheck(str(name), False, "not a file entry of an export manifest"))
+            continue
         path = directory / name
         if not path.is_file():
             checks.append(ExportCheck(name, False, f"missing from {directory}"))
@@ -112,7 +119,7 @@ def export_verify(*, manifest_path: Path, directory: Path | None = None) -> list
             checks.append(ExportCheck(name, True, f"sha256 and size ({size} bytes) match"))
         try:
             tally = _TALLIES[meta["format"]](path).as_json()
-        except (KeyError, ValueError, InvalidOperation, IndexError, OSError) as exc:
+        except (KeyError, ValueError, TypeError, InvalidOperation, IndexError, OSError, csv.Error) as exc:
             checks.append(
                 ExportCheck(f"{name} rows", False, f"cannot be re-read: {type(exc).__name__}: {exc}")
             )

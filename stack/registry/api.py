@@ -15,6 +15,7 @@ from rest_framework.response import Response
 from rest_framework.routers import BaseRouter
 
 from stack.registry import services
+from stack.registry.api_fields import DecimalField, ModelSerializer
 from stack.registry.models import (
     Cluster,
     Deployment,
@@ -30,7 +31,7 @@ from stack.registry.selectors import workflow_current_policy
 # --- Serializers ---------------------------------------------------------------------------
 
 
-class ProviderSerializer(serializers.ModelSerializer[Provider]):
+class ProviderSerializer(ModelSerializer[Provider]):
     credentials = serializers.CharField(
         write_only=True,
         required=False,
@@ -68,7 +69,7 @@ class ProviderSerializer(serializers.ModelSerializer[Provider]):
         return services.provider_set_credentials(provider=provider, credentials=credentials)
 
 
-class ClusterSerializer(serializers.ModelSerializer[Cluster]):
+class ClusterSerializer(ModelSerializer[Cluster]):
     provider = serializers.SlugRelatedField(slug_field="slug", queryset=Provider.objects.all())
     queue = serializers.CharField(read_only=True)
 
@@ -93,7 +94,7 @@ class ClusterSerializer(serializers.ModelSerializer[Cluster]):
         read_only_fields = ["id", "status", "status_changed_at", "last_heartbeat_at", "created_at"]
 
 
-class RegisteredModelSerializer(serializers.ModelSerializer[RegisteredModel]):
+class RegisteredModelSerializer(ModelSerializer[RegisteredModel]):
     class Meta:
         model = RegisteredModel
         fields = [
@@ -115,7 +116,7 @@ class RegisteredModelSerializer(serializers.ModelSerializer[RegisteredModel]):
         return value
 
 
-class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
+class DeploymentSerializer(ModelSerializer[Deployment]):
     model = serializers.SlugRelatedField(slug_field="slug", queryset=RegisteredModel.objects.all())
     provider = serializers.SlugRelatedField(slug_field="slug", queryset=Provider.objects.all())
     hosting_cluster = serializers.SlugRelatedField(
@@ -147,7 +148,7 @@ class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
         return attrs
 
 
-class PolicyVersionSerializer(serializers.ModelSerializer[RoutingPolicyVersion]):
+class PolicyVersionSerializer(ModelSerializer[RoutingPolicyVersion]):
     deployments = serializers.SerializerMethodField()
     author = serializers.CharField(source="author.get_username", read_only=True)
 
@@ -178,7 +179,7 @@ class RouteInputSerializer(serializers.Serializer[Any]):
     strategy = serializers.ChoiceField(
         choices=RoutingPolicyVersion.Strategy.choices, default=RoutingPolicyVersion.Strategy.PRIORITY
     )
-    quality_floor = serializers.DecimalField(
+    quality_floor = DecimalField(
         max_digits=6,
         decimal_places=4,
         required=False,
@@ -186,7 +187,7 @@ class RouteInputSerializer(serializers.Serializer[Any]):
         min_value=Decimal("0"),
         max_value=Decimal("1"),
     )
-    max_cost_per_request = serializers.DecimalField(
+    max_cost_per_request = DecimalField(
         max_digits=20, decimal_places=9, required=False, allow_null=True, min_value=Decimal("0")
     )
 
@@ -200,7 +201,7 @@ class PolicyChangeSerializer(RouteInputSerializer):
     reason = serializers.CharField(max_length=500)
 
 
-class WorkflowSerializer(serializers.ModelSerializer[Workflow]):
+class WorkflowSerializer(ModelSerializer[Workflow]):
     owner = serializers.CharField(source="owner.get_username", read_only=True)
     current_policy = serializers.SerializerMethodField()
     route = RouteInputSerializer(write_only=True, required=True)
@@ -227,7 +228,7 @@ class SwitchPrimarySerializer(serializers.Serializer[Any]):
     reason = serializers.CharField(max_length=500)
 
 
-class FailoverEventSerializer(serializers.ModelSerializer[FailoverEvent]):
+class FailoverEventSerializer(ModelSerializer[FailoverEvent]):
     from_provider: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
         slug_field="slug", read_only=True
     )
@@ -380,6 +381,7 @@ class WorkflowViewSet(viewsets.ModelViewSet[Workflow]):
 
 class FailoverEventViewSet(viewsets.ReadOnlyModelViewSet[FailoverEvent]):
     serializer_class = FailoverEventSerializer
+    query_params_known = ("kind",)
 
     def get_queryset(self) -> QuerySet[FailoverEvent]:
         events = FailoverEvent.objects.select_related(

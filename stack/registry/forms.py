@@ -5,16 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from django import forms
-from django.db import models
 
+from stack.registry.form_fields import model_formfield
 from stack.registry.models import Cluster, Deployment, Provider, RegisteredModel, Workflow
-
-
-def formfield_with_https_urls(field: models.Field[Any, Any], **kwargs: Any) -> forms.Field | None:
-    # URLs without a scheme mean https (Django 6's default, chosen explicitly now).
-    if isinstance(field, models.URLField):
-        kwargs.setdefault("assume_scheme", "https")
-    return field.formfield(**kwargs)
 
 
 class ProviderForm(forms.ModelForm[Provider]):
@@ -29,7 +22,7 @@ class ProviderForm(forms.ModelForm[Provider]):
     class Meta:
         model = Provider
         fields = ["slug", "display_name", "kind", "region", "base_url", "enabled"]
-        formfield_callback = formfield_with_https_urls
+        formfield_callback = model_formfield
 
     def credentials_change(self) -> str | None:
         """'' to clear, a new value to store, None to keep what is stored."""
@@ -52,12 +45,14 @@ class ClusterForm(forms.ModelForm[Cluster]):
             "capacity_type",
             "capacity",
         ]
+        formfield_callback = model_formfield
 
 
 class RegisteredModelForm(forms.ModelForm[RegisteredModel]):
     class Meta:
         model = RegisteredModel
         fields = ["slug", "family", "parameter_count", "artifact_uri", "tokenizer", "context_length"]
+        formfield_callback = model_formfield
 
     def clean_artifact_uri(self) -> str:
         value: str = self.cleaned_data["artifact_uri"]
@@ -70,7 +65,7 @@ class DeploymentForm(forms.ModelForm[Deployment]):
     class Meta:
         model = Deployment
         fields = ["slug", "model", "provider", "provider_model_id", "base_url", "hosting_cluster", "enabled"]
-        formfield_callback = formfield_with_https_urls
+        formfield_callback = model_formfield
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
@@ -88,6 +83,7 @@ class WorkflowForm(forms.ModelForm[Workflow]):
     class Meta:
         model = Workflow
         fields = ["slug", "team", "description"]
+        formfield_callback = model_formfield
 
 
 class SwitchPrimaryForm(forms.Form):

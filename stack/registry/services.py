@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import re
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from stack.registry.models import (
     Workflow,
 )
 from stack.registry.selectors import workflow_current_policy
+from stack.registry.validation import text_problem
 
 logger = logging.getLogger(__name__)
 
@@ -338,6 +340,8 @@ def workflow_switch_primary(
 # --- API tokens ---------------------------------------------------------------------------
 
 TOKEN_PREFIX = "sy"  # noqa: S105 (a label, not a secret)
+TOKEN_NAME_MAX_LENGTH = 100  # ApiToken.name
+_TOKEN_ID = re.compile(r"[0-9A-Za-z]{1,16}")  # ApiToken.prefix: token_hex(6) since the first token
 
 
 def _hash_secret(secret: str) -> str:
@@ -351,6 +355,10 @@ def api_token_create(*, user: User, name: str, workflows: Sequence[Workflow] = (
     """
     if not name.strip():
         raise RegistryError("a token needs a name", field="name")
+    if len(name.strip()) > TOKEN_NAME_MAX_LENGTH:
+        raise RegistryError(f"a token's name has at most {TOKEN_NAME_MAX_LENGTH} characters", field="name")
+    if (problem := text_problem(name)) is not None:
+        raise RegistryError(f"the name {problem}", field="name")
     prefix = secrets.token_hex(6)
     secret = secrets.token_urlsafe(32)
     with transaction.atomic():
@@ -367,6 +375,8 @@ def api_token_authenticate(*, raw: str) -> ApiToken | None:
     if len(parts) != 3 or parts[0] != TOKEN_PREFIX:
         return None
     _, prefix, secret = parts
+    if not _TOKEN_ID.fullmatch(prefix):  # never look up text no token can have (NUL: a DataError)
+        return None
     token = ApiToken.objects.select_related("user").filter(prefix=prefix, revoked_at__isnull=True).first()
     if token is None or not hmac.compare_digest(token.key_hash, _hash_secret(secret)):
         return None

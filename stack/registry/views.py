@@ -30,6 +30,7 @@ from stack.registry.forms import (
 from stack.registry.models import ApiToken, Cluster, Deployment, Provider, RegisteredModel, Workflow
 from stack.registry.roles import ALL_ROLES, OPERATORS, Role, user_has_role, user_roles
 from stack.registry.selectors import get_workflow_for_user, workflow_current_policy
+from stack.registry.validation import id_parse
 
 
 class RoleRequiredMixin(LoginRequiredMixin):
@@ -223,9 +224,10 @@ class TokenView(RoleRequiredMixin, View):
 
     def post(self, request: HttpRequest) -> HttpResponse:
         if "revoke" in request.POST:
-            if not request.POST["revoke"].isdigit():  # a malformed id is a missing token, not a 500
+            token_id = id_parse(request.POST["revoke"])
+            if token_id is None:  # "²" passes str.isdigit() but is no id: a missing token, not a 500
                 raise Http404("no such token")
-            token = get_object_or_404(ApiToken, pk=request.POST["revoke"], user_id=request.user.pk)
+            token = get_object_or_404(ApiToken, pk=token_id, user_id=request.user.pk)
             services.api_token_revoke(token=token)
             messages.success(request, f"Token {token.name} revoked.")
             return HttpResponseRedirect(reverse("tokens"))

@@ -30,7 +30,7 @@ from billing.services import usage_record, usage_reverse
 from stack.registry.crypto import decrypt_secret
 from stack.registry.models import Cluster
 from tests.factories import api_client, make_cluster, make_price, make_workflow
-from training.models import ProbeJob
+from training.models import ProbeJob, TrainingRun
 from training.services import DispatchError, probe_job_create
 
 pytestmark = pytest.mark.django_db
@@ -139,11 +139,12 @@ def test_training_run_team_and_workflow_budgets_count_the_rows_that_name_them(
     cluster: Cluster, operator: User
 ) -> None:
     workflow = make_workflow(owner=operator, team="vision")
-    run = _budget(scope=Budget.Scope.TRAINING_RUN, training_run_id="42")
+    run_id = str(TrainingRun.objects.create(name="budgeted", config={}).pk)  # budgets name real runs
+    run = _budget(scope=Budget.Scope.TRAINING_RUN, training_run_id=run_id)
     team = _budget(scope=Budget.Scope.TEAM, team="vision")
     flow = _budget(scope=Budget.Scope.WORKFLOW, workflow=workflow)
-    training = _bill(cluster, "1", subject_type="training_run", subject_id="42")
-    _bill(cluster, "1", subject_type="training_run", subject_id="43")
+    training = _bill(cluster, "1", subject_type="training_run", subject_id=run_id)
+    _bill(cluster, "1", subject_type="training_run", subject_id=f"{run_id}0")
     served = _bill(cluster, "0.25", workflow=workflow)  # the row takes the workflow's team
     assert _period(run).spent == training.amount
     assert _period(team).spent == served.amount
@@ -154,21 +155,22 @@ def test_a_budget_and_a_spend_it_covers_share_one_target_key_for_every_scope(
     cluster: Cluster, operator: User
 ) -> None:
     workflow = make_workflow(owner=operator, team="vision")
+    run_id = str(TrainingRun.objects.create(name="budgeted", config={}).pk)
     budgets = [
         _budget(scope=Budget.Scope.WORKFLOW, workflow=workflow),
         _budget(scope=Budget.Scope.PROVIDER, provider=cluster.provider, hard_limit=True),
         _budget(scope=Budget.Scope.CLUSTER, cluster=cluster),
         _budget(scope=Budget.Scope.TEAM, team="vision", hard_limit=True),
-        _budget(scope=Budget.Scope.TRAINING_RUN, training_run_id="42"),
+        _budget(scope=Budget.Scope.TRAINING_RUN, training_run_id=run_id),
     ]
-    spend = spend_target(workflow=workflow, cluster=cluster, training_run_id="42")
+    spend = spend_target(workflow=workflow, cluster=cluster, training_run_id=run_id)
     assert [b.target_key() for b in budgets] == spend.keys()
     assert spend.keys() == [
         ("workflow", str(workflow.pk)),
         ("provider", str(cluster.provider_id)),
         ("cluster", str(cluster.pk)),
         ("team", "vision"),
-        ("training_run", "42"),
+        ("training_run", run_id),
     ]
     assert budgets_for_target(target=spend) == budgets
     assert budget_hard_limit_keys() == {budgets[1].target_key(), budgets[3].target_key()}
@@ -177,7 +179,7 @@ def test_a_budget_and_a_spend_it_covers_share_one_target_key_for_every_scope(
         f"Provider {cluster.provider.slug}",
         f"Cluster {cluster.slug}",
         "Team vision",
-        "Training run 42",
+        f"Training run {run_id}",
     ]
 
 

@@ -337,9 +337,11 @@ def test_only_an_admin_publishes_a_price_through_the_api(
 def test_a_price_for_two_targets_or_none_is_400(cluster: Cluster, admin_user: User) -> None:
     deployment = make_deployment()
     client = api_client(admin_user)
-    both = {"cluster": cluster.slug, "deployment": deployment.slug, "unit": "request", "unit_price": "1"}
-    neither = {"unit": "request", "unit_price": "1"}
-    negative = {"cluster": cluster.slug, "unit": "request", "unit_price": "-1"}
+    start = "2026-03-01T00:00:00Z"  # required: a price takes effect when its publisher says
+    price = {"unit": "request", "unit_price": "1", "effective_from": start}
+    both = {**price, "cluster": cluster.slug, "deployment": deployment.slug}
+    neither = price
+    negative = {**price, "cluster": cluster.slug, "unit_price": "-1"}
     for body, field in ((both, "cluster"), (neither, "cluster"), (negative, "unit_price")):
         response = client.post("/api/price-books/", body, format="json")
         assert response.status_code == 400

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from billing.exports import (
     FILTER_FIELDS,
@@ -20,9 +20,10 @@ from billing.exports import (
     export_verify,
     export_write_files,
 )
+from stack.registry.cli import CheckedCommand
 
 
-class Command(BaseCommand):
+class Command(CheckedCommand):
     help = (
         "Cost-audit exports. run: write an export and its signed manifest to a directory. "
         "verify: check a downloaded export against its manifest."
@@ -65,9 +66,12 @@ class Command(BaseCommand):
             filters = export_filters_parse(params=params)
         except ExportFilterError as exc:
             raise CommandError(f"bad filters: {exc}") from None
-        manifest = export_write_files(
-            filters=filters, formats=options["format"] or FORMATS, directory=options["out"]
-        )
+        try:
+            manifest = export_write_files(
+                filters=filters, formats=options["format"] or FORMATS, directory=options["out"]
+            )
+        except OSError as exc:
+            raise CommandError(f"cannot write to {options['out']}: {exc.strerror or exc}") from None
         totals = ", ".join(f"{c} {t}" for c, t in manifest["totals"].items()) or "nothing"
         self.stdout.write(
             f"{manifest['row_count']} rows through sequence {manifest['filters']['through_sequence']}, "

@@ -8,11 +8,12 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from billing.price_import import FileImportError, decode_upload, price_import_file, price_import_format_for
+from stack.registry.cli import CheckedCommand
 
 MAX_ERRORS_SHOWN = 20
 
 
-class Command(BaseCommand):
+class Command(CheckedCommand):
     help = "Price books. import: add price versions from a CSV or provider catalog (JSON) file."
 
     def add_arguments(self, parser: CommandParser) -> None:

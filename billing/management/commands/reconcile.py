@@ -2,29 +2,25 @@
 
 from __future__ import annotations
 
-from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from billing.management.commands.prices import write_errors
 from billing.price_import import FileImportError, decode_upload
-from billing.reconciliation import DEFAULT_TOLERANCE, reconciliation_import, reconciliation_result
+from billing.reconciliation import (
+    DEFAULT_TOLERANCE,
+    reconciliation_import,
+    reconciliation_result,
+    tolerance_parse,
+)
+from stack.registry.cli import CheckedCommand
 from stack.registry.models import Provider
+from stack.registry.validation import text_check
 
 
-def _tolerance(text: str) -> Decimal:
-    try:
-        value = Decimal(text)
-    except InvalidOperation:
-        raise ValueError(text) from None
-    if not value.is_finite() or value < 0:
-        raise ValueError(text)
-    return value
-
-
-class Command(BaseCommand):
+class Command(CheckedCommand):
     help = "Reconciliation. import: store a provider invoice / cost report CSV and print where it differs."
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -32,11 +28,12 @@ class Command(BaseCommand):
         load = sub.add_parser("import", help="import an invoice CSV; nothing is imported if any line is bad")
         load.add_argument("file", type=Path)
         load.add_argument("--provider", required=True, help="the provider's slug")
-        load.add_argument("--tolerance", type=_tolerance, default=DEFAULT_TOLERANCE, help="default 0.01")
+        load.add_argument("--tolerance", default=str(DEFAULT_TOLERANCE), help="default 0.01")
 
     def handle(self, *args: Any, **options: Any) -> None:
         path: Path = options["file"]
-        provider = Provider.objects.filter(slug=options["provider"]).first()
+        tolerance = tolerance_parse(options["tolerance"])
+        provider = Provider.objects.filter(slug=text_check(options["provider"], field="provider")).first()
         if provider is None:
             raise CommandError(f"no provider with slug {options['provider']!r}")
         try:
@@ -44,7 +41,7 @@ class Command(BaseCommand):
                 provider=provider,
                 filename=path.name,
                 text=decode_upload(path.read_bytes()),
-                tolerance=options["tolerance"],
+                tolerance=tolerance,
             )
         except OSError as exc:
             raise CommandError(f"cannot read {path}: {exc.strerror}") from None

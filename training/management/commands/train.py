@@ -9,15 +9,22 @@ status is 0 when the run succeeded and 1 otherwise.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
 
-import yaml
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
+from stack.registry.cli import CheckedCommand
+from stack.registry.validation import (
+    MAX_CONFIG_BYTES,
+    InputError,
+    float_parse,
+    json_parse,
+    text_check,
+    yaml_parse,
+)
 from training.models import TrainingRun
 from training.run_config import RunConfigError
 from training.selectors import run_progress
@@ -25,13 +32,16 @@ from training.services import training_run_create
 
 
 def _load(path: Path) -> Any:
-    text = path.read_text()
+    """The file's config: JSON for a .json file, else YAML; both bounded (size, depth, finite numbers)."""
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise InputError(f"larger than {MAX_CONFIG_BYTES} bytes")
+    text = path.read_text(encoding="utf-8")
     if path.suffix.lower() == ".json":
-        return json.loads(text)
-    return yaml.safe_load(text)
+        return json_parse(text, max_bytes=MAX_CONFIG_BYTES)
+    return yaml_parse(text)
 
 
-class Command(BaseCommand):
+class Command(CheckedCommand):
     help = "Launch a DiLoCo training run from a YAML/JSON config and show its progress until it ends."
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -39,19 +49,28 @@ class Command(BaseCommand):
         parser.add_argument("--name", default="", help="run name (default: the file's stem)")
         parser.add_argument("--user", default="", help="username recorded as the run's creator")
         parser.add_argument("--no-wait", action="store_true", help="launch and exit without following")
-        parser.add_argument("--interval", type=float, default=3.0, help="seconds between progress lines")
+        parser.add_argument(
+            "--interval", default="3.0", help="seconds between progress lines (at least 0.2, at most 3600)"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         path = Path(options["config"])
         try:
+            interval = max(0.2, float_parse(options["interval"], minimum=0.0, maximum=3600.0))
+        except InputError as exc:
+            raise CommandError(f"--interval: {exc}") from None
+        try:
             raw = _load(path)
         except FileNotFoundError as exc:
             raise CommandError(f"{path}: no such file") from exc
-        except (ValueError, OSError) as exc:  # JSON and YAML parse errors are ValueErrors
-            raise CommandError(f"{path}: not valid YAML/JSON: {exc}".splitlines()[0]) from exc
+        except InputError as exc:
+            where = f"{exc.field}: " if exc.field else ""
+            raise CommandError(f"{path}: not valid YAML/JSON: {where}{exc}".splitlines()[0]) from exc
+        except (ValueError, OSError) as exc:  # not UTF-8 text; a directory, no permission
+            raise CommandError(f"{path}: cannot read it: {exc}".splitlines()[0]) from exc
         user = None
         if options["user"]:
-            user = get_user_model().objects.filter(username=options["user"]).first()
+            user = get_user_model().objects.filter(username=text_check(options["user"], field="user")).first()
             if user is None:
                 raise CommandError(f"no user {options['user']!r}")
         try:
@@ -76,7 +95,7 @@ class Command(BaseCommand):
                 last = line
             if run.is_finished:
                 break
-            time.sleep(max(0.2, options["interval"]))
+            time.sleep(interval)
         self.stdout.write(f"run #{run.pk} {run.state}: {run.reason}")
         if run.state != TrainingRun.State.SUCCEEDED:
             raise SystemExit(1)

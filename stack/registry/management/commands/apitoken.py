@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
+from stack.registry.cli import CheckedCommand
 from stack.registry.models import ApiToken, Workflow
 from stack.registry.services import api_token_create, api_token_revoke
 
 
-class Command(BaseCommand):
+class Command(CheckedCommand):
     help = "Manage API tokens: create (printed once), list, revoke."
 
     def add_arguments(self, parser: CommandParser) -> None:
