@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -54,7 +55,7 @@ class ChaosSerializer(serializers.Serializer[Any]):
     )
     latency_ms = serializers.IntegerField(min_value=0, max_value=600_000, default=0)
     malformed_rate = serializers.FloatField(min_value=0.0, max_value=1.0, default=0.0)
-    updated_at = serializers.DateTimeField(read_only=True)
+    updated_at = serializers.DateTimeField(read_only=True, allow_null=True)  # null: never configured
 
 
 def _chaos_doc(deployment: Deployment, config: ChaosConfig | None) -> dict[str, Any]:
@@ -69,6 +70,15 @@ def _chaos_doc(deployment: Deployment, config: ChaosConfig | None) -> dict[str, 
     }
 
 
+# A plain ViewSet has no queryset for drf-spectacular to type the path from: the deployment's slug.
+_DEPLOYMENT_SLUG = OpenApiParameter("slug", str, OpenApiParameter.PATH, description="a deployment's slug")
+
+
+@extend_schema_view(
+    retrieve=extend_schema(parameters=[_DEPLOYMENT_SLUG]),
+    update=extend_schema(parameters=[_DEPLOYMENT_SLUG]),
+    partial_update=extend_schema(parameters=[_DEPLOYMENT_SLUG]),
+)
 class ChaosViewSet(viewsets.ViewSet):
     lookup_field = "slug"
     serializer_class = ChaosSerializer
@@ -163,6 +173,9 @@ class EvalRunSerializer(serializers.ModelSerializer[EvalRun]):
         read_only_fields = [f for f in fields if f not in ("eval_set", "deployment")]
 
 
+@extend_schema_view(
+    list=extend_schema(parameters=[OpenApiParameter("workflow", str, description="a workflow's slug")])
+)
 class EvalSetViewSet(
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
@@ -192,6 +205,7 @@ class EvalSetViewSet(
         )
         return Response(EvalSetSerializer(eval_set).data, status=status.HTTP_201_CREATED)
 
+    @extend_schema(request=EvalCaseSerializer, responses={201: EvalCaseSerializer})
     @action(detail=True, methods=["post"], serializer_class=EvalCaseSerializer)
     def cases(self, request: Request, pk: str | None = None) -> Response:
         eval_set = get_object_or_404(EvalSet, pk=pk)
@@ -201,6 +215,9 @@ class EvalSetViewSet(
         return Response(EvalCaseSerializer(case).data, status=status.HTTP_201_CREATED)
 
 
+@extend_schema_view(
+    list=extend_schema(parameters=[OpenApiParameter("eval_set", str, description="an eval set's id")])
+)
 class EvalRunViewSet(
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
@@ -265,9 +282,9 @@ class QualityRecordSerializer(serializers.ModelSerializer[QualityRecord]):
         slug_field="slug", read_only=True
     )
     workflow: serializers.SlugRelatedField[Workflow] = serializers.SlugRelatedField(
-        slug_field="slug", read_only=True
+        slug_field="slug", read_only=True, allow_null=True
     )
-    request_id = serializers.IntegerField(source="inference_request_id", read_only=True)
+    request_id = serializers.IntegerField(source="inference_request_id", read_only=True, allow_null=True)
 
     class Meta:
         model = QualityRecord
@@ -280,6 +297,7 @@ class FeedbackViewSet(viewsets.GenericViewSet[QualityRecord]):
     write_roles = OPERATORS
     serializer_class = FeedbackSerializer
 
+    @extend_schema(request=FeedbackSerializer, responses={201: QualityRecordSerializer})
     def create(self, request: Request) -> Response:
         body = FeedbackSerializer(data=request.data)
         body.is_valid(raise_exception=True)
@@ -295,6 +313,19 @@ class FeedbackViewSet(viewsets.GenericViewSet[QualityRecord]):
 
 
 # --- Batch jobs ----------------------------------------------------------------------------------
+
+
+# The schema of BatchJobSerializer.get_progress (documentation only).
+class BatchProgressSerializer(serializers.Serializer[Any]):
+    """How far the job is: lines done and failed, the fraction finished, the cost so far as text."""
+
+    state = serializers.ChoiceField(choices=BatchJob.State.choices)
+    total = serializers.IntegerField()
+    done = serializers.IntegerField()
+    failed = serializers.IntegerField()
+    remaining = serializers.IntegerField()
+    fraction = serializers.FloatField()
+    cost = serializers.CharField()
 
 
 class BatchJobSerializer(serializers.ModelSerializer[BatchJob]):
@@ -326,12 +357,16 @@ class BatchJobSerializer(serializers.ModelSerializer[BatchJob]):
         ]
         read_only_fields = [f for f in fields if f not in ("workflow", "input_uri", "input_jsonl")]
 
+    @extend_schema_field(BatchProgressSerializer)
     def get_progress(self, job: BatchJob) -> dict[str, Any]:
         progress = batch_job_progress(job=job)
         progress["cost"] = str(progress["cost"])
         return progress
 
 
+@extend_schema_view(
+    list=extend_schema(parameters=[OpenApiParameter("workflow", str, description="a workflow's slug")])
+)
 class BatchJobViewSet(
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
@@ -357,6 +392,7 @@ class BatchJobViewSet(
         )
         return Response(BatchJobSerializer(job).data, status=status.HTTP_201_CREATED)
 
+    @extend_schema(request=None, responses=BatchJobSerializer)
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str | None = None) -> Response:
         job = batch.batch_job_cancel(job=get_object_or_404(BatchJob, pk=pk))
