@@ -22,6 +22,7 @@ from typing import Any
 
 from django.shortcuts import get_object_or_404
 from django.utils.datastructures import MultiValueDict
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -57,7 +58,7 @@ class ChaosSerializer(serializers.Serializer[Any]):
     )
     latency_ms = IntegerField(min_value=0, max_value=600_000, default=0)
     malformed_rate = FloatField(min_value=0.0, max_value=1.0, default=0.0)
-    updated_at = serializers.DateTimeField(read_only=True)
+    updated_at = serializers.DateTimeField(read_only=True, allow_null=True)  # null: never configured
 
 
 def _chaos_doc(deployment: Deployment, config: ChaosConfig | None) -> dict[str, Any]:
@@ -72,6 +73,15 @@ def _chaos_doc(deployment: Deployment, config: ChaosConfig | None) -> dict[str, 
     }
 
 
+# A plain ViewSet has no queryset for drf-spectacular to type the path from: the deployment's slug.
+_DEPLOYMENT_SLUG = OpenApiParameter("slug", str, OpenApiParameter.PATH, description="a deployment's slug")
+
+
+@extend_schema_view(
+    retrieve=extend_schema(parameters=[_DEPLOYMENT_SLUG]),
+    update=extend_schema(parameters=[_DEPLOYMENT_SLUG]),
+    partial_update=extend_schema(parameters=[_DEPLOYMENT_SLUG]),
+)
 class ChaosViewSet(viewsets.ViewSet):
     lookup_field = "slug"
     serializer_class = ChaosSerializer
@@ -167,6 +177,9 @@ class EvalRunSerializer(ModelSerializer[EvalRun]):
         read_only_fields = [f for f in fields if f not in ("eval_set", "deployment")]
 
 
+@extend_schema_view(
+    list=extend_schema(parameters=[OpenApiParameter("workflow", str, description="a workflow's slug")])
+)
 class EvalSetViewSet(
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
@@ -197,6 +210,7 @@ class EvalSetViewSet(
         )
         return Response(EvalSetSerializer(eval_set).data, status=status.HTTP_201_CREATED)
 
+    @extend_schema(request=EvalCaseSerializer, responses={201: EvalCaseSerializer})
     @action(detail=True, methods=["post"], serializer_class=EvalCaseSerializer)
     def cases(self, request: Request, pk: str | None = None) -> Response:
         eval_set = self.get_object()  # DRF's lookup: a malformed or unknown id is a 404
@@ -206,6 +220,9 @@ class EvalSetViewSet(
         return Response(EvalCaseSerializer(case).data, status=status.HTTP_201_CREATED)
 
 
+@extend_schema_view(
+    list=extend_schema(parameters=[OpenApiParameter("eval_set", str, description="an eval set's id")])
+)
 class EvalRunViewSet(
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
@@ -274,9 +291,9 @@ class QualityRecordSerializer(ModelSerializer[QualityRecord]):
         slug_field="slug", read_only=True
     )
     workflow: serializers.SlugRelatedField[Workflow] = serializers.SlugRelatedField(
-        slug_field="slug", read_only=True
+        slug_field="slug", read_only=True, allow_null=True
     )
-    request_id = serializers.IntegerField(source="inference_request_id", read_only=True)
+    request_id = serializers.IntegerField(source="inference_request_id", read_only=True, allow_null=True)
 
     class Meta:
         model = QualityRecord
@@ -289,6 +306,7 @@ class FeedbackViewSet(viewsets.GenericViewSet[QualityRecord]):
     write_roles = OPERATORS
     serializer_class = FeedbackSerializer
 
+    @extend_schema(request=FeedbackSerializer, responses={201: QualityRecordSerializer})
     def create(self, request: Request) -> Response:
         body = FeedbackSerializer(data=request.data)
         body.is_valid(raise_exception=True)
@@ -304,6 +322,19 @@ class FeedbackViewSet(viewsets.GenericViewSet[QualityRecord]):
 
 
 # --- Batch jobs ----------------------------------------------------------------------------------
+
+
+# The schema of BatchJobSerializer.get_progress (documentation only).
+class BatchProgressSerializer(serializers.Serializer[Any]):
+    """How far the job is: lines done and failed, the fraction finished, the cost so far as text."""
+
+    state = serializers.ChoiceField(choices=BatchJob.State.choices)
+    total = serializers.IntegerField()
+    done = serializers.IntegerField()
+    failed = serializers.IntegerField()
+    remaining = serializers.IntegerField()
+    fraction = serializers.FloatField()
+    cost = serializers.CharField()
 
 
 class BatchJobSerializer(ModelSerializer[BatchJob]):
@@ -335,12 +366,16 @@ class BatchJobSerializer(ModelSerializer[BatchJob]):
         ]
         read_only_fields = [f for f in fields if f not in ("workflow", "input_uri", "input_jsonl")]
 
+    @extend_schema_field(BatchProgressSerializer)
     def get_progress(self, job: BatchJob) -> dict[str, Any]:
         progress = batch_job_progress(job=job)
         progress["cost"] = str(progress["cost"])
         return progress
 
 
+@extend_schema_view(
+    list=extend_schema(parameters=[OpenApiParameter("workflow", str, description="a workflow's slug")])
+)
 class BatchJobViewSet(
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
@@ -367,6 +402,7 @@ class BatchJobViewSet(
         )
         return Response(BatchJobSerializer(job).data, status=status.HTTP_201_CREATED)
 
+    @extend_schema(request=None, responses=BatchJobSerializer)
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str | None = None) -> Response:
         job = batch.batch_job_cancel(job=self.get_object())  # a malformed or unknown id is a 404

@@ -305,6 +305,17 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Registry, jobs and usage ledger of the Switchyard control plane.",
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # Error answers and slug formats, documented once for every operation (stack.registry.schema).
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "stack.registry.schema.error_responses",
+    ],
+    # Choice sets that share a field name get a name of their own (equal sets share one).
+    "ENUM_NAME_OVERRIDES": {
+        "JobStatusEnum": "training.models.ProbeJob.Status",  # also ExportJob.Status, EvalRun.State
+        "TrainingRunStateEnum": "training.models.TrainingRun.State",
+        "BatchJobStateEnum": "inference.models.BatchJob.State",
+    },
 }
 
 LOGGING = {

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import extend_schema, extend_schema_field
+from drf_spectacular.utils import extend_schema, extend_schema_field, inline_serializer
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
@@ -25,7 +24,9 @@ from training.services import RunStateError, probe_job_create, training_run_canc
 
 class ProbeJobSerializer(ModelSerializer[ProbeJob]):
     cluster = serializers.SlugRelatedField(slug_field="slug", queryset=Cluster.objects.all())
-    created_by = serializers.CharField(source="created_by.get_username", read_only=True, default=None)
+    created_by = serializers.CharField(
+        source="created_by.get_username", read_only=True, default=None, allow_null=True
+    )
 
     class Meta:
         model = ProbeJob
@@ -75,10 +76,93 @@ class TrainingRunCancelSerializer(serializers.Serializer[TrainingRun]):
     reason = serializers.CharField(max_length=500, required=False, allow_blank=True)
 
 
+# --- The schema of the runs' computed fields (documentation only: the views build plain dicts) ---
+
+
+class RunProgressSerializer(serializers.Serializer[Any]):
+    """Versions, tokens and eval loss so far, and the cost so far as text."""
+
+    versions = serializers.IntegerField()
+    tokens = serializers.IntegerField()
+    tokens_merged = serializers.IntegerField()
+    eval_loss = serializers.FloatField(allow_null=True)
+    cost = serializers.CharField(allow_null=True)
+    cost_per_million_tokens = serializers.CharField(allow_null=True)
+    cost_per_loss_improvement = serializers.CharField(allow_null=True)
+
+
+# "from" is a Python keyword, so this one is built from a dict of fields.
+_RUN_TRANSITIONS = inline_serializer(
+    name="RunTransition",
+    many=True,
+    fields={
+        "from": serializers.CharField(),
+        "to": serializers.CharField(),
+        "at": serializers.DateTimeField(),
+        "reason": serializers.CharField(),
+    },
+)
+
+
+class RunLearnerSerializer(serializers.Serializer[Any]):
+    index = serializers.IntegerField()
+    cluster = serializers.CharField(allow_null=True)
+    generation = serializers.IntegerField()
+    state = serializers.CharField()
+    tokens = serializers.IntegerField()
+    steps = serializers.IntegerField()
+    last_report_at = serializers.DateTimeField(allow_null=True)
+    worker_hostname = serializers.CharField()
+
+
+class RunPlacementSerializer(serializers.Serializer[Any]):
+    learner_index = serializers.IntegerField()
+    generation = serializers.IntegerField()
+    cluster = serializers.CharField()
+    reason = serializers.CharField()
+    unit_price = serializers.CharField(allow_null=True)
+    currency = serializers.CharField()
+    price_book = serializers.IntegerField(allow_null=True)
+    decided_at = serializers.DateTimeField()
+    candidates = serializers.JSONField()
+
+
+class RunClusterCostSerializer(serializers.Serializer[Any]):
+    cluster = serializers.CharField(allow_null=True)
+    amount = serializers.CharField(allow_null=True)
+    quantity = serializers.CharField(allow_null=True)
+
+
+class RunFailoverSerializer(serializers.Serializer[Any]):
+    id = serializers.IntegerField()
+    subject = serializers.CharField()
+    reason = serializers.CharField()
+    from_cluster = serializers.CharField(allow_null=True)
+    to_cluster = serializers.CharField(allow_null=True)
+    detected_at = serializers.DateTimeField()
+    recovered_at = serializers.DateTimeField(allow_null=True)
+    tokens_lost = serializers.IntegerField(allow_null=True)
+    extra_cost = serializers.CharField(allow_null=True)
+    currency = serializers.CharField()
+
+
+class RunMetricsSerializer(serializers.Serializer[Any]):
+    """The run's chart series: published versions, train loss per learner, bytes sent and events."""
+
+    state = serializers.ChoiceField(choices=TrainingRun.State.choices)
+    started_at = serializers.DateTimeField(allow_null=True)
+    bytes_sent = serializers.IntegerField()
+    versions = serializers.ListField(child=serializers.DictField(), help_text="one per published version")
+    train_loss = serializers.DictField(help_text="learner index -> {step: [...], loss: [...]}")
+    events = serializers.ListField(child=serializers.DictField(), help_text="at, kind, text (and detail)")
+
+
 class TrainingRunSerializer(ModelSerializer[TrainingRun]):
-    created_by = serializers.CharField(source="created_by.get_username", read_only=True, default=None)
+    created_by = serializers.CharField(
+        source="created_by.get_username", read_only=True, default=None, allow_null=True
+    )
     registered_model: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
-        slug_field="slug", read_only=True
+        slug_field="slug", read_only=True, allow_null=True
     )
     progress = serializers.SerializerMethodField()
 
@@ -103,7 +187,7 @@ class TrainingRunSerializer(ModelSerializer[TrainingRun]):
         ]
         read_only_fields = fields
 
-    @extend_schema_field(OpenApiTypes.OBJECT)
+    @extend_schema_field(RunProgressSerializer)
     def get_progress(self, run: TrainingRun) -> dict[str, Any]:
         p = run_progress(run=run)
         return {
@@ -138,14 +222,14 @@ class TrainingRunDetailSerializer(TrainingRunSerializer):
         ]
         read_only_fields = fields
 
-    @extend_schema_field(OpenApiTypes.OBJECT)
+    @extend_schema_field(_RUN_TRANSITIONS)
     def get_transitions(self, run: TrainingRun) -> list[dict[str, Any]]:
         return [
             {"from": t.from_state, "to": t.to_state, "at": t.at.isoformat(), "reason": t.reason}
             for t in run_transitions(run=run)
         ]
 
-    @extend_schema_field(OpenApiTypes.OBJECT)
+    @extend_schema_field(RunLearnerSerializer(many=True))
     def get_learners(self, run: TrainingRun) -> list[dict[str, Any]]:
         return [
             {
@@ -161,7 +245,7 @@ class TrainingRunDetailSerializer(TrainingRunSerializer):
             for lr in run_learners(run=run)
         ]
 
-    @extend_schema_field(OpenApiTypes.OBJECT)
+    @extend_schema_field(RunPlacementSerializer(many=True))
     def get_placements(self, run: TrainingRun) -> list[dict[str, Any]]:
         return [
             {
@@ -178,7 +262,7 @@ class TrainingRunDetailSerializer(TrainingRunSerializer):
             for p in run_placements(run=run)
         ]
 
-    @extend_schema_field(OpenApiTypes.OBJECT)
+    @extend_schema_field(RunClusterCostSerializer(many=True))
     def get_cost_per_cluster(self, run: TrainingRun) -> list[dict[str, Any]]:
         return [
             {
@@ -189,7 +273,7 @@ class TrainingRunDetailSerializer(TrainingRunSerializer):
             for r in run_cost_per_cluster(run=run)
         ]
 
-    @extend_schema_field(OpenApiTypes.OBJECT)
+    @extend_schema_field(RunFailoverSerializer(many=True))
     def get_failover_events(self, run: TrainingRun) -> list[dict[str, Any]]:
         return [
             {
@@ -250,7 +334,7 @@ class TrainingRunViewSet(viewsets.ReadOnlyModelViewSet[TrainingRun]):
         run.refresh_from_db()
         return Response(TrainingRunDetailSerializer(run, context=self.get_serializer_context()).data)
 
-    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(responses={200: RunMetricsSerializer})
     @action(detail=True, methods=["get"])
     def metrics(self, request: Request, pk: str | None = None) -> Response:
         return Response(run_metrics_payload(run=self.get_object()))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import QuerySet
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field, extend_schema_view
 from rest_framework import serializers, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -41,6 +42,22 @@ def budget_state_json(state: BudgetState | None) -> dict[str, Any] | None:
         "runs_out_at": state.forecast.runs_out_at.isoformat() if state.forecast.runs_out_at else None,
         "projected_spend": str(state.forecast.projected_spend.quantize(CENT)),
     }
+
+
+# The schema of budget_state_json (documentation only).
+class BudgetFiguresSerializer(serializers.Serializer[Any]):
+    """This period's figures: money as text, and when the budget runs out at the current rate."""
+
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField()
+    spent = serializers.CharField()
+    reserved = serializers.CharField()
+    limit = serializers.CharField()
+    remaining = serializers.CharField()
+    percent = serializers.CharField()
+    forecast = serializers.CharField()
+    runs_out_at = serializers.DateTimeField(allow_null=True)
+    projected_spend = serializers.CharField()
 
 
 class BudgetSerializer(ModelSerializer[Budget]):
@@ -96,6 +113,7 @@ class BudgetSerializer(ModelSerializer[Budget]):
     def get_has_webhook_secret(self, budget: Budget) -> bool:
         return bool(budget.webhook_secret_encrypted)
 
+    @extend_schema_field(BudgetFiguresSerializer(allow_null=True))
     def get_current(self, budget: Budget) -> dict[str, Any] | None:
         return budget_state_json(budget_state(budget=budget))
 
@@ -160,6 +178,14 @@ class BudgetAlertSerializer(ModelSerializer[BudgetAlert]):
         read_only_fields = fields
 
 
+@extend_schema_view(
+    list=extend_schema(
+        parameters=[
+            OpenApiParameter("open", str, description="1 or true: only alerts not acknowledged yet"),
+            OpenApiParameter("budget", str, description="only this budget's alerts (its id)"),
+        ]
+    )
+)
 class BudgetAlertViewSet(viewsets.ReadOnlyModelViewSet[BudgetAlert]):
     """Threshold alerts (`?open=1`: not acknowledged yet); POST .../acknowledge/ marks one seen."""
 
@@ -180,6 +206,7 @@ class BudgetAlertViewSet(viewsets.ReadOnlyModelViewSet[BudgetAlert]):
             alerts = alerts.filter(budget_id=budget_id)
         return alerts
 
+    @extend_schema(request=None, responses=BudgetAlertSerializer)
     @action(detail=True, methods=["post"])
     def acknowledge(self, request: Request, pk: str | None = None) -> Response:
         alert = budget_alert_acknowledge(alert=self.get_object())

@@ -7,6 +7,8 @@ from typing import Any
 
 from django.http import HttpResponseBase
 from django.urls import reverse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.renderers import BaseRenderer, JSONRenderer
@@ -23,7 +25,7 @@ from billing.exports import (
     export_job_create,
     export_job_file_names,
 )
-from billing.models import ExportJob
+from billing.models import ExportJob, Unit
 from stack.registry.api_fields import ModelSerializer, RefuseUnknownFields
 from stack.registry.roles import LEDGER_READERS
 
@@ -38,6 +40,20 @@ class _FormatIsAFilter(DefaultContentNegotiation):
         return renderer, renderer.media_type
 
 
+# The query: `format` and the filters of billing.exports.FILTER_FIELDS (unknown names are refused).
+_EXPORT_PARAMETERS = [
+    OpenApiParameter("format", str, enum=list(FORMATS), description="the file format (default csv)"),
+    OpenApiParameter("start", str, description="UTC, inclusive: 2026-05-01 or 2026-05-01T00:00:00Z"),
+    OpenApiParameter("end", str, description="UTC, exclusive"),
+    OpenApiParameter("provider", str, description="a provider's slug"),
+    OpenApiParameter("cluster", str, description="a cluster's slug"),
+    OpenApiParameter("workflow", str, description="a workflow's slug"),
+    OpenApiParameter("team", str),
+    OpenApiParameter("training_run", str, description="a training run's id"),
+    OpenApiParameter("unit", str, enum=Unit.values),
+]
+
+
 class UsageExportView(APIView):
     """GET /api/usage-export/?format=csv|jsonl|parquet&start=&end=&provider=&cluster=&workflow=&team=&training_run=&unit=
 
@@ -48,6 +64,15 @@ class UsageExportView(APIView):
     renderer_classes = [JSONRenderer]
     content_negotiation_class = _FormatIsAFilter
 
+    @extend_schema(
+        operation_id="usage_export",
+        parameters=_EXPORT_PARAMETERS,
+        responses={
+            (200, "text/csv"): OpenApiTypes.STR,
+            (200, "application/x-ndjson"): OpenApiTypes.STR,
+            (200, "application/vnd.apache.parquet"): OpenApiTypes.BINARY,
+        },
+    )
     def get(self, request: Request) -> HttpResponseBase:
         params = {key: request.query_params.get(key) for key in request.query_params}
         fmt = params.get("format") or "csv"
@@ -63,6 +88,14 @@ class UsageExportView(APIView):
         return export_response(filters=filters, fmt=fmt)
 
 
+# The schema of ExportJobSerializer.get_files (documentation only).
+class ExportFileSerializer(serializers.Serializer[Any]):
+    """One of the job's files: its name and where to download it."""
+
+    name = serializers.CharField()
+    url = serializers.CharField()
+
+
 class ExportJobSerializer(RefuseUnknownFields, ModelSerializer[ExportJob]):
     """An export job; a field it does not know (a filter given beside `filters`, or
     `filters[provider]` in a form) is refused rather than dropped: dropping it would export
@@ -71,7 +104,9 @@ class ExportJobSerializer(RefuseUnknownFields, ModelSerializer[ExportJob]):
     filters = serializers.DictField(required=False, default=dict)
     formats = serializers.ListField(child=serializers.CharField(), required=False, default=list(FORMATS))
     created_by: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
-        slug_field="username", read_only=True
+        slug_field="username",
+        read_only=True,
+        allow_null=True,  # null once the user is deleted
     )
     files = serializers.SerializerMethodField()
     page = serializers.SerializerMethodField()
@@ -114,6 +149,7 @@ class ExportJobSerializer(RefuseUnknownFields, ModelSerializer[ExportJob]):
         data["filters"], data["formats"] = instance.filters, instance.formats
         return data
 
+    @extend_schema_field(ExportFileSerializer(many=True))
     def get_files(self, job: ExportJob) -> list[dict[str, str]]:
         return [
             {"name": name, "url": reverse("billing-export-file", args=[job.pk, name])}

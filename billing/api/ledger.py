@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import QuerySet
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import serializers, viewsets
 
 from billing.models import UsageRecord
@@ -13,18 +14,21 @@ from stack.registry.roles import LEDGER_READERS
 
 
 class UsageRecordSerializer(ModelSerializer[UsageRecord]):
+    # What the usage was for: any of these may be absent (null), as the subject has them.
     provider: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
-        slug_field="slug", read_only=True
+        slug_field="slug", read_only=True, allow_null=True
     )
     cluster: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
-        slug_field="slug", read_only=True
+        slug_field="slug", read_only=True, allow_null=True
     )
     deployment: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
-        slug_field="slug", read_only=True
+        slug_field="slug", read_only=True, allow_null=True
     )
-    model: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    model: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True, allow_null=True
+    )
     workflow: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
-        slug_field="slug", read_only=True
+        slug_field="slug", read_only=True, allow_null=True
     )
     price_book_version = serializers.IntegerField(source="price_book.version", read_only=True)
 
@@ -55,6 +59,18 @@ class UsageRecordSerializer(ModelSerializer[UsageRecord]):
         read_only_fields = fields
 
 
+@extend_schema_view(
+    list=extend_schema(
+        parameters=[
+            OpenApiParameter("subject_type", str, description="only rows of this subject type"),
+            OpenApiParameter("subject_id", str, description="only rows of this subject id"),
+            OpenApiParameter("unit", str, description="only rows in this unit"),
+            OpenApiParameter("provider", str, description="only rows of the provider with this slug"),
+            OpenApiParameter("cluster", str, description="only rows of the cluster with this slug"),
+            OpenApiParameter("workflow", str, description="only rows of the workflow with this slug"),
+        ]
+    )
+)
 class UsageRecordViewSet(viewsets.ReadOnlyModelViewSet[UsageRecord]):
     """The append-only usage ledger (auditors, operators, admins)."""
 

@@ -72,6 +72,14 @@ class PriceImportRequestSerializer(serializers.Serializer[Any]):
     format = serializers.ChoiceField(choices=["csv", "json"], required=False)
 
 
+# The schema of import_file's answer (documentation only).
+class PriceImportResultSerializer(serializers.Serializer[Any]):
+    """The price versions an import added, and how many of its rows changed nothing."""
+
+    created = PriceBookSerializer(many=True)
+    unchanged = serializers.IntegerField()
+
+
 class PriceBookViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet[PriceBook]):
     """Price versions. A new price supersedes the old one; nothing is edited in place.
 
@@ -83,7 +91,10 @@ class PriceBookViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet[Pr
     write_roles = ADMINS
     queryset = PriceBook.objects.select_related("provider", "cluster", "deployment")
 
-    @extend_schema(request={"multipart/form-data": PriceImportRequestSerializer})
+    @extend_schema(
+        request={"multipart/form-data": PriceImportRequestSerializer},
+        responses={201: PriceImportResultSerializer},
+    )
     @action(detail=False, methods=["post"], url_path="import")
     def import_file(self, request: Request) -> Response:
         # POST /api/price-books/import/ (admins): multipart `file` (+ `format`); all rows or none.

@@ -11,7 +11,8 @@ from decimal import Decimal
 from typing import Any
 
 from django.urls import reverse
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -41,7 +42,9 @@ class InvoiceImportSerializer(ModelSerializer[InvoiceImport]):
     provider: serializers.SlugRelatedField[Provider] = serializers.SlugRelatedField(
         slug_field="slug", read_only=True
     )
-    uploaded_by = serializers.CharField(source="uploaded_by.username", read_only=True, default=None)
+    uploaded_by = serializers.CharField(
+        source="uploaded_by.username", read_only=True, default=None, allow_null=True
+    )
 
     class Meta:
         model = InvoiceImport
@@ -70,6 +73,82 @@ class InvoiceUploadSerializer(serializers.Serializer[Any]):
         default=DEFAULT_TOLERANCE,
     )
     file = serializers.FileField()
+
+
+# The schemas of _cell_json, _result_json, _line_json and _rows_json (documentation only).
+class ReconciliationCellSerializer(serializers.Serializer[Any]):
+    """One cell of the comparison: a UTC day and a resource (with its services) or a service."""
+
+    day = serializers.DateField()
+    resource_id = serializers.CharField(required=False, help_text="cells by resource")
+    services = serializers.ListField(
+        child=serializers.CharField(), required=False, help_text="cells by resource"
+    )
+    service = serializers.CharField(required=False, help_text="cells by service")
+    invoice_amount = serializers.CharField()
+    ledger_amount = serializers.CharField()
+    difference = serializers.CharField()
+    mismatch = serializers.BooleanField()
+    invoice_lines = serializers.IntegerField()
+    ledger_rows = serializers.IntegerField()
+
+
+class InvoiceReconciliationSerializer(InvoiceImportSerializer):
+    """An imported invoice and its comparison with the ledger, per resource and per service."""
+
+    currency = serializers.CharField()
+    invoice_total = serializers.CharField()
+    ledger_total = serializers.CharField()
+    mismatch_count = serializers.IntegerField()
+    by_resource = ReconciliationCellSerializer(many=True)
+    by_service = ReconciliationCellSerializer(many=True)
+    other_currencies = serializers.DictField(child=serializers.CharField())
+
+    class Meta(InvoiceImportSerializer.Meta):
+        fields = [
+            *InvoiceImportSerializer.Meta.fields,
+            "currency",
+            "invoice_total",
+            "ledger_total",
+            "mismatch_count",
+            "by_resource",
+            "by_service",
+            "other_currencies",
+        ]
+        read_only_fields = fields
+
+
+class InvoiceLineSerializer(serializers.Serializer[Any]):
+    """One line of the invoice."""
+
+    line_number = serializers.IntegerField()
+    day = serializers.DateField()
+    service = serializers.CharField()
+    resource_id = serializers.CharField()
+    usage_quantity = serializers.CharField()
+    amount = serializers.CharField()
+    currency = serializers.CharField()
+
+
+class CellLedgerRowSerializer(serializers.Serializer[Any]):
+    """One ledger row of the cell."""
+
+    id = serializers.IntegerField()
+    url = serializers.URLField()
+    occurred_at = serializers.DateTimeField()
+    unit = serializers.CharField()
+    quantity = serializers.CharField()
+    amount = serializers.CharField()
+    currency = serializers.CharField()
+    price_book_version = serializers.IntegerField()
+
+
+class CellRowsSerializer(serializers.Serializer[Any]):
+    """What lies behind one cell: its invoice lines and (the first 500 of) its ledger rows."""
+
+    invoice_lines = InvoiceLineSerializer(many=True)
+    ledger_row_count = serializers.IntegerField()
+    ledger_rows = CellLedgerRowSerializer(many=True)
 
 
 def _cell_json(cell: ReconciliationCell, kind: str) -> dict[str, Any]:
@@ -139,7 +218,10 @@ class InvoiceImportViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSe
     queryset = invoice_imports()
     query_params_known = ("day", "resource", "service")  # the rows action's cell
 
-    @extend_schema(request={"multipart/form-data": InvoiceUploadSerializer})
+    @extend_schema(
+        request={"multipart/form-data": InvoiceUploadSerializer},
+        responses={201: InvoiceReconciliationSerializer},
+    )
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         payload = InvoiceUploadSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
@@ -157,12 +239,21 @@ class InvoiceImportViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSe
         body = {**self.get_serializer(invoice).data, **_result_json(reconciliation_result(invoice=invoice))}
         return Response(body, status=status.HTTP_201_CREATED)
 
+    @extend_schema(responses=InvoiceReconciliationSerializer)
     def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         invoice = self.get_object()
         return Response(
             {**self.get_serializer(invoice).data, **_result_json(reconciliation_result(invoice=invoice))}
         )
 
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("day", OpenApiTypes.DATE, required=True),
+            OpenApiParameter("resource", str, description="the cell's resource id (or give service)"),
+            OpenApiParameter("service", str, description="the cell's service (or give resource)"),
+        ],
+        responses=CellRowsSerializer,
+    )
     @action(detail=True, methods=["get"])
     def rows(self, request: Request, pk: str | None = None) -> Response:
         """?day=YYYY-MM-DD and resource=ID or service=NAME: the invoice lines and ledger rows of that cell."""

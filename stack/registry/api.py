@@ -7,7 +7,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.db.models import QuerySet
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field, extend_schema_view
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -211,6 +211,7 @@ class WorkflowSerializer(ModelSerializer[Workflow]):
         fields = ["id", "slug", "owner", "team", "description", "current_policy", "route", "created_at"]
         read_only_fields = ["id", "created_at"]
 
+    @extend_schema_field(PolicyVersionSerializer(allow_null=True))
     def get_current_policy(self, obj: Workflow) -> dict[str, Any] | None:
         policy = workflow_current_policy(workflow=obj)
         return PolicyVersionSerializer(policy).data if policy is not None else None
@@ -223,29 +224,41 @@ class WorkflowSerializer(ModelSerializer[Workflow]):
         return fields
 
 
+# The schema of PUT and PATCH (documentation only): WorkflowSerializer.get_fields drops the
+# route when it updates a workflow.
+class WorkflowChangeSerializer(WorkflowSerializer):
+    """A workflow as PUT and PATCH take it: its route changes through /switch/ and /policy/."""
+
+    route = None  # type: ignore[assignment]
+
+    class Meta(WorkflowSerializer.Meta):
+        fields = [f for f in WorkflowSerializer.Meta.fields if f != "route"]
+
+
 class SwitchPrimarySerializer(serializers.Serializer[Any]):
     deployment = serializers.SlugRelatedField(slug_field="slug", queryset=Deployment.objects.all())
     reason = serializers.CharField(max_length=500)
 
 
 class FailoverEventSerializer(ModelSerializer[FailoverEvent]):
+    # Each side names a provider, a cluster or a deployment, as the kind of failover has it.
     from_provider: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
-        slug_field="slug", read_only=True
+        slug_field="slug", read_only=True, allow_null=True
     )
     to_provider: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
-        slug_field="slug", read_only=True
+        slug_field="slug", read_only=True, allow_null=True
     )
     from_cluster: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
-        slug_field="slug", read_only=True
+        slug_field="slug", read_only=True, allow_null=True
     )
     to_cluster: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
-        slug_field="slug", read_only=True
+        slug_field="slug", read_only=True, allow_null=True
     )
     from_deployment: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
-        slug_field="slug", read_only=True
+        slug_field="slug", read_only=True, allow_null=True
     )
     to_deployment: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
-        slug_field="slug", read_only=True
+        slug_field="slug", read_only=True, allow_null=True
     )
 
     class Meta:
@@ -315,6 +328,10 @@ class DeploymentViewSet(viewsets.ModelViewSet[Deployment]):
     lookup_field = "slug"
 
 
+@extend_schema_view(
+    update=extend_schema(request=WorkflowChangeSerializer),
+    partial_update=extend_schema(request=WorkflowChangeSerializer),
+)
 class WorkflowViewSet(viewsets.ModelViewSet[Workflow]):
     """Workflows; their routes are immutable versions changed via /switch/ and /policy/."""
 
@@ -370,8 +387,9 @@ class WorkflowViewSet(viewsets.ModelViewSet[Workflow]):
         )
         return Response(PolicyVersionSerializer(policy).data, status=status.HTTP_201_CREATED)
 
+    # One unpaginated list (a workflow has few versions): pagination_class=None tells the schema so.
     @extend_schema(responses=PolicyVersionSerializer(many=True))
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], pagination_class=None)
     def versions(self, request: Request, slug: str | None = None) -> Response:
         """Every policy version, newest first."""
         workflow = self.get_object()
@@ -379,6 +397,13 @@ class WorkflowViewSet(viewsets.ModelViewSet[Workflow]):
         return Response(PolicyVersionSerializer(versions, many=True).data)
 
 
+@extend_schema_view(
+    list=extend_schema(
+        parameters=[
+            OpenApiParameter("kind", str, enum=FailoverEvent.Kind.values, description="only this kind")
+        ]
+    )
+)
 class FailoverEventViewSet(viewsets.ReadOnlyModelViewSet[FailoverEvent]):
     serializer_class = FailoverEventSerializer
     query_params_known = ("kind",)

@@ -14,5 +14,6 @@ class RegistryConfig(AppConfig):
     verbose_name = "Registry"
 
     def ready(self) -> None:
-        # Connect the worker-side heartbeat signal handlers.
-        from stack.registry import worker_signals  # noqa: F401
+        # Connect the worker-side heartbeat signal handlers, and register the bearer tokens'
+        # OpenAPI security scheme (a drf-spectacular extension registers when it is defined).
+        from stack.registry import schema, worker_signals  # noqa: F401

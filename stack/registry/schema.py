@@ -1,0 +1,106 @@
+"""What the OpenAPI schema says about every /api/ operation, beyond each view's own serializers.
+
+- `BearerTokenScheme`: the security scheme of our bearer tokens. drf-spectacular registers an
+  extension when its class is defined, so RegistryConfig.ready imports this module (importing it
+  from authentication.py would be circular: drf-spectacular imports DRF's views, which load the
+  authentication classes).
+- `error_responses`: drf-spectacular documents each view's success response; the error answers
+  are the same everywhere (DRF's exceptions and stack.api_errors), so one post-processing hook
+  documents them for every operation instead of a decorator on each view. It runs after
+  drf-spectacular's enum hook (SPECTACULAR_SETTINGS["POSTPROCESSING_HOOKS"]).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.openapi import AutoSchema
+
+from stack.registry.authentication import BearerTokenAuthentication
+
+
+class BearerTokenScheme(OpenApiAuthenticationExtension):
+    """`Authorization: Bearer sy_...`, listed as `bearerAuth` beside DRF's session `cookieAuth`."""
+
+    target_class = BearerTokenAuthentication
+    name = "bearerAuth"
+
+    def get_security_definition(self, auto_schema: AutoSchema) -> dict[str, str]:
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "An API token (`sy_...`) from the Tokens page or `manage.py apitoken`.",
+        }
+
+
+# A slug is a Django SlugField (validate_slug): every object addressed by slug has one of these.
+SLUG_PATTERN = r"^[-a-zA-Z0-9_]+$"
+
+_DETAIL = {"$ref": "#/components/schemas/ErrorDetail"}
+_FIELDS = {"$ref": "#/components/schemas/FieldErrors"}
+
+COMPONENTS: dict[str, dict[str, Any]] = {
+    "ErrorDetail": {
+        "type": "object",
+        "description": "An error about the request as a whole.",
+        "properties": {"detail": {"type": "string"}},
+        "required": ["detail"],
+    },
+    "FieldErrors": {
+        "type": "object",
+        "description": (
+            "Refused input: messages per field name (`non_field_errors` for the request as a whole, "
+            "nested as the input is), `detail` for an unreadable body, or `errors` (line, column, "
+            "message) for a refused file."
+        ),
+        "additionalProperties": {},
+    },
+}
+
+
+def _response(description: str, schema: dict[str, str]) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+# A path that no route matches (an id that is not a number, a slug with a dot) never reaches DRF:
+# Django answers its own HTML page.
+_NOT_FOUND = {
+    "description": "No such object (an HTML page when the path matches no route at all).",
+    "content": {
+        "application/json": {"schema": _DETAIL},
+        "text/html": {"schema": {"type": "string"}},
+    },
+}
+
+
+def _takes_input(operation: dict[str, Any]) -> bool:
+    return "requestBody" in operation or bool(operation.get("parameters"))
+
+
+def error_responses(
+    result: dict[str, Any], generator: Any, request: Any, public: bool, **kwargs: Any
+) -> dict[str, Any]:
+    """Document the error answers that every operation can give, and the format of slugs in paths.
+
+    - 400 (FieldErrors) where the operation takes input: serializer and domain errors (DomainError).
+    - 401 without valid credentials; 403 when the caller's role may not do this (RolePermission).
+    - 404 where the path names an object; 409 on DELETE of an object still referenced (ProtectedError).
+    """
+    result.setdefault("components", {}).setdefault("schemas", {}).update(COMPONENTS)
+    for item in result.get("paths", {}).values():
+        for method, operation in item.items():
+            responses = operation.setdefault("responses", {})
+            if _takes_input(operation):
+                responses.setdefault("400", _response("Refused input.", _FIELDS))
+            responses.setdefault("401", _response("No valid credentials.", _DETAIL))
+            responses.setdefault("403", _response("This role may not do this.", _DETAIL))
+            parameters = operation.get("parameters", [])
+            if any(p.get("in") == "path" for p in parameters):
+                responses.setdefault("404", _NOT_FOUND)
+            if method == "delete":
+                responses.setdefault("409", _response("Still referenced by other records.", _DETAIL))
+            for parameter in parameters:
+                if parameter.get("in") == "path" and parameter.get("name") == "slug":
+                    parameter["schema"] = {**parameter["schema"], "pattern": SLUG_PATTERN}
+    return result

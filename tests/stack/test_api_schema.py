@@ -1,0 +1,116 @@
+"""The OpenAPI schema passes drf-spectacular's own validation without a warning, and says what the API does.
+
+What each endpoint answers is checked against the schema by Schemathesis (tests/stack/test_api_fuzz.py);
+these are the fast checks of the schema itself.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from drf_spectacular.drainage import GENERATOR_STATS
+from drf_spectacular.generators import SchemaGenerator
+
+from billing.exports import FILTER_FIELDS
+from tests.factories import api_client, make_workflow
+
+
+@pytest.fixture(scope="module")
+def schema() -> dict[str, Any]:
+    return SchemaGenerator().get_schema(request=None, public=True)
+
+
+def _operations(schema: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    return [
+        (path, method, operation)
+        for path, item in schema["paths"].items()
+        for method, operation in item.items()
+    ]
+
+
+def test_drf_spectacular_validates_the_schema_and_warns_of_nothing(tmp_path: Path) -> None:
+    GENERATOR_STATS.reset()  # counts left by schemas generated earlier in this session
+    # --fail-on-warn raises on any warning or error, --validate on a schema that is not valid OpenAPI.
+    call_command("spectacular", "--validate", "--fail-on-warn", "--file", str(tmp_path / "schema.yml"))
+    written = yaml.safe_load((tmp_path / "schema.yml").read_text())
+    assert written["openapi"].startswith("3.")
+    assert "/api/usage-export/" in written["paths"]  # the plain APIView is documented too
+
+
+def test_every_operation_takes_a_bearer_token_or_a_session(schema: dict[str, Any]) -> None:
+    schemes = schema["components"]["securitySchemes"]
+    assert schemes["bearerAuth"]["type"] == "http"
+    assert schemes["bearerAuth"]["scheme"] == "bearer"
+    assert schemes["cookieAuth"] == {"type": "apiKey", "in": "cookie", "name": "sessionid"}
+    for path, method, operation in _operations(schema):
+        assert operation["security"] == [{"bearerAuth": []}, {"cookieAuth": []}], (method, path)
+
+
+def test_every_operation_documents_its_error_answers(schema: dict[str, Any]) -> None:
+    for path, method, operation in _operations(schema):
+        responses = operation["responses"]
+        assert {"401", "403"} <= responses.keys(), (method, path)
+        if "{" in path:
+            assert "404" in responses, (method, path)
+        if method == "delete":
+            assert "409" in responses, (method, path)
+        if "requestBody" in operation:
+            assert "400" in responses, (method, path)
+
+
+def test_slugs_in_paths_are_documented_as_slugs(schema: dict[str, Any]) -> None:
+    slugs = [
+        parameter
+        for _, _, operation in _operations(schema)
+        for parameter in operation.get("parameters", [])
+        if parameter["in"] == "path" and parameter["name"] == "slug"
+    ]
+    assert len(slugs) > 20
+    assert all(p["schema"] == {"type": "string", "pattern": "^[-a-zA-Z0-9_]+$"} for p in slugs)
+
+
+def test_a_workflows_versions_are_one_list_in_the_schema_and_the_answer(
+    schema: dict[str, Any], operator: User
+) -> None:
+    documented = schema["paths"]["/api/workflows/{slug}/versions/"]["get"]["responses"]["200"]
+    assert documented["content"]["application/json"]["schema"] == {
+        "type": "array",
+        "items": {"$ref": "#/components/schemas/PolicyVersion"},
+    }
+    workflow = make_workflow(owner=operator)
+    answer = api_client(operator).get(f"/api/workflows/{workflow.slug}/versions/").json()
+    assert [v["version"] for v in answer] == [1]
+
+
+def test_the_usage_export_documents_every_filter_and_format(schema: dict[str, Any]) -> None:
+    operation = schema["paths"]["/api/usage-export/"]["get"]
+    assert {p["name"] for p in operation["parameters"]} == {"format", *FILTER_FIELDS}
+    assert set(operation["responses"]["200"]["content"]) == {
+        "text/csv",
+        "application/x-ndjson",
+        "application/vnd.apache.parquet",
+    }
+
+
+def test_fields_that_can_be_empty_are_nullable(schema: dict[str, Any]) -> None:
+    components = schema["components"]["schemas"]
+    for component, field in [
+        ("FailoverEvent", "from_provider"),
+        ("FailoverEvent", "to_deployment"),
+        ("UsageRecord", "cluster"),
+        ("ProbeJob", "created_by"),
+        ("TrainingRun", "created_by"),
+        ("TrainingRun", "registered_model"),
+        ("ExportJob", "created_by"),
+        ("InvoiceImport", "uploaded_by"),
+        ("Chaos", "updated_at"),
+        ("QualityRecord", "request_id"),
+        ("Budget", "current"),
+        ("Workflow", "current_policy"),
+    ]:
+        assert components[component]["properties"][field].get("nullable") is True, (component, field)
