@@ -41,7 +41,7 @@ from inference.models import (
     QualityRecord,
 )
 from inference.services import chaos_config_set
-from stack.registry.api_fields import FloatField, IntegerField, JSONField, ModelSerializer
+from stack.registry.api_fields import FloatField, IntegerField, JSONField, ModelSerializer, ResponseSerializer
 from stack.registry.models import Deployment, Workflow
 from stack.registry.roles import ALL_ROLES, OPERATORS
 from stack.registry.validation import INTEGER_MAX, id_parse
@@ -325,7 +325,7 @@ class FeedbackViewSet(viewsets.GenericViewSet[QualityRecord]):
 
 
 # The schema of BatchJobSerializer.get_progress (documentation only).
-class BatchProgressSerializer(serializers.Serializer[Any]):
+class BatchProgressSerializer(ResponseSerializer):
     """How far the job is: lines done and failed, the fraction finished, the cost so far as text."""
 
     state = serializers.ChoiceField(choices=BatchJob.State.choices)

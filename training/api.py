@@ -13,7 +13,7 @@ from rest_framework.response import Response
 from rest_framework.routers import BaseRouter
 
 from billing.money import ledger_text_or_none
-from stack.registry.api_fields import JSONField, ModelSerializer
+from stack.registry.api_fields import JSONField, ModelSerializer, ResponseSerializer
 from stack.registry.models import Cluster
 from training.models import ProbeJob, TrainingRun
 from training.run_config import RunConfigError
@@ -79,7 +79,7 @@ class TrainingRunCancelSerializer(serializers.Serializer[TrainingRun]):
 # --- The schema of the runs' computed fields (documentation only: the views build plain dicts) ---
 
 
-class RunProgressSerializer(serializers.Serializer[Any]):
+class RunProgressSerializer(ResponseSerializer):
     """Versions, tokens and eval loss so far, and the cost so far as text."""
 
     versions = serializers.IntegerField()
@@ -104,7 +104,7 @@ _RUN_TRANSITIONS = inline_serializer(
 )
 
 
-class RunLearnerSerializer(serializers.Serializer[Any]):
+class RunLearnerSerializer(ResponseSerializer):
     index = serializers.IntegerField()
     cluster = serializers.CharField(allow_null=True)
     generation = serializers.IntegerField()
@@ -115,7 +115,7 @@ class RunLearnerSerializer(serializers.Serializer[Any]):
     worker_hostname = serializers.CharField()
 
 
-class RunPlacementSerializer(serializers.Serializer[Any]):
+class RunPlacementSerializer(ResponseSerializer):
     learner_index = serializers.IntegerField()
     generation = serializers.IntegerField()
     cluster = serializers.CharField()
@@ -127,13 +127,13 @@ class RunPlacementSerializer(serializers.Serializer[Any]):
     candidates = serializers.JSONField()
 
 
-class RunClusterCostSerializer(serializers.Serializer[Any]):
+class RunClusterCostSerializer(ResponseSerializer):
     cluster = serializers.CharField(allow_null=True)
     amount = serializers.CharField(allow_null=True)
     quantity = serializers.CharField(allow_null=True)
 
 
-class RunFailoverSerializer(serializers.Serializer[Any]):
+class RunFailoverSerializer(ResponseSerializer):
     id = serializers.IntegerField()
     subject = serializers.CharField()
     reason = serializers.CharField()
@@ -146,7 +146,7 @@ class RunFailoverSerializer(serializers.Serializer[Any]):
     currency = serializers.CharField()
 
 
-class RunMetricsSerializer(serializers.Serializer[Any]):
+class RunMetricsSerializer(ResponseSerializer):
     """The run's chart series: published versions, train loss per learner, bytes sent and events."""
 
     state = serializers.ChoiceField(choices=TrainingRun.State.choices)

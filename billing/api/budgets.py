@@ -21,7 +21,7 @@ from billing.budgets import (
 )
 from billing.models import Budget, BudgetAlert
 from billing.money import CENT, ledger_text
-from stack.registry.api_fields import IntegerField, ModelSerializer
+from stack.registry.api_fields import IntegerField, ModelSerializer, ResponseSerializer
 from stack.registry.models import Cluster, Provider, Workflow
 from stack.registry.roles import LEDGER_READERS, OPERATORS
 from stack.registry.validation import id_parse
@@ -45,7 +45,7 @@ def budget_state_json(state: BudgetState | None) -> dict[str, Any] | None:
 
 
 # The schema of budget_state_json (documentation only).
-class BudgetFiguresSerializer(serializers.Serializer[Any]):
+class BudgetFiguresSerializer(ResponseSerializer):
     """This period's figures: money as text, and when the budget runs out at the current rate."""
 
     start = serializers.DateTimeField()

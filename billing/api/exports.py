@@ -26,7 +26,7 @@ from billing.exports import (
     export_job_file_names,
 )
 from billing.models import ExportJob, Unit
-from stack.registry.api_fields import ModelSerializer, RefuseUnknownFields
+from stack.registry.api_fields import ModelSerializer, RefuseUnknownFields, ResponseSerializer
 from stack.registry.roles import LEDGER_READERS
 
 
@@ -89,7 +89,7 @@ class UsageExportView(APIView):
 
 
 # The schema of ExportJobSerializer.get_files (documentation only).
-class ExportFileSerializer(serializers.Serializer[Any]):
+class ExportFileSerializer(ResponseSerializer):
     """One of the job's files: its name and where to download it."""
 
     name = serializers.CharField()

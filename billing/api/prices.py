@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from billing.models import PriceBook
 from billing.price_import import FileImportError, price_import_upload
 from billing.services import price_book_publish
-from stack.registry.api_fields import DecimalField, ModelSerializer
+from stack.registry.api_fields import DecimalField, ModelSerializer, ResponseSerializer
 from stack.registry.models import Cluster, Deployment, Provider
 from stack.registry.roles import ADMINS, LEDGER_READERS
 
@@ -73,7 +73,7 @@ class PriceImportRequestSerializer(serializers.Serializer[Any]):
 
 
 # The schema of import_file's answer (documentation only).
-class PriceImportResultSerializer(serializers.Serializer[Any]):
+class PriceImportResultSerializer(ResponseSerializer):
     """The price versions an import added, and how many of its rows changed nothing."""
 
     created = PriceBookSerializer(many=True)

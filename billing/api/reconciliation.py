@@ -33,7 +33,7 @@ from billing.reconciliation import (
     reconciliation_import,
     reconciliation_result,
 )
-from stack.registry.api_fields import DecimalField, ModelSerializer
+from stack.registry.api_fields import DecimalField, ModelSerializer, ResponseSerializer
 from stack.registry.models import Provider
 from stack.registry.roles import LEDGER_READERS
 
@@ -76,7 +76,7 @@ class InvoiceUploadSerializer(serializers.Serializer[Any]):
 
 
 # The schemas of _cell_json, _result_json, _line_json and _rows_json (documentation only).
-class ReconciliationCellSerializer(serializers.Serializer[Any]):
+class ReconciliationCellSerializer(ResponseSerializer):
     """One cell of the comparison: a UTC day and a resource (with its services) or a service."""
 
     day = serializers.DateField()
@@ -96,13 +96,14 @@ class ReconciliationCellSerializer(serializers.Serializer[Any]):
 class InvoiceReconciliationSerializer(InvoiceImportSerializer):
     """An imported invoice and its comparison with the ledger, per resource and per service."""
 
-    currency = serializers.CharField()
-    invoice_total = serializers.CharField()
-    ledger_total = serializers.CharField()
-    mismatch_count = serializers.IntegerField()
-    by_resource = ReconciliationCellSerializer(many=True)
-    by_service = ReconciliationCellSerializer(many=True)
-    other_currencies = serializers.DictField(child=serializers.CharField())
+    # What the comparison found: output only.
+    currency = serializers.CharField(read_only=True)
+    invoice_total = serializers.CharField(read_only=True)
+    ledger_total = serializers.CharField(read_only=True)
+    mismatch_count = serializers.IntegerField(read_only=True)
+    by_resource = ReconciliationCellSerializer(many=True, read_only=True)
+    by_service = ReconciliationCellSerializer(many=True, read_only=True)
+    other_currencies = serializers.DictField(child=serializers.CharField(), read_only=True)
 
     class Meta(InvoiceImportSerializer.Meta):
         fields = [
@@ -118,7 +119,7 @@ class InvoiceReconciliationSerializer(InvoiceImportSerializer):
         read_only_fields = fields
 
 
-class InvoiceLineSerializer(serializers.Serializer[Any]):
+class InvoiceLineSerializer(ResponseSerializer):
     """One line of the invoice."""
 
     line_number = serializers.IntegerField()
@@ -130,7 +131,7 @@ class InvoiceLineSerializer(serializers.Serializer[Any]):
     currency = serializers.CharField()
 
 
-class CellLedgerRowSerializer(serializers.Serializer[Any]):
+class CellLedgerRowSerializer(ResponseSerializer):
     """One ledger row of the cell."""
 
     id = serializers.IntegerField()
@@ -143,7 +144,7 @@ class CellLedgerRowSerializer(serializers.Serializer[Any]):
     price_book_version = serializers.IntegerField()
 
 
-class CellRowsSerializer(serializers.Serializer[Any]):
+class CellRowsSerializer(ResponseSerializer):
     """What lies behind one cell: its invoice lines and (the first 500 of) its ledger rows."""
 
     invoice_lines = InvoiceLineSerializer(many=True)

@@ -178,3 +178,8 @@ class RefuseUnknownFields(serializers.Serializer[Any]):
                     {name: [f"unknown field; expected {expected}"] for name in unknown}
                 )
         return super().to_internal_value(data)
+
+
+class ResponseSerializer(serializers.Serializer[Any]):
+    """The shape of a response body, for the OpenAPI schema only: never used to read input, so
+    its fields need none of the checked input fields above."""
