@@ -4,7 +4,7 @@ Everything configurable comes from the environment through the typed helpers in
 `stack.env`. With no environment at all the project runs on embedded defaults
 (SQLite file and a filesystem broker under `var/`), which is what `make demo`
 uses; production (`SWITCHYARD_ENV=production`) refuses to start without a
-SECRET_KEY.
+SECRET_KEY and ALLOWED_HOSTS, and turns on HTTPS redirects, HSTS and secure cookies.
 """
 
 from __future__ import annotations
@@ -57,7 +57,14 @@ CREDENTIALS_KEY = env_str("CREDENTIALS_KEY", "")
 EXPORT_SIGNING_KEY = env_str("EXPORT_SIGNING_KEY", "")
 
 DEBUG = env_bool("DEBUG", default=not PRODUCTION)
-ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver", "[::1]"])
+if PRODUCTION:
+    # No default: the names this installation answers to are the deployer's to give.
+    ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", [])
+    if not ALLOWED_HOSTS:
+        raise ImproperlyConfigured("ALLOWED_HOSTS must be set in production (comma-separated host names)")
+else:
+    # Loopback only. Django's test runner adds "testserver" itself, so it is never listed here.
+    ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
 INSTALLED_APPS = [
@@ -159,11 +166,27 @@ STORAGES = {
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
 }
 
-# --- Security in production ------------------------------------------------------
+# --- Security -------------------------------------------------------------------------
+# How many reverse proxies stand in front of the web app. 0: none, so neither
+# X-Forwarded-Proto nor X-Forwarded-For is believed (a client could send either). N > 0:
+# the proxies set X-Forwarded-Proto and each appends to X-Forwarded-For.
+SWITCHYARD_TRUSTED_PROXIES = env_int("SWITCHYARD_TRUSTED_PROXIES", 0, minimum=0)
+if SWITCHYARD_TRUSTED_PROXIES:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 if PRODUCTION:
     SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", True)
     CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", True)
-    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)
+    # Load balancers and container health checks ask over plain HTTP from the inside.
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+    # An hour to start with; raise it (31536000, a year) once HTTPS is known to work, since a
+    # browser that saw the header refuses plain HTTP for that long. 0 turns HSTS off.
+    SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 3600, minimum=0)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", True)
+# Error pages and error reports hide connection strings, tokens and keys (stack.error_reports).
+DEFAULT_EXCEPTION_REPORTER_FILTER = "stack.error_reports.CredentialHidingFilter"
+DEFAULT_EXCEPTION_REPORTER = "stack.error_reports.CredentialHidingReporter"
 
 # --- Broker and Celery -------------------------------------------------------------
 REDIS_URL = env_str("REDIS_URL", "")
