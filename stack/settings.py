@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -77,6 +78,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "django_celery_beat",
+    "axes",
     "stack.registry.apps.RegistryConfig",
     "billing.apps.BillingConfig",
     "training.apps.TrainingConfig",
@@ -97,6 +99,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: turns a throttled login into the lockout page (stack.login_throttle).
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "stack.urls"
@@ -149,6 +153,28 @@ AUTH_PASSWORD_VALIDATORS = [
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "overview"
 LOGOUT_REDIRECT_URL = "login"
+AUTHENTICATION_BACKENDS = [
+    # First: refuses a throttled username+address before any password is checked.
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+
+# --- Login throttling (django-axes) ------------------------------------------------
+# Failed logins are counted per (username, client address) pair, not per username or per
+# address alone: locking a username wherever the attempts come from would let anyone lock any
+# user out (a denial of service against admins), and locking an address would lock out a whole
+# office behind one NAT for one person's typos. The pair stops one source guessing one
+# account's password and leaves the real user, from their own address, able to log in.
+# Guessing spread over many addresses is not stopped by this; strong passwords stay needed.
+AXES_FAILURE_LIMIT = env_int("SWITCHYARD_LOGIN_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = timedelta(seconds=env_int("SWITCHYARD_LOGIN_COOLOFF_SECONDS", 900, minimum=1))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True  # a successful login clears that pair's count
+AXES_CLIENT_IP_CALLABLE = "stack.login_throttle.client_ip"
+AXES_LOCKOUT_CALLABLE = "stack.login_throttle.lockout_response"
+# Attempts are rows in the database (axes' default handler), so they roll back with each test.
+AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
+AXES_VERBOSE = False  # no banner at every process start; lockouts are still logged
 
 # --- Internationalisation and time --------------------------------------------
 LANGUAGE_CODE = "en-us"

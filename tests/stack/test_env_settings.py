@@ -171,6 +171,8 @@ def test_settings_parse_good_urls_from_the_environment(load_settings: Any) -> No
         ("DEBUG", "perhaps"),
         ("DB_CONN_MAX_AGE", "-1"),
         ("SWITCHYARD_HEARTBEAT_SECONDS", "often"),
+        ("SWITCHYARD_LOGIN_FAILURE_LIMIT", "0"),
+        ("SWITCHYARD_LOGIN_COOLOFF_SECONDS", "soon"),
         ("SWITCHYARD_TRUSTED_PROXIES", "-1"),
     ],
 )
@@ -230,6 +232,16 @@ def test_the_proxy_header_is_trusted_only_when_a_proxy_is_declared(load_settings
     assert "SECURE_PROXY_SSL_HEADER" not in load_settings(SWITCHYARD_TRUSTED_PROXIES="0")
     loaded = load_settings(SWITCHYARD_TRUSTED_PROXIES="1")
     assert loaded["SECURE_PROXY_SSL_HEADER"] == ("HTTP_X_FORWARDED_PROTO", "https")
+
+
+def test_login_throttling_limits_come_from_the_environment(load_settings: Any) -> None:
+    from datetime import timedelta
+
+    defaults = load_settings()
+    assert (defaults["AXES_FAILURE_LIMIT"], defaults["AXES_COOLOFF_TIME"]) == (5, timedelta(minutes=15))
+    assert defaults["AXES_LOCKOUT_PARAMETERS"] == [["username", "ip_address"]]
+    loaded = load_settings(SWITCHYARD_LOGIN_FAILURE_LIMIT="10", SWITCHYARD_LOGIN_COOLOFF_SECONDS="60")
+    assert (loaded["AXES_FAILURE_LIMIT"], loaded["AXES_COOLOFF_TIME"]) == (10, timedelta(seconds=60))
 
 
 def test_settings_refuse_heartbeat_timings_out_of_order(load_settings: Any) -> None:
