@@ -13,6 +13,7 @@ from django.shortcuts import render
 from django.utils import timezone
 from django.views import View
 from django.views.decorators.cache import cache_control
+from django.views.decorators.http import require_safe
 from rest_framework.exceptions import AuthenticationFailed
 
 from billing import charts
@@ -84,6 +85,7 @@ def _may_see_health_detail(request: HttpRequest) -> bool:
     return authenticated is not None and user_has_role(authenticated[0], ADMINS)
 
 
+@require_safe  # GET and HEAD; anything else is 405 (stack/access.py)
 def healthz(request: HttpRequest) -> JsonResponse:
     """`{"status": "ok"}` (200) or `{"status": "degraded"}` (503) for anyone; with a staff or admin
     session or an admin's token, also the database, broker, object store and per-cluster workers."""
@@ -133,6 +135,7 @@ def healthz(request: HttpRequest) -> JsonResponse:
     return JsonResponse(body, status=code)
 
 
+@require_safe
 @cache_control(max_age=86400, public=True)
 def plotly_js(request: HttpRequest) -> FileResponse:
     """plotly.js from the installed `plotly` package, so pages need no CDN."""
