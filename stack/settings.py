@@ -4,13 +4,14 @@ Everything configurable comes from the environment through the typed helpers in
 `stack.env`. With no environment at all the project runs on embedded defaults
 (SQLite file and a filesystem broker under `var/`), which is what `make demo`
 uses; production (`SWITCHYARD_ENV=production`) refuses to start without a
-SECRET_KEY.
+SECRET_KEY and ALLOWED_HOSTS, and turns on HTTPS redirects, HSTS and secure cookies.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -57,7 +58,14 @@ CREDENTIALS_KEY = env_str("CREDENTIALS_KEY", "")
 EXPORT_SIGNING_KEY = env_str("EXPORT_SIGNING_KEY", "")
 
 DEBUG = env_bool("DEBUG", default=not PRODUCTION)
-ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver", "[::1]"])
+if PRODUCTION:
+    # No default: the names this installation answers to are the deployer's to give.
+    ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", [])
+    if not ALLOWED_HOSTS:
+        raise ImproperlyConfigured("ALLOWED_HOSTS must be set in production (comma-separated host names)")
+else:
+    # Loopback only. Django's test runner adds "testserver" itself, so it is never listed here.
+    ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
 INSTALLED_APPS = [
@@ -70,6 +78,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "django_celery_beat",
+    "axes",
     "stack.registry.apps.RegistryConfig",
     "billing.apps.BillingConfig",
     "training.apps.TrainingConfig",
@@ -90,6 +99,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: turns a throttled login into the lockout page (stack.login_throttle).
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "stack.urls"
@@ -142,6 +153,28 @@ AUTH_PASSWORD_VALIDATORS = [
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "overview"
 LOGOUT_REDIRECT_URL = "login"
+AUTHENTICATION_BACKENDS = [
+    # First: refuses a throttled username+address before any password is checked.
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+
+# --- Login throttling (django-axes) ------------------------------------------------
+# Failed logins are counted per (username, client address) pair, not per username or per
+# address alone: locking a username wherever the attempts come from would let anyone lock any
+# user out (a denial of service against admins), and locking an address would lock out a whole
+# office behind one NAT for one person's typos. The pair stops one source guessing one
+# account's password and leaves the real user, from their own address, able to log in.
+# Guessing spread over many addresses is not stopped by this; strong passwords stay needed.
+AXES_FAILURE_LIMIT = env_int("SWITCHYARD_LOGIN_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = timedelta(seconds=env_int("SWITCHYARD_LOGIN_COOLOFF_SECONDS", 900, minimum=1))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True  # a successful login clears that pair's count
+AXES_CLIENT_IP_CALLABLE = "stack.login_throttle.client_ip"
+AXES_LOCKOUT_CALLABLE = "stack.login_throttle.lockout_response"
+# Attempts are rows in the database (axes' default handler), so they roll back with each test.
+AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
+AXES_VERBOSE = False  # no banner at every process start; lockouts are still logged
 
 # --- Internationalisation and time --------------------------------------------
 LANGUAGE_CODE = "en-us"
@@ -159,11 +192,27 @@ STORAGES = {
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
 }
 
-# --- Security in production ------------------------------------------------------
+# --- Security -------------------------------------------------------------------------
+# How many reverse proxies stand in front of the web app. 0: none, so neither
+# X-Forwarded-Proto nor X-Forwarded-For is believed (a client could send either). N > 0:
+# the proxies set X-Forwarded-Proto and each appends to X-Forwarded-For.
+SWITCHYARD_TRUSTED_PROXIES = env_int("SWITCHYARD_TRUSTED_PROXIES", 0, minimum=0)
+if SWITCHYARD_TRUSTED_PROXIES:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 if PRODUCTION:
     SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", True)
     CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", True)
-    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)
+    # Load balancers and container health checks ask over plain HTTP from the inside.
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+    # An hour to start with; raise it (31536000, a year) once HTTPS is known to work, since a
+    # browser that saw the header refuses plain HTTP for that long. 0 turns HSTS off.
+    SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 3600, minimum=0)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", True)
+# Error pages and error reports hide connection strings, tokens and keys (stack.error_reports).
+DEFAULT_EXCEPTION_REPORTER_FILTER = "stack.error_reports.CredentialHidingFilter"
+DEFAULT_EXCEPTION_REPORTER = "stack.error_reports.CredentialHidingReporter"
 
 # --- Broker and Celery -------------------------------------------------------------
 REDIS_URL = env_str("REDIS_URL", "")
@@ -324,5 +373,6 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    # axes logs every login at INFO; failed logins and lockouts are WARNING and stay.
+    "loggers": {"django.db.backends": {"level": "WARNING"}, "axes": {"level": "WARNING"}},
 }

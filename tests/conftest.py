@@ -1,4 +1,9 @@
-"""Shared fixtures. Data builders live in tests/factories.py."""
+"""Shared fixtures. Data builders live in tests/factories.py.
+
+Log users in with `client.force_login(user)` or a POST to /login/. Login throttling
+(django-axes) is on in tests as everywhere: its backend refuses `client.login()`, which calls
+authenticate() without a request. Failed-login counts are database rows, so every test starts
+with none."""
 
 from __future__ import annotations
 

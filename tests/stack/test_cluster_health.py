@@ -216,16 +216,19 @@ def test_cluster_health_events_are_listed_by_the_api(last_beat: datetime, viewer
 # --- /healthz --------------------------------------------------------------------------------------
 
 
-def test_healthz_reports_database_broker_and_each_cluster_without_login(last_beat: datetime) -> None:
+def test_healthz_shows_an_admin_token_the_database_broker_and_each_cluster(
+    last_beat: datetime, admin_user: User
+) -> None:
     cluster = _healthy_cluster(last_beat)
     _beat(cluster)
     idle = make_cluster(slug="idle")
 
-    response = Client().get("/healthz")
+    response = api_client(admin_user).get("/healthz")
     assert response.status_code == 200
     assert response["Content-Type"] == "application/json"
     body = response.json()
     assert body["ok"] is True
+    assert body["status"] == "ok"
     assert body["database"]["ok"] is True
     assert body["database"]["vendor"] in {"sqlite", "postgresql"}
     assert body["broker"]["ok"] is True
@@ -234,7 +237,65 @@ def test_healthz_reports_database_broker_and_each_cluster_without_login(last_bea
     assert by_slug[cluster.slug]["queue"] == f"cluster.{cluster.slug}"
     assert by_slug[cluster.slug]["seconds_since_heartbeat"] >= 0
     assert [w["hostname"] for w in by_slug[cluster.slug]["workers"]] == ["w1@host"]
+    assert [w["pid"] for w in by_slug[cluster.slug]["workers"]] == [4242]
     idle_entry = {k: by_slug["idle"][k] for k in ("status", "queue", "last_heartbeat_at", "workers")}
     assert idle_entry == {"status": "down", "queue": "cluster.idle", "last_heartbeat_at": None, "workers": []}
     assert body["all_clusters_healthy"] is False
     assert idle.status == Cluster.Status.DOWN
+
+
+def _assert_status_only(response: Any, last_beat_host: str = "w1@host") -> None:
+    assert response.status_code == 200
+    assert response.json() == {"ok": True, "status": "ok"}
+    text = response.content.decode()
+    for secret in (last_beat_host, "4242", "cluster.", "sqlite", "postgresql", "file://", "s3://"):
+        assert secret not in text
+
+
+def test_healthz_answers_anonymous_callers_with_the_status_only(last_beat: datetime) -> None:
+    _beat(_healthy_cluster(last_beat))
+    _assert_status_only(Client().get("/healthz"))
+
+
+@pytest.mark.parametrize("role", ["viewer", "operator", "auditor"])
+def test_healthz_answers_tokens_and_sessions_of_other_roles_with_the_status_only(
+    last_beat: datetime, role: str, request: pytest.FixtureRequest
+) -> None:
+    _beat(_healthy_cluster(last_beat))
+    user = request.getfixturevalue(role)
+    _assert_status_only(api_client(user).get("/healthz"))
+    session = Client()
+    session.force_login(user)
+    _assert_status_only(session.get("/healthz"))
+
+
+def test_healthz_answers_a_bad_token_with_the_status_only(last_beat: datetime) -> None:
+    _beat(_healthy_cluster(last_beat))
+    _assert_status_only(Client(HTTP_AUTHORIZATION="Bearer sy_nope_nope").get("/healthz"))
+
+
+def test_healthz_shows_the_detail_to_a_staff_session_and_an_admin_session(
+    last_beat: datetime, admin_user: User
+) -> None:
+    _beat(_healthy_cluster(last_beat))
+    staff = User.objects.create_user(username="staffer", password="pw-for-tests-1", is_staff=True)
+    for user in (staff, admin_user):
+        client = Client()
+        client.force_login(user)
+        body = client.get("/healthz").json()
+        assert [w["pid"] for c in body["clusters"] for w in c["workers"]] == [4242]
+
+
+def test_healthz_answers_503_degraded_to_everyone_when_the_object_store_fails(
+    settings: Any, admin_user: User, s3_server: str
+) -> None:
+    # A real S3 endpoint whose bucket does not exist: the store answers, with an error.
+    settings.OBJECT_STORE_URL = "s3://no-such-bucket/objects"
+    settings.OBJECT_STORE_ENDPOINT_URL = s3_server
+    anonymous = Client().get("/healthz")
+    assert anonymous.status_code == 503
+    assert anonymous.json() == {"ok": False, "status": "degraded"}
+    detailed = api_client(admin_user).get("/healthz")
+    assert detailed.status_code == 503
+    assert detailed.json()["object_store"]["ok"] is False
+    assert "NoSuchBucket" in detailed.json()["object_store"]["error"]

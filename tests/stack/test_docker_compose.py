@@ -90,3 +90,35 @@ def test_app_services_get_their_configuration_from_the_environment() -> None:
         assert env["REDIS_URL"].startswith("redis://")
         assert env["OBJECT_STORE_URL"].startswith("s3://")
         assert "${SECRET_KEY:?" in env["SECRET_KEY"]  # required, never defaulted
+
+
+def test_the_app_services_environment_starts_production_mode(tmp_path: Path) -> None:
+    """The web service's environment, as compose fills it in, is enough for production's checks
+    (a secret key, allowed hosts); and plain HTTP on port 8000 is not redirected to HTTPS."""
+    import os
+    import re
+    import secrets
+    import subprocess
+    import sys
+
+    raw = _compose()["services"]["web"]["environment"]
+
+    def fill(value: str) -> str:
+        value = re.sub(r"\$\{(\w+):\?[^}]*\}", lambda m: secrets.token_urlsafe(50), value)
+        return re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: m.group(2), value)
+
+    env = {k: v for k, v in os.environ.items() if k in {"PATH", "HOME", "LANG", "TMPDIR", "VIRTUAL_ENV"}}
+    env.update({name: fill(str(value)) for name, value in raw.items()})
+    env["SWITCHYARD_VAR_DIR"] = str(tmp_path / "var")
+    code = "from django.conf import settings as s; print(s.PRODUCTION, s.DEBUG, s.SECURE_SSL_REDIRECT, s.ALLOWED_HOSTS)"
+    result = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", code],
+        cwd=settings.BASE_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "True False False ['localhost', '127.0.0.1', 'web']"

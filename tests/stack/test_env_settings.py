@@ -32,6 +32,15 @@ SETTINGS_VARIABLES = [
     "SWITCHYARD_DEGRADED_AFTER_SECONDS",
     "SWITCHYARD_DOWN_AFTER_SECONDS",
     "SWITCHYARD_HEALTH_CHECK_SECONDS",
+    "SWITCHYARD_TRUSTED_PROXIES",
+    "SECURE_SSL_REDIRECT",
+    "SECURE_HSTS_SECONDS",
+    "SECURE_HSTS_INCLUDE_SUBDOMAINS",
+    "SECURE_HSTS_PRELOAD",
+    "SESSION_COOKIE_SECURE",
+    "CSRF_COOKIE_SECURE",
+    "SWITCHYARD_LOGIN_FAILURE_LIMIT",
+    "SWITCHYARD_LOGIN_COOLOFF_SECONDS",
 ]
 
 
@@ -162,6 +171,9 @@ def test_settings_parse_good_urls_from_the_environment(load_settings: Any) -> No
         ("DEBUG", "perhaps"),
         ("DB_CONN_MAX_AGE", "-1"),
         ("SWITCHYARD_HEARTBEAT_SECONDS", "often"),
+        ("SWITCHYARD_LOGIN_FAILURE_LIMIT", "0"),
+        ("SWITCHYARD_LOGIN_COOLOFF_SECONDS", "soon"),
+        ("SWITCHYARD_TRUSTED_PROXIES", "-1"),
     ],
 )
 def test_settings_refuse_a_bad_value_naming_the_variable(load_settings: Any, name: str, value: str) -> None:
@@ -171,10 +183,65 @@ def test_settings_refuse_a_bad_value_naming_the_variable(load_settings: Any, nam
 
 def test_production_settings_require_a_secret_key(load_settings: Any) -> None:
     with pytest.raises(ImproperlyConfigured, match="SECRET_KEY must be set"):
-        load_settings(SWITCHYARD_ENV="production")
-    loaded = load_settings(SWITCHYARD_ENV="production", SECRET_KEY="k" * 50)
+        load_settings(SWITCHYARD_ENV="production", ALLOWED_HOSTS="switchyard.example.com")
+    loaded = load_settings(SWITCHYARD_ENV="production", SECRET_KEY="k" * 50, ALLOWED_HOSTS="sy.example")
     assert loaded["SECRET_KEY"] == "k" * 50
     assert loaded["DEBUG"] is False
+
+
+def test_production_settings_require_allowed_hosts(load_settings: Any) -> None:
+    with pytest.raises(ImproperlyConfigured, match="ALLOWED_HOSTS must be set in production"):
+        load_settings(SWITCHYARD_ENV="production", SECRET_KEY="k" * 50)
+    with pytest.raises(ImproperlyConfigured, match="ALLOWED_HOSTS must be set in production"):
+        load_settings(SWITCHYARD_ENV="production", SECRET_KEY="k" * 50, ALLOWED_HOSTS=" , ")
+    loaded = load_settings(SWITCHYARD_ENV="production", SECRET_KEY="k" * 50, ALLOWED_HOSTS="sy.example")
+    assert loaded["ALLOWED_HOSTS"] == ["sy.example"]
+
+
+def test_testserver_is_never_an_allowed_host_by_default(load_settings: Any) -> None:
+    # Django's test runner adds it for tests; a server must not answer to it.
+    assert "testserver" not in load_settings()["ALLOWED_HOSTS"]
+    assert "testserver" not in load_settings(SWITCHYARD_ENV="test")["ALLOWED_HOSTS"]
+
+
+def test_production_turns_on_https_redirects_hsts_and_secure_cookies(load_settings: Any) -> None:
+    loaded = load_settings(SWITCHYARD_ENV="production", SECRET_KEY="k" * 50, ALLOWED_HOSTS="sy.example")
+    assert loaded["SECURE_SSL_REDIRECT"] is True
+    assert loaded["SECURE_HSTS_SECONDS"] > 0
+    assert loaded["SECURE_HSTS_INCLUDE_SUBDOMAINS"] is True
+    assert loaded["SESSION_COOKIE_SECURE"] is True and loaded["CSRF_COOKIE_SECURE"] is True
+    # No proxy declared: X-Forwarded-Proto could be sent by anyone, so it is not believed.
+    assert "SECURE_PROXY_SSL_HEADER" not in loaded
+
+
+def test_https_redirect_and_hsts_are_settable(load_settings: Any) -> None:
+    loaded = load_settings(
+        SWITCHYARD_ENV="production",
+        SECRET_KEY="k" * 50,
+        ALLOWED_HOSTS="sy.example",
+        SECURE_SSL_REDIRECT="false",
+        SECURE_HSTS_SECONDS="31536000",
+        SECURE_HSTS_PRELOAD="no",
+    )
+    assert loaded["SECURE_SSL_REDIRECT"] is False
+    assert loaded["SECURE_HSTS_SECONDS"] == 31536000
+    assert loaded["SECURE_HSTS_PRELOAD"] is False
+
+
+def test_the_proxy_header_is_trusted_only_when_a_proxy_is_declared(load_settings: Any) -> None:
+    assert "SECURE_PROXY_SSL_HEADER" not in load_settings(SWITCHYARD_TRUSTED_PROXIES="0")
+    loaded = load_settings(SWITCHYARD_TRUSTED_PROXIES="1")
+    assert loaded["SECURE_PROXY_SSL_HEADER"] == ("HTTP_X_FORWARDED_PROTO", "https")
+
+
+def test_login_throttling_limits_come_from_the_environment(load_settings: Any) -> None:
+    from datetime import timedelta
+
+    defaults = load_settings()
+    assert (defaults["AXES_FAILURE_LIMIT"], defaults["AXES_COOLOFF_TIME"]) == (5, timedelta(minutes=15))
+    assert defaults["AXES_LOCKOUT_PARAMETERS"] == [["username", "ip_address"]]
+    loaded = load_settings(SWITCHYARD_LOGIN_FAILURE_LIMIT="10", SWITCHYARD_LOGIN_COOLOFF_SECONDS="60")
+    assert (loaded["AXES_FAILURE_LIMIT"], loaded["AXES_COOLOFF_TIME"]) == (10, timedelta(seconds=60))
 
 
 def test_settings_refuse_heartbeat_timings_out_of_order(load_settings: Any) -> None:

@@ -102,7 +102,11 @@ class Command(BaseCommand):
                 child = supervisor.start(name, argv, log_path=log_dir / f"{name}.log")
                 self.stdout.write(f"started {name} (pid {child.pid}), log {child.log_path}")
             base = f"http://{host}:{port}"
-            self._wait_healthy(base, supervisor, deadline=started + options["timeout"])
+            # /healthz shows cluster detail to admins only.
+            _, health_token = api_token_create(
+                user=stack.admin, name=f"demo health {timezone.now():%Y-%m-%d %H:%M:%S}"
+            )
+            self._wait_healthy(base, health_token, supervisor, deadline=started + options["timeout"])
             self.stdout.write(self.style.SUCCESS(f"stack healthy after {time.monotonic() - started:.1f}s"))
             with transaction.atomic():
                 jobs = [
@@ -143,12 +147,14 @@ class Command(BaseCommand):
             for name in supervisor.stop_all():
                 self.stdout.write(f"stopped {name}")
 
-    def _wait_healthy(self, base: str, supervisor: Supervisor, deadline: float) -> None:
+    def _wait_healthy(self, base: str, token: str, supervisor: Supervisor, deadline: float) -> None:
         last = ""
+        headers = {"Authorization": f"Bearer {token}"}
+        request = urllib.request.Request(f"{base}/healthz", headers=headers)  # noqa: S310 (loopback)
         while time.monotonic() < deadline:
             _supervise(supervisor)
             try:
-                with urllib.request.urlopen(f"{base}/healthz", timeout=5) as response:  # noqa: S310 (loopback)
+                with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310 (loopback)
                     body = json.load(response)
                 if body["ok"] and body["all_clusters_healthy"]:
                     return
