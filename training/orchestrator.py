@@ -30,6 +30,7 @@ from training.models import TrainingRun
 from training.run_engines import (
     RunEngine,
     RunKey,
+    learner_sampler,
     newest_global,
     run_engine,
     run_engine_forget,
@@ -87,29 +88,18 @@ def _learner_for(run: TrainingRun, index: int, generation: int, steps_done: int)
     slot = _LEARNERS.get(key)
     if slot is not None:
         return slot, False
-    # Lazily: the engine modules import torch.
-    from training.engine.data import BatchSampler, shard
-    from training.engine.learner import Learner
+    from training.engine.learner import Learner  # lazily: imports torch
 
     engine = run_engine(run)
     rc = engine.rc
     transport = run_transport(run)
     params, versions, _ = newest_global(transport, engine.fragments)
-    data = shard(engine.corpus.train, index=index, count=rc.learners, sharding=rc.data_config().sharding)
-    # A fresh data stream per generation: a re-placed learner should not replay the batches
-    # its previous incarnation already trained on.
-    sampler = BatchSampler(
-        data,
-        block_size=rc.model_config().block_size,
-        batch_size=rc.batch_size,
-        seed=rc.raw["data"]["seed"] * 1_000_003 + index * 1009 + generation * 7919 + 1,
-    )
     learner = Learner(
         learner_id=index,
-        model_cfg=rc.model_config(),
+        model_cfg=engine.model_cfg,
         inner=rc.inner_config(),
         fragments=engine.fragments,
-        sampler=sampler,
+        sampler=learner_sampler(engine, index=index, generation=generation, steps_done=steps_done),
         init=params,
         versions=versions,
         compression=rc.compression_config(),

@@ -8,9 +8,16 @@ stored dict into the engine's dataclasses (training/engine/config.py).
 
 Shape (every key optional except `stop`; defaults in DEFAULTS):
 
-    model:        {n_layer, n_embd, n_head, block_size, dropout}
+    model:        {n_layer, n_embd, n_head, block_size, dropout}   (the byte-level GPT; with
+                  model_uri only block_size, the training context length, may be given)
+    model_uri:    null | "file:///dir" | "s3://bucket/prefix": a model directory in the open-weights
+                  layout (config.json [+ model.safetensors] [+ tokenizer.json]; engine/openweights.py)
+    tokenizer_uri: null | URI of a tokenizer.json (default: the model directory's tokenizer.json)
     dataset:      "stdlib://" | "file:///path/file-or-dir" | "s3://bucket/prefix"
-    data:         {max_train_bytes, max_eval_bytes, eval_every_nth_file, sharding, seed}
+    data:         {format: bytes|text|jsonl|parquet, text_field, eval_every_nth_document,
+                   max_train_bytes, max_eval_bytes, eval_every_nth_file, sharding, seed}
+                  (bytes: the in-memory byte corpus; the others stream tokenised documents,
+                  engine/stream.py)
     learners:     {count: M, quorum: K (1..M), batch_size}
     h:            inner steps between a fragment's syncs
     fragments:    {count: P, assignment, overlap: τ, alpha: α}     (Streaming DiLoCo)
@@ -72,8 +79,13 @@ class RunConfigError(MultiFieldError, ValueError):
 
 DEFAULTS: dict[str, Any] = {
     "model": {"n_layer": 2, "n_embd": 64, "n_head": 4, "block_size": 64, "dropout": 0.0},
+    "model_uri": None,
+    "tokenizer_uri": None,
     "dataset": "stdlib://",
     "data": {
+        "format": "bytes",
+        "text_field": "text",
+        "eval_every_nth_document": 10,
         "max_train_bytes": 2_000_000,
         "max_eval_bytes": 200_000,
         "eval_every_nth_file": 10,
@@ -112,7 +124,9 @@ DEFAULTS: dict[str, Any] = {
     "seed": 0,
 }
 
+DATA_FORMATS = ("bytes", "text", "jsonl", "parquet")
 _CHOICES = {
+    "data.format": DATA_FORMATS,
     "data.sharding": ("iid", "noniid"),
     "fragments.assignment": ("strided", "sequential"),
     "inner.schedule": ("cosine", "constant"),
@@ -130,6 +144,7 @@ _INT_RANGES: dict[str, tuple[int | None, int | None]] = {
     "data.max_train_bytes": (1024, 10_000_000_000),
     "data.max_eval_bytes": (256, 1_000_000_000),
     "data.eval_every_nth_file": (0, 1000),
+    "data.eval_every_nth_document": (0, 1_000_000),
     "data.seed": (0, BIGINT_MAX),
     "learners.count": (1, 256),
     "learners.batch_size": (1, 4096),
@@ -237,22 +252,67 @@ def _check_float(cfg: dict[str, Any], path: str, lo: float | None, hi: float | N
         errors.add(path, f"must be at most {hi:g}")
 
 
-def _check_dataset(uri: Any, errors: _Errors) -> None:
+def object_uri_check(uri: Any, *, kind: str) -> str | None:
+    """What is wrong with an object-store URI a run reads (None if nothing).
+
+    kind: "dataset" (also stdlib://; a file or a directory), "model" (a directory holding
+    config.json) or "tokenizer" (a tokenizer.json). Every URI a run config names goes through
+    here, so a rule about where runs may read (admin-configured roots) has one place to live.
+    Only file:// paths are checked for existence here; an s3:// object is read when the run's
+    engine is built, and its absence fails the run with the reason.
+    """
+    schemes = "stdlib://, file:// or s3://" if kind == "dataset" else "file:// or s3://"
     if not isinstance(uri, str) or not uri:
-        errors.add("dataset", "must be a URI: stdlib://, file:///path or s3://bucket/prefix")
-        return
-    if uri == "stdlib://":
-        return
+        return (
+            f"must be a URI: {'stdlib://, ' if kind == 'dataset' else ''}file:///path or s3://bucket/prefix"
+        )
+    if kind == "dataset" and uri == "stdlib://":
+        return None
     if uri.startswith("file://"):
         path = Path(uri[len("file://") :])
+        if kind == "model" and not (path / "config.json").is_file():
+            return f"{path} holds no config.json"
+        if kind == "tokenizer" and not path.is_file():
+            return f"{path} is not a file"
         if not path.exists():
-            errors.add("dataset", f"{path} does not exist")
-        return
+            return f"{path} does not exist"
+        return None
     if uri.startswith("s3://"):
-        if not uri[len("s3://") :].strip("/"):
-            errors.add("dataset", "s3:// URI names no bucket")
+        bucket, _, key = uri[len("s3://") :].partition("/")
+        if not bucket.strip("/"):
+            return "s3:// URI names no bucket"
+        if kind == "tokenizer" and not key.strip("/"):
+            return "s3:// URI names no object"
+        if ".." in key.split("/"):
+            return "s3:// URI may not contain '..'"
+        return None
+    return f"must start with {schemes}"
+
+
+def _check_uris(cfg: dict[str, Any], raw: dict[str, Any], errors: _Errors) -> None:
+    """dataset, model_uri and tokenizer_uri, and how they fit data.format and model."""
+    problem = object_uri_check(cfg["dataset"], kind="dataset")
+    if problem:
+        errors.add("dataset", problem)
+    for field, kind in (("model_uri", "model"), ("tokenizer_uri", "tokenizer")):
+        if cfg[field] is not None and (problem := object_uri_check(cfg[field], kind=kind)):
+            errors.add(field, problem)
+    text_field = cfg["data"]["text_field"]
+    if not isinstance(text_field, str) or not text_field or len(text_field) > 128:
+        errors.add("data.text_field", "must be a field or column name (1 to 128 characters)")
+    if cfg["model_uri"] is not None:
+        model_raw = raw.get("model")
+        for key in sorted(set(model_raw) - {"block_size"} if isinstance(model_raw, dict) else ()):
+            errors.add(f"model.{key}", "comes from model_uri's config.json (only block_size may be given)")
+    fmt = cfg["data"]["format"]
+    if errors.has("data.format"):
         return
-    errors.add("dataset", "must start with stdlib://, file:// or s3://")
+    if fmt != "bytes" and cfg["dataset"] == "stdlib://":
+        errors.add(
+            "data.format", f"{fmt} reads the dataset's files; stdlib:// is the byte corpus (format bytes)"
+        )
+    if fmt == "bytes" and (cfg["model_uri"] is not None or cfg["tokenizer_uri"] is not None):
+        errors.add("data.format", "a model_uri or tokenizer_uri needs text: use text, jsonl or parquet")
 
 
 def run_config_validate(raw: Any) -> dict[str, Any]:
@@ -277,13 +337,15 @@ def run_config_validate(raw: Any) -> dict[str, Any]:
         raise RunConfigError(errors.by_field)
 
     model = cfg["model"]
+    byo_model = cfg["model_uri"] is not None
     if (
-        not errors.has("model.n_embd")
+        not byo_model
+        and not errors.has("model.n_embd")
         and not errors.has("model.n_head")
         and model["n_embd"] % model["n_head"]
     ):
         errors.add("model.n_head", "must divide model.n_embd")
-    _check_dataset(cfg["dataset"], errors)
+    _check_uris(cfg, raw, errors)
 
     learners = cfg["learners"]
     m = learners["count"] if isinstance(learners["count"], int) else 1
@@ -296,7 +358,8 @@ def run_config_validate(raw: Any) -> dict[str, Any]:
 
     frags = cfg["fragments"]
     if (
-        isinstance(frags["count"], int)
+        not byo_model  # the layer count is in the model's config.json, checked when the run starts
+        and isinstance(frags["count"], int)
         and isinstance(model["n_layer"], int)
         and frags["count"] > model["n_layer"]
     ):
@@ -499,6 +562,32 @@ class RunConfig:
     @property
     def seed(self) -> int:
         return int(self.raw["seed"])
+
+    # Configs stored before these keys existed lack them: read them with their defaults.
+    @property
+    def model_uri(self) -> str | None:
+        return self.raw.get("model_uri")
+
+    @property
+    def tokenizer_uri(self) -> str | None:
+        return self.raw.get("tokenizer_uri")
+
+    @property
+    def data_format(self) -> str:
+        return str(self.raw["data"].get("format", "bytes"))
+
+    @property
+    def text_field(self) -> str:
+        return str(self.raw["data"].get("text_field", "text"))
+
+    @property
+    def eval_every_nth_document(self) -> int:
+        return int(self.raw["data"].get("eval_every_nth_document", 10))
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per training window (the byte GPT's context; a brought model's training context)."""
+        return int(self.raw["model"]["block_size"])
 
     def model_config(self) -> ModelConfig:
         m = self.raw["model"]

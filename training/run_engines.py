@@ -11,21 +11,24 @@ them: the web process imports this module (through training.services) without lo
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
 from storage.artifacts import model_artifact_write
-from storage.objectstore import open_store
+from storage.objectstore import ObjectStore, open_store
 from training.models import TrainingRun
 from training.run_config import RunConfig
 
 if TYPE_CHECKING:
     import torch
 
-    from training.engine.data import Corpus
+    from training.engine.data import Corpus, Sampler
+    from training.engine.model import AnyModelConfig
+    from training.engine.stream import TextDataset
+    from training.engine.tokenizer import Tokenizer
     from training.engine.transport import ObjectStoreTransport
 
 
@@ -59,27 +62,54 @@ def run_transport(run: TrainingRun) -> ObjectStoreTransport:
     return ObjectStoreTransport(store, prefix=f"runs/{run.pk}")
 
 
+def object_location(uri: str) -> tuple[ObjectStore, str]:
+    """The store holding the object or folder a run config names, and its key there.
+
+    ``s3://bucket/a/b`` is key ``a/b`` of the bucket; ``file:///x/y`` is key ``y`` of the
+    directory ``/x``.
+    """
+    if uri.startswith("s3://"):
+        bucket, _, key = uri[len("s3://") :].partition("/")
+        return open_store(f"s3://{bucket}", endpoint_url=settings.OBJECT_STORE_ENDPOINT_URL), key.strip("/")
+    path = Path(uri[len("file://") :])
+    return open_store(f"file://{path.parent}"), path.name
+
+
+def model_store(uri: str) -> ObjectStore:
+    """The store rooted at a model directory (config.json is key ``config.json`` there)."""
+    return open_store(uri.rstrip("/"), endpoint_url=settings.OBJECT_STORE_ENDPOINT_URL)
+
+
 @dataclass
 class RunEngine:
-    """What every process of a run derives from its config: fragments, data, eval batches."""
+    """What every process of a run derives from its config: model, fragments, data, eval batches.
+
+    The data is either the in-memory byte corpus (``corpus``; data.format "bytes") or a text
+    dataset streamed from ``data_store`` (``text``, tokenised by ``tokenizer``).
+    """
 
     run_id: int
     rc: RunConfig
+    model_cfg: AnyModelConfig
     fragments: list[list[str]]
     init: dict[str, torch.Tensor]
-    corpus: Corpus
+    corpus: Corpus | None
     eval_batches: list[tuple[torch.Tensor, torch.Tensor]]
     parameter_count: int
+    text: TextDataset | None = None
+    data_store: ObjectStore | None = None
+    tokenizer: Tokenizer | None = None
+    tokenizer_json: bytes | None = None  # copied into open-weights exports
     eval_model: Any = None
 
     def evaluate(self, params: dict[str, torch.Tensor]) -> float:
         # Lazily: both import torch.
         from training.engine.data import evaluate
-        from training.engine.model import GPT
+        from training.engine.model import load_params, make_model
 
         if self.eval_model is None:
-            self.eval_model = GPT(self.rc.model_config())
-        self.eval_model.load_state_dict(params)
+            self.eval_model = make_model(self.model_cfg)
+        load_params(self.eval_model, params)
         return evaluate(self.eval_model, self.eval_batches)
 
 
@@ -101,41 +131,135 @@ def run_engine(run: TrainingRun) -> RunEngine:
         return cached
     torch_threads_limit()
     # Lazily: the engine modules import torch.
-    from training.engine.data import eval_batches, load_corpus
     from training.engine.fragments import assign_fragments
-    from training.engine.model import build_model, param_count
+    from training.engine.model import build_model
 
     rc = RunConfig(run.config)
-    model = build_model(rc.model_config(), seed=rc.seed)
-    params = dict(model.named_parameters())
+    model_cfg: AnyModelConfig
+    if rc.model_uri is not None:
+        from training.engine.openweights import read_model_dir
+
+        model_cfg, init, _ = read_model_dir(model_store(rc.model_uri), seed=rc.seed)
+        if rc.block_size > model_cfg.context_length:
+            raise ValueError(
+                f"model.block_size {rc.block_size} is longer than the model's context ({model_cfg.context_length})"
+            )
+    else:
+        model_cfg = rc.model_config()
+        init = {n: p.detach().clone() for n, p in build_model(model_cfg, seed=rc.seed).named_parameters()}
     fragments = assign_fragments(
-        params, fragments=rc.fragment_count, assignment=rc.streaming_config().assignment
-    )
-    data_cfg = rc.data_config()
-    store = None
-    if data_cfg.source == "objects":
-        uri = str(rc.raw["dataset"])
-        bucket, _, prefix = uri[len("s3://") :].partition("/")
-        store = open_store(f"s3://{bucket}", endpoint_url=settings.OBJECT_STORE_ENDPOINT_URL)
-        data_cfg = type(data_cfg)(**{**data_cfg.__dict__, "paths": tuple(sorted(store.list(prefix)))})
-    corpus = load_corpus(data_cfg, store=store)
-    batches = eval_batches(
-        corpus.eval, block_size=rc.model_config().block_size, windows=int(rc.raw["eval_windows"])
+        init, fragments=rc.fragment_count, assignment=rc.streaming_config().assignment
     )
     engine = RunEngine(
         run_id=run.pk,
         rc=rc,
+        model_cfg=model_cfg,
         fragments=fragments,
-        init={n: p.detach().clone() for n, p in params.items()},
-        corpus=corpus,
-        eval_batches=batches,
-        parameter_count=param_count(model),
+        init=init,
+        corpus=None,
+        eval_batches=[],
+        parameter_count=sum(t.numel() for t in init.values()),
     )
+    if rc.data_format == "bytes":
+        _load_byte_corpus(engine)
+    else:
+        _open_text_dataset(engine)
     # Keep a few runs at most: a long-lived worker serves many runs over its life.
     while len(_ENGINES) >= 4:
         _ENGINES.pop(next(iter(_ENGINES)))
     _ENGINES[run_key(run)] = engine
     return engine
+
+
+def _load_byte_corpus(engine: RunEngine) -> None:
+    from training.engine.data import eval_batches, load_corpus  # lazily: imports torch
+
+    rc = engine.rc
+    data_cfg = rc.data_config()
+    store = None
+    if data_cfg.source == "objects":
+        store, prefix = object_location(str(rc.raw["dataset"]))
+        data_cfg = type(data_cfg)(**{**data_cfg.__dict__, "paths": tuple(sorted(store.list(prefix)))})
+    engine.corpus = load_corpus(data_cfg, store=store)
+    engine.eval_batches = eval_batches(
+        engine.corpus.eval, block_size=rc.block_size, windows=int(rc.raw["eval_windows"])
+    )
+
+
+def _open_text_dataset(engine: RunEngine) -> None:
+    """The tokenizer, the dataset's object list and the held-out eval windows of a text dataset."""
+    # Lazily: the engine modules import torch.
+    from training.engine.openweights import TOKENIZER
+    from training.engine.stream import TextDataset, check_tokens_fit, dataset_keys, eval_batches
+    from training.engine.tokenizer import ByteTokenizer, JsonTokenizer, TokenizerError, eos_from_config
+
+    rc = engine.rc
+    tokenizer_json: bytes | None = None
+    if rc.tokenizer_uri is not None:
+        store, key = object_location(rc.tokenizer_uri)
+        tokenizer_json = store.get(key)
+    elif rc.model_uri is not None:
+        store = model_store(rc.model_uri)
+        if not store.exists(TOKENIZER):
+            raise TokenizerError(f"{rc.model_uri} has no {TOKENIZER}; name one with tokenizer_uri")
+        tokenizer_json = store.get(TOKENIZER)
+    tokenizer: Tokenizer
+    if tokenizer_json is None:
+        tokenizer = ByteTokenizer()
+    else:
+        extra = getattr(engine.model_cfg, "extra", {})
+        tokenizer = JsonTokenizer(tokenizer_json, eos_id=eos_from_config(extra))
+    check_tokens_fit(tokenizer, engine.model_cfg.vocab_size)
+    data_store, prefix = object_location(str(rc.raw["dataset"]))
+    fmt = rc.data_format
+    text = TextDataset(
+        keys=dataset_keys(data_store, prefix, fmt),  # type: ignore[arg-type]
+        format=fmt,  # type: ignore[arg-type]
+        text_field=rc.text_field,
+        eval_every_nth=rc.eval_every_nth_document,
+    )
+    engine.text, engine.data_store = text, data_store
+    engine.tokenizer, engine.tokenizer_json = tokenizer, tokenizer_json
+    engine.eval_batches = eval_batches(
+        data_store, text, tokenizer, block_size=rc.block_size, windows=int(rc.raw["eval_windows"])
+    )
+
+
+def learner_sampler(
+    engine: RunEngine, *, index: int, generation: int, steps_done: int = 0, rank: int = 0, ranks: int = 1
+) -> Sampler:
+    """Where learner ``index`` (rank ``rank`` of its ``ranks``) draws its batches.
+
+    The byte corpus gives a fresh random stream per generation (a re-placed learner should not
+    replay the batches its previous incarnation trained on). A text dataset gives the learner's
+    shard in its fixed order, fast-forwarded past the windows of the ``steps_done`` steps the
+    learner has already trained.
+    """
+    # Lazily: the engine modules import torch.
+    from training.engine.data import BatchSampler, shard
+    from training.engine.stream import TokenStream
+
+    rc = engine.rc
+    if engine.text is None or engine.data_store is None or engine.tokenizer is None:
+        assert engine.corpus is not None  # noqa: S101 - one of the two is always built
+        data = shard(engine.corpus.train, index=index, count=rc.learners, sharding=rc.data_config().sharding)
+        return BatchSampler(
+            data,
+            block_size=rc.block_size,
+            batch_size=rc.batch_size,
+            seed=rc.raw["data"]["seed"] * 1_000_003 + index * 1009 + generation * 7919 + rank * 104_729 + 1,
+        )
+    stream = TokenStream(
+        engine.data_store,
+        engine.text,
+        engine.tokenizer,
+        block_size=rc.block_size,
+        batch_size=rc.batch_size,
+        shard=index * ranks + rank,
+        shards=rc.learners * ranks,
+    )
+    stream.skip(steps_done * rc.batch_size)
+    return stream
 
 
 def run_engine_forget(run: TrainingRun) -> None:
@@ -185,13 +309,49 @@ def write_artifact(run: TrainingRun, *, kind: str) -> tuple[str, float, int, lis
     transport = run_transport(run)
     params, versions, _ = newest_global(transport, engine.fragments)
     loss = engine.evaluate(params)
+    from training.engine.model import model_config_to_dict  # lazily: imports torch
+
     key = f"runs/{run.pk}/artifacts/{kind}-v{'-'.join(map(str, versions))}.syd"
     uri = model_artifact_write(
         store_url=engine.rc.object_store_url,
         key=key,
-        model_config=dataclasses.asdict(engine.rc.model_config()),
+        model_config=model_config_to_dict(engine.model_cfg),
         params=params,
         meta={"run_id": run.pk, "kind": kind, "versions": versions, "eval_loss": loss},
         endpoint_url=settings.OBJECT_STORE_ENDPOINT_URL,
     )
     return uri, loss, engine.parameter_count, versions
+
+
+def run_model_family(run: TrainingRun) -> tuple[str, str]:
+    """(family, tokenizer) of the run's model as the registry names them: ``gpt-byte``/``bytes``,
+    or the config.json's model_type and ``tokenizer.json`` (``bytes`` without one)."""
+    from training.engine.model import GPT2Config, LlamaConfig  # lazily: imports torch
+
+    engine = run_engine(run)
+    if not isinstance(engine.model_cfg, LlamaConfig | GPT2Config):
+        return "gpt-byte", "bytes"
+    tokenizer = "tokenizer.json" if engine.tokenizer_json is not None else "bytes"
+    return str(engine.model_cfg.to_hf()["model_type"]), tokenizer
+
+
+def export_open_weights(run: TrainingRun, *, name: str, dtype: str | None = None) -> tuple[str, list[int]]:
+    """The newest global parameters as an open-weights directory: (its URI, the versions exported).
+
+    Written under ``runs/<id>/exports/<name>/`` of the run's object store: config.json,
+    model.safetensors and the run's tokenizer.json (training.engine.openweights), the layout
+    vLLM or TGI serve from. Only runs of a brought model (model_uri) have that layout.
+    """
+    from training.engine.model import GPT2Config, LlamaConfig  # lazily: imports torch
+    from training.engine.openweights import write_model_dir
+
+    engine = run_engine(run)
+    if not isinstance(engine.model_cfg, LlamaConfig | GPT2Config):
+        raise ValueError("only a model brought as config.json (model_uri) exports in the open-weights layout")
+    params, versions, _ = newest_global(run_transport(run), engine.fragments)
+    url = f"{engine.rc.object_store_url.rstrip('/')}/runs/{run.pk}/exports/{name}"
+    store = open_store(url, endpoint_url=settings.OBJECT_STORE_ENDPOINT_URL)
+    write_model_dir(
+        store, cfg=engine.model_cfg, params=params, tokenizer_json=engine.tokenizer_json, dtype=dtype
+    )
+    return url, versions

@@ -19,6 +19,7 @@ import sysconfig
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -123,6 +124,15 @@ def shard(data: torch.Tensor, *, index: int, count: int, sharding: Sharding) -> 
         return data
     size = len(data) // count
     return data[index * size : (index + 1) * size]
+
+
+class Sampler(Protocol):
+    """What a learner draws batches from: BatchSampler here, TokenStream (training.engine.stream)."""
+
+    batch_size: int
+    block_size: int
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 class BatchSampler:

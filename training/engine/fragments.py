@@ -18,7 +18,9 @@ import torch
 
 from training.engine.config import Assignment
 
-_BLOCK = re.compile(r"^blocks\.(\d+)\.")
+# A transformer block's parameters: the byte GPT's ``blocks.N.``, GPT-2's ``h.N.`` and Llama's
+# ``model.layers.N.``.
+_BLOCK = re.compile(r"^(?:blocks|h|model\.layers)\.(\d+)\.")
 
 
 def assign_fragments(

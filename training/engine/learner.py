@@ -27,10 +27,10 @@ from typing import Literal
 import torch
 
 from training.engine.compression import Compressor
-from training.engine.config import CompressionConfig, InnerConfig, ModelConfig
-from training.engine.data import BatchSampler
+from training.engine.config import CompressionConfig, InnerConfig
+from training.engine.data import Sampler
 from training.engine.messages import FragmentDelta
-from training.engine.model import GPT
+from training.engine.model import AnyModelConfig, make_model
 
 Adopt = Literal["replace", "mix", "rebase"]
 
@@ -64,10 +64,10 @@ class Learner:
         self,
         *,
         learner_id: int,
-        model_cfg: ModelConfig,
+        model_cfg: AnyModelConfig,
         inner: InnerConfig,
         fragments: list[list[str]],
-        sampler: BatchSampler,
+        sampler: Sampler,
         init: Mapping[str, torch.Tensor],
         versions: Sequence[int] | None = None,
         compression: CompressionConfig | None = None,
@@ -78,7 +78,7 @@ class Learner:
         self.fragments = fragments
         self.sampler = sampler
         self.device = torch.device(device) if device is not None else default_device()
-        self.model = GPT(model_cfg).to(self.device)
+        self.model = make_model(model_cfg).to(self.device)
         self.params = dict(self.model.named_parameters())
         self.compressor = Compressor(compression or CompressionConfig())
         self.step_count = 0  # position in the inner lr schedule

@@ -1,12 +1,18 @@
-"""A small GPT-style decoder over bytes, written in the manner of nanoGPT.
+"""A small GPT-style decoder over bytes, written in the manner of nanoGPT, and the model families.
 
-Parameter names are stable (``wte.weight``, ``blocks.0.attn.qkv.weight`` ...): fragments,
-deltas and published versions are keyed by them.
+The byte-level ``GPT`` is the zero-setup default. A model brought as a ``config.json`` (see
+training.engine.openweights) is a Llama (training.engine.llama) or a GPT-2
+(training.engine.gpt2); ``make_model`` builds whichever a config names.
+
+Parameter names are stable (``wte.weight``, ``blocks.0.attn.qkv.weight`` ...; the families use
+their checkpoints' tensor names): fragments, deltas and published versions are keyed by them.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -14,6 +20,15 @@ from torch import nn
 
 from storage.artifacts import model_artifact_read
 from training.engine.config import ModelConfig
+from training.engine.config_json import ModelConfigError
+from training.engine.gpt2 import GPT2, GPT2Config
+from training.engine.llama import Llama, LlamaConfig
+
+# A model's config: the byte-level GPT's, or a family's read from a config.json.
+AnyModelConfig = ModelConfig | LlamaConfig | GPT2Config
+FamilyConfig = LlamaConfig | GPT2Config
+# model_type in config.json -> the family's config class.
+FAMILIES: dict[str, type[LlamaConfig] | type[GPT2Config]] = {"llama": LlamaConfig, "gpt2": GPT2Config}
 
 
 class CausalSelfAttention(nn.Module):
@@ -98,14 +113,58 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
 
 
-def build_model(cfg: ModelConfig, *, seed: int = 0) -> GPT:
+def make_model(cfg: AnyModelConfig) -> nn.Module:
+    """The model a config describes, freshly initialised from torch's global generator."""
+    if isinstance(cfg, LlamaConfig):
+        return Llama(cfg)
+    if isinstance(cfg, GPT2Config):
+        return GPT2(cfg)
+    return GPT(cfg)
+
+
+def build_model(cfg: AnyModelConfig, *, seed: int = 0) -> nn.Module:
     """A freshly initialised model; the same seed gives the same weights."""
     gen_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
-        return GPT(cfg)
+        return make_model(cfg)
     finally:
         torch.random.set_rng_state(gen_state)
+
+
+@torch.no_grad()
+def load_params(model: nn.Module, params: dict[str, torch.Tensor]) -> nn.Module:
+    """Copy ``params`` (keyed like ``named_parameters``, so a tied head appears once) into ``model``."""
+    for name, p in model.named_parameters():
+        p.copy_(params[name])
+    return model
+
+
+def family_config_from_hf(d: dict[str, Any]) -> FamilyConfig:
+    """A family's config from the contents of its config.json (``model_type`` picks the family)."""
+    if not isinstance(d, dict):
+        raise ModelConfigError("config.json must hold a JSON object")
+    kind = d.get("model_type")
+    family = FAMILIES.get(kind) if isinstance(kind, str) else None
+    if family is None:
+        raise ModelConfigError(
+            f"config.json: model_type {kind!r} is not supported (supported: {', '.join(sorted(FAMILIES))})"
+        )
+    return family.from_hf(d)
+
+
+def model_config_to_dict(cfg: AnyModelConfig) -> dict[str, Any]:
+    """A config as plain JSON: the byte GPT's fields, or a family's config.json."""
+    if isinstance(cfg, LlamaConfig | GPT2Config):
+        return cfg.to_hf()
+    return asdict(cfg)
+
+
+def model_config_from_dict(d: dict[str, Any]) -> AnyModelConfig:
+    """The inverse of ``model_config_to_dict``."""
+    if "model_type" in d:
+        return family_config_from_hf(d)
+    return ModelConfig(**d)
 
 
 def param_count(model: nn.Module) -> int:
@@ -113,8 +172,11 @@ def param_count(model: nn.Module) -> int:
 
 
 def model_from_artifact(*, uri: str, endpoint_url: str | None = None) -> tuple[GPT, dict[str, object]]:
-    """The GPT rebuilt from a model artifact (storage.artifacts), in eval mode, with its header meta."""
+    """The byte GPT rebuilt from a model artifact (storage.artifacts), in eval mode, with its header meta."""
     cfg, params, meta = model_artifact_read(uri=uri, endpoint_url=endpoint_url)
+    if "model_type" in cfg:
+        # Local serving speaks bytes; a family model is served from its open-weights export.
+        raise ModelConfigError(f"{uri} holds a {cfg['model_type']} model, not the byte-level GPT")
     model = GPT(ModelConfig(**cfg))
     model.load_state_dict(params)
     model.eval()

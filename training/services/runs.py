@@ -27,7 +27,7 @@ from training.models import (
     TrainingRunTransition,
 )
 from training.run_config import RunConfig, RunConfigError, run_config_validate
-from training.run_engines import write_artifact
+from training.run_engines import run_model_family, write_artifact
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +136,7 @@ def training_run_check_stop(*, run: TrainingRun) -> TrainingRun:
 def training_run_succeed(*, run: TrainingRun, why: str) -> TrainingRun:
     """Write the final artifact, register it as a model and move the run to `succeeded`."""
     uri, loss, n_params, versions = write_artifact(run, kind="final")
+    family, tokenizer = run_model_family(run)
     with transaction.atomic():
         locked = TrainingRun.objects.select_for_update().get(pk=run.pk)
         if locked.state not in (TrainingRun.State.RUNNING, TrainingRun.State.RECOVERING):
@@ -145,13 +146,13 @@ def training_run_succeed(*, run: TrainingRun, why: str) -> TrainingRun:
         model, _ = RegisteredModel.objects.get_or_create(
             slug=slug,
             defaults={
-                "family": "gpt-byte",
+                "family": family,
                 "parameter_count": n_params,
                 "artifact_uri": uri,
                 "produced_by_run_id": run.pk,
                 "final_eval_loss": loss,
                 "training_cost": selectors.run_spend(run_id=run.pk),
-                "tokenizer": "bytes",
+                "tokenizer": tokenizer,
                 "context_length": rc.model_config().block_size,
             },
         )
