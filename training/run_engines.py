@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
+from stack.registry.objectstore import configured_store
 from storage.artifacts import model_artifact_write
-from storage.objectstore import open_store
 from training.models import TrainingRun
-from training.run_config import RunConfig
+from training.run_config import RunConfig, dataset_keys, dataset_source
 
 if TYPE_CHECKING:
     import torch
@@ -55,7 +55,7 @@ def run_transport(run: TrainingRun) -> ObjectStoreTransport:
     from training.engine.transport import ObjectStoreTransport  # lazily: imports torch
 
     rc = RunConfig(run.config)
-    store = open_store(rc.object_store_url, endpoint_url=settings.OBJECT_STORE_ENDPOINT_URL)
+    store = configured_store(rc.object_store_url)
     return ObjectStoreTransport(store, prefix=f"runs/{run.pk}")
 
 
@@ -114,10 +114,11 @@ def run_engine(run: TrainingRun) -> RunEngine:
     data_cfg = rc.data_config()
     store = None
     if data_cfg.source == "objects":
-        uri = str(rc.raw["dataset"])
-        bucket, _, prefix = uri[len("s3://") :].partition("/")
-        store = open_store(f"s3://{bucket}", endpoint_url=settings.OBJECT_STORE_ENDPOINT_URL)
-        data_cfg = type(data_cfg)(**{**data_cfg.__dict__, "paths": tuple(sorted(store.list(prefix)))})
+        found = dataset_source(rc.raw["dataset"])
+        assert found is not None  # noqa: S101 (data_config refused it otherwise)
+        store = configured_store(f"s3://{found.bucket}")
+        keys = dataset_keys(found, store.list(found.prefix))
+        data_cfg = type(data_cfg)(**{**data_cfg.__dict__, "paths": keys})
     corpus = load_corpus(data_cfg, store=store)
     batches = eval_batches(
         corpus.eval, block_size=rc.model_config().block_size, windows=int(rc.raw["eval_windows"])

@@ -100,6 +100,11 @@ class Target:
     region: str = ""
     credentials: str = ""  # decrypted secret (API key, or AWS "access:secret")
     extra: dict[str, Any] = field(default_factory=dict)
+    # The provider's admin-set allow_private_network (the outbound guard's policy).
+    allow_private: bool = False
+    # Why this deployment may not be called (its base URL is outside the provider's endpoints):
+    # the adapter registry refuses it before any connection is made.
+    refused: str = ""
 
 
 class Adapter(Protocol):
