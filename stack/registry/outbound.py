@@ -97,13 +97,18 @@ def address_refusal(ip: IPAddress, *, policy: Policy, allowed: Iterable[Network]
     allowed = tuple(allowed)
     if any(ip in net for net in allowed if net.version == ip.version):
         return None
+    private = f"{ip} is loopback or private and the destination may not reach private networks"
     for view in _views(ip):
         if view in METADATA_ADDRESSES:
             return f"{view} is a cloud metadata address"
+        if view.is_loopback:  # before is_reserved: ::1 lies in the reserved ::/8
+            if not policy.allow_private:
+                return private
+            continue
         if view.is_unspecified or view.is_multicast or view.is_link_local or view.is_reserved:
             return f"{view} is unspecified, multicast, link-local or reserved"
-        if not policy.allow_private and (view.is_loopback or view.is_private or not view.is_global):
-            return f"{view} is loopback or private and the destination may not reach private networks"
+        if not policy.allow_private and (view.is_private or not view.is_global):
+            return private
     return None
 
 

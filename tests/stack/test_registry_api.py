@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
@@ -237,7 +238,12 @@ def test_an_operator_manages_models_by_slug(operator: User, settings: Any) -> No
     client = api_client(operator)
     created = client.post(
         "/api/models/",
-        {"slug": "tiny", "family": "gpt-byte", "parameter_count": 1000, "artifact_uri": "s3://b/objects/tiny"},
+        {
+            "slug": "tiny",
+            "family": "gpt-byte",
+            "parameter_count": 1000,
+            "artifact_uri": "s3://b/objects/tiny",
+        },
         format="json",
     )
     assert created.status_code == 201, created.json()
