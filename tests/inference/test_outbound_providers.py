@@ -17,7 +17,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from inference.adapters.base import ChatMessage, ChatRequest, ProviderError, Target
-from inference.adapters.openai_compat import OpenAICompatibleAdapter
+from inference.adapters.registry import adapter_for
 from inference.mockprovider import MockProviderServer
 from inference.models import InferenceAttempt
 from stack.registry import outbound
@@ -248,20 +248,21 @@ def test_a_provider_not_allowed_private_networks_never_reaches_loopback(
     assert internal.seen[0].headers["Authorization"] == f"Bearer {SECRET}"
 
 
+@pytest.mark.parametrize("kind", ["openai-compatible", "bedrock"])
 @pytest.mark.parametrize(
     "url", ["http://169.254.169.254/latest", "http://10.0.0.1:8000/v1", "http://[::1]:9/v1"]
 )
-def test_metadata_and_private_addresses_are_refused_before_connecting(url: str) -> None:
+def test_metadata_and_private_addresses_are_refused_before_connecting(url: str, kind: str) -> None:
     target = Target(
         deployment_id=1,
         slug="d",
-        kind="openai-compatible",
+        kind=kind,
         base_url=url,
         provider_model_id="m",
-        credentials=SECRET,
+        credentials="AKIDTEST:secret" if kind == "bedrock" else SECRET,
     )
     with pytest.raises(ProviderError) as refused:
-        OpenAICompatibleAdapter().complete(target, CHAT, timeout=5)
+        adapter_for(target).complete(target, CHAT, timeout=5)
     assert "outbound policy refuses" in str(refused.value)
     assert refused.value.retryable is False and refused.value.status_code is None
 

@@ -202,3 +202,20 @@ def test_the_training_data_roots_setting_takes_absolute_file_dirs_and_s3_prefixe
     for bad in ("file://relative/dir", "/srv/data", "s3://", "file:///srv/../etc", "http://x/y"):
         with pytest.raises(ImproperlyConfigured, match="R: "):
             env_data_roots("R", environ={"R": bad})
+
+
+def test_every_object_store_request_passes_the_guard(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The S3 endpoint is an admin's setting, so it may be private (MinIO, moto on loopback: the
+    other object-store tests), never a metadata address."""
+    from stack.registry.objectstore import default_store
+
+    for key, value in (
+        ("AWS_ACCESS_KEY_ID", "k"),
+        ("AWS_SECRET_ACCESS_KEY", "s"),
+        ("AWS_DEFAULT_REGION", "us-east-1"),
+    ):
+        monkeypatch.setenv(key, value)
+    settings.OBJECT_STORE_URL = "s3://bucket/prefix"
+    settings.OBJECT_STORE_ENDPOINT_URL = "http://169.254.169.254:80"
+    with pytest.raises(OutboundRefused):
+        default_store().get("runs/1/x")
