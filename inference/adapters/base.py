@@ -1,6 +1,7 @@
 """The one interface every provider adapter implements, and the request/response types.
 
-Adapters know nothing about Django: they get plain dataclasses and a deadline and return
+Adapters know nothing about the ORM: they get plain dataclasses and a deadline (and open their
+connections through the outbound guard, stack.registry.outbound) and return
 a Completion, or raise ProviderError with `retryable` set the way the router needs it
 (connect errors, timeouts, 429 and 5xx are retryable; other 4xx are not) and the provider's
 HTTP status, from which `client_error` (400, 413, 422: the request is at fault) follows.

@@ -219,3 +219,87 @@ def test_every_object_store_request_passes_the_guard(settings: Any, monkeypatch:
     settings.OBJECT_STORE_ENDPOINT_URL = "http://169.254.169.254:80"
     with pytest.raises(OutboundRefused):
         default_store().get("runs/1/x")
+
+
+def _self_signed(tmp_path: Any, name: str) -> tuple[str, str]:
+    """A certificate for `name` and its key, as PEM files (cryptography, already a dependency)."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    return str(cert_path), str(key_path)
+
+
+def test_https_through_the_guard_still_verifies_the_certificate_against_the_host_name(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The socket goes to the checked address; TLS still sends the name (SNI) and verifies the
+    certificate against it: a trusted certificate for another name is refused."""
+    import ssl
+
+    cert, key = _self_signed(tmp_path, "provider.test")
+    server = CaptureServer().start()
+    assert server._server is not None
+    server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_context.load_cert_chain(cert, key)
+    server._server.socket = server_context.wrap_socket(server._server.socket, server_side=True)
+    real = socket.getaddrinfo
+
+    def names(host: str, port: Any, *args: Any, **kwargs: Any) -> Any:
+        if host in ("provider.test", "other.test"):
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
+        return real(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", names)
+    try:
+        untrusted = outbound.guarded_connection(
+            "https", "provider.test", server.port, timeout=5, policy=PRIVATE_ALLOWED
+        )
+        with pytest.raises(ssl.SSLCertVerificationError):
+            untrusted.connect()
+
+        original = ssl.create_default_context
+
+        def trusting() -> ssl.SSLContext:
+            return original(cafile=cert)
+
+        monkeypatch.setattr(ssl, "create_default_context", trusting)
+        conn = outbound.guarded_connection(
+            "https", "provider.test", server.port, timeout=5, policy=PRIVATE_ALLOWED
+        )
+        conn.request("POST", "/v1/chat/completions", body=b"{}")
+        assert conn.getresponse().status == 200
+        conn.close()
+        assert server.seen[-1].headers["Host"].startswith("provider.test")
+        wrong = outbound.guarded_connection(
+            "https", "other.test", server.port, timeout=5, policy=PRIVATE_ALLOWED
+        )
+        with pytest.raises(ssl.SSLCertVerificationError, match="other.test"):
+            wrong.connect()
+    finally:
+        server.stop()
