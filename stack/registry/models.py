@@ -63,8 +63,8 @@ class Provider(models.Model):
         errors: dict[str, list[str]] = {}
         if self.base_url and (problem := endpoint_url_problem(self.base_url)):
             errors["base_url"] = [problem]
-        if not isinstance(self.allowed_endpoints, list):
-            errors["allowed_endpoints"] = ["must be a list of URLs"]
+        if not isinstance(self.allowed_endpoints, list) or len(self.allowed_endpoints) > 50:
+            errors["allowed_endpoints"] = ["must be a list of at most 50 URLs"]
         elif problems := endpoint_list_problems(self.allowed_endpoints):
             errors["allowed_endpoints"] = problems
         if errors:
