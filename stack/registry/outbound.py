@@ -286,6 +286,12 @@ def botocore_guard(policy: Policy) -> Callable[..., None]:
     def before_send(request: Any, **_: Any) -> None:
         parts = urlsplit(request.url)
         port = parts.port or (443 if parts.scheme == "https" else 80)
-        check_host(parts.hostname or "", port, policy=policy)
+        try:
+            check_host(parts.hostname or "", port, policy=policy)
+        except OSError as exc:
+            # A name that does not resolve fails as botocore's own lookup would have.
+            from botocore.exceptions import EndpointConnectionError  # boto3 users only
+
+            raise EndpointConnectionError(endpoint_url=request.url, error=exc) from exc
 
     return before_send
