@@ -58,7 +58,7 @@ from inference.mockprovider import Behaviour, MockProviderServer
 from inference.router import route
 from stack.registry.models import Deployment, Provider, RegisteredModel
 from stack.registry.roles import Role
-from stack.registry.services import api_token_create, workflow_create
+from stack.registry.services import api_token_create, provider_endpoints_allow, workflow_create
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "ping"}], "max_tokens": 8}
 
@@ -124,6 +124,8 @@ def _seed(ok_url: str, failing_url: str) -> dict[str, Any]:
     provider = Provider.objects.create(
         slug=tag, display_name="Bench mock", kind=Provider.Kind.OPENAI_COMPATIBLE
     )
+    # As an admin would: the loopback mocks are this provider's endpoints, private network allowed.
+    provider_endpoints_allow(provider=provider, urls=[ok_url, failing_url], private_network=True)
     model = RegisteredModel.objects.create(slug=tag, family="mock")
     since = timezone.now() - timedelta(days=1)
 

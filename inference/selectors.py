@@ -34,6 +34,7 @@ from inference.breaker import GENERATION_UNKNOWN, breakers, redis_unreachable
 from inference.models import ChaosConfig, InferenceRequest, QualityRecord
 from inference.routing import Candidate, Policy, Strategy
 from stack.registry.crypto import decrypt_secret
+from stack.registry.endpoints import deployment_endpoint_problem
 from stack.registry.models import Deployment, RoutingPolicyVersion, Workflow
 
 GENERATION_KEY = "sy:routegen"  # Redis key of the route-cache generation
@@ -176,15 +177,20 @@ def _target(d: Deployment, chaos: ChaosConfig | None) -> Target:
             "latency_ms": chaos.latency_ms,
             "malformed_rate": chaos.malformed_rate,
         }
+    # Checked again here, not only where deployments are saved: a row written before the rule,
+    # or left outside after an admin narrowed the provider's endpoints, is refused, not called.
+    refused = deployment_endpoint_problem(provider=provider, base_url=d.base_url)
     return Target(
         deployment_id=d.pk,
         slug=d.slug,
         kind=adapter_kind(provider.kind),
-        base_url=(d.base_url or provider.base_url).rstrip("/"),
+        base_url="" if refused else (d.base_url or provider.base_url).rstrip("/"),
         provider_model_id=d.provider_model_id or d.model.slug,
         region=provider.region,
-        credentials=secret,
+        credentials="" if refused else secret,
         extra=extra,
+        allow_private=provider.allow_private_network,
+        refused=f"base URL outside the provider's endpoints: {refused}" if refused else "",
     )
 
 

@@ -14,7 +14,7 @@ from billing.budgets import budget_save
 from billing.models import Budget, PriceBook, Unit
 from billing.services import price_book_publish
 from stack.registry.models import Cluster, Deployment, Provider, RegisteredModel, Workflow
-from stack.registry.services import workflow_create
+from stack.registry.services import provider_endpoints_allow, workflow_create
 
 # (provider slug, display name, kind, region)
 PROVIDERS = [
@@ -86,6 +86,11 @@ def demo_stack_seed(*, admin_password: str, now: datetime) -> DemoStack:
         hosted, _ = RegisteredModel.objects.get_or_create(
             slug="gpt-4o-mini",
             defaults={"family": "gpt-4o", "tokenizer": "o200k_base", "context_length": 128000},
+        )
+        # The seed acts as the admin: the on-prem provider's endpoint is the loopback model
+        # server, which the outbound guard may reach because this provider is marked so.
+        provider_endpoints_allow(
+            provider=providers["onprem"], urls=["http://127.0.0.1:8100/v1"], private_network=True
         )
         local, _ = Deployment.objects.get_or_create(
             slug="gpt-byte-onprem",
@@ -162,13 +167,16 @@ def demo_local_workflow_seed(
         deployments = []
         for replica in replicas:
             cluster = Cluster.objects.get(slug=replica.cluster_slug)
+            url = f"http://127.0.0.1:{replica.port}/v1"
+            # As the admin: the cluster's provider may send to this loopback replica.
+            provider_endpoints_allow(provider=cluster.provider, urls=[url], private_network=True)
             deployment, _ = Deployment.objects.update_or_create(
                 slug=replica.deployment_slug,
                 defaults={
                     "model": model,
                     "provider": cluster.provider,
                     "provider_model_id": model.slug,
-                    "base_url": f"http://127.0.0.1:{replica.port}/v1",
+                    "base_url": url,
                     "hosting_cluster": cluster,
                 },
             )

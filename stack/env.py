@@ -7,6 +7,7 @@ names the variable, instead of surfacing later as a confusing runtime error.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping
 from urllib.parse import urlparse
@@ -103,3 +104,33 @@ def env_list(name: str, default: list[str], *, environ: Mapping[str, str] | None
     if raw is None:
         return list(default)
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def env_networks(name: str, *, environ: Mapping[str, str] | None = None) -> list[str]:
+    """Comma-separated CIDRs (`10.0.0.0/8, fd00::/8, 127.0.0.1`), each checked and normalised."""
+    networks = []
+    for item in env_list(name, [], environ=environ):
+        try:
+            networks.append(str(ipaddress.ip_network(item, strict=False)))
+        except ValueError:
+            raise ImproperlyConfigured(f"{name}: {item!r} is not an IP network (CIDR)") from None
+    return networks
+
+
+def env_data_roots(name: str, *, environ: Mapping[str, str] | None = None) -> list[str]:
+    """Comma-separated `file:///absolute/dir` and `s3://bucket[/prefix]` roots, normalised
+    (no trailing slash, no `.` or `..` segments)."""
+    roots = []
+    for item in env_list(name, [], environ=environ):
+        parsed = urlparse(item)
+        segments = parsed.path.split("/")
+        if parsed.params or parsed.query or parsed.fragment or "." in segments or ".." in segments:
+            raise ImproperlyConfigured(f"{name}: {item!r} must be a plain file:///dir or s3://bucket/prefix")
+        if parsed.scheme == "file" and parsed.netloc in ("", "localhost") and parsed.path.startswith("/"):
+            roots.append("file://" + (parsed.path.rstrip("/") or "/"))
+        elif parsed.scheme == "s3" and parsed.netloc:
+            prefix = parsed.path.strip("/")
+            roots.append(f"s3://{parsed.netloc}" + (f"/{prefix}" if prefix else ""))
+        else:
+            raise ImproperlyConfigured(f"{name}: {item!r} must be file:///absolute/dir or s3://bucket/prefix")
+    return roots

@@ -18,7 +18,16 @@ import dj_database_url
 import django_stubs_ext
 from django.core.exceptions import ImproperlyConfigured
 
-from stack.env import env_bool, env_float, env_int, env_list, env_str, env_url
+from stack.env import (
+    env_bool,
+    env_data_roots,
+    env_float,
+    env_int,
+    env_list,
+    env_networks,
+    env_str,
+    env_url,
+)
 
 # Lets Django's classes be subscripted at run time (ModelForm[Provider]) as the
 # type stubs describe them.
@@ -324,6 +333,15 @@ DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "switchyard@localhost")
 # --- Object store -----------------------------------------------------------------
 OBJECT_STORE_URL = env_url("OBJECT_STORE_URL", f"file://{VAR_DIR / 'objects'}", schemes=("file", "s3"))
 OBJECT_STORE_ENDPOINT_URL = env_str("OBJECT_STORE_ENDPOINT_URL", "") or None
+
+# --- Outbound requests and data sources (stack/registry/outbound.py, training/run_config.py) ---
+# Networks every outbound request may reach although they are loopback, private or link-local
+# (an internal webhook receiver); providers allow private networks one by one, on their record.
+OUTBOUND_ALLOW_NETWORKS = env_networks("SWITCHYARD_OUTBOUND_ALLOW_NETWORKS")
+# How long a host's checked addresses are reused before it is resolved again.
+OUTBOUND_DNS_CACHE_SECONDS = env_float("SWITCHYARD_OUTBOUND_DNS_CACHE_SECONDS", 30.0, minimum=0.0)
+# Where training runs may read data from (besides the built-in stdlib:// corpus).
+TRAINING_DATA_ROOTS = env_data_roots("SWITCHYARD_TRAINING_DATA_ROOTS")
 
 # --- REST API ---------------------------------------------------------------------
 REST_FRAMEWORK = {

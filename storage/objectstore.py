@@ -22,12 +22,37 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import unquote, urlparse
 
 BLOCK = 1 << 16  # bytes per chunk when streaming an object
+
+# A check every S3 request runs before it is sent (botocore's `before-send` event), set once per
+# process by the application (stack.registry.apps: the outbound guard). It receives the request
+# and raises to stop it. Kept here as a plain callable so this module stays free of Django.
+_request_guard: Callable[..., None] | None = None
+
+
+def set_request_guard(guard: Callable[..., None] | None) -> None:
+    """Install the check that every S3 client made here runs before each request."""
+    global _request_guard
+    _request_guard = guard
+
+
+def _guarded(request: Any, **kwargs: Any) -> None:
+    if _request_guard is not None:
+        _request_guard(request=request, **kwargs)
+
+
+def s3_client(endpoint_url: str | None = None) -> Any:
+    """A boto3 S3 client whose requests pass the installed request guard."""
+    import boto3  # imported lazily: only S3 users need it
+
+    client = boto3.client("s3", endpoint_url=endpoint_url)
+    client.meta.events.register("before-send", _guarded)
+    return client
 
 
 class ObjectStore(Protocol):
@@ -138,11 +163,7 @@ class S3Store:
     def __init__(
         self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None, client: Any = None
     ) -> None:
-        if client is None:
-            import boto3  # imported lazily: only S3 users need it
-
-            client = boto3.client("s3", endpoint_url=endpoint_url)
-        self.client = client
+        self.client = client if client is not None else s3_client(endpoint_url)
         self.bucket = bucket
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self.url = f"s3://{bucket}/{self.prefix}"

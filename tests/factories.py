@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 from datetime import datetime, timedelta
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 from django.contrib.auth.models import Group, User
@@ -16,7 +15,7 @@ from billing.models import PriceBook, Unit
 from billing.services import price_book_publish, usage_record
 from stack.registry.models import Cluster, Deployment, Provider, RegisteredModel, Workflow
 from stack.registry.roles import Role
-from stack.registry.services import api_token_create, workflow_create
+from stack.registry.services import api_token_create, provider_endpoints_allow, workflow_create
 from training.models import GlobalVersionRecord, LearnerChunk, PlacementDecision, TrainingLearner, TrainingRun
 
 _seq = itertools.count(1)
@@ -45,11 +44,14 @@ def api_client(user: User) -> APIClient:
 
 
 def make_provider(**overrides: Any) -> Provider:
+    """A provider as an admin would register it for the tests' loopback model servers: allowed to
+    reach private networks (pass allow_private_network=False for the outbound guard's tests)."""
     fields: dict[str, Any] = {
         "slug": unique("prov"),
         "display_name": "Test provider",
         "kind": Provider.Kind.AWS,
         "region": "us-east-1",
+        "allow_private_network": True,
     }
     fields.update(overrides)
     return Provider.objects.create(**fields)
@@ -97,6 +99,9 @@ def make_deployment(**overrides: Any) -> Deployment:
     fields.update(overrides)
     fields.setdefault("model", make_model())
     fields.setdefault("provider", make_provider(kind=Provider.Kind.OPENAI_COMPATIBLE))
+    if fields.get("base_url"):
+        # The admin's part: the provider's endpoints cover the deployment's base URL.
+        provider_endpoints_allow(provider=fields["provider"], urls=[fields["base_url"]])
     return Deployment.objects.create(**fields)
 
 
@@ -109,8 +114,9 @@ def make_workflow(*, owner: User, deployments: list[Deployment] | None = None, *
     )
 
 
-def tiny_run_config(store: Path, **overrides: Any) -> dict[str, Any]:
-    """A training-run config small enough to place, chunk and sync inside a unit test."""
+def tiny_run_config(**overrides: Any) -> dict[str, Any]:
+    """A training-run config small enough to place, chunk and sync inside a unit test (its store
+    is the installation's OBJECT_STORE_URL: tests/training/conftest.py points it at tmp_path)."""
     cfg: dict[str, Any] = {
         "model": {"n_layer": 1, "n_embd": 16, "n_head": 2, "block_size": 16},
         "data": {"max_train_bytes": 50_000, "max_eval_bytes": 5_000},
@@ -121,7 +127,6 @@ def tiny_run_config(store: Path, **overrides: Any) -> dict[str, Any]:
         "chunk_seconds": 0.5,
         "learner_timeout": 10,
         "eval_windows": 8,
-        "object_store_url": f"file://{store}",
     }
     cfg.update(overrides)
     return cfg

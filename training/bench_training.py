@@ -72,7 +72,8 @@ PRICES = (Decimal("1.00"), Decimal("1.50"), Decimal("3.00"))
 BARE_SECONDS = 20.0
 
 
-def bench_config(*, outer_steps: int, store_url: str, region: str) -> dict[str, Any]:
+def bench_config(*, outer_steps: int, region: str) -> dict[str, Any]:
+    """The benchmark's run (in the installation's object store, OBJECT_STORE_URL, as every run)."""
     return {
         "model": {"n_layer": 2, "n_embd": 48, "n_head": 4, "block_size": 64},
         "data": {"max_train_bytes": 1_000_000, "max_eval_bytes": 100_000},
@@ -84,7 +85,6 @@ def bench_config(*, outer_steps: int, store_url: str, region: str) -> dict[str, 
         "chunk_seconds": 6.0,
         "learner_timeout": 20.0,
         "eval_windows": 64,
-        "object_store_url": store_url,
         # Only this benchmark's scratch clusters: whatever else is registered stays out of it.
         "placement": {"regions": [region]},
     }
@@ -224,9 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     call_command("migrate", verbosity=0)
     log_dir = Path(settings.BASE_DIR) / "var" / "bench-training-logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    store_url = settings.OBJECT_STORE_URL
     tag = uuid.uuid4().hex[:6]
-    cfg = bench_config(outer_steps=args.outer_steps, store_url=store_url, region=f"bench-{tag}")
+    cfg = bench_config(outer_steps=args.outer_steps, region=f"bench-{tag}")
     clusters = _scratch_clusters(tag)
     procs = Procs(log_dir)
     began = time.monotonic()

@@ -13,7 +13,9 @@ Shape (every key optional except `stop`; defaults in DEFAULTS):
     model_uri:    null | "file:///dir" | "s3://bucket/prefix": a model directory in the open-weights
                   layout (config.json [+ model.safetensors] [+ tokenizer.json]; engine/openweights.py)
     tokenizer_uri: null | URI of a tokenizer.json (default: the model directory's tokenizer.json)
-    dataset:      "stdlib://" | "file:///path/file-or-dir" | "s3://bucket/prefix"
+    dataset:      "stdlib://" | "file:///path/file-or-dir" | "s3://bucket/prefix", the last two
+                  only under a root of SWITCHYARD_TRAINING_DATA_ROOTS (as model_uri and
+                  tokenizer_uri; see dataset_source)
     data:         {format: bytes|text|jsonl|parquet, text_field, eval_every_nth_document,
                    max_train_bytes, max_eval_bytes, eval_every_nth_file, sharding, seed}
                   (bytes: the in-memory byte corpus; the others stream tokenised documents,
@@ -27,7 +29,6 @@ Shape (every key optional except `stop`; defaults in DEFAULTS):
     syncer:       {grace_seconds, stale_policy: discount|drop, discount, max_staleness, token_weighting}
     stop:         {outer_steps: N} or {token_budget: N}          (exactly one)
     money_budget: "12.50" (a decimal string) or null;   currency: "USD"
-    object_store_url: "file://…" | "s3://…"  (default settings.OBJECT_STORE_URL)
     placement:    {accelerator_type, regions: [...], pins: {"<learner index>": "<cluster slug>"}}
     chunk_seconds: seconds of inner steps per Celery task; learner_timeout: seconds of silence
                   before a learner counts as lost;  eval_windows: held-out windows per eval
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -116,7 +118,6 @@ DEFAULTS: dict[str, Any] = {
     "stop": None,
     "money_budget": None,
     "currency": "USD",
-    "object_store_url": None,
     "placement": {"accelerator_type": "", "regions": [], "pins": {}},
     "chunk_seconds": 20.0,
     "learner_timeout": 90.0,
@@ -252,41 +253,119 @@ def _check_float(cfg: dict[str, Any], path: str, lo: float | None, hi: float | N
         errors.add(path, f"must be at most {hi:g}")
 
 
+# One message for every refused dataset, whether the path exists or not, is outside the roots
+# or escapes them through a symlink: the answer must not tell which files exist on a worker.
+DATASET_REFUSED = (
+    "must be stdlib:// or an existing file:// path or s3:// prefix under a training data root "
+    "that an admin configured (SWITCHYARD_TRAINING_DATA_ROOTS)"
+)
+# The same for a model directory or a tokenizer file (model_uri, tokenizer_uri).
+OBJECT_REFUSED = (
+    "must be an existing file:// path or s3:// prefix under a training data root "
+    "that an admin configured (SWITCHYARD_TRAINING_DATA_ROOTS)"
+)
+
+
+@dataclass(frozen=True)
+class DatasetSource:
+    """Where a run's data comes from: the stdlib corpus, files under a root, or an S3 prefix."""
+
+    kind: str  # "stdlib" | "files" | "objects"
+    path: Path | None = None  # files: the resolved file or directory
+    root: Path | None = None  # files: the resolved root it lies under
+    bucket: str = ""  # objects
+    prefix: str = ""  # objects: the key prefix, no trailing slash
+
+
+def _segments_clean(path: str) -> bool:
+    return not any(seg in (".", "..") for seg in path.split("/")) and "\\" not in path and "\x00" not in path
+
+
+def _key_under(key: str, prefix: str) -> bool:
+    return not prefix or key == prefix or key.startswith(prefix + "/")
+
+
+def dataset_source(uri: Any, *, roots: list[str] | None = None) -> DatasetSource | None:
+    """The dataset `uri` names if a run may read it, else None (always the same refusal).
+
+    `file://` paths are resolved (symlinks followed) and must exist and lie under a resolved
+    `file://` root; `s3://` prefixes must lie under an `s3://` root of the same bucket, with
+    whole path segments. Roots are settings.TRAINING_DATA_ROOTS unless given.
+    """
+    if uri == "stdlib://":
+        return DatasetSource(kind="stdlib")
+    if not isinstance(uri, str) or not uri.isprintable():
+        return None
+    roots = settings.TRAINING_DATA_ROOTS if roots is None else roots
+    if uri.startswith("file://"):
+        raw = uri[len("file://") :]
+        if not raw.startswith("/") or not _segments_clean(raw):
+            return None
+        real = Path(os.path.realpath(raw))
+        for root in roots:
+            if not root.startswith("file://"):
+                continue
+            root_real = Path(os.path.realpath(root[len("file://") :]))
+            if (real == root_real or root_real in real.parents) and real.exists():
+                return DatasetSource(kind="files", path=real, root=root_real)
+        return None
+    if uri.startswith("s3://"):
+        bucket, _, key = uri[len("s3://") :].partition("/")
+        key = key.rstrip("/")
+        if not bucket or not _segments_clean(key) or "//" in key:
+            return None
+        for root in roots:
+            if not root.startswith("s3://"):
+                continue
+            root_bucket, _, root_prefix = root[len("s3://") :].partition("/")
+            if bucket == root_bucket and _key_under(key, root_prefix):
+                return DatasetSource(kind="objects", bucket=bucket, prefix=key)
+        return None
+    return None
+
+
+def dataset_files(source: DatasetSource) -> tuple[str, ...]:
+    """The files of a `files` source, each re-resolved at read time: a symlink that leads out of
+    the root (made after the run was validated) is skipped."""
+    assert source.path is not None and source.root is not None  # noqa: S101 (kind == "files")
+    candidates = sorted(source.path.rglob("*")) if source.path.is_dir() else [source.path]
+    kept = []
+    for p in candidates:
+        real = Path(os.path.realpath(p))
+        if real.is_file() and (real == source.root or source.root in real.parents):
+            kept.append(str(real))
+    return tuple(kept)
+
+
+def dataset_keys(source: DatasetSource, keys: list[str]) -> tuple[str, ...]:
+    """The object keys of an `objects` source: whole segments under its prefix only."""
+    return tuple(k for k in sorted(keys) if _key_under(k, source.prefix))
+
+
 def object_uri_check(uri: Any, *, kind: str) -> str | None:
     """What is wrong with an object-store URI a run reads (None if nothing).
 
     kind: "dataset" (also stdlib://; a file or a directory), "model" (a directory holding
     config.json) or "tokenizer" (a tokenizer.json). Every URI a run config names goes through
-    here, so a rule about where runs may read (admin-configured roots) has one place to live.
-    Only file:// paths are checked for existence here; an s3:// object is read when the run's
-    engine is built, and its absence fails the run with the reason.
+    here and must lie under an admin-configured root (dataset_source): anything else gets one
+    message whether or not it exists, so the answer tells nobody which files a worker has.
+    Inside a root, file:// paths are checked for what they must hold; an s3:// object is read
+    when the run's engine is built, and its absence fails the run with the reason.
     """
-    schemes = "stdlib://, file:// or s3://" if kind == "dataset" else "file:// or s3://"
-    if not isinstance(uri, str) or not uri:
-        return (
-            f"must be a URI: {'stdlib://, ' if kind == 'dataset' else ''}file:///path or s3://bucket/prefix"
-        )
-    if kind == "dataset" and uri == "stdlib://":
-        return None
-    if uri.startswith("file://"):
-        path = Path(uri[len("file://") :])
-        if kind == "model" and not (path / "config.json").is_file():
-            return f"{path} holds no config.json"
-        if kind == "tokenizer" and not path.is_file():
-            return f"{path} is not a file"
-        if not path.exists():
-            return f"{path} does not exist"
-        return None
-    if uri.startswith("s3://"):
-        bucket, _, key = uri[len("s3://") :].partition("/")
-        if not bucket.strip("/"):
-            return "s3:// URI names no bucket"
-        if kind == "tokenizer" and not key.strip("/"):
-            return "s3:// URI names no object"
-        if ".." in key.split("/"):
-            return "s3:// URI may not contain '..'"
-        return None
-    return f"must start with {schemes}"
+    if kind == "dataset":
+        return None if dataset_source(uri) is not None else DATASET_REFUSED
+    found = dataset_source(uri)
+    if found is None or found.kind == "stdlib":
+        return OBJECT_REFUSED
+    if found.kind == "files":
+        assert found.path is not None  # noqa: S101 (kind == "files")
+        if kind == "model" and not (found.path / "config.json").is_file():
+            return f"{uri} holds no config.json"
+        if kind == "tokenizer" and not found.path.is_file():
+            return f"{uri} is not a file"
+    elif kind == "tokenizer" and not found.prefix:
+        return "s3:// URI names no object"
+    return None
 
 
 def _check_uris(cfg: dict[str, Any], raw: dict[str, Any], errors: _Errors) -> None:
@@ -320,6 +399,13 @@ def run_config_validate(raw: Any) -> dict[str, Any]:
     errors = _Errors()
     if not isinstance(raw, dict):
         raise RunConfigError({"config": ["must be a JSON object"]})
+    if "object_store_url" in raw:
+        # Runs write to the installation's store (OBJECT_STORE_URL, with its endpoint and
+        # credentials); a run that chose its own would use those credentials elsewhere.
+        errors.add(
+            "object_store_url", "a run cannot choose its object store: every run uses OBJECT_STORE_URL"
+        )
+        raw = {k: v for k, v in raw.items() if k != "object_store_url"}
     cfg = _merge(raw, DEFAULTS, errors)
     for path, (ilo, ihi) in _INT_RANGES.items():
         if not errors.has(path.split(".")[0]):
@@ -379,11 +465,6 @@ def run_config_validate(raw: Any) -> dict[str, Any]:
     _check_stop(cfg, errors)
     _check_money(cfg, errors)
     _check_placement(cfg, m, errors)
-
-    url = cfg["object_store_url"] or settings.OBJECT_STORE_URL
-    if not isinstance(url, str) or not url.startswith(("file://", "s3://")):
-        errors.add("object_store_url", "must start with file:// or s3://")
-    cfg["object_store_url"] = url
 
     # A chunk must finish well inside the broker's visibility timeout, or Redis hands the same
     # message to a second worker while the first still trains it.
@@ -553,7 +634,8 @@ class RunConfig:
 
     @property
     def object_store_url(self) -> str:
-        return str(self.raw["object_store_url"])
+        # Always the installation's store: a value stored by an older version is ignored.
+        return str(settings.OBJECT_STORE_URL)
 
     @property
     def batch_size(self) -> int:
@@ -640,19 +722,12 @@ class RunConfig:
 
     def data_config(self) -> DataConfig:
         d = self.raw["data"]
-        uri = str(self.raw["dataset"])
-        source = "stdlib"
-        paths: tuple[str, ...] = ()
-        if uri.startswith("file://"):
-            source = "files"
-            root = Path(uri[len("file://") :])
-            paths = (
-                tuple(str(p) for p in sorted(root.rglob("*")) if p.is_file())
-                if root.is_dir()
-                else (str(root),)
-            )
-        elif uri.startswith("s3://"):
-            source = "objects"
+        # Checked again where the data is read: the roots may have changed since validation.
+        found = dataset_source(self.raw["dataset"])
+        if found is None:
+            raise ValueError(f"dataset: {DATASET_REFUSED}")
+        source = found.kind
+        paths = dataset_files(found) if found.kind == "files" else ()
         return DataConfig(
             source=source,  # type: ignore[arg-type]
             max_train_bytes=d["max_train_bytes"],

@@ -11,16 +11,18 @@ them: the web process imports this module (through training.services) without lo
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
+from stack.registry.objectstore import configured_store
 from storage.artifacts import model_artifact_write
 from storage.objectstore import ObjectStore, open_store
 from training.models import TrainingRun
-from training.run_config import RunConfig
+from training.run_config import OBJECT_REFUSED, DatasetSource, RunConfig, dataset_keys, dataset_source
 
 if TYPE_CHECKING:
     import torch
@@ -58,26 +60,42 @@ def run_transport(run: TrainingRun) -> ObjectStoreTransport:
     from training.engine.transport import ObjectStoreTransport  # lazily: imports torch
 
     rc = RunConfig(run.config)
-    store = open_store(rc.object_store_url, endpoint_url=settings.OBJECT_STORE_ENDPOINT_URL)
+    store = configured_store(rc.object_store_url)
     return ObjectStoreTransport(store, prefix=f"runs/{run.pk}")
+
+
+def _source(uri: str) -> DatasetSource:
+    """The checked location of a URI a run reads, judged again against the training data roots
+    here, where it is read: the roots may have narrowed, or a symlink moved, since validation."""
+    found = dataset_source(uri)
+    if found is None or found.kind == "stdlib":
+        raise ValueError(f"{uri}: {OBJECT_REFUSED}")
+    return found
 
 
 def object_location(uri: str) -> tuple[ObjectStore, str]:
     """The store holding the object or folder a run config names, and its key there.
 
     ``s3://bucket/a/b`` is key ``a/b`` of the bucket; ``file:///x/y`` is key ``y`` of the
-    directory ``/x``.
+    directory ``/x`` (after resolving symlinks).
     """
-    if uri.startswith("s3://"):
-        bucket, _, key = uri[len("s3://") :].partition("/")
-        return open_store(f"s3://{bucket}", endpoint_url=settings.OBJECT_STORE_ENDPOINT_URL), key.strip("/")
-    path = Path(uri[len("file://") :])
-    return open_store(f"file://{path.parent}"), path.name
+    found = _source(uri)
+    if found.kind == "objects":
+        return configured_store(f"s3://{found.bucket}"), found.prefix
+    assert found.path is not None  # noqa: S101 (kind == "files")
+    return open_store(f"file://{found.path.parent}"), found.path.name
 
 
 def model_store(uri: str) -> ObjectStore:
     """The store rooted at a model directory (config.json is key ``config.json`` there)."""
-    return open_store(uri.rstrip("/"), endpoint_url=settings.OBJECT_STORE_ENDPOINT_URL)
+    found = _source(uri)
+    if found.kind == "objects":
+        return configured_store(f"s3://{found.bucket}/{found.prefix}")
+    return open_store(f"file://{found.path}")
+
+
+def _inside(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
 
 
 @dataclass
@@ -175,11 +193,15 @@ def _load_byte_corpus(engine: RunEngine) -> None:
     from training.engine.data import eval_batches, load_corpus  # lazily: imports torch
 
     rc = engine.rc
-    data_cfg = rc.data_config()
+    data_cfg = rc.data_config()  # re-checks the dataset against the training data roots
     store = None
     if data_cfg.source == "objects":
-        store, prefix = object_location(str(rc.raw["dataset"]))
-        data_cfg = type(data_cfg)(**{**data_cfg.__dict__, "paths": tuple(sorted(store.list(prefix)))})
+        found = dataset_source(rc.raw["dataset"])
+        assert found is not None  # noqa: S101 (data_config refused it otherwise)
+        store = configured_store(f"s3://{found.bucket}")
+        data_cfg = type(data_cfg)(
+            **{**data_cfg.__dict__, "paths": dataset_keys(found, store.list(found.prefix))}
+        )
     engine.corpus = load_corpus(data_cfg, store=store)
     engine.eval_batches = eval_batches(
         engine.corpus.eval, block_size=rc.block_size, windows=int(rc.raw["eval_windows"])
@@ -190,7 +212,8 @@ def _open_text_dataset(engine: RunEngine) -> None:
     """The tokenizer, the dataset's object list and the held-out eval windows of a text dataset."""
     # Lazily: the engine modules import torch.
     from training.engine.openweights import TOKENIZER
-    from training.engine.stream import TextDataset, check_tokens_fit, dataset_keys, eval_batches
+    from training.engine.stream import TextDataset, check_tokens_fit, eval_batches
+    from training.engine.stream import dataset_keys as stream_keys
     from training.engine.tokenizer import ByteTokenizer, JsonTokenizer, TokenizerError, eos_from_config
 
     rc = engine.rc
@@ -212,8 +235,15 @@ def _open_text_dataset(engine: RunEngine) -> None:
     check_tokens_fit(tokenizer, engine.model_cfg.vocab_size)
     data_store, prefix = object_location(str(rc.raw["dataset"]))
     fmt = rc.data_format
+    keys = stream_keys(data_store, prefix, fmt)  # type: ignore[arg-type]
+    found = _source(str(rc.raw["dataset"]))
+    if found.kind == "files":
+        # A symlink under the dataset's folder that leads out of its root is not read.
+        assert found.root is not None and found.path is not None  # noqa: S101 (kind == "files")
+        base, root = found.path.parent, found.root
+        keys = tuple(k for k in keys if _inside(Path(os.path.realpath(base / k)), root))
     text = TextDataset(
-        keys=dataset_keys(data_store, prefix, fmt),  # type: ignore[arg-type]
+        keys=keys,
         format=fmt,  # type: ignore[arg-type]
         text_field=rc.text_field,
         eval_every_nth=rc.eval_every_nth_document,

@@ -9,7 +9,6 @@ import logging
 from smtplib import SMTPException
 from typing import Any
 
-import requests
 from celery import shared_task
 from django.conf import settings
 from django.core.mail import send_mail
@@ -20,10 +19,11 @@ from billing.budgets.errors import AlertDeliveryError
 from billing.budgets.writes import email_addresses
 from billing.models import BudgetAlert
 from stack.registry.crypto import decrypt_secret
+from stack.registry.outbound import PUBLIC_ONLY, OutboundRefused, http_post
 
 logger = logging.getLogger(__name__)
 
-WEBHOOK_TIMEOUT_S = (3.0, 5.0)  # connect, read: the alert row stays locked while we wait
+WEBHOOK_TIMEOUT_S = 5.0  # connect, then each read: the alert row stays locked while we wait
 SIGNATURE_HEADER = "X-Switchyard-Signature"
 
 
@@ -116,18 +116,20 @@ def _deliver_webhook(alert_id: int) -> str:
             ),
         }
         try:
-            response = requests.post(
-                budget.webhook_url,
-                data=body,
-                headers=headers,
-                timeout=WEBHOOK_TIMEOUT_S,
-                allow_redirects=False,
+            # Through the outbound guard: a webhook may reach loopback, private or link-local
+            # addresses only inside SWITCHYARD_OUTBOUND_ALLOW_NETWORKS; redirects are not followed.
+            answer = http_post(
+                budget.webhook_url, body=body, headers=headers, timeout=WEBHOOK_TIMEOUT_S, policy=PUBLIC_ONLY
             )
-        except requests.RequestException as exc:
+        except OutboundRefused as exc:
+            # Sending it again will not help until an admin allows the network.
+            logger.warning("budget alert %s: webhook refused: %s", alert_id, exc.detail)
+            alert.webhook_status = "refused by the outbound policy (not retried)"
+        except OSError as exc:
             failure = f"webhook: {type(exc).__name__}"
             alert.webhook_status = failure[:200]
         else:
-            code = response.status_code
+            code = answer.status
             if 200 <= code < 300:
                 alert.webhook_sent_at = timezone.now()
                 alert.webhook_status = f"HTTP {code}"

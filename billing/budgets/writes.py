@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.core.validators import validate_email
 from django.db import transaction
@@ -15,6 +16,7 @@ from billing.budgets.errors import BudgetInvalid
 from billing.budgets.periods import ZERO
 from billing.models import Budget, BudgetAlert, BudgetPeriod
 from stack.registry.crypto import encrypt_secret
+from stack.registry.outbound import PUBLIC_ONLY, url_literal_refusal
 from stack.registry.subjects import subject_exists
 from stack.registry.validation import id_parse
 
@@ -60,7 +62,17 @@ def budget_errors(*, values: Mapping[str, Any], has_secret: bool) -> dict[str, l
             validate_email(address)
         except FormValidationError:
             errors["email_to"].append(f"{address!r} is not an email address")
-    if values.get("webhook_url") and not has_secret:
+    webhook_url = values.get("webhook_url") or ""
+    if webhook_url:
+        parts = urlsplit(webhook_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            errors["webhook_url"].append("must be an http:// or https:// URL with a host")
+        elif parts.username is not None or parts.password is not None:
+            errors["webhook_url"].append("must not carry a user name or password")
+        elif refusal := url_literal_refusal(webhook_url, policy=PUBLIC_ONLY):
+            # Names are resolved and checked when the alert is sent (stack.registry.outbound).
+            errors["webhook_url"].append(f"{refusal} (an admin may allow its network)")
+    if webhook_url and not has_secret:
         errors["webhook_secret"].append("a webhook needs a secret to sign its requests with")
     return dict(errors)
 

@@ -1,6 +1,7 @@
 """The one interface every provider adapter implements, and the request/response types.
 
-Adapters know nothing about Django: they get plain dataclasses and a deadline and return
+Adapters know nothing about the ORM: they get plain dataclasses and a deadline (and open their
+connections through the outbound guard, stack.registry.outbound) and return
 a Completion, or raise ProviderError with `retryable` set the way the router needs it
 (connect errors, timeouts, 429 and 5xx are retryable; other 4xx are not) and the provider's
 HTTP status, from which `client_error` (400, 413, 422: the request is at fault) follows.
@@ -100,6 +101,11 @@ class Target:
     region: str = ""
     credentials: str = ""  # decrypted secret (API key, or AWS "access:secret")
     extra: dict[str, Any] = field(default_factory=dict)
+    # The provider's admin-set allow_private_network (the outbound guard's policy).
+    allow_private: bool = False
+    # Why this deployment may not be called (its base URL is outside the provider's endpoints):
+    # the adapter registry refuses it before any connection is made.
+    refused: str = ""
 
 
 class Adapter(Protocol):

@@ -3,7 +3,9 @@
 botocore's own retries are off (the router decides about retries and fallbacks, within the
 request's deadline). Credentials are the provider's secret as "ACCESS_KEY:SECRET_KEY"; an
 empty secret uses boto3's default chain. The deployment's (or provider's) base_url, when set,
-is the endpoint URL (a VPC endpoint, or the loopback server the tests run).
+is the endpoint URL (a VPC endpoint, or the loopback server the tests run); every request the
+client sends is checked by the outbound guard (stack.registry.outbound) first, and what the
+endpoint answers in an error is logged, never passed on.
 
 boto3 and botocore are imported inside the functions that call Bedrock: they take a noticeable
 time to import, and most processes never call Bedrock.
@@ -11,6 +13,7 @@ time to import, and most processes never call Bedrock.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -24,15 +27,17 @@ from inference.adapters.base import (
     Target,
     classify_status,
 )
+from stack.registry.outbound import PRIVATE_ALLOWED, PUBLIC_ONLY, OutboundRefused, botocore_guard
 
-_clients: dict[tuple[str, str, str, float], Any] = {}
+logger = logging.getLogger(__name__)
+_clients: dict[tuple[str, str, str, float, bool], Any] = {}
 _lock = threading.Lock()
 
 
 def _client(target: Target, timeout: float) -> Any:
     # Timeouts are part of a botocore client's config: keep one client per rounded deadline.
     rounded = max(0.5, round(timeout, 1))
-    key = (target.base_url, target.region, target.credentials, rounded)
+    key = (target.base_url, target.region, target.credentials, rounded, target.allow_private)
     client = _clients.get(key)
     if client is not None:
         return client
@@ -58,6 +63,9 @@ def _client(target: Target, timeout: float) -> Any:
         client = _clients.get(key)
         if client is None:
             client = boto3.session.Session().client("bedrock-runtime", **kwargs)
+            # Every request this client sends is checked by the outbound guard first.
+            policy = PRIVATE_ALLOWED if target.allow_private else PUBLIC_ONLY
+            client.meta.events.register("before-send", botocore_guard(policy))
             _clients[key] = client
     return client
 
@@ -118,15 +126,21 @@ def _map_error(exc: Exception, slug: str) -> ProviderError:
             # An error event inside a stream carries no HTTP status: take it from the code, so a
             # refused request (ValidationException) stays a client error, not a 500.
             status = _STATUS_BY_CODE.get(code, 500)
-        message = exc.response.get("Error", {}).get("Message", str(exc))
-        return ProviderError(
-            f"HTTP {status} {code}: {message}", retryable=classify_status(status), status_code=status
+        # What AWS (or whatever answers at the endpoint) said is logged, not passed on.
+        logger.warning(
+            "bedrock %s answered HTTP %s %s: %s", slug, status, code, exc.response.get("Error", {})
         )
+        return ProviderError(
+            f"HTTP {status} {code[:64]} from {slug}", retryable=classify_status(status), status_code=status
+        )
+    if isinstance(exc, OutboundRefused):
+        return ProviderError(f"{slug}: {exc}", retryable=False)
     if isinstance(exc, ReadTimeoutError):
         return ProviderError(f"{slug}: timed out", retryable=True)
-    if isinstance(exc, BotoConnectionError):
+    if isinstance(exc, BotoConnectionError | OSError):
         return ProviderError(f"{slug}: cannot connect: {exc}", retryable=True)
-    return ProviderError(f"{slug}: {exc}", retryable=True)
+    logger.warning("bedrock %s failed: %s", slug, exc)
+    return ProviderError(f"{slug}: {type(exc).__name__}", retryable=True)
 
 
 class BedrockAdapter:
@@ -137,7 +151,7 @@ class BedrockAdapter:
 
         try:
             doc = _client(target, timeout).converse(**_converse_args(target, request))
-        except (ClientError, BotoCoreError) as exc:
+        except (ClientError, BotoCoreError, OutboundRefused, OSError) as exc:
             raise _map_error(exc, target.slug) from exc
         try:
             blocks = doc["output"]["message"]["content"]
@@ -157,7 +171,7 @@ class BedrockAdapter:
 
         try:
             resp = _client(target, timeout).converse_stream(**_converse_args(target, request))
-        except (ClientError, BotoCoreError) as exc:
+        except (ClientError, BotoCoreError, OutboundRefused, OSError) as exc:
             raise _map_error(exc, target.slug) from exc
         return self._events(target, resp["stream"])
 

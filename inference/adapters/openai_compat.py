@@ -5,12 +5,17 @@ bench's loopback mock it adds well under 0.1 ms per call, where urllib3's PoolMa
 tenths of a millisecond of bookkeeping. A connection the server closed while idle is detected
 on the next use and reopened once (the request had not been processed: the server closed
 before reading it).
+
+Connections are opened through the outbound guard (stack.registry.outbound) under the provider's
+policy; redirects are not followed; an upstream error body is logged here and never becomes part
+of an error message (which reaches callers, attempts, failover events and batch output).
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import logging
 import socket
 import threading
 from collections.abc import Iterator
@@ -26,28 +31,38 @@ from inference.adapters.base import (
     Target,
     classify_status,
 )
+from stack.registry.outbound import PRIVATE_ALLOWED, PUBLIC_ONLY, OutboundRefused, guarded_connection
 
+logger = logging.getLogger(__name__)
 _local = threading.local()
 
+# (scheme, host, port, may reach private networks): a connection vetted under one policy is
+# never reused for a target under a stricter one.
+ConnKey = tuple[str, str, int, bool]
 
-def _connections() -> dict[tuple[str, str, int], http.client.HTTPConnection]:
+
+def _connections() -> dict[ConnKey, http.client.HTTPConnection]:
     conns = getattr(_local, "conns", None)
     if conns is None:
         conns = _local.conns = {}
     return conns
 
 
-def _split_base(base_url: str) -> tuple[str, str, int, str]:
+def _key(base_url: str, allow_private: bool) -> ConnKey:
     parts = urlsplit(base_url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ProviderError(f"base URL {base_url!r} is not http(s)", retryable=False)
     port = parts.port or (443 if parts.scheme == "https" else 80)
-    return parts.scheme, parts.hostname, port, parts.path.rstrip("/")
+    return parts.scheme, parts.hostname, port, allow_private
 
 
-def _connection(scheme: str, host: str, port: int, timeout: float) -> tuple[http.client.HTTPConnection, bool]:
-    """A kept-alive connection for this thread, and whether it is fresh."""
-    key = (scheme, host, port)
+def _connection(key: ConnKey, timeout: float) -> tuple[http.client.HTTPConnection, bool]:
+    """A kept-alive connection for this thread, and whether it is fresh.
+
+    A fresh one is opened through the outbound guard (stack.registry.outbound): the host is
+    resolved (cached briefly), its addresses checked against the provider's policy, and the
+    socket connected to the address checked. A kept-alive one costs no lookup at all.
+    """
     conns = _connections()
     conn = conns.get(key)
     if conn is not None:
@@ -55,14 +70,16 @@ def _connection(scheme: str, host: str, port: int, timeout: float) -> tuple[http
         if conn.sock is not None:
             conn.sock.settimeout(timeout)
         return conn, False
-    cls = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
-    conn = cls(host, port, timeout=timeout)
+    scheme, host, port, allow_private = key
+    conn = guarded_connection(
+        scheme, host, port, timeout=timeout, policy=PRIVATE_ALLOWED if allow_private else PUBLIC_ONLY
+    )
     conns[key] = conn
     return conn, True
 
 
-def _drop(scheme: str, host: str, port: int) -> None:
-    conn = _connections().pop((scheme, host, port), None)
+def _drop(key: ConnKey) -> None:
+    conn = _connections().pop(key, None)
     if conn is not None:
         conn.close()
 
@@ -81,63 +98,73 @@ def request_json(
     *,
     headers: dict[str, str],
     timeout: float,
+    allow_private: bool = False,
     method: str = "POST",
-) -> http.client.HTTPResponse:
-    """Send one request on the kept-alive connection and return the open response.
+) -> tuple[http.client.HTTPResponse, ConnKey]:
+    """Send one request on the kept-alive connection; the open response and its connection key.
 
-    Connect errors and timeouts become retryable ProviderErrors. The caller reads the body
-    (or streams it) and must read it to the end so the connection can be reused.
+    Connect errors and timeouts become retryable ProviderErrors, a destination the outbound
+    guard refuses a non-retryable one. The caller reads the body (or streams it) and must read
+    it to the end so the connection can be reused. Redirects are answers, never followed.
     """
-    scheme, host, port, prefix = _split_base(base_url)
+    key = _key(base_url, allow_private)
+    scheme, host, port, _ = key
+    prefix = urlsplit(base_url).path.rstrip("/")
     payload = json.dumps(body, separators=(",", ":")).encode() if body is not None else None
     all_headers = {"Content-Type": "application/json", "Accept": "application/json", **headers}
     for _ in range(2):
-        conn, fresh = _connection(scheme, host, port, timeout)
+        conn, fresh = _connection(key, timeout)
         try:
             if fresh:
                 conn.connect()
                 # One write per request already; NODELAY keeps streamed uploads from waiting.
                 conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn.request(method, prefix + path, body=payload, headers=all_headers)
-            return conn.getresponse()
+            return conn.getresponse(), key
+        except OutboundRefused as exc:
+            _drop(key)
+            raise ProviderError(str(exc), retryable=False) from exc
         except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
-            _drop(scheme, host, port)
+            _drop(key)
             if fresh:
                 raise ProviderError(f"connection to {host}:{port} failed: {exc}", retryable=True) from exc
             # A kept-alive connection the server had closed: reopen once.
             continue
         except TimeoutError as exc:
-            _drop(scheme, host, port)
+            _drop(key)
             raise ProviderError(
                 f"timed out after {timeout:.2f}s calling {host}:{port}", retryable=True
             ) from exc
         except (OSError, http.client.HTTPException) as exc:
-            _drop(scheme, host, port)
+            _drop(key)
             raise ProviderError(f"cannot reach {host}:{port}: {exc}", retryable=True) from exc
     raise ProviderError(f"connection to {host}:{port} keeps closing", retryable=True)
 
 
-def _read_all(resp: http.client.HTTPResponse, base_url: str) -> bytes:
+def _read_all(resp: http.client.HTTPResponse, key: ConnKey) -> bytes:
     try:
         data = resp.read()
     except TimeoutError as exc:
-        _drop(*_split_base(base_url)[:3])
+        _drop(key)
         raise ProviderError("timed out reading the answer", retryable=True) from exc
     except (OSError, http.client.HTTPException) as exc:
-        _drop(*_split_base(base_url)[:3])
+        _drop(key)
         raise ProviderError(f"connection broke while reading: {exc}", retryable=True) from exc
     if resp.will_close:
-        _drop(*_split_base(base_url)[:3])
+        _drop(key)
     return data
 
 
-def _error_message(status: int, data: bytes) -> str:
-    try:
-        err = json.loads(data)["error"]
-        message = err["message"] if isinstance(err, dict) else str(err)
-    except (ValueError, KeyError, TypeError):
-        message = data[:200].decode("utf-8", "replace")
-    return f"HTTP {status}: {message}"
+def _status_error(target: Target, status: int, data: bytes) -> ProviderError:
+    """The error for an upstream 4xx/5xx: the status only. What the provider said is logged here
+    and nowhere else: an upstream body may name internal hosts or echo another system's data,
+    and this message reaches attempts, failover events, batch output and eval comments."""
+    logger.warning(
+        "provider %s answered HTTP %s: %s", target.slug, status, data[:2000].decode("utf-8", "replace")
+    )
+    return ProviderError(
+        f"HTTP {status} from {target.slug}", retryable=classify_status(status), status_code=status
+    )
 
 
 def _body(target: Target, request: InferenceInput, *, stream: bool) -> tuple[str, dict[str, Any]]:
@@ -178,14 +205,17 @@ class OpenAICompatibleAdapter:
 
     def complete(self, target: Target, request: InferenceInput, *, timeout: float) -> Completion:
         path, body = _body(target, request, stream=False)
-        resp = request_json(target.base_url, path, body, headers=_headers(target), timeout=timeout)
-        data = _read_all(resp, target.base_url)
-        if resp.status >= 400:
-            raise ProviderError(
-                _error_message(resp.status, data),
-                retryable=classify_status(resp.status),
-                status_code=resp.status,
-            )
+        resp, key = request_json(
+            target.base_url,
+            path,
+            body,
+            headers=_headers(target),
+            timeout=timeout,
+            allow_private=target.allow_private,
+        )
+        data = _read_all(resp, key)
+        if resp.status >= 300:  # a redirect is an answer here, never followed
+            raise _status_error(target, resp.status, data)
         try:
             doc = json.loads(data)
             choice = doc["choices"][0]
@@ -200,28 +230,25 @@ class OpenAICompatibleAdapter:
             )
         except (ValueError, KeyError, IndexError, TypeError) as exc:
             # A 200 with a body we cannot read: the provider is broken right now, so another
-            # deployment may well answer (the chaos adapter's "malformed" drill).
+            # deployment may well answer (the chaos adapter's "malformed" drill). The body is
+            # logged, never passed on (see _status_error).
+            logger.warning("malformed answer from %s: %r", target.slug, data[:2000])
             raise ProviderError(
-                f"malformed answer from {target.slug}: {data[:120]!r}",
-                retryable=True,
-                status_code=resp.status,
+                f"malformed answer from {target.slug}", retryable=True, status_code=resp.status
             ) from exc
 
     def stream(self, target: Target, request: InferenceInput, *, timeout: float) -> Iterator[StreamChunk]:
         path, body = _body(target, request, stream=True)
         headers = {**_headers(target), "Accept": "text/event-stream"}
-        resp = request_json(target.base_url, path, body, headers=headers, timeout=timeout)
-        if resp.status >= 400:
-            data = _read_all(resp, target.base_url)
-            raise ProviderError(
-                _error_message(resp.status, data),
-                retryable=classify_status(resp.status),
-                status_code=resp.status,
-            )
-        return self._events(target, request, resp)
+        resp, key = request_json(
+            target.base_url, path, body, headers=headers, timeout=timeout, allow_private=target.allow_private
+        )
+        if resp.status >= 300:
+            raise _status_error(target, resp.status, _read_all(resp, key))
+        return self._events(target, request, resp, key)
 
     def _events(
-        self, target: Target, request: InferenceInput, resp: http.client.HTTPResponse
+        self, target: Target, request: InferenceInput, resp: http.client.HTTPResponse, key: ConnKey
     ) -> Iterator[StreamChunk]:
         chat = isinstance(request, ChatRequest)
         finish: str | None = None
@@ -256,7 +283,7 @@ class OpenAICompatibleAdapter:
                         tokens_out=int(usage.get("completion_tokens") or 0),
                     )
         except (TimeoutError, OSError, http.client.HTTPException) as exc:
-            _drop(*_split_base(target.base_url)[:3])
+            _drop(key)
             raise ProviderError(f"stream from {target.slug} broke: {exc}", retryable=True) from exc
         if resp.will_close:
-            _drop(*_split_base(target.base_url)[:3])
+            _drop(key)

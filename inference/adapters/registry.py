@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from inference.adapters.base import Adapter, Target
+from collections.abc import Iterator
+
+from inference.adapters.base import Adapter, Completion, InferenceInput, ProviderError, StreamChunk, Target
 from inference.adapters.bedrock import BedrockAdapter
 from inference.adapters.chaos import ChaosAdapter
 from inference.adapters.openai_compat import OpenAICompatibleAdapter
@@ -13,6 +15,21 @@ _ADAPTERS: dict[str, Adapter] = {"openai-compatible": _openai, "bedrock": _bedro
 _CHAOS: dict[str, Adapter] = {kind: ChaosAdapter(inner) for kind, inner in _ADAPTERS.items()}
 
 
+class RefusedAdapter:
+    """A deployment whose base URL lies outside its provider's endpoints: never called."""
+
+    kind = "refused"
+
+    def complete(self, target: Target, request: InferenceInput, *, timeout: float) -> Completion:
+        raise ProviderError(f"{target.slug}: {target.refused}", retryable=False)
+
+    def stream(self, target: Target, request: InferenceInput, *, timeout: float) -> Iterator[StreamChunk]:
+        raise ProviderError(f"{target.slug}: {target.refused}", retryable=False)
+
+
+_refused = RefusedAdapter()
+
+
 def adapter_kind(provider_kind: str) -> str:
     """Bedrock speaks Converse; every other provider kind (on-prem, cloud, openai-compatible,
     our own `serve_model`) is reached over the OpenAI-compatible HTTP API at its base URL."""
@@ -20,5 +37,7 @@ def adapter_kind(provider_kind: str) -> str:
 
 
 def adapter_for(target: Target) -> Adapter:
+    if target.refused:
+        return _refused
     chaos = target.extra.get("chaos")
     return (_CHAOS if chaos else _ADAPTERS)[target.kind]

@@ -16,6 +16,7 @@ from rest_framework.routers import BaseRouter
 
 from stack.registry import services
 from stack.registry.api_fields import DecimalField, ModelSerializer
+from stack.registry.endpoints import deployment_endpoint_problem, endpoint_list_problems, endpoint_url_problem
 from stack.registry.models import (
     Cluster,
     Deployment,
@@ -25,6 +26,7 @@ from stack.registry.models import (
     RoutingPolicyVersion,
     Workflow,
 )
+from stack.registry.objectstore import store_uri_problem
 from stack.registry.roles import ADMINS
 from stack.registry.selectors import workflow_current_policy
 
@@ -41,6 +43,13 @@ class ProviderSerializer(ModelSerializer[Provider]):
         help_text="write-only; an empty string clears them; never returned",
     )
     has_credentials = serializers.BooleanField(read_only=True)
+    allowed_endpoints = serializers.ListField(
+        child=serializers.CharField(max_length=500),
+        required=False,
+        max_length=50,
+        help_text="URL prefixes (scheme, host, port, path) besides base_url that deployments may use; "
+        "they receive the credentials",
+    )
 
     class Meta:
         model = Provider
@@ -51,12 +60,25 @@ class ProviderSerializer(ModelSerializer[Provider]):
             "kind",
             "region",
             "base_url",
+            "allowed_endpoints",
+            "allow_private_network",
             "credentials",
             "has_credentials",
             "enabled",
             "created_at",
         ]
         read_only_fields = ["id", "created_at"]
+
+    def validate_base_url(self, value: str) -> str:
+        if value and (problem := endpoint_url_problem(value)):
+            raise serializers.ValidationError(problem)
+        return value
+
+    def validate_allowed_endpoints(self, value: list[str]) -> list[str]:
+        problems = endpoint_list_problems(value)
+        if problems:
+            raise serializers.ValidationError(problems)
+        return [url.rstrip("/") for url in value]
 
     def create(self, validated_data: dict[str, Any]) -> Provider:
         credentials = validated_data.pop("credentials", None)
@@ -111,8 +133,8 @@ class RegisteredModelSerializer(ModelSerializer[RegisteredModel]):
         read_only_fields = ["id", "created_at"]
 
     def validate_artifact_uri(self, value: str) -> str:
-        if value and not value.startswith(("file://", "s3://")):
-            raise serializers.ValidationError("must start with file:// or s3://")
+        if value and (problem := store_uri_problem(value)):
+            raise serializers.ValidationError(problem)
         return value
 
 
@@ -145,6 +167,12 @@ class DeploymentSerializer(ModelSerializer[Deployment]):
             raise serializers.ValidationError(
                 {"provider_model_id": ["give the provider's model id or a local endpoint base_url"]}
             )
+        provider = attrs.get("provider", getattr(self.instance, "provider", None))
+        if provider is not None:
+            # The same check as Deployment.clean (the page form, the Django admin).
+            problem = deployment_endpoint_problem(provider=provider, base_url=base_url)
+            if problem is not None:
+                raise serializers.ValidationError({"base_url": [problem]})
         return attrs
 
 

@@ -17,3 +17,11 @@ class RegistryConfig(AppConfig):
         # Connect the worker-side heartbeat signal handlers, and register the bearer tokens'
         # OpenAPI security scheme (a drf-spectacular extension registers when it is defined).
         from stack.registry import schema, worker_signals  # noqa: F401
+
+        # Every S3 request (the object store, datasets, artifacts, exports) passes the outbound
+        # guard. The endpoint is an admin's setting (OBJECT_STORE_ENDPOINT_URL), so it may be on
+        # a private network (MinIO), never on a link-local or metadata address.
+        from stack.registry.outbound import PRIVATE_ALLOWED, botocore_guard
+        from storage.objectstore import set_request_guard
+
+        set_request_guard(botocore_guard(PRIVATE_ALLOWED))

@@ -8,9 +8,31 @@ from django import forms
 
 from stack.registry.form_fields import model_formfield
 from stack.registry.models import Cluster, Deployment, Provider, RegisteredModel, Workflow
+from stack.registry.objectstore import store_uri_problem
+
+
+class EndpointListField(forms.CharField):
+    """URL prefixes, one a line, as the list Provider.allowed_endpoints stores."""
+
+    widget = forms.Textarea(attrs={"rows": 3})
+
+    def prepare_value(self, value: Any) -> Any:
+        if isinstance(value, list):
+            return "\n".join(str(v) for v in value)
+        return value
+
+    def to_python(self, value: Any) -> list[str]:  # type: ignore[override]
+        text = super().to_python(value) or ""
+        return [line.strip().rstrip("/") for line in str(text).splitlines() if line.strip()]
 
 
 class ProviderForm(forms.ModelForm[Provider]):
+    allowed_endpoints = EndpointListField(
+        required=False,
+        label="Allowed endpoints",
+        help_text="One URL prefix a line (scheme, host, port, path). Deployments of this provider may use "
+        "a base URL under the provider's base URL or one of these; each receives the credentials.",
+    )
     credentials = forms.CharField(
         required=False,
         strip=False,
@@ -21,7 +43,16 @@ class ProviderForm(forms.ModelForm[Provider]):
 
     class Meta:
         model = Provider
-        fields = ["slug", "display_name", "kind", "region", "base_url", "enabled"]
+        fields = [
+            "slug",
+            "display_name",
+            "kind",
+            "region",
+            "base_url",
+            "allowed_endpoints",
+            "allow_private_network",
+            "enabled",
+        ]
         formfield_callback = model_formfield
 
     def credentials_change(self) -> str | None:
@@ -56,8 +87,8 @@ class RegisteredModelForm(forms.ModelForm[RegisteredModel]):
 
     def clean_artifact_uri(self) -> str:
         value: str = self.cleaned_data["artifact_uri"]
-        if value and not value.startswith(("file://", "s3://")):
-            raise forms.ValidationError("Must start with file:// or s3://")
+        if value and (problem := store_uri_problem(value)):
+            raise forms.ValidationError(problem)
         return value
 
 

@@ -7,10 +7,12 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
 
+from stack.registry.endpoints import deployment_endpoint_problem, endpoint_list_problems, endpoint_url_problem
 from stack.registry.queues import cluster_queue
 
 
@@ -28,7 +30,20 @@ class Provider(models.Model):
     display_name = models.CharField(max_length=128)
     kind = models.CharField(max_length=32, choices=Kind.choices)
     region = models.CharField(max_length=64, blank=True)
-    base_url = models.URLField(blank=True)
+    # Where this provider's credentials may be sent (stack.registry.endpoints): its base URL and
+    # these URL prefixes; a deployment's own base URL must lie under one of them. Admin-only,
+    # like the credentials.
+    base_url = models.URLField(blank=True, help_text="the default endpoint; receives the credentials")
+    allowed_endpoints = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="other URL prefixes (scheme, host, port, path) deployments may use; they receive the credentials",
+    )
+    # The outbound guard (stack.registry.outbound) refuses loopback and private addresses unless
+    # this is set: on-premise model servers, the demo's loopback serve_model.
+    allow_private_network = models.BooleanField(
+        default=False, help_text="may reach loopback and private addresses (on-premise model servers)"
+    )
     # Fernet token (stack.registry.crypto); never returned by the API nor shown in a form.
     credentials_encrypted = models.TextField(blank=True, editable=False)
     enabled = models.BooleanField(default=True)
@@ -43,6 +58,17 @@ class Provider(models.Model):
     @property
     def has_credentials(self) -> bool:
         return bool(self.credentials_encrypted)
+
+    def clean(self) -> None:
+        errors: dict[str, list[str]] = {}
+        if self.base_url and (problem := endpoint_url_problem(self.base_url)):
+            errors["base_url"] = [problem]
+        if not isinstance(self.allowed_endpoints, list) or len(self.allowed_endpoints) > 50:
+            errors["allowed_endpoints"] = ["must be a list of at most 50 URLs"]
+        elif problems := endpoint_list_problems(self.allowed_endpoints):
+            errors["allowed_endpoints"] = problems
+        if errors:
+            raise ValidationError(errors)
 
 
 class Cluster(models.Model):
@@ -167,6 +193,13 @@ class Deployment(models.Model):
 
     def __str__(self) -> str:
         return self.slug
+
+    def clean(self) -> None:
+        # The page form and the Django admin run this; the API serializer calls the same check.
+        if self.provider_id is not None:
+            problem = deployment_endpoint_problem(provider=self.provider, base_url=self.base_url)
+            if problem is not None:
+                raise ValidationError({"base_url": problem})
 
 
 class Workflow(models.Model):

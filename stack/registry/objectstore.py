@@ -1,20 +1,28 @@
 """The project's object store (OBJECT_STORE_URL), for tensors, checkpoints and exports.
 
 The store itself is the Django-free blob store in storage.objectstore; this module binds it
-to settings, for every app.
+to settings, for every app. Every S3 request passes the outbound guard (installed by
+stack.registry.apps): the endpoint is an admin's setting, so it may be private, never link-local
+or a metadata address.
 """
 
 from __future__ import annotations
 
-from urllib.parse import urlparse
+import os
+from urllib.parse import unquote, urlparse
 
 from django.conf import settings
 
-from storage.objectstore import ObjectStore, open_store
+from storage.objectstore import ObjectStore, open_store, s3_client
 
 
 def default_store() -> ObjectStore:
     return open_store(settings.OBJECT_STORE_URL, endpoint_url=settings.OBJECT_STORE_ENDPOINT_URL)
+
+
+def configured_store(url: str) -> ObjectStore:
+    """A store at `url` on the configured endpoint (a bucket of the installation's S3)."""
+    return open_store(url, endpoint_url=settings.OBJECT_STORE_ENDPOINT_URL)
 
 
 def object_store_ensure_bucket() -> str:
@@ -23,10 +31,9 @@ def object_store_ensure_bucket() -> str:
     if parsed.scheme != "s3":
         default_store()  # creates the directory
         return f"directory ready: {settings.OBJECT_STORE_URL}"
-    import boto3
     from botocore.exceptions import ClientError
 
-    client = boto3.client("s3", endpoint_url=settings.OBJECT_STORE_ENDPOINT_URL)
+    client = s3_client(settings.OBJECT_STORE_ENDPOINT_URL)
     try:
         client.head_bucket(Bucket=parsed.netloc)
         return f"bucket exists: {parsed.netloc}"
@@ -44,3 +51,32 @@ def object_store_health() -> dict[str, object]:
         return {"ok": True, "url": settings.OBJECT_STORE_URL}
     except Exception as exc:  # any failure means "unreachable" for /healthz
         return {"ok": False, "url": settings.OBJECT_STORE_URL, "error": f"{type(exc).__name__}: {exc}"}
+
+
+STORE_URI_REFUSED = "must be a file:// or s3:// URI inside the installation's object store (OBJECT_STORE_URL)"
+
+
+def store_uri_problem(uri: str) -> str | None:
+    """Why `uri` is not an object inside OBJECT_STORE_URL, or None.
+
+    Model artifacts are read by `serve_model` with the server's file access and S3 credentials,
+    so a user may only name one inside the installation's store: no other bucket, no path of
+    the machine (`..`, symlinks and all are judged after resolving), one message for every
+    refusal whether or not the target exists.
+    """
+    store = urlparse(settings.OBJECT_STORE_URL)
+    parsed = urlparse(uri)
+    if parsed.scheme != store.scheme or parsed.params or parsed.query or parsed.fragment:
+        return STORE_URI_REFUSED
+    if any(seg in (".", "..") for seg in parsed.path.split("/")) or "\\" in uri or not uri.isprintable():
+        return STORE_URI_REFUSED
+    if parsed.scheme == "file":
+        root = os.path.realpath(unquote(store.netloc + store.path))
+        path = os.path.realpath(unquote(parsed.netloc + parsed.path))
+        return None if path.startswith(root.rstrip("/") + "/") else STORE_URI_REFUSED
+    if parsed.scheme == "s3":
+        prefix = store.path.strip("/")
+        key = parsed.path.lstrip("/")
+        inside = parsed.netloc == store.netloc and (not prefix or key.startswith(prefix + "/"))
+        return None if inside else STORE_URI_REFUSED
+    return STORE_URI_REFUSED

@@ -28,6 +28,7 @@ def _target(base_url: str, kind: str = "openai-compatible", **extra: object) -> 
         region="us-east-1",
         credentials="AKIDTEST:secret" if kind == "bedrock" else "sk-test",
         extra=dict(extra),
+        allow_private=True,  # the mocks are on loopback, as an admin allowed for the provider
     )
 
 
@@ -52,7 +53,7 @@ def test_openai_keeps_the_connection_alive(mock_provider: Callable[..., MockProv
 
     for _ in range(5):
         adapter.complete(_target(server.base_url), CHAT, timeout=5)
-        conn = openai_compat._connections()[("http", "127.0.0.1", server.server_address[1])]
+        conn = openai_compat._connections()[("http", "127.0.0.1", server.server_address[1], True)]
         assert conn.sock is not None
         seen.add(conn.sock.getsockname()[1])
     assert len(seen) == 1  # one local port: one TCP connection for all five calls
@@ -71,15 +72,19 @@ def test_openai_streaming(mock_provider: Callable[..., MockProviderServer]) -> N
 @pytest.mark.parametrize(
     ("status", "retryable"), [(503, True), (500, True), (429, True), (400, False), (401, False)]
 )
-def test_openai_errors_are_classified(
-    mock_provider: Callable[..., MockProviderServer], status: int, retryable: bool
+def test_openai_errors_are_classified_and_their_body_is_logged_not_passed_on(
+    mock_provider: Callable[..., MockProviderServer],
+    status: int,
+    retryable: bool,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     server = mock_provider(status=status)
     with pytest.raises(ProviderError) as caught:
         OpenAICompatibleAdapter().complete(_target(server.base_url), CHAT, timeout=5)
     assert caught.value.status_code == status
     assert caught.value.retryable is retryable
-    assert f"mock failure {status}" in str(caught.value)
+    assert str(caught.value) == f"HTTP {status} from dep"
+    assert f"mock failure {status}" in caplog.text
 
 
 def test_openai_connect_error_timeout_and_malformed(mock_provider: Callable[..., MockProviderServer]) -> None:

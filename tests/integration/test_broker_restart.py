@@ -144,9 +144,8 @@ def test_workers_and_beat_survive_a_broker_restart_and_the_run_and_the_batch_job
             processes.start("cluster-b", "worker", "--cluster", b.slug, "--loglevel", "info", env=env)
             wait_until(lambda: _healthy(a, b), timeout=120, what="first heartbeats\n" + _logs(processes))
 
-            store = tmp_path / "objects"
             run = training_run_create(
-                config=tiny_run_config(store, stop={"outer_steps": 16}), created_by=None, name="it-broker"
+                config=tiny_run_config(stop={"outer_steps": 16}), created_by=None, name="it-broker"
             )
             wait_until(lambda: _versions(run.pk) >= 2, timeout=180, what="first merges\n" + _logs(processes))
             job = batch.batch_job_create(workflow=workflow, user=operator, input_jsonl=jsonl)

@@ -37,7 +37,16 @@ FAST = {"SWITCHYARD_TRAINING_SUPERVISE_SECONDS": "1"}
 CENT = Decimal("0.01")
 
 
-def _config(store: Path, **over: Any) -> dict[str, Any]:
+@pytest.fixture(autouse=True)
+def _run_store(tmp_path: Path, settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every process of the test (this one and the workers it starts) uses tmp_path/objects:
+    a run cannot choose its object store, the installation's OBJECT_STORE_URL decides."""
+    url = f"file://{tmp_path / 'objects'}"
+    settings.OBJECT_STORE_URL = url
+    monkeypatch.setenv("OBJECT_STORE_URL", url)
+
+
+def _config(**over: Any) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "model": {"n_layer": 1, "n_embd": 32, "n_head": 2, "block_size": 32},
         "data": {"max_train_bytes": 300_000, "max_eval_bytes": 30_000},
@@ -49,7 +58,6 @@ def _config(store: Path, **over: Any) -> dict[str, Any]:
         "chunk_seconds": 2.0,
         "learner_timeout": 15.0,
         "eval_windows": 32,
-        "object_store_url": f"file://{store}",
     }
     cfg.update(over)
     return cfg
@@ -119,7 +127,7 @@ def test_a_two_cluster_run_completes_and_its_eval_loss_falls(processes: Processe
     _start(processes, cheap, dear)
     store = tmp_path / "objects"
 
-    run = training_run_create(config=_config(store), created_by=None, name="it-plain")
+    run = training_run_create(config=_config(), created_by=None, name="it-plain")
     done = wait_until(
         lambda: _finished(run.pk),
         timeout=240,
@@ -162,9 +170,7 @@ def test_a_sigkilled_cluster_worker_fails_its_learner_over_and_the_run_completes
     dear = make_cluster(slug=f"it-{uuid.uuid4().hex[:8]}", price=Decimal("2.500000"), accelerator_count=2)
     _start(processes, cheap, dear)
     store = tmp_path / "objects"
-    run = training_run_create(
-        config=_config(store, stop={"outer_steps": 10}), created_by=None, name="it-failover"
-    )
+    run = training_run_create(config=_config(stop={"outer_steps": 10}), created_by=None, name="it-failover")
 
     def first_chunk_on_cheap() -> bool:
         close_old_connections()
@@ -218,9 +224,7 @@ def test_racing_and_killed_syncers_publish_and_record_each_version_once(
     b = make_cluster(slug=f"it-{uuid.uuid4().hex[:8]}", price=Decimal("1.500000"), accelerator_count=2)
     _start(processes, a, b, controls=2)
     store = tmp_path / "objects"
-    run = training_run_create(
-        config=_config(store, stop={"outer_steps": 8}), created_by=None, name="it-syncers"
-    )
+    run = training_run_create(config=_config(stop={"outer_steps": 8}), created_by=None, name="it-syncers")
 
     def versions_at_least(n: int) -> bool:
         close_old_connections()
@@ -250,9 +254,7 @@ def test_after_every_process_is_killed_and_restarted_the_run_resumes_from_the_ne
     b = make_cluster(slug=f"it-{uuid.uuid4().hex[:8]}", price=Decimal("1.500000"), accelerator_count=2)
     _start(processes, a, b)
     store = tmp_path / "objects"
-    run = training_run_create(
-        config=_config(store, stop={"outer_steps": 10}), created_by=None, name="it-restart"
-    )
+    run = training_run_create(config=_config(stop={"outer_steps": 10}), created_by=None, name="it-restart")
 
     def versions() -> int:
         close_old_connections()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
@@ -232,11 +233,17 @@ def test_draining_and_resuming_a_cluster_through_the_api(operator: User) -> None
 # --- Models and deployments ------------------------------------------------------------------------
 
 
-def test_an_operator_manages_models_by_slug(operator: User) -> None:
+def test_an_operator_manages_models_by_slug(operator: User, settings: Any) -> None:
+    settings.OBJECT_STORE_URL = "s3://b/objects"
     client = api_client(operator)
     created = client.post(
         "/api/models/",
-        {"slug": "tiny", "family": "gpt-byte", "parameter_count": 1000, "artifact_uri": "s3://b/tiny"},
+        {
+            "slug": "tiny",
+            "family": "gpt-byte",
+            "parameter_count": 1000,
+            "artifact_uri": "s3://b/objects/tiny",
+        },
         format="json",
     )
     assert created.status_code == 201, created.json()

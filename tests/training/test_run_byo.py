@@ -31,8 +31,25 @@ from tests.training.engine.tiny_open_weights import (
 from training import orchestrator, services
 from training.engine.openweights import read_model_dir
 from training.models import GlobalVersionRecord, LearnerChunk, TrainingLearner, TrainingRun
-from training.run_config import RunConfig, RunConfigError, run_config_validate
+from training.run_config import (
+    DATASET_REFUSED,
+    OBJECT_REFUSED,
+    RunConfig,
+    RunConfigError,
+    run_config_validate,
+)
 from training.run_engines import export_open_weights, newest_global, run_engine, run_transport
+
+
+@pytest.fixture(autouse=True)
+def _data_roots(tmp_path: Path, settings: Any) -> None:
+    """What an admin would list: this test's directory and the buckets the tests read."""
+    settings.TRAINING_DATA_ROOTS = [
+        f"file://{tmp_path}",
+        "s3://corpora",
+        "s3://byo-run-data",
+        "s3://bucket-only",
+    ]
 
 
 @pytest.fixture
@@ -82,13 +99,38 @@ def test_bad_model_tokenizer_and_dataset_uris_are_field_errors(tmp_path: Path, m
             "stop": {"outer_steps": 3},
         }
     )
-    assert errors["model_uri"] == [f"{tmp_path} holds no config.json"]
+    assert errors["model_uri"] == [f"file://{tmp_path} holds no config.json"]
     assert errors["tokenizer_uri"] == ["s3:// URI names no object"]
-    assert errors["dataset"] == ["s3:// URI names no bucket"]
+    assert errors["dataset"] == [DATASET_REFUSED]
     assert errors["data.text_field"] == ["must be a field or column name (1 to 128 characters)"]
     assert _errors({"model_uri": "http://example.invalid/m", "stop": {"outer_steps": 3}})["model_uri"] == [
-        "must start with file:// or s3://"
+        OBJECT_REFUSED
     ]
+
+
+def test_model_and_tokenizer_uris_outside_the_roots_get_one_answer_whether_or_not_they_exist(
+    tmp_path: Path, model_dir: Path, settings: Any
+) -> None:
+    settings.TRAINING_DATA_ROOTS = [f"file://{tmp_path / 'data-only'}"]
+    for uri in (
+        f"file://{model_dir}",
+        "file:///etc",
+        "file:///no/such/dir",
+        f"file://{tmp_path}/../x",
+        "s3://corpora",
+    ):
+        errors = _errors(
+            {
+                "model_uri": uri,
+                "tokenizer_uri": uri,
+                "dataset": uri,
+                "data": {"format": "jsonl"},
+                "stop": {"outer_steps": 3},
+            }
+        )
+        assert errors["model_uri"] == [OBJECT_REFUSED], uri
+        assert errors["tokenizer_uri"] == [OBJECT_REFUSED], uri
+        assert errors["dataset"] == [DATASET_REFUSED], uri
 
 
 def test_a_brought_model_needs_text_and_takes_its_shape_from_config_json(model_dir: Path) -> None:
@@ -130,7 +172,6 @@ def s3_dataset(s3_server: str, settings: Any) -> str:
 def _byo_run(tmp_path: Path, model_uri: str, dataset: str) -> TrainingRun:
     _healthy()
     config = tiny_run_config(
-        tmp_path / "objects",
         model_uri=model_uri,
         model={"block_size": 16},
         dataset=dataset,
@@ -170,14 +211,14 @@ def test_a_placed_run_trains_the_brought_llama_on_its_s3_shard_and_exports_it(
     assert v1.eval_loss is not None and v1.tokens_merged > 0
 
     url, versions = export_open_weights(run, name="latest")
-    assert url == f"file://{tmp_path / 'objects'}/runs/{run.pk}/exports/latest" and versions == [1]
+    assert url == f"file://{tmp_path}/runs/{run.pk}/exports/latest" and versions == [1]
     cfg, exported, from_checkpoint = read_model_dir(open_store(url))
     newest, _, _ = newest_global(run_transport(run), engine.fragments)
     assert from_checkpoint and cfg == engine.model_cfg
     assert all(torch.equal(exported[n], newest[n]) for n in newest)
-    assert (
-        tmp_path / "objects" / "runs" / str(run.pk) / "exports" / "latest" / "tokenizer.json"
-    ).read_bytes() == (model_dir / "tokenizer.json").read_bytes()
+    assert (tmp_path / "runs" / str(run.pk) / "exports" / "latest" / "tokenizer.json").read_bytes() == (
+        model_dir / "tokenizer.json"
+    ).read_bytes()
 
     run = services.training_run_succeed(run=run, why="test")
     assert run.registered_model is not None

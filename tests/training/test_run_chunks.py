@@ -31,7 +31,7 @@ def _healthy(price: str) -> Cluster:
 def placed_run(db: Any, tmp_path: Path) -> TrainingRun:
     _healthy("1.250000")
     _healthy("3.000000")
-    run = services.training_run_create(config=_config(tmp_path / "objects"), created_by=None, name="chunks")
+    run = services.training_run_create(config=_config(), created_by=None, name="chunks")
     services.training_run_place(run_id=run.pk)
     run.refresh_from_db()
     assert run.state == TrainingRun.State.RUNNING, run.reason

@@ -28,7 +28,7 @@ def _cluster(price: str, *, capacity: int = 1, status: str = "healthy") -> Clust
 
 
 def _start(store: Path, **over: Any) -> TrainingRun:
-    run = services.training_run_create(config=_config(store, **over), created_by=None, name="sup")
+    run = services.training_run_create(config=_config(**over), created_by=None, name="sup")
     services.training_run_place(run_id=run.pk)
     run.refresh_from_db()
     return run
