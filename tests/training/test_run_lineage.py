@@ -242,10 +242,17 @@ def test_versions_register_every_k_a_run_continues_from_one_and_serve_model_answ
     assert answer["choices"][0]["message"]["content"] == b"".join(pieces).decode("utf-8")
     assert answer["choices"][0]["finish_reason"] == finish
     # Tokens of the exported tokenizer, not bytes.
-    assert answer["usage"]["prompt_tokens"] == prompt_tokens == len(prompt_ids) < len(b"user: the cat sees\nassistant:")
+    assert (
+        answer["usage"]["prompt_tokens"]
+        == prompt_tokens
+        == len(prompt_ids)
+        < len(b"user: the cat sees\nassistant:")
+    )
 
 
-def test_an_unknown_or_mismatched_start_version_is_a_field_error(db: Any, tmp_path: Path, operator: Any) -> None:
+def test_an_unknown_or_mismatched_start_version_is_a_field_error(
+    db: Any, tmp_path: Path, operator: Any
+) -> None:
     def errors(start: Any, **extra: Any) -> dict[str, list[str]]:
         with pytest.raises(RunConfigError) as info:
             run_config_validate(tiny_run_config(tmp_path, start_from=start, **extra))

@@ -173,4 +173,5 @@ def model_version_register_final(
     RegisteredModel.objects.filter(pk=version.registered_model_id).update(
         artifact_uri=version.artifact_uri, final_eval_loss=version.eval_loss, training_cost=version.cost
     )
+    version.registered_model.refresh_from_db()
     return version
