@@ -15,10 +15,17 @@ from rest_framework.routers import BaseRouter
 from billing.money import ledger_text_or_none
 from stack.registry.api_fields import JSONField, ModelSerializer, ResponseSerializer
 from stack.registry.models import Cluster
+from stack.registry.roles import LEDGER_READERS, user_has_role
 from training.models import ProbeJob, TrainingRun
 from training.run_config import RunConfigError
 from training.run_selectors import run_learners, run_metrics_payload, run_transitions
-from training.selectors import run_cost_per_cluster, run_failover_events, run_placements, run_progress
+from training.selectors import (
+    run_cost_per_cluster,
+    run_failover_events,
+    run_model_versions,
+    run_placements,
+    run_progress,
+)
 from training.services import RunStateError, probe_job_create, training_run_cancel, training_run_create
 
 
@@ -146,6 +153,25 @@ class RunFailoverSerializer(ResponseSerializer):
     currency = serializers.CharField()
 
 
+class RunModelVersionSerializer(ResponseSerializer):
+    """A model version the run registered (every k-th global version, and the final one)."""
+
+    id = serializers.IntegerField()
+    ref = serializers.CharField(help_text="<model slug>@<number>: what start_from.model_version takes")
+    model = serializers.CharField()
+    number = serializers.IntegerField()
+    global_version = serializers.IntegerField()
+    fragment_versions = serializers.ListField(child=serializers.IntegerField())
+    final = serializers.BooleanField()
+    eval_loss = serializers.FloatField(allow_null=True)
+    tokens = serializers.IntegerField()
+    cost = serializers.CharField(allow_null=True, help_text="null unless the caller may read costs")
+    currency = serializers.CharField()
+    artifact_uri = serializers.CharField()
+    layout = serializers.CharField()
+    created_at = serializers.DateTimeField()
+
+
 class RunMetricsSerializer(ResponseSerializer):
     """The run's chart series: published versions, train loss per learner, bytes sent and events."""
 
@@ -208,6 +234,8 @@ class TrainingRunDetailSerializer(TrainingRunSerializer):
     placements = serializers.SerializerMethodField()
     cost_per_cluster = serializers.SerializerMethodField()
     failover_events = serializers.SerializerMethodField()
+    model_versions = serializers.SerializerMethodField()
+    started_from = serializers.SerializerMethodField()
 
     class Meta(TrainingRunSerializer.Meta):
         fields = [
@@ -219,8 +247,43 @@ class TrainingRunDetailSerializer(TrainingRunSerializer):
             "placements",
             "cost_per_cluster",
             "failover_events",
+            "started_from",
+            "model_versions",
         ]
         read_only_fields = fields
+
+    def _may_read_costs(self) -> bool:
+        request = self.context.get("request")
+        return request is not None and user_has_role(request.user, LEDGER_READERS)
+
+    @extend_schema_field(
+        serializers.CharField(allow_null=True, help_text="the model version it started from")
+    )
+    def get_started_from(self, run: TrainingRun) -> str | None:
+        return str(run.started_from) if run.started_from_id else None
+
+    @extend_schema_field(RunModelVersionSerializer(many=True))
+    def get_model_versions(self, run: TrainingRun) -> list[dict[str, Any]]:
+        costs = self._may_read_costs()
+        return [
+            {
+                "id": v.pk,
+                "ref": str(v),
+                "model": v.registered_model.slug,
+                "number": v.number,
+                "global_version": v.global_version,
+                "fragment_versions": v.fragment_versions,
+                "final": v.final,
+                "eval_loss": v.eval_loss,
+                "tokens": v.tokens,
+                "cost": ledger_text_or_none(v.cost) if costs else None,
+                "currency": v.currency,
+                "artifact_uri": v.artifact_uri,
+                "layout": v.layout,
+                "created_at": v.created_at.isoformat(),
+            }
+            for v in run_model_versions(run=run)
+        ]
 
     @extend_schema_field(_RUN_TRANSITIONS)
     def get_transitions(self, run: TrainingRun) -> list[dict[str, Any]]:
@@ -295,7 +358,9 @@ class TrainingRunDetailSerializer(TrainingRunSerializer):
 class TrainingRunViewSet(viewsets.ReadOnlyModelViewSet[TrainingRun]):
     """Multi-cluster DiLoCo training runs: viewers read; operators launch and cancel."""
 
-    queryset = TrainingRun.objects.select_related("created_by", "registered_model").order_by("-created_at")
+    queryset = TrainingRun.objects.select_related(
+        "created_by", "registered_model", "started_from__registered_model"
+    ).order_by("-created_at")
 
     def get_serializer_class(self) -> type[serializers.BaseSerializer[Any]]:
         if self.action == "create":

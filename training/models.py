@@ -26,6 +26,12 @@ LearnerChunk         (learner, generation, seq) unique: one Celery task's worth 
                      "training_run:<run>/learner:<i>/g<gen>/c<seq>").
 GlobalVersionRecord  (run, fragment, version) unique: one published global version, recorded once,
                      with the eval loss of the global parameters and the run's cost so far.
+ModelVersion         one version of the run's RegisteredModel: the global parameters at every
+                     k-th global version (config `register_every_versions`) and the final ones,
+                     (run, key) unique so a re-run syncer registers a version once; eval loss,
+                     tokens and cost so far; where its weights are (a switchyard artifact, or an
+                     open-weights directory). TrainingRun.started_from names the version a run
+                     started from: the lineage, as real foreign keys both ways.
 """
 
 from __future__ import annotations
@@ -116,6 +122,9 @@ class TrainingRun(models.Model):
         RegisteredModel, null=True, blank=True, on_delete=models.SET_NULL, related_name="training_runs"
     )
     artifact_uri = models.CharField(max_length=512, blank=True)
+    started_from = models.ForeignKey(
+        "ModelVersion", null=True, blank=True, on_delete=models.PROTECT, related_name="runs_started"
+    )
     initial_eval_loss = models.FloatField(null=True, blank=True)
     final_eval_loss = models.FloatField(null=True, blank=True)
     syncer_seen_at = models.DateTimeField(null=True, blank=True)
@@ -331,3 +340,41 @@ class GlobalVersionRecord(models.Model):
 
     def __str__(self) -> str:
         return f"run #{self.run_id} f{self.fragment} v{self.version}"
+
+
+class ModelVersion(models.Model):
+    """A version of a registered model: a run's global parameters at one point of its training.
+
+    Registered by the syncer at every k-th global version and once more when the run succeeds
+    (training.services.lineage); `key` is the fragments' versions joined ("12-12"), or "final",
+    so registering twice is a no-op.
+    """
+
+    class Layout(models.TextChoices):
+        SWITCHYARD = "switchyard", "Switchyard artifact (byte-level GPT)"
+        OPEN_WEIGHTS = "open-weights", "Open weights (config.json + model.safetensors)"
+
+    registered_model = models.ForeignKey(RegisteredModel, on_delete=models.PROTECT, related_name="versions")
+    number = models.PositiveIntegerField(help_text="1, 2, ... within the registered model")
+    run = models.ForeignKey(TrainingRun, on_delete=models.PROTECT, related_name="model_versions")
+    key = models.CharField(max_length=255)
+    global_version = models.PositiveIntegerField(help_text="the least advanced fragment's version")
+    fragment_versions = models.JSONField(default=list)
+    final = models.BooleanField(default=False)
+    eval_loss = models.FloatField(null=True, blank=True)
+    tokens = models.BigIntegerField(default=0)
+    cost = models.DecimalField(max_digits=24, decimal_places=9, default=Decimal("0"))
+    currency = models.CharField(max_length=3, default="USD")
+    artifact_uri = models.CharField(max_length=512)
+    layout = models.CharField(max_length=16, choices=Layout.choices)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["registered_model", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "key"], name="uniq_model_version_per_run"),
+            models.UniqueConstraint(fields=["registered_model", "number"], name="uniq_model_version_number"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.registered_model.slug}@{self.number}"

@@ -276,6 +276,7 @@ def syncer_tick_execute(*, run_id: int, token: str) -> None:
         newest=syncer.global_params(),
         delta_bytes=sizes,
     )
+    services.model_versions_register_due(run=run, engine=engine, transport=transport)
     run = services.training_run_check_stop(run=run)
     if run.is_finished:
         forget_run(run)

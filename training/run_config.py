@@ -33,6 +33,13 @@ Shape (every key optional except `stop`; defaults in DEFAULTS):
     chunk_seconds: seconds of inner steps per Celery task; learner_timeout: seconds of silence
                   before a learner counts as lost;  eval_windows: held-out windows per eval
     seed:         model init seed
+    register_every_versions: k: every k-th global version is registered as a model version
+                  (0: only the final one); training.services.lineage
+    start_from:   null | {model_version: "<model slug>@<number>" or its id, mode: continue|finetune}:
+                  the run's initial weights, and its architecture, come from that version (a
+                  switchyard artifact fixes `model`; an open-weights one becomes `model_uri`).
+                  "continue" also takes the source run's `dataset`, its `data` (overlaid with
+                  what is given) and model.block_size unless given; "finetune" takes nothing else.
 """
 
 from __future__ import annotations
@@ -123,7 +130,10 @@ DEFAULTS: dict[str, Any] = {
     "learner_timeout": 90.0,
     "eval_windows": 128,
     "seed": 0,
+    "register_every_versions": 10,
+    "start_from": None,
 }
+START_MODES = ("continue", "finetune")
 
 DATA_FORMATS = ("bytes", "text", "jsonl", "parquet")
 _CHOICES = {
@@ -156,6 +166,7 @@ _INT_RANGES: dict[str, tuple[int | None, int | None]] = {
     "syncer.max_staleness": (0, 1000),
     "eval_windows": (1, 100_000),
     "seed": (0, BIGINT_MAX),
+    "register_every_versions": (0, 1_000_000),
 }
 _FLOAT_RANGES: dict[str, tuple[float | None, float | None]] = {
     "model.dropout": (0.0, 0.9),
@@ -342,6 +353,16 @@ def dataset_keys(source: DatasetSource, keys: list[str]) -> tuple[str, ...]:
     return tuple(k for k in sorted(keys) if _key_under(k, source.prefix))
 
 
+def model_roots() -> list[str]:
+    """Where a model directory or tokenizer may be read from: the training data roots, and the
+    `runs/` folder of the installation's own store, where registered model versions are written
+    (training.run_engines.write_model_version) and from which `start_from` continues."""
+    own = str(settings.OBJECT_STORE_URL).rstrip("/")
+    if own.startswith("file://"):
+        own = f"file://{os.path.abspath(own[len('file://') :])}"
+    return [*settings.TRAINING_DATA_ROOTS, f"{own}/runs"]
+
+
 def object_uri_check(uri: Any, *, kind: str) -> str | None:
     """What is wrong with an object-store URI a run reads (None if nothing).
 
@@ -354,7 +375,7 @@ def object_uri_check(uri: Any, *, kind: str) -> str | None:
     """
     if kind == "dataset":
         return None if dataset_source(uri) is not None else DATASET_REFUSED
-    found = dataset_source(uri)
+    found = dataset_source(uri, roots=model_roots())
     if found is None or found.kind == "stdlib":
         return OBJECT_REFUSED
     if found.kind == "files":
@@ -406,6 +427,7 @@ def run_config_validate(raw: Any) -> dict[str, Any]:
             "object_store_url", "a run cannot choose its object store: every run uses OBJECT_STORE_URL"
         )
         raw = {k: v for k, v in raw.items() if k != "object_store_url"}
+    raw = _apply_start_from(raw, errors)
     cfg = _merge(raw, DEFAULTS, errors)
     for path, (ilo, ihi) in _INT_RANGES.items():
         if not errors.has(path.split(".")[0]):
@@ -484,6 +506,79 @@ def run_config_validate(raw: Any) -> dict[str, Any]:
     if inner["total_steps"] is None:
         inner["total_steps"] = _default_total_steps(cfg)
     return cfg
+
+
+_ARCHITECTURE = ("n_layer", "n_embd", "n_head", "block_size")
+
+
+def _apply_start_from(raw: dict[str, Any], errors: _Errors) -> dict[str, Any]:
+    """`raw` with `start_from` resolved to a model version and the model (and, to continue, the
+    data) taken from it; unchanged, with field errors, when it names nothing usable."""
+    start = raw.get("start_from")
+    if start is None:
+        return raw
+    if not isinstance(start, dict):
+        errors.add(
+            "start_from", 'must be an object: {"model_version": "<model>@<number>", "mode": "continue"}'
+        )
+        return raw
+    # label, artifact_uri and layout are what normalising adds; they are resolved again here.
+    for key in sorted(set(start) - {"model_version", "mode", "label", "artifact_uri", "layout"}):
+        errors.add(f"start_from.{key}", "unknown field")
+    mode = start.get("mode", "continue")
+    if mode not in START_MODES:
+        errors.add("start_from.mode", f"must be one of {', '.join(START_MODES)}")
+    # Imported here, not at the top: RunConfig is also used where Django is not set up (the
+    # benchmark's bare-engine processes), and models cannot load there.
+    from training.selectors import model_version_lookup
+
+    ref = start.get("model_version")
+    version = model_version_lookup(ref)
+    if version is None:
+        shown = ref if isinstance(ref, str | int) and not isinstance(ref, bool) else "null"
+        errors.add(
+            "start_from.model_version",
+            f"no model version {shown!r}: give <model slug>@<number> or a model version id",
+        )
+        return raw
+    if errors.has("start_from.mode") or any(k.startswith("start_from.") for k in errors.by_field):
+        return raw
+    out = copy.deepcopy(raw)
+    source = version.run.config
+    if mode == "continue":
+        if "dataset" not in raw and "dataset" in source:
+            out["dataset"] = source["dataset"]
+        if isinstance(source.get("data"), dict) and isinstance(raw.get("data", {}), dict):
+            out["data"] = {**copy.deepcopy(source["data"]), **raw.get("data", {})}
+    if raw.get("model_uri") is not None:
+        errors.add("model_uri", "start_from gives the model: leave model_uri empty")
+    if "model" in raw and not isinstance(raw["model"], dict):
+        return out  # _merge reports it
+    model_raw = raw.get("model", {})
+    if version.layout == version.Layout.OPEN_WEIGHTS:
+        for key in sorted(set(model_raw) - {"block_size"}):
+            errors.add(f"model.{key}", "comes from start_from's model version (only block_size may be given)")
+        block = model_raw.get("block_size")
+        if block is None and mode == "continue":
+            block = source.get("model", {}).get("block_size")
+        out["model"] = {"block_size": block} if block is not None else {}
+        out["model_uri"] = version.artifact_uri
+    else:
+        # A byte-level GPT: its architecture is fixed by the weights; only dropout may change.
+        source_model = dict(source.get("model", {}))
+        for key in _ARCHITECTURE:
+            if key in model_raw and model_raw[key] != source_model.get(key):
+                errors.add(f"model.{key}", f"must be {source_model.get(key)} (start_from's model version)")
+        out["model"] = {**source_model, **model_raw}
+        out["model_uri"] = None  # reported above if given
+    out["start_from"] = {
+        "model_version": version.pk,
+        "label": str(version),
+        "mode": mode,
+        "artifact_uri": version.artifact_uri,
+        "layout": version.layout,
+    }
+    return out
 
 
 def _default_total_steps(cfg: dict[str, Any]) -> int:
@@ -665,6 +760,16 @@ class RunConfig:
     @property
     def eval_every_nth_document(self) -> int:
         return int(self.raw["data"].get("eval_every_nth_document", 10))
+
+    @property
+    def register_every_versions(self) -> int:
+        return int(self.raw.get("register_every_versions", DEFAULTS["register_every_versions"]))
+
+    @property
+    def start_from(self) -> dict[str, Any] | None:
+        """The resolved `start_from` (model_version id, label, mode, artifact_uri, layout), or None."""
+        value = self.raw.get("start_from")
+        return dict(value) if isinstance(value, dict) else None
 
     @property
     def block_size(self) -> int:

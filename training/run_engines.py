@@ -19,10 +19,17 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 
 from stack.registry.objectstore import configured_store
-from storage.artifacts import model_artifact_write
+from storage.artifacts import model_artifact_read, model_artifact_write
 from storage.objectstore import ObjectStore, open_store
 from training.models import TrainingRun
-from training.run_config import OBJECT_REFUSED, DatasetSource, RunConfig, dataset_keys, dataset_source
+from training.run_config import (
+    OBJECT_REFUSED,
+    DatasetSource,
+    RunConfig,
+    dataset_keys,
+    dataset_source,
+    model_roots,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -64,22 +71,22 @@ def run_transport(run: TrainingRun) -> ObjectStoreTransport:
     return ObjectStoreTransport(store, prefix=f"runs/{run.pk}")
 
 
-def _source(uri: str) -> DatasetSource:
+def _source(uri: str, *, model: bool = False) -> DatasetSource:
     """The checked location of a URI a run reads, judged again against the training data roots
     here, where it is read: the roots may have narrowed, or a symlink moved, since validation."""
-    found = dataset_source(uri)
+    found = dataset_source(uri, roots=model_roots() if model else None)
     if found is None or found.kind == "stdlib":
         raise ValueError(f"{uri}: {OBJECT_REFUSED}")
     return found
 
 
-def object_location(uri: str) -> tuple[ObjectStore, str]:
+def object_location(uri: str, *, model: bool = False) -> tuple[ObjectStore, str]:
     """The store holding the object or folder a run config names, and its key there.
 
     ``s3://bucket/a/b`` is key ``a/b`` of the bucket; ``file:///x/y`` is key ``y`` of the
     directory ``/x`` (after resolving symlinks).
     """
-    found = _source(uri)
+    found = _source(uri, model=model)
     if found.kind == "objects":
         return configured_store(f"s3://{found.bucket}"), found.prefix
     assert found.path is not None  # noqa: S101 (kind == "files")
@@ -88,7 +95,7 @@ def object_location(uri: str) -> tuple[ObjectStore, str]:
 
 def model_store(uri: str) -> ObjectStore:
     """The store rooted at a model directory (config.json is key ``config.json`` there)."""
-    found = _source(uri)
+    found = _source(uri, model=True)
     if found.kind == "objects":
         return configured_store(f"s3://{found.bucket}/{found.prefix}")
     return open_store(f"file://{found.path}")
@@ -165,6 +172,9 @@ def run_engine(run: TrainingRun) -> RunEngine:
     else:
         model_cfg = rc.model_config()
         init = {n: p.detach().clone() for n, p in build_model(model_cfg, seed=rc.seed).named_parameters()}
+        start = rc.start_from
+        if start is not None and start["layout"] == "switchyard":
+            init = _switchyard_weights(str(start["artifact_uri"]), init)
     fragments = assign_fragments(
         init, fragments=rc.fragment_count, assignment=rc.streaming_config().assignment
     )
@@ -187,6 +197,16 @@ def run_engine(run: TrainingRun) -> RunEngine:
         _ENGINES.pop(next(iter(_ENGINES)))
     _ENGINES[run_key(run)] = engine
     return engine
+
+
+def _switchyard_weights(uri: str, shapes: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The parameters of a switchyard artifact (a byte-GPT model version), checked against the
+    run's model by name and shape (validation fixed the architecture; this catches a changed
+    object)."""
+    _, params, _ = model_artifact_read(uri=uri, endpoint_url=settings.OBJECT_STORE_ENDPOINT_URL)
+    if set(params) != set(shapes) or any(params[n].shape != t.shape for n, t in shapes.items()):
+        raise ValueError(f"{uri} does not hold the weights of this run's model")
+    return {n: params[n].float().clone() for n in shapes}
 
 
 def _load_byte_corpus(engine: RunEngine) -> None:
@@ -219,7 +239,7 @@ def _open_text_dataset(engine: RunEngine) -> None:
     rc = engine.rc
     tokenizer_json: bytes | None = None
     if rc.tokenizer_uri is not None:
-        store, key = object_location(rc.tokenizer_uri)
+        store, key = object_location(rc.tokenizer_uri, model=True)
         tokenizer_json = store.get(key)
     elif rc.model_uri is not None:
         store = model_store(rc.model_uri)
@@ -316,6 +336,17 @@ def newest_global(
     return params, versions, metas
 
 
+def version_params(
+    transport: ObjectStoreTransport, fragments: list[list[str]], versions: list[int]
+) -> dict[str, torch.Tensor]:
+    """The global parameters with fragment f at version ``versions[f]`` (published versions stay
+    in the store, so any of them can be assembled again, with the same result)."""
+    params: dict[str, torch.Tensor] = {}
+    for f, v in enumerate(versions):
+        params.update(transport.get_version(f, v).params)
+    return params
+
+
 def run_initialise(run: TrainingRun) -> float:
     """Publish version 0 of every fragment (write-once) and return the initial eval loss."""
     from training.engine.syncer import Syncer  # lazily: imports torch
@@ -351,6 +382,34 @@ def write_artifact(run: TrainingRun, *, kind: str) -> tuple[str, float, int, lis
         endpoint_url=settings.OBJECT_STORE_ENDPOINT_URL,
     )
     return uri, loss, engine.parameter_count, versions
+
+
+def write_model_version(run: TrainingRun, *, params: dict[str, torch.Tensor], name: str) -> tuple[str, str]:
+    """Write a model version's weights: (URI, layout).
+
+    A brought Llama or GPT-2 is written in the open-weights layout under
+    ``runs/<id>/exports/<name>/`` (servable as is by vLLM, TGI or serve_model); the byte-level
+    GPT as a switchyard artifact ``runs/<id>/artifacts/<name>.syd``. Both are deterministic in
+    ``params``, so a second write of the same version leaves the same bytes.
+    """
+    from training.engine.model import GPT2Config, LlamaConfig, model_config_to_dict  # lazily: torch
+    from training.engine.openweights import write_model_dir
+
+    engine = run_engine(run)
+    if isinstance(engine.model_cfg, LlamaConfig | GPT2Config):
+        url = f"{engine.rc.object_store_url.rstrip('/')}/runs/{run.pk}/exports/{name}"
+        store = open_store(url, endpoint_url=settings.OBJECT_STORE_ENDPOINT_URL)
+        write_model_dir(store, cfg=engine.model_cfg, params=params, tokenizer_json=engine.tokenizer_json)
+        return url, "open-weights"
+    uri = model_artifact_write(
+        store_url=engine.rc.object_store_url,
+        key=f"runs/{run.pk}/artifacts/{name}.syd",
+        model_config=model_config_to_dict(engine.model_cfg),
+        params=params,
+        meta={"run_id": run.pk, "kind": "model-version", "name": name},
+        endpoint_url=settings.OBJECT_STORE_ENDPOINT_URL,
+    )
+    return uri, "switchyard"
 
 
 def run_model_family(run: TrainingRun) -> tuple[str, str]:

@@ -16,6 +16,7 @@ from stack.registry.validation import id_parse
 from training.models import (
     GlobalVersionRecord,
     LearnerChunk,
+    ModelVersion,
     PlacementDecision,
     ProbeJob,
     TrainingLearner,
@@ -164,6 +165,24 @@ def run_progress(*, run: TrainingRun) -> RunProgress:
 
 def run_versions(*, run: TrainingRun) -> QuerySet[GlobalVersionRecord]:
     return GlobalVersionRecord.objects.filter(run=run).order_by("published_at", "fragment", "version")
+
+
+def model_version_lookup(ref: object) -> ModelVersion | None:
+    """The model version a config or a form names: ``"<model slug>@<number>"`` or its id."""
+    versions = ModelVersion.objects.select_related("registered_model", "run")
+    if isinstance(ref, str) and "@" in ref:
+        slug, _, number = ref.rpartition("@")
+        n = id_parse(number)
+        if not slug or n is None:
+            return None
+        return versions.filter(registered_model__slug=slug, number=n).first()
+    pk = id_parse(ref)
+    return versions.filter(pk=pk).first() if pk is not None else None
+
+
+def run_model_versions(*, run: TrainingRun) -> QuerySet[ModelVersion]:
+    """The versions a run registered, oldest first (the run page and the API)."""
+    return ModelVersion.objects.filter(run=run).select_related("registered_model").order_by("number")
 
 
 def run_placements(*, run: TrainingRun) -> QuerySet[PlacementDecision]:

@@ -13,7 +13,7 @@ from django.urls import reverse
 from django.views import View
 
 from billing.selectors import usage_for_subject
-from stack.registry.roles import OPERATORS, user_has_role
+from stack.registry.roles import LEDGER_READERS, OPERATORS, user_has_role
 from stack.registry.views import RoleRequiredMixin
 from training.charts import CHARTS, loss_curve_chart, run_figures
 from training.forms import ProbeJobForm, TrainingRunForm, example_config_text
@@ -27,7 +27,7 @@ from training.run_selectors import (
     run_rows,
     run_timeline,
 )
-from training.selectors import probe_jobs_recent, run_placements, run_progress
+from training.selectors import probe_jobs_recent, run_model_versions, run_placements, run_progress
 from training.services import (
     DispatchError,
     RunStateError,
@@ -40,7 +40,12 @@ REFRESH_MS = 3000
 
 
 def _run(pk: int) -> TrainingRun:
-    return get_object_or_404(TrainingRun.objects.select_related("registered_model", "created_by"), pk=pk)
+    return get_object_or_404(
+        TrainingRun.objects.select_related(
+            "registered_model", "created_by", "started_from__registered_model"
+        ),
+        pk=pk,
+    )
 
 
 def _figures_payload(run: TrainingRun, *, with_template: bool = True) -> dict[str, Any]:
@@ -77,6 +82,8 @@ class RunDetailView(RoleRequiredMixin, View):
                 "cost": run_cost_summary(run=run),
                 "learners": run_learners(run=run),
                 "placements": run_placements(run=run),
+                "model_versions": run_model_versions(run=run),
+                "can_read_costs": user_has_role(request.user, LEDGER_READERS),
                 "timeline": run_timeline(run=run),
                 "charts": CHARTS,
                 "initial": _figures_payload(run),

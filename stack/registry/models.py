@@ -155,6 +155,8 @@ class RegisteredModel(models.Model):
     artifact_uri = models.CharField(max_length=512, blank=True, help_text="file://… or s3://…")
     # The training run that produced it, by id: a foreign key would make the registry
     # depend on training, which sits above it (see the import contracts in pyproject.toml).
+    # The real foreign keys live one layer up: training.ModelVersion (registered_model, run)
+    # holds each version a run registered, and TrainingRun.started_from the version a run began from.
     produced_by_run_id = models.BigIntegerField(null=True, blank=True)
     # Set when a training run registers its result (training.services); null for outside models.
     final_eval_loss = models.FloatField(null=True, blank=True)

@@ -17,7 +17,6 @@ import torch
 from django.utils import timezone
 
 from stack.registry.models import Cluster
-from storage.artifacts import model_artifact_read
 from storage.objectstore import open_store
 from tests.factories import make_cluster, tiny_run_config
 from tests.training.engine.tiny_open_weights import (
@@ -223,8 +222,9 @@ def test_a_placed_run_trains_the_brought_llama_on_its_s3_shard_and_exports_it(
     run = services.training_run_succeed(run=run, why="test")
     assert run.registered_model is not None
     assert (run.registered_model.family, run.registered_model.tokenizer) == ("llama", "tokenizer.json")
-    model_config, _, _ = model_artifact_read(uri=run.artifact_uri)
-    assert model_config["model_type"] == "llama" and model_config["num_key_value_heads"] == 2
+    # The final model is its open-weights export (training.services.lineage).
+    final_cfg, _, _ = read_model_dir(open_store(run.artifact_uri))
+    assert final_cfg == engine.model_cfg and run.registered_model.artifact_uri == run.artifact_uri
 
 
 def test_a_brought_model_that_cannot_be_read_fails_the_run_saying_why(

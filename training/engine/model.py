@@ -11,8 +11,9 @@ their checkpoints' tensor names): fragments, deltas and published versions are k
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +24,9 @@ from training.engine.config import ModelConfig
 from training.engine.config_json import ModelConfigError
 from training.engine.gpt2 import GPT2, GPT2Config
 from training.engine.llama import Llama, LlamaConfig
+
+if TYPE_CHECKING:
+    from training.engine.tokenizer import JsonTokenizer
 
 # A model's config: the byte-level GPT's, or a family's read from a config.json.
 AnyModelConfig = ModelConfig | LlamaConfig | GPT2Config
@@ -181,3 +185,61 @@ def model_from_artifact(*, uri: str, endpoint_url: str | None = None) -> tuple[G
     model.load_state_dict(params)
     model.eval()
     return model, meta
+
+
+@dataclass
+class ServedModel:
+    """A model ready to generate: the network in eval mode, its tokenizer (None: UTF-8 bytes,
+    the byte GPT's alphabet), its context length and end-of-sequence id."""
+
+    model: nn.Module
+    context_length: int
+    tokenizer: JsonTokenizer | None = None
+    eos_id: int | None = None
+    meta: dict[str, object] = field(default_factory=dict)
+
+
+def _is_model_dir(uri: str, endpoint_url: str | None) -> bool:
+    """Whether ``uri`` names a directory holding a config.json (not an artifact object)."""
+    from storage.objectstore import open_store
+
+    if uri.startswith("file://"):
+        return (Path(uri[len("file://") :]) / "config.json").is_file()
+    folder, _, name = uri.rstrip("/").rpartition("/")
+    if not name or folder.endswith(":/"):  # s3://bucket: the bucket's root
+        return open_store(uri, endpoint_url=endpoint_url).exists("config.json")
+    return open_store(folder, endpoint_url=endpoint_url).exists(f"{name}/config.json")
+
+
+def model_for_serving(*, uri: str, endpoint_url: str | None = None) -> ServedModel:
+    """The model at ``uri``, for local serving: a switchyard artifact (the byte GPT, UTF-8 bytes
+    in and out) or a directory in the open-weights layout (a Llama or GPT-2 with the
+    ``tokenizer.json`` beside it; training.engine.openweights), such as a run's final export."""
+    # Lazily: openweights imports this module.
+    from storage.objectstore import open_store
+    from training.engine.openweights import TOKENIZER, read_model_dir, read_tokenizer_json
+    from training.engine.stream import check_tokens_fit
+    from training.engine.tokenizer import JsonTokenizer, eos_from_config
+
+    if not _is_model_dir(uri, endpoint_url):
+        model, meta = model_from_artifact(uri=uri, endpoint_url=endpoint_url)
+        return ServedModel(model=model, context_length=model.cfg.block_size, meta=meta)
+    store = open_store(uri.rstrip("/"), endpoint_url=endpoint_url)
+    cfg, params, from_checkpoint = read_model_dir(store)
+    if not from_checkpoint:
+        raise ModelConfigError(f"{uri} holds a config.json but no weights")
+    data = read_tokenizer_json(store)
+    if data is None:
+        kind = cfg.to_hf()["model_type"]
+        raise ModelConfigError(f"{uri} has no {TOKENIZER}: a {kind} model needs one to serve text")
+    eos = eos_from_config(cfg.extra)
+    tokenizer = JsonTokenizer(data, eos_id=eos)
+    check_tokens_fit(tokenizer, cfg.vocab_size)
+    net = load_params(make_model(cfg), params).eval()
+    return ServedModel(
+        model=net,
+        context_length=cfg.context_length,
+        tokenizer=tokenizer,
+        eos_id=eos,
+        meta={"model_config": cfg.to_hf()},
+    )

@@ -2,7 +2,8 @@
 
 One module per concern: probes (probe jobs), runs (a run's life and state), placing (the first
 placement and version 0), chunks (learner chunks and their bill), syncer (the syncer chain and the
-version records), supervision (beat's checks and learner failover). Tasks are sent through
+version records), lineage (model versions: every k-th global version and the final export),
+supervision (beat's checks and learner failover). Tasks are sent through
 training.dispatch, never by importing training.tasks.
 """
 
@@ -17,6 +18,7 @@ from training.services.chunks import (
     learner_chunk_progress,
     learner_chunk_should_stop,
 )
+from training.services.lineage import model_version_register_final, model_versions_register_due
 from training.services.placing import training_run_place
 from training.services.probes import (
     DispatchError,
@@ -60,6 +62,8 @@ __all__ = [
     "learner_chunk_progress",
     "learner_chunk_should_stop",
     "learner_failover",
+    "model_version_register_final",
+    "model_versions_register_due",
     "probe_job_claim",
     "probe_job_create",
     "probe_job_execute",

@@ -14,10 +14,8 @@ from typing import Any
 from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import Max
-from django.utils.text import slugify
 
 from stack.registry.errors import DomainError
-from stack.registry.models import RegisteredModel
 from training import dispatch, selectors
 from training.models import (
     GlobalVersionRecord,
@@ -27,7 +25,8 @@ from training.models import (
     TrainingRunTransition,
 )
 from training.run_config import RunConfig, RunConfigError, run_config_validate
-from training.run_engines import run_model_family, write_artifact
+from training.run_engines import run_engine, run_transport, write_artifact
+from training.services.lineage import model_version_register_final
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +73,8 @@ def training_run_create(*, config: dict[str, Any], created_by: User | None, name
             money_budget=budget,
             currency=cfg["currency"],
             reason="created",
+            # The lineage: start_from was resolved to a model version's id by validation.
+            started_from_id=(cfg.get("start_from") or {}).get("model_version"),
         )
         TrainingRunTransition.objects.create(
             run=run, from_state="", to_state=run.state, at=run.created_at, reason="created"
@@ -134,33 +135,23 @@ def training_run_check_stop(*, run: TrainingRun) -> TrainingRun:
 
 
 def training_run_succeed(*, run: TrainingRun, why: str) -> TrainingRun:
-    """Write the final artifact, register it as a model and move the run to `succeeded`."""
-    uri, loss, n_params, versions = write_artifact(run, kind="final")
-    family, tokenizer = run_model_family(run)
+    """Register the final parameters as the run's final model version (exported in the
+    open-weights layout for a brought Llama or GPT-2) and move the run to `succeeded`."""
+    final = model_version_register_final(run=run, engine=run_engine(run), transport=run_transport(run))
     with transaction.atomic():
         locked = TrainingRun.objects.select_for_update().get(pk=run.pk)
         if locked.state not in (TrainingRun.State.RUNNING, TrainingRun.State.RECOVERING):
             return locked
-        rc = RunConfig(run.config)
-        slug = slugify(f"run-{run.pk}-{run.name}")[:64].strip("-") or f"run-{run.pk}"
-        model, _ = RegisteredModel.objects.get_or_create(
-            slug=slug,
-            defaults={
-                "family": family,
-                "parameter_count": n_params,
-                "artifact_uri": uri,
-                "produced_by_run_id": run.pk,
-                "final_eval_loss": loss,
-                "training_cost": selectors.run_spend(run_id=run.pk),
-                "tokenizer": tokenizer,
-                "context_length": rc.model_config().block_size,
-            },
-        )
+        model = final.registered_model
+        uri, loss = final.artifact_uri, final.eval_loss
         TrainingRun.objects.filter(pk=run.pk).update(
             registered_model=model, final_eval_loss=loss, artifact_uri=uri
         )
         run.registered_model, run.final_eval_loss, run.artifact_uri = model, loss, uri
-        run.transition(TrainingRun.State.SUCCEEDED, reason=f"{why}; versions {versions}; model {slug}")
+        run.transition(
+            TrainingRun.State.SUCCEEDED,
+            reason=f"{why}; versions {final.fragment_versions}; model {final}",
+        )
         TrainingLearner.objects.filter(run=run).exclude(state=TrainingLearner.State.LOST).update(
             state=TrainingLearner.State.DONE, state_changed_at=run.state_changed_at
         )

@@ -1,5 +1,6 @@
 """python manage.py serve_model --model <slug> --port N: an OpenAI-compatible server for a
-registered model's artifact (inference.local_serving)."""
+registered model's artifact: a switchyard artifact or an open-weights directory such as a
+training run's final export (inference.local_serving)."""
 
 from __future__ import annotations
 
@@ -63,7 +64,11 @@ class Command(BaseCommand):
             server = local_server_for_artifact(
                 uri=model.artifact_uri, name=model.slug, host=options["host"], port=options["port"]
             )
-        except (ArtifactError, OSError) as exc:
+        except (
+            ArtifactError,
+            ValueError,
+            OSError,
+        ) as exc:  # ValueError: the engine's config/tokenizer errors
             raise CommandError(f"cannot serve {model.slug}: {exc}") from exc
         host, port = server.server_address[:2]
         shown = host.decode() if isinstance(host, bytes) else host
