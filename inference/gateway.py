@@ -31,7 +31,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from billing.budgets import BudgetExhausted
 from billing.services import NoPriceError
-from inference.adapters.base import CLIENT_ERROR_STATUSES, InferenceInput
+from inference.adapters.base import CLIENT_ERROR_STATUSES, Completion, InferenceInput
 from inference.models import Endpoint
 from inference.openai_request import (
     InvalidRequest,
@@ -240,6 +240,39 @@ def _failure(result: RouteResult) -> HttpResponse:
     return response
 
 
+def _synthesized(result: RouteResult, c: Completion, model: str, *, chat: bool) -> dict[str, Any]:
+    """An OpenAI answer document for adapters that do not speak OpenAI (Bedrock, replays)."""
+    usage = {
+        "prompt_tokens": c.tokens_in,
+        "completion_tokens": c.tokens_out,
+        "total_tokens": c.tokens_in + c.tokens_out,
+    }
+    if chat:
+        return {
+            "id": f"chatcmpl-sy{result.request_id}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": c.text},
+                    "finish_reason": c.finish_reason,
+                    "logprobs": None,
+                }
+            ],
+            "usage": usage,
+        }
+    return {
+        "id": f"cmpl-sy{result.request_id}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "text": c.text, "finish_reason": c.finish_reason, "logprobs": None}],
+        "usage": usage,
+    }
+
+
 def _complete(request: HttpRequest, *, chat: bool) -> HttpResponse | StreamingHttpResponse:
     if request.method != "POST":
         return _method_not_allowed("POST")
@@ -276,40 +309,23 @@ def _complete(request: HttpRequest, *, chat: bool) -> HttpResponse | StreamingHt
     if not result.ok or result.completion is None:
         return _failure(result)
     c = result.completion
-    created = int(time.time())
-    usage = {
-        "prompt_tokens": c.tokens_in,
-        "completion_tokens": c.tokens_out,
-        "total_tokens": c.tokens_in + c.tokens_out,
-    }
-    if chat:
+    if c.raw is not None:
+        # The provider's answer with every field it sent (tool calls, refusal, logprobs,
+        # system_fingerprint, usage details, n choices); only the id and the model are ours.
         doc: dict[str, Any] = {
-            "id": f"chatcmpl-sy{result.request_id}",
-            "object": "chat.completion",
-            "created": created,
+            **c.raw,
+            "id": f"{'chatcmpl' if chat else 'cmpl'}-sy{result.request_id}",
             "model": workflow.slug,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": c.text},
-                    "finish_reason": c.finish_reason,
-                    "logprobs": None,
-                }
-            ],
-            "usage": usage,
         }
     else:
-        doc = {
-            "id": f"cmpl-sy{result.request_id}",
-            "object": "text_completion",
-            "created": created,
-            "model": workflow.slug,
-            "choices": [{"index": 0, "text": c.text, "finish_reason": c.finish_reason, "logprobs": None}],
-            "usage": usage,
-        }
+        doc = _synthesized(result, c, workflow.slug, chat=chat)
     response = HttpResponse(json.dumps(doc, separators=(",", ":")), content_type="application/json")
     _headers(response, result, result.deployment_slug)
     return response
+
+
+def _sse(doc: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(doc, separators=(",", ":")).encode() + b"\n\n"
 
 
 def _stream_response(
@@ -323,7 +339,7 @@ def _stream_response(
     obj = "chat.completion.chunk" if chat else "text_completion"
     ident = f"chatcmpl-sy-{created}-{id(routed)}" if chat else f"cmpl-sy-{created}-{id(routed)}"
 
-    def event(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
+    def event(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> dict[str, Any]:
         doc: dict[str, Any] = {
             "id": ident,
             "object": obj,
@@ -333,14 +349,35 @@ def _stream_response(
         }
         if usage is not None:
             doc["usage"] = usage
-        return b"data: " + json.dumps(doc, separators=(",", ":")).encode() + b"\n\n"
+        return doc
 
-    def events() -> Iterator[bytes]:
-        if chat:
-            yield event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+    def passed_on(raw: dict[str, Any]) -> dict[str, Any] | None:
+        """A provider's event as the client gets it: our id and model; the usage event (which
+        the adapter always asks for, to bill) only when the client asked for it."""
+        if not include_usage:
+            if not raw.get("choices") and raw.get("usage"):
+                return None
+            raw = {k: v for k, v in raw.items() if k != "usage"}
+        return {**raw, "id": ident, "model": workflow.slug}
+
+    def docs() -> Iterator[dict[str, Any]]:
+        """The events; a provider's own (`chunk.raw`) are passed on, others are made here."""
+        started = False
         finish = "stop"
         tokens: tuple[int, int] | None = None
+        made = False  # events made here (a provider that does not speak OpenAI's format)
         for chunk in routed:
+            if chunk.raw is not None:
+                doc = passed_on(chunk.raw)
+                if doc is not None:
+                    yield doc
+                continue
+            made = True
+            if chat and not started:
+                started = True
+                yield event(
+                    [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]
+                )
             if chunk.text:
                 choice = (
                     {"index": 0, "delta": {"content": chunk.text}, "finish_reason": None}
@@ -352,6 +389,8 @@ def _stream_response(
                 finish = chunk.finish_reason
             if chunk.tokens_in is not None:
                 tokens = (chunk.tokens_in, chunk.tokens_out or 0)
+        if not made:
+            return
         last = (
             {"index": 0, "delta": {}, "finish_reason": finish}
             if chat
@@ -359,13 +398,27 @@ def _stream_response(
         )
         yield event([last])
         if include_usage:
-            result = routed.result
-            t_in, t_out = tokens or (
-                (result.completion.tokens_in, result.completion.tokens_out)
-                if result and result.completion
-                else (0, 0)
-            )
+            t_in, t_out = tokens or (0, 0)
             yield event([], {"prompt_tokens": t_in, "completion_tokens": t_out, "total_tokens": t_in + t_out})
+
+    def events() -> Iterator[bytes]:
+        # The last event is held back until the stream has ended and been recorded, so that it
+        # can carry the request's cost (`switchyard`: request_id, deployment, cost, currency).
+        held: dict[str, Any] | None = None
+        for doc in docs():
+            if held is not None:
+                yield _sse(held)
+            held = doc
+        result = routed.result
+        if held is not None:
+            if result is not None:
+                held["switchyard"] = {
+                    "request_id": result.request_id,
+                    "deployment": result.deployment_slug,
+                    "cost": f"{result.cost:f}",
+                    "currency": result.currency,
+                }
+            yield _sse(held)
         yield b"data: [DONE]\n\n"
 
     response = StreamingHttpResponse(events(), content_type="text/event-stream")

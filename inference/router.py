@@ -116,7 +116,7 @@ def _estimate(entry: PlanEntry, request: InferenceInput) -> Decimal:
     else:
         chars = len(request.prompt)
     tokens_in = Decimal(chars // 4 + 1)
-    tokens_out = Decimal(request.max_tokens or 256)
+    tokens_out = Decimal(request.max_tokens or 256) * request.n
     million = Decimal(1_000_000)
     return (tokens_in * (entry.input_price or 0) + tokens_out * (entry.output_price or 0)) / million
 
@@ -542,7 +542,7 @@ class RouteStream:
 
     def __iter__(self) -> Iterator[StreamChunk]:
         texts: list[str] = []
-        tokens_in = tokens_out = None
+        usage: StreamChunk | None = None
         finish = "stop"
         pieces = 0
         status_error: ProviderError | None = None
@@ -556,7 +556,7 @@ class RouteStream:
                     texts.append(chunk.text)
                     pieces += 1
                 if chunk.tokens_in is not None:
-                    tokens_in, tokens_out = chunk.tokens_in, chunk.tokens_out
+                    usage = chunk
                 if chunk.finish_reason:
                     finish = chunk.finish_reason
                 yield chunk
@@ -566,13 +566,12 @@ class RouteStream:
                     status_error = exc
                     break
         finally:
-            self._close(texts, tokens_in, tokens_out, pieces, finish, status_error)
+            self._close(texts, usage, pieces, finish, status_error)
 
     def _close(
         self,
         texts: list[str],
-        tokens_in: int | None,
-        tokens_out: int | None,
+        usage: StreamChunk | None,
         pieces: int,
         finish: str,
         failure: ProviderError | None,
@@ -586,13 +585,18 @@ class RouteStream:
             if winner is not None:
                 # Providers that send no usage: count the pieces (one token each, the usual
                 # granularity of OpenAI-compatible streams) and the prompt as bytes/4.
-                if tokens_in is None:
+                if usage is None or usage.tokens_in is None:
                     prompt = ctx.request.prompt if isinstance(ctx.request, CompletionRequest) else ""
                     if isinstance(ctx.request, ChatRequest):
                         prompt = "".join(m.content for m in ctx.request.messages)
-                    tokens_in, tokens_out = len(prompt.encode()) // 4 + 1, pieces
+                    usage = StreamChunk(text="", tokens_in=len(prompt.encode()) // 4 + 1, tokens_out=pieces)
                 completion = Completion(
-                    text="".join(texts), tokens_in=tokens_in, tokens_out=tokens_out or 0, finish_reason=finish
+                    text="".join(texts),
+                    tokens_in=usage.tokens_in or 0,
+                    tokens_out=usage.tokens_out or 0,
+                    finish_reason=finish,
+                    cached_tokens=usage.cached_tokens,
+                    reasoning_tokens=usage.reasoning_tokens,
                 )
                 attempt = _ok_attempt(ctx, winner, self._call_started, completion, probe=self._probe)
                 if failure is not None:
@@ -639,7 +643,7 @@ def route_stream(
         stack.close()
         raise
     if out.winner is None:
-        out._close([], None, None, 0, "stop", None)
+        out._close([], None, 0, "stop", None)
         if ctx.budget_error is not None:
             raise ctx.budget_error
     return out

@@ -9,11 +9,13 @@ before reading it).
 
 from __future__ import annotations
 
+import email.utils
 import http.client
 import json
 import socket
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -141,25 +143,87 @@ def _error_message(status: int, data: bytes) -> str:
 
 
 def _body(target: Target, request: InferenceInput, *, stream: bool) -> tuple[str, dict[str, Any]]:
-    body: dict[str, Any] = {"model": target.provider_model_id or target.slug}
-    if isinstance(request, ChatRequest):
-        path = "/chat/completions"
-        body["messages"] = [{"role": m.role, "content": m.content} for m in request.messages]
+    """The provider's request body: the client's own (`wire`) with only `model` and the stream
+    flags set, or, for requests built in-process, one made from the typed fields.
+
+    A stream always asks for usage (`stream_options.include_usage`): the ledger bills what the
+    provider counted. The gateway drops the usage event again for a client that did not ask.
+    """
+    chat = isinstance(request, ChatRequest)
+    path = "/chat/completions" if chat else "/completions"
+    if request.wire is not None:
+        body = dict(request.wire)
     else:
-        path = "/completions"
-        body["prompt"] = request.prompt
-    for name in ("max_tokens", "temperature", "top_p"):
-        value = getattr(request, name)
-        if value is not None:
-            body[name] = value
-    if request.stop:
-        body["stop"] = list(request.stop)
-    if request.extra:
+        body = {}
+        if isinstance(request, ChatRequest):
+            body["messages"] = [{"role": m.role, "content": m.content} for m in request.messages]
+        else:
+            body["prompt"] = request.prompt
+        for name in ("max_tokens", "temperature", "top_p"):
+            value = getattr(request, name)
+            if value is not None:
+                body[name] = value
+        if request.stop:
+            body["stop"] = list(request.stop)
+        if request.n != 1:
+            body["n"] = request.n
         body.update(request.extra)
+    body["model"] = target.provider_model_id or target.slug
     if stream:
         body["stream"] = True
-        body["stream_options"] = {"include_usage": True}
+        body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+    elif body.get("stream"):
+        del body["stream"]
+        body.pop("stream_options", None)
     return path, body
+
+
+def _usage_counts(usage: dict[str, Any]) -> dict[str, int]:
+    """Token counts of an OpenAI usage object, with the cached and reasoning details."""
+    prompt_details = usage.get("prompt_tokens_details") or {}
+    completion_details = usage.get("completion_tokens_details") or {}
+    return {
+        "tokens_in": int(usage.get("prompt_tokens") or 0),
+        "tokens_out": int(usage.get("completion_tokens") or 0),
+        "cached_tokens": int(prompt_details.get("cached_tokens") or 0),
+        "reasoning_tokens": int(completion_details.get("reasoning_tokens") or 0),
+    }
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    """A Retry-After header as seconds: delta-seconds or an HTTP date (RFC 9110 §10.2.3)."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
+
+
+def _status_error(resp: http.client.HTTPResponse, data: bytes) -> ProviderError:
+    retry_after = None
+    if resp.status == 429 or resp.status == 503:
+        retry_after = retry_after_seconds(resp.getheader("Retry-After"))
+        ms = resp.getheader("retry-after-ms")  # OpenAI's and Azure's finer-grained hint
+        if ms:
+            try:
+                retry_after = max(0.0, float(ms) / 1000.0)
+            except ValueError:
+                pass
+    return ProviderError(
+        _error_message(resp.status, data),
+        retryable=classify_status(resp.status),
+        status_code=resp.status,
+        retry_after=retry_after,
+    )
 
 
 def _headers(target: Target) -> dict[str, str]:
@@ -181,24 +245,21 @@ class OpenAICompatibleAdapter:
         resp = request_json(target.base_url, path, body, headers=_headers(target), timeout=timeout)
         data = _read_all(resp, target.base_url)
         if resp.status >= 400:
-            raise ProviderError(
-                _error_message(resp.status, data),
-                retryable=classify_status(resp.status),
-                status_code=resp.status,
-            )
+            raise _status_error(resp, data)
         try:
             doc = json.loads(data)
             choice = doc["choices"][0]
-            usage = doc.get("usage") or {}
+            if not isinstance(doc, dict) or not isinstance(choice, dict):
+                raise TypeError("not an answer document")
             return Completion(
                 text=_text_of(choice, isinstance(request, ChatRequest)),
-                tokens_in=int(usage.get("prompt_tokens") or 0),
-                tokens_out=int(usage.get("completion_tokens") or 0),
                 finish_reason=str(choice.get("finish_reason") or "stop"),
                 provider_model=str(doc.get("model") or ""),
                 status_code=resp.status,
+                raw=doc,
+                **_usage_counts(doc.get("usage") or {}),
             )
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
             # A 200 with a body we cannot read: the provider is broken right now, so another
             # deployment may well answer (the chaos adapter's "malformed" drill).
             raise ProviderError(
@@ -212,12 +273,7 @@ class OpenAICompatibleAdapter:
         headers = {**_headers(target), "Accept": "text/event-stream"}
         resp = request_json(target.base_url, path, body, headers=headers, timeout=timeout)
         if resp.status >= 400:
-            data = _read_all(resp, target.base_url)
-            raise ProviderError(
-                _error_message(resp.status, data),
-                retryable=classify_status(resp.status),
-                status_code=resp.status,
-            )
+            raise _status_error(resp, _read_all(resp, target.base_url))
         return self._events(target, request, resp)
 
     def _events(
@@ -242,19 +298,24 @@ class OpenAICompatibleAdapter:
                     doc = json.loads(payload)
                 except ValueError as exc:
                     raise ProviderError(f"malformed stream event from {target.slug}", retryable=True) from exc
-                usage = doc.get("usage")
+                if not isinstance(doc, dict):
+                    raise ProviderError(f"malformed stream event from {target.slug}", retryable=True)
+                # One chunk per event, the event itself in `raw`: the gateway passes it on whole.
+                text, finish_now = "", None
                 for choice in doc.get("choices") or []:
-                    text = _text_of(choice, chat)
+                    if not isinstance(choice, dict):
+                        raise ProviderError(f"malformed stream event from {target.slug}", retryable=True)
+                    if choice.get("index", 0) == 0:
+                        text = _text_of(choice, chat)
+                        finish_now = choice.get("finish_reason") or None
                     finish = choice.get("finish_reason") or finish
-                    if text:
-                        yield StreamChunk(text=text)
-                if usage:
+                usage = doc.get("usage")
+                if isinstance(usage, dict) and usage:
                     yield StreamChunk(
-                        text="",
-                        finish_reason=finish or "stop",
-                        tokens_in=int(usage.get("prompt_tokens") or 0),
-                        tokens_out=int(usage.get("completion_tokens") or 0),
+                        text=text, finish_reason=finish or "stop", raw=doc, **_usage_counts(usage)
                     )
+                else:
+                    yield StreamChunk(text=text, finish_reason=finish_now, raw=doc)
         except (TimeoutError, OSError, http.client.HTTPException) as exc:
             _drop(*_split_base(target.base_url)[:3])
             raise ProviderError(f"stream from {target.slug} broke: {exc}", retryable=True) from exc
