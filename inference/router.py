@@ -375,6 +375,8 @@ def _ok_attempt(
         latency_ms=latency,
         tokens_in=completion.tokens_in,
         tokens_out=completion.tokens_out,
+        cached_tokens=completion.cached_tokens,
+        reasoning_tokens=completion.reasoning_tokens,
         started_at=started,
     )
     ctx.attempts.append(attempt)

@@ -50,6 +50,9 @@ class PlanEntry(Candidate):
 
     deployment: Deployment
     target: Target
+    # Prices of the token kinds providers report apart ($/1M; None: billed as input / output).
+    cached_input_price: Decimal | None = None
+    reasoning_price: Decimal | None = None
 
 
 @dataclass
@@ -146,6 +149,8 @@ class TokenPrices:
     input: Decimal | None
     output: Decimal | None
     currency: str  # of the prices found; USD when there is none
+    cached_input: Decimal | None = None
+    reasoning: Decimal | None = None
 
 
 def deployment_token_prices(*, deployment: Deployment, at: datetime, prices: PriceResolver) -> TokenPrices:
@@ -157,11 +162,22 @@ def deployment_token_prices(*, deployment: Deployment, at: datetime, prices: Pri
     found_out = prices.resolve(
         unit=Unit.OUTPUT_TOKENS_1M, at=at, deployment_id=deployment.pk, provider_id=deployment.provider_id
     )
+    found_cached = prices.resolve(
+        unit=Unit.CACHED_INPUT_TOKENS_1M,
+        at=at,
+        deployment_id=deployment.pk,
+        provider_id=deployment.provider_id,
+    )
+    found_reasoning = prices.resolve(
+        unit=Unit.REASONING_TOKENS_1M, at=at, deployment_id=deployment.pk, provider_id=deployment.provider_id
+    )
     priced = found_in or found_out
     return TokenPrices(
         input=found_in.unit_price if found_in else None,
         output=found_out.unit_price if found_out else None,
         currency=priced.currency if priced is not None else "USD",
+        cached_input=found_cached.unit_price if found_cached else None,
+        reasoning=found_reasoning.unit_price if found_reasoning else None,
     )
 
 
@@ -208,6 +224,8 @@ def _plan_entry(
         currency=found.currency,
         deployment=d,
         target=_target(d, chaos),
+        cached_input_price=found.cached_input,
+        reasoning_price=found.reasoning,
     )
 
 

@@ -100,7 +100,11 @@ CHAT_CASES: list[tuple[dict[str, Any], str, str | None]] = [
         "messages[0].tool_call_id",
     ),
     (
-        {"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function"}]}]},
+        {
+            "messages": [
+                {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function"}]}
+            ]
+        },
         "invalid_messages",
         "messages[0].tool_calls[0]",
     ),
