@@ -37,6 +37,7 @@ from inference.openai_request import (
     InvalidRequest,
     chat_request_parse,
     completion_request_parse,
+    embedding_request_parse,
     error_document,
     json_document,
 )
@@ -240,6 +241,24 @@ def _failure(result: RouteResult) -> HttpResponse:
     return response
 
 
+_REFUSALS = (InvalidRequest, GatewayError, BudgetExhausted, NoRoute, NoPriceError)
+
+
+def _refusal(exc: Exception) -> HttpResponse:
+    """The answer to a request refused before or instead of an answer (see _REFUSALS)."""
+    if isinstance(exc, InvalidRequest):
+        return _invalid(exc)
+    if isinstance(exc, GatewayError):
+        return error_response(exc.status, str(exc), exc.type, exc.code)
+    if isinstance(exc, BudgetExhausted):
+        return error_response(402, f"Budget exhausted: {exc}", "insufficient_quota", "budget_exhausted")
+    if isinstance(exc, NoRoute):
+        return error_response(503, str(exc), "api_error", "no_route")
+    # NoPriceError: a price ended between routing and recording. Nothing was recorded (the
+    # ledger refuses unpriced usage), so the answer is not handed out unbilled either.
+    return error_response(502, f"Pricing changed while answering; retry: {exc}", "api_error", "no_price")
+
+
 def _synthesized(result: RouteResult, c: Completion, model: str, *, chat: bool) -> dict[str, Any]:
     """An OpenAI answer document for adapters that do not speak OpenAI (Bedrock, replays)."""
     usage = {
@@ -294,18 +313,8 @@ def _complete(request: HttpRequest, *, chat: bool) -> HttpResponse | StreamingHt
         result = route(
             workflow=workflow, request=payload, endpoint=endpoint, client_request_id=idempotency_key
         )
-    except InvalidRequest as exc:
-        return _invalid(exc)
-    except GatewayError as exc:
-        return error_response(exc.status, str(exc), exc.type, exc.code)
-    except BudgetExhausted as exc:
-        return error_response(402, f"Budget exhausted: {exc}", "insufficient_quota", "budget_exhausted")
-    except NoRoute as exc:
-        return error_response(503, str(exc), "api_error", "no_route")
-    except NoPriceError as exc:
-        # A price ended between routing and recording: nothing was recorded (the ledger refuses
-        # unpriced usage), so the answer is not handed out unbilled either.
-        return error_response(502, f"Pricing changed while answering; retry: {exc}", "api_error", "no_price")
+    except _REFUSALS as exc:
+        return _refusal(exc)
     if not result.ok or result.completion is None:
         return _failure(result)
     c = result.completion
@@ -441,6 +450,31 @@ def chat_completions(request: HttpRequest) -> HttpResponse | StreamingHttpRespon
 @transaction.non_atomic_requests
 def completions(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
     return _complete(request, chat=False)
+
+
+@csrf_exempt
+@transaction.non_atomic_requests
+def embeddings(request: HttpRequest) -> HttpResponse:
+    """POST /v1/embeddings: routed like a completion, but only between deployments of one
+    embedding model (inference.router), billed per input token. Idempotency-Key is not taken:
+    a replay would have no vectors to give back."""
+    if request.method != "POST":
+        return _method_not_allowed("POST")
+    try:
+        caller = _caller(request)
+        parsed = embedding_request_parse(_body(request))
+        assert parsed.model is not None  # noqa: S101 (required by the parser)
+        workflow = _workflow(parsed.model)
+        _authorize(caller, workflow)
+        result = route(workflow=workflow, request=parsed.request, endpoint=Endpoint.EMBEDDING)
+    except _REFUSALS as exc:
+        return _refusal(exc)
+    if not result.ok or result.completion is None or result.completion.raw is None:
+        return _failure(result)
+    doc = {**result.completion.raw, "model": workflow.slug}
+    response = HttpResponse(json.dumps(doc, separators=(",", ":")), content_type="application/json")
+    _headers(response, result, result.deployment_slug)
+    return response
 
 
 @csrf_exempt  # bearer tokens, never cookies: a POST is answered 405, not a CSRF page

@@ -22,6 +22,7 @@ class Endpoint(models.TextChoices):
     COMPLETION = "completion", "Completion"
     BATCH = "batch", "Batch"
     EVAL = "eval", "Eval"
+    EMBEDDING = "embedding", "Embedding"
 
 
 class InferenceRequest(models.Model):

@@ -28,7 +28,13 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from inference.adapters.base import ChatMessage, ChatRequest, CompletionRequest, InferenceInput
+from inference.adapters.base import (
+    ChatMessage,
+    ChatRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    InferenceInput,
+)
 
 MAX_DEPTH = 32  # a chat body needs 5 (body, messages, message, content parts, part)
 MAX_VALUES = 100_000  # bounds the walk below (a few tens of ms) whatever the body size allows
@@ -525,3 +531,44 @@ def completion_request_parse(doc: dict[str, Any], *, require_model: bool = True)
     request = CompletionRequest(prompt=_prompt(doc), wire=_wire(doc), **_options(doc))
     stream, include_usage = _stream(doc)
     return ParsedRequest(model, request, stream, include_usage, doc.get("seed"))
+
+
+MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit on inputs per embeddings request
+
+
+def _embedding_input(doc: dict[str, Any]) -> tuple[str, ...]:
+    """The texts of `input`: a string, a list of strings, a list of token ids or a list of lists
+    of token ids (token ids are carried to the provider; they have no text here)."""
+    value = doc.get("input")
+    message = "input must be a non-empty string, list of strings or list of token-id lists"
+    if isinstance(value, str) and value:
+        return (value,)
+    if not isinstance(value, list) or not value or len(value) > MAX_EMBEDDING_INPUTS:
+        raise InvalidRequest(
+            f"{message} (at most {MAX_EMBEDDING_INPUTS})", param="input", code="invalid_input"
+        )
+    if all(isinstance(v, str) and v for v in value):
+        return tuple(value)
+    if all(_is_int(v) and v >= 0 for v in value):
+        return ()
+    if all(isinstance(v, list) and v and all(_is_int(t) and t >= 0 for t in v) for v in value):
+        return ()
+    raise InvalidRequest(message, param="input", code="invalid_input")
+
+
+@dataclass(frozen=True)
+class ParsedEmbedding:
+    model: str | None
+    request: EmbeddingRequest
+
+
+def embedding_request_parse(doc: dict[str, Any], *, require_model: bool = True) -> ParsedEmbedding:
+    """An /embeddings body (already through json_document) as an EmbeddingRequest."""
+    model = _model(doc, required=require_model)
+    texts = _embedding_input(doc)
+    encoding = doc.get("encoding_format")
+    if encoding is not None and encoding not in ("float", "base64"):
+        raise _bad("encoding_format", "must be float or base64")
+    _integer(doc, "dimensions", 1, 65_536)
+    _string(doc.get("user"), "user", max_length=USER_MAX_LENGTH)
+    return ParsedEmbedding(model, EmbeddingRequest(texts=texts, wire=_wire(doc)))

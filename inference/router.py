@@ -51,8 +51,10 @@ from inference.adapters.base import (
     ChatRequest,
     Completion,
     CompletionRequest,
+    EmbeddingRequest,
     InferenceInput,
     ProviderError,
+    RoutedInput,
     StreamChunk,
 )
 from inference.adapters.registry import adapter_for
@@ -109,14 +111,17 @@ def _setting(name: str, default: float) -> float:
     return float(getattr(settings, name, default))
 
 
-def _estimate(entry: PlanEntry, request: InferenceInput) -> Decimal:
+def _estimate(entry: PlanEntry, request: RoutedInput) -> Decimal:
     """A rough upper estimate of the call's cost, for the budget's reservation."""
     if isinstance(request, ChatRequest):
         chars = sum(len(m.content) for m in request.messages)
     else:
         chars = len(request.prompt)
     tokens_in = Decimal(chars // 4 + 1)
-    tokens_out = Decimal(request.max_tokens or 256) * request.n
+    if isinstance(request, EmbeddingRequest):
+        tokens_out = Decimal(0)
+    else:
+        tokens_out = Decimal(request.max_tokens or 256) * request.n
     million = Decimal(1_000_000)
     return (tokens_in * (entry.input_price or 0) + tokens_out * (entry.output_price or 0)) / million
 
@@ -150,7 +155,7 @@ def _error_attempt(
 class _Context:
     workflow: Workflow
     plan: RoutePlan
-    request: InferenceInput
+    request: RoutedInput
     endpoint: str
     started: float
     deadline: float
@@ -162,7 +167,7 @@ class _Context:
 
 def _prepare(
     workflow: Workflow,
-    request: InferenceInput,
+    request: RoutedInput,
     endpoint: str,
     deadline_s: float | None,
     *,
@@ -205,6 +210,13 @@ def _candidates(ctx: _Context) -> list[PlanEntry]:
     )
     p50s = rolling_p50(deployment_ids=ids) if policy.needs_latency else {}
     order, demoted = order_candidates(policy, plan.entries, quality=quality, p50s=p50s)
+    if isinstance(ctx.request, EmbeddingRequest) and plan.entries:
+        # Vectors of another model would corrupt the caller's vector store: an embeddings
+        # request is served by the model of the route's first deployment (the policy's order,
+        # whatever the strategy), failing over only to deployments of that same model.
+        model_id = min(plan.entries, key=lambda e: e.position).deployment.model_id
+        order = [e for e in order if e.deployment.model_id == model_id]
+        demoted = [(e, score) for e, score in demoted if e.deployment.model_id == model_id]
     ctx.demoted = demoted
     for entry, score in demoted:
         ctx.attempts.append(
@@ -322,7 +334,10 @@ def _attempt_calls(ctx: _Context, stack: ExitStack, *, stream: bool) -> Iterator
             call_started = time.perf_counter()
             timeout = max(0.001, ctx.deadline - call_started)
             try:
-                if stream:
+                if isinstance(ctx.request, EmbeddingRequest):
+                    answer = adapter.embed(entry.target, ctx.request, timeout=timeout)
+                    yield _Answer(entry, call_started, completion=answer, probe=state == Peek.HALF_OPEN)
+                elif stream:
                     chunks = adapter.stream(entry.target, ctx.request, timeout=timeout)
                     first = next(iter(chunks), None)
                     yield _Answer(
@@ -464,7 +479,7 @@ def _replay(row: InferenceRequest) -> RouteResult:
 def route(
     *,
     workflow: Workflow,
-    request: InferenceInput,
+    request: RoutedInput,
     endpoint: str = Endpoint.CHAT,
     client_request_id: str | None = None,
     deadline_s: float | None = None,

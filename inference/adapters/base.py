@@ -77,7 +77,24 @@ class CompletionRequest:
     wire: Mapping[str, Any] | None = None  # as ChatRequest.wire
 
 
-InferenceInput = ChatRequest | CompletionRequest
+@dataclass(frozen=True)
+class EmbeddingRequest:
+    """An OpenAI-style embeddings request: `texts` are the inputs Switchyard reads (estimates);
+    token-id inputs are carried in `wire` only. The answer is a Completion with `raw` the
+    provider's embeddings document and `tokens_in` its prompt tokens."""
+
+    texts: tuple[str, ...]
+    wire: Mapping[str, Any] | None = None
+    max_tokens: int | None = None  # nothing is generated: kept so every request type has one
+    n: int = 1
+
+    @property
+    def prompt(self) -> str:
+        return "".join(self.texts)
+
+
+InferenceInput = ChatRequest | CompletionRequest  # requests that generate text
+RoutedInput = InferenceInput | EmbeddingRequest  # everything the router serves
 
 
 @dataclass
@@ -167,6 +184,8 @@ class Adapter(Protocol):
     def complete(self, target: Target, request: InferenceInput, *, timeout: float) -> Completion: ...
 
     def stream(self, target: Target, request: InferenceInput, *, timeout: float) -> Iterator[StreamChunk]: ...
+
+    def embed(self, target: Target, request: EmbeddingRequest, *, timeout: float) -> Completion: ...
 
 
 def prompt_text(request: InferenceInput) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 from inference.adapters.base import (
     ChatRequest,
     Completion,
+    EmbeddingRequest,
     InferenceInput,
     ProviderError,
     StreamChunk,
@@ -176,6 +177,10 @@ class BedrockAdapter:
             )
         except (KeyError, TypeError, AttributeError) as exc:
             raise ProviderError(f"malformed Converse answer from {target.slug}", retryable=True) from exc
+
+    def embed(self, target: Target, request: EmbeddingRequest, *, timeout: float) -> Completion:
+        # Bedrock's embedding models answer InvokeModel in per-model formats, not Converse.
+        raise ProviderError(f"{target.slug}: the Bedrock adapter serves no embeddings", retryable=False)
 
     def stream(self, target: Target, request: InferenceInput, *, timeout: float) -> Iterator[StreamChunk]:
         from botocore.exceptions import BotoCoreError, ClientError

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 from inference.adapters.base import (
     ChatRequest,
     Completion,
+    EmbeddingRequest,
     InferenceInput,
     ProviderError,
     StreamChunk,
@@ -264,6 +265,35 @@ class OpenAICompatibleAdapter:
             # deployment may well answer (the chaos adapter's "malformed" drill).
             raise ProviderError(
                 f"malformed answer from {target.slug}: {data[:120]!r}",
+                retryable=True,
+                status_code=resp.status,
+            ) from exc
+
+    def embed(self, target: Target, request: EmbeddingRequest, *, timeout: float) -> Completion:
+        body: dict[str, Any] = (
+            dict(request.wire) if request.wire is not None else {"input": list(request.texts)}
+        )
+        body["model"] = target.provider_model_id or target.slug
+        resp = request_json(target.base_url, "/embeddings", body, headers=_headers(target), timeout=timeout)
+        data = _read_all(resp, target.base_url)
+        if resp.status >= 400:
+            raise _status_error(resp, data)
+        try:
+            doc = json.loads(data)
+            if not isinstance(doc, dict) or not isinstance(doc["data"], list):
+                raise TypeError("not an embeddings document")
+            usage = doc.get("usage") or {}
+            return Completion(
+                text="",
+                tokens_in=int(usage.get("prompt_tokens") or 0),
+                tokens_out=0,
+                provider_model=str(doc.get("model") or ""),
+                status_code=resp.status,
+                raw=doc,
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ProviderError(
+                f"malformed embeddings answer from {target.slug}: {data[:120]!r}",
                 retryable=True,
                 status_code=resp.status,
             ) from exc
