@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -41,7 +42,7 @@ from inference.openai_request import (
     error_document,
     json_document,
 )
-from inference.router import NoRoute, RouteResult, route, route_stream
+from inference.router import CapabilityMissing, CostLimitExceeded, NoRoute, RouteResult, route, route_stream
 from stack.registry.models import Workflow
 from stack.registry.roles import ALL_ROLES, user_has_role
 from stack.registry.services import api_token_authenticate
@@ -224,16 +225,27 @@ def _failure(result: RouteResult) -> HttpResponse:
         "v1 request %s failed (last status %s): %s", result.request_id, result.status_code, result.error
     )
     ref = f" (request {result.request_id})" if result.request_id is not None else ""
-    if result.status_code == 429:
-        response = error_response(
-            429, f"Every deployment is rate limited; retry later{ref}", "rate_limit_error", "rate_limited"
-        )
-    elif result.status_code in CLIENT_ERROR_STATUSES:
+    if result.status_code in CLIENT_ERROR_STATUSES:
         response = error_response(
             400,
             f"The provider refused the request as invalid{ref}",
             "invalid_request_error",
             "provider_rejected",
+        )
+    elif result.retry_after is not None:
+        # A deployment of the route is cooling down after its provider's 429 and Retry-After:
+        # the caller may come back when the first of them takes calls again.
+        seconds = max(1, math.ceil(result.retry_after))
+        response = error_response(
+            429,
+            f"Every deployment is rate limited; retry after {seconds} s{ref}",
+            "rate_limit_error",
+            "rate_limited",
+        )
+        response["Retry-After"] = str(seconds)
+    elif result.status_code == 429:
+        response = error_response(
+            429, f"Every deployment is rate limited; retry later{ref}", "rate_limit_error", "rate_limited"
         )
     else:
         response = error_response(502, f"No deployment could answer{ref}", "api_error", "upstream_error")
@@ -241,7 +253,15 @@ def _failure(result: RouteResult) -> HttpResponse:
     return response
 
 
-_REFUSALS = (InvalidRequest, GatewayError, BudgetExhausted, NoRoute, NoPriceError)
+_REFUSALS = (
+    InvalidRequest,
+    GatewayError,
+    BudgetExhausted,
+    CostLimitExceeded,
+    CapabilityMissing,
+    NoRoute,
+    NoPriceError,
+)
 
 
 def _refusal(exc: Exception) -> HttpResponse:
@@ -252,6 +272,10 @@ def _refusal(exc: Exception) -> HttpResponse:
         return error_response(exc.status, str(exc), exc.type, exc.code)
     if isinstance(exc, BudgetExhausted):
         return error_response(402, f"Budget exhausted: {exc}", "insufficient_quota", "budget_exhausted")
+    if isinstance(exc, CostLimitExceeded):
+        return error_response(400, str(exc), "invalid_request_error", "max_cost_exceeded", param="max_tokens")
+    if isinstance(exc, CapabilityMissing):
+        return error_response(400, str(exc), "invalid_request_error", "unsupported_feature", param=exc.param)
     if isinstance(exc, NoRoute):
         return error_response(503, str(exc), "api_error", "no_route")
     # NoPriceError: a price ended between routing and recording. Nothing was recorded (the

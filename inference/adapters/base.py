@@ -94,6 +94,24 @@ class EmbeddingRequest:
 
 
 InferenceInput = ChatRequest | CompletionRequest  # requests that generate text
+
+
+def request_features(request: InferenceInput | EmbeddingRequest) -> frozenset[str]:
+    """The capabilities a deployment needs to serve the request (Deployment.supports_*)."""
+    if isinstance(request, EmbeddingRequest):
+        return frozenset({"embeddings"})
+    if not isinstance(request, ChatRequest):
+        return frozenset()
+    needed = set()
+    if request.tools or any(m.tool_calls or m.role == "tool" for m in request.messages):
+        needed.add("tools")
+    if request.needs_json_schema:
+        needed.add("json_schema")
+    if request.needs_vision:
+        needed.add("vision")
+    return frozenset(needed)
+
+
 RoutedInput = InferenceInput | EmbeddingRequest  # everything the router serves
 
 

@@ -190,7 +190,9 @@ def clients(
     live_server: Any, viewer: User, provider: RecordingProvider
 ) -> tuple[openai.OpenAI, openai.OpenAI, str]:
     """(straight to the provider, through /v1, the workflow's name)."""
-    deployment = priced_deployment(base_url=provider.base_url, provider_model_id=PROVIDER_MODEL)
+    deployment = priced_deployment(
+        base_url=provider.base_url, provider_model_id=PROVIDER_MODEL, supports_vision=True
+    )
     workflow = routed_workflow(viewer, [deployment])
     _, raw = api_token_create(user=viewer, name="conformance")
     direct = openai.OpenAI(base_url=provider.base_url, api_key="provider-key", max_retries=0)

@@ -47,7 +47,9 @@ def test_the_sdk_gets_the_providers_vectors_and_the_request_is_billed_per_input_
     live_server: Any, viewer: User, providers: Callable[[], RecordingProvider]
 ) -> None:
     provider = providers()
-    deployment = priced_deployment(base_url=provider.base_url, provider_model_id="embed-small")
+    deployment = priced_deployment(
+        base_url=provider.base_url, provider_model_id="embed-small", supports_embeddings=True
+    )
     workflow = routed_workflow(viewer, [deployment])
     _, raw = api_token_create(user=viewer, name="sdk")
     direct = openai.OpenAI(base_url=provider.base_url, api_key="k", max_retries=0)
@@ -80,9 +82,9 @@ def test_failover_stays_within_the_embedding_model_of_the_route(
     failing, other_model, same_model = providers(), providers(), providers()
     failing.script.status = 503
     route = [
-        priced_deployment(base_url=failing.base_url, model=small),
-        priced_deployment(base_url=other_model.base_url, model=large),
-        priced_deployment(base_url=same_model.base_url, model=small),
+        priced_deployment(base_url=failing.base_url, model=small, supports_embeddings=True),
+        priced_deployment(base_url=other_model.base_url, model=large, supports_embeddings=True),
+        priced_deployment(base_url=same_model.base_url, model=small, supports_embeddings=True),
     ]
     workflow = routed_workflow(viewer, route)
     body = json.dumps({"model": workflow.slug, "input": "text"})
@@ -112,7 +114,8 @@ def test_bad_embedding_input_is_400_before_any_call(
     viewer: User, providers: Callable[[], RecordingProvider], fields: dict[str, Any], param: str
 ) -> None:
     provider = providers()
-    workflow = routed_workflow(viewer, [priced_deployment(base_url=provider.base_url)])
+    deployment = priced_deployment(base_url=provider.base_url, supports_embeddings=True)
+    workflow = routed_workflow(viewer, [deployment])
     body = json.dumps({"model": workflow.slug, **fields})
     response = _client(viewer).post("/v1/embeddings", body, content_type="application/json")
     assert response.status_code == 400 and response.json()["error"]["param"] == param
