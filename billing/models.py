@@ -22,6 +22,7 @@ class Unit(models.TextChoices):
     INPUT_TOKENS_1M = "input_tokens_1m", "1M input tokens"
     OUTPUT_TOKENS_1M = "output_tokens_1m", "1M output tokens"
     CACHED_INPUT_TOKENS_1M = "cached_input_tokens_1m", "1M cached input tokens"
+    REASONING_TOKENS_1M = "reasoning_tokens_1m", "1M reasoning tokens"
     REQUEST = "request", "request"
     STORAGE_GB_MONTH = "storage_gb_month", "GB-month of storage"
     EGRESS_GB = "egress_gb", "GB of egress"

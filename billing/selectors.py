@@ -117,6 +117,7 @@ PURPOSE_BY_UNIT = {
     Unit.INPUT_TOKENS_1M: "inference",
     Unit.OUTPUT_TOKENS_1M: "inference",
     Unit.CACHED_INPUT_TOKENS_1M: "inference",
+    Unit.REASONING_TOKENS_1M: "inference",
     Unit.REQUEST: "inference",
     Unit.STORAGE_GB_MONTH: "storage and transfer",
     Unit.EGRESS_GB: "storage and transfer",

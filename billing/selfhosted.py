@@ -22,7 +22,12 @@ from billing.models import Unit
 from billing.selectors import spend_grouped
 from stack.registry.models import Deployment
 
-TOKEN_UNITS = (Unit.INPUT_TOKENS_1M, Unit.OUTPUT_TOKENS_1M, Unit.CACHED_INPUT_TOKENS_1M)
+TOKEN_UNITS = (
+    Unit.INPUT_TOKENS_1M,
+    Unit.OUTPUT_TOKENS_1M,
+    Unit.CACHED_INPUT_TOKENS_1M,
+    Unit.REASONING_TOKENS_1M,
+)
 
 
 @dataclass(frozen=True)

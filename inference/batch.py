@@ -47,7 +47,7 @@ from inference.openai_request import (
     completion_request_parse,
     json_document,
 )
-from inference.router import NoRoute, route
+from inference.router import CapabilityMissing, CostLimitExceeded, NoRoute, route
 from stack.registry.models import Workflow
 from stack.registry.objectstore import default_store
 from stack.registry.queues import CONTROL_QUEUE
@@ -289,6 +289,8 @@ def _run_line(job: BatchJob, line: BatchLine) -> dict[str, Any]:
     except BudgetExhausted as exc:
         # Not recorded, so not billed: the line is reported failed in the output.
         return {**record, "response": None, "error": f"budget exhausted: {exc}", "cost": "0"}
+    except (CostLimitExceeded, CapabilityMissing) as exc:
+        return {**record, "response": None, "error": str(exc), "cost": "0"}
     record["request_id"] = result.request_id
     record["cost"] = str(result.cost)
     if result.ok and result.completion is not None:

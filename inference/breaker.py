@@ -62,7 +62,8 @@ def breaker_settings() -> BreakerSettings:
 _PEEK_ONE = f"""
 local OPEN, CLOSED, HALF_OPEN = {Peek.OPEN:d}, {Peek.CLOSED:d}, {Peek.HALF_OPEN:d}  -- inference.routing.Peek
 local function peek(key, now, cooldown)
-  local h = redis.call('HMGET', key, 'state', 'opened', 'probe')
+  local h = redis.call('HMGET', key, 'state', 'opened', 'probe', 'cool')
+  if h[4] and now < tonumber(h[4]) then return OPEN end  -- the provider's Retry-After
   local state = h[1]
   if not state or state == 'closed' then return CLOSED end
   local since = h[3] or '0'  -- half_open: when its probe was claimed
@@ -152,6 +153,14 @@ return {'closed', ''}
 """
 
 
+# KEYS[1]: breaker hash. ARGV[1]: until. Sets 'cool' unless it already ends later.
+_COOL = """
+local old = tonumber(redis.call('HGET', KEYS[1], 'cool') or '0')
+if tonumber(ARGV[1]) > old then redis.call('HSET', KEYS[1], 'cool', ARGV[1]) end
+return 1
+"""
+
+
 def _key(deployment_id: int) -> str:
     return f"sy:cb:{deployment_id}"
 
@@ -178,6 +187,7 @@ class RedisBreakers:
         self._peek_gen = self.redis.register_script(_PEEK_GEN)
         self._claim = self.redis.register_script(_CLAIM)
         self._record = self.redis.register_script(_RECORD)
+        self._cool = self.redis.register_script(_COOL)
 
     def peek(self, deployment_ids: Sequence[int], *, now: float, cfg: BreakerSettings) -> list[Peek]:
         try:
@@ -227,6 +237,28 @@ class RedisBreakers:
             redis_unreachable("record a call")
             return CLOSED, ""
         return _s(state), _s(transition)
+
+    def cool_down(self, deployment_id: int, *, until: float) -> None:
+        """Skip the deployment until `until` (a 429's Retry-After), whatever its circuit says."""
+        try:
+            # Only ever moves later: two 429s answered at once keep the longer wait.
+            self._cool(keys=[_key(deployment_id)], args=[f"{until:.6f}"])
+        except self.down_errors:
+            redis_unreachable("cool a deployment down")
+
+    def cooling(self, deployment_ids: Sequence[int], *, now: float) -> dict[int, float]:
+        """Seconds left of each cooling deployment's wait (the failure path only)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for d in deployment_ids:
+            pipe.hget(_key(d), "cool")
+        try:
+            values = pipe.execute()
+        except self.down_errors:
+            redis_unreachable("read cooldowns")
+            return {}
+        return {
+            d: float(v) - now for d, v in zip(deployment_ids, values, strict=True) if v and float(v) > now
+        }
 
     def state(self, deployment_id: int) -> dict[str, str]:
         try:
@@ -293,6 +325,9 @@ class LocalBreakers:
         with self._lock:
             for d in deployment_ids:
                 h = self._h(d)
+                if now < h.get("cool", 0.0):
+                    out.append(Peek.OPEN)
+                    continue
                 if h["state"] == CLOSED:
                     out.append(Peek.CLOSED)
                     continue
@@ -340,6 +375,16 @@ class LocalBreakers:
                 calls.clear()
                 return OPEN, "opened"
             return CLOSED, ""
+
+    def cool_down(self, deployment_id: int, *, until: float) -> None:
+        with self._lock:
+            h = self._h(deployment_id)
+            h["cool"] = max(until, h.get("cool", 0.0))
+
+    def cooling(self, deployment_ids: Sequence[int], *, now: float) -> dict[int, float]:
+        with self._lock:
+            cools = {d: self._h(d).get("cool", 0.0) for d in deployment_ids}
+        return {d: until - now for d, until in cools.items() if until > now}
 
     def state(self, deployment_id: int) -> dict[str, str]:
         with self._lock:

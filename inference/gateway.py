@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -31,16 +32,17 @@ from django.views.decorators.csrf import csrf_exempt
 
 from billing.budgets import BudgetExhausted
 from billing.services import NoPriceError
-from inference.adapters.base import CLIENT_ERROR_STATUSES, InferenceInput
+from inference.adapters.base import CLIENT_ERROR_STATUSES, Completion, InferenceInput
 from inference.models import Endpoint
 from inference.openai_request import (
     InvalidRequest,
     chat_request_parse,
     completion_request_parse,
+    embedding_request_parse,
     error_document,
     json_document,
 )
-from inference.router import NoRoute, RouteResult, route, route_stream
+from inference.router import CapabilityMissing, CostLimitExceeded, NoRoute, RouteResult, route, route_stream
 from stack.registry.models import Workflow
 from stack.registry.roles import ALL_ROLES, user_has_role
 from stack.registry.services import api_token_authenticate
@@ -223,21 +225,95 @@ def _failure(result: RouteResult) -> HttpResponse:
         "v1 request %s failed (last status %s): %s", result.request_id, result.status_code, result.error
     )
     ref = f" (request {result.request_id})" if result.request_id is not None else ""
-    if result.status_code == 429:
-        response = error_response(
-            429, f"Every deployment is rate limited; retry later{ref}", "rate_limit_error", "rate_limited"
-        )
-    elif result.status_code in CLIENT_ERROR_STATUSES:
+    if result.status_code in CLIENT_ERROR_STATUSES:
         response = error_response(
             400,
             f"The provider refused the request as invalid{ref}",
             "invalid_request_error",
             "provider_rejected",
         )
+    elif result.retry_after is not None:
+        # A deployment of the route is cooling down after its provider's 429 and Retry-After:
+        # the caller may come back when the first of them takes calls again.
+        seconds = max(1, math.ceil(result.retry_after))
+        response = error_response(
+            429,
+            f"Every deployment is rate limited; retry after {seconds} s{ref}",
+            "rate_limit_error",
+            "rate_limited",
+        )
+        response["Retry-After"] = str(seconds)
+    elif result.status_code == 429:
+        response = error_response(
+            429, f"Every deployment is rate limited; retry later{ref}", "rate_limit_error", "rate_limited"
+        )
     else:
         response = error_response(502, f"No deployment could answer{ref}", "api_error", "upstream_error")
     _headers(response, result, "")
     return response
+
+
+_REFUSALS = (
+    InvalidRequest,
+    GatewayError,
+    BudgetExhausted,
+    CostLimitExceeded,
+    CapabilityMissing,
+    NoRoute,
+    NoPriceError,
+)
+
+
+def _refusal(exc: Exception) -> HttpResponse:
+    """The answer to a request refused before or instead of an answer (see _REFUSALS)."""
+    if isinstance(exc, InvalidRequest):
+        return _invalid(exc)
+    if isinstance(exc, GatewayError):
+        return error_response(exc.status, str(exc), exc.type, exc.code)
+    if isinstance(exc, BudgetExhausted):
+        return error_response(402, f"Budget exhausted: {exc}", "insufficient_quota", "budget_exhausted")
+    if isinstance(exc, CostLimitExceeded):
+        return error_response(400, str(exc), "invalid_request_error", "max_cost_exceeded", param="max_tokens")
+    if isinstance(exc, CapabilityMissing):
+        return error_response(400, str(exc), "invalid_request_error", "unsupported_feature", param=exc.param)
+    if isinstance(exc, NoRoute):
+        return error_response(503, str(exc), "api_error", "no_route")
+    # NoPriceError: a price ended between routing and recording. Nothing was recorded (the
+    # ledger refuses unpriced usage), so the answer is not handed out unbilled either.
+    return error_response(502, f"Pricing changed while answering; retry: {exc}", "api_error", "no_price")
+
+
+def _synthesized(result: RouteResult, c: Completion, model: str, *, chat: bool) -> dict[str, Any]:
+    """An OpenAI answer document for adapters that do not speak OpenAI (Bedrock, replays)."""
+    usage = {
+        "prompt_tokens": c.tokens_in,
+        "completion_tokens": c.tokens_out,
+        "total_tokens": c.tokens_in + c.tokens_out,
+    }
+    if chat:
+        return {
+            "id": f"chatcmpl-sy{result.request_id}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": c.text},
+                    "finish_reason": c.finish_reason,
+                    "logprobs": None,
+                }
+            ],
+            "usage": usage,
+        }
+    return {
+        "id": f"cmpl-sy{result.request_id}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "text": c.text, "finish_reason": c.finish_reason, "logprobs": None}],
+        "usage": usage,
+    }
 
 
 def _complete(request: HttpRequest, *, chat: bool) -> HttpResponse | StreamingHttpResponse:
@@ -261,55 +337,28 @@ def _complete(request: HttpRequest, *, chat: bool) -> HttpResponse | StreamingHt
         result = route(
             workflow=workflow, request=payload, endpoint=endpoint, client_request_id=idempotency_key
         )
-    except InvalidRequest as exc:
-        return _invalid(exc)
-    except GatewayError as exc:
-        return error_response(exc.status, str(exc), exc.type, exc.code)
-    except BudgetExhausted as exc:
-        return error_response(402, f"Budget exhausted: {exc}", "insufficient_quota", "budget_exhausted")
-    except NoRoute as exc:
-        return error_response(503, str(exc), "api_error", "no_route")
-    except NoPriceError as exc:
-        # A price ended between routing and recording: nothing was recorded (the ledger refuses
-        # unpriced usage), so the answer is not handed out unbilled either.
-        return error_response(502, f"Pricing changed while answering; retry: {exc}", "api_error", "no_price")
+    except _REFUSALS as exc:
+        return _refusal(exc)
     if not result.ok or result.completion is None:
         return _failure(result)
     c = result.completion
-    created = int(time.time())
-    usage = {
-        "prompt_tokens": c.tokens_in,
-        "completion_tokens": c.tokens_out,
-        "total_tokens": c.tokens_in + c.tokens_out,
-    }
-    if chat:
+    if c.raw is not None:
+        # The provider's answer with every field it sent (tool calls, refusal, logprobs,
+        # system_fingerprint, usage details, n choices); only the id and the model are ours.
         doc: dict[str, Any] = {
-            "id": f"chatcmpl-sy{result.request_id}",
-            "object": "chat.completion",
-            "created": created,
+            **c.raw,
+            "id": f"{'chatcmpl' if chat else 'cmpl'}-sy{result.request_id}",
             "model": workflow.slug,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": c.text},
-                    "finish_reason": c.finish_reason,
-                    "logprobs": None,
-                }
-            ],
-            "usage": usage,
         }
     else:
-        doc = {
-            "id": f"cmpl-sy{result.request_id}",
-            "object": "text_completion",
-            "created": created,
-            "model": workflow.slug,
-            "choices": [{"index": 0, "text": c.text, "finish_reason": c.finish_reason, "logprobs": None}],
-            "usage": usage,
-        }
+        doc = _synthesized(result, c, workflow.slug, chat=chat)
     response = HttpResponse(json.dumps(doc, separators=(",", ":")), content_type="application/json")
     _headers(response, result, result.deployment_slug)
     return response
+
+
+def _sse(doc: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(doc, separators=(",", ":")).encode() + b"\n\n"
 
 
 def _stream_response(
@@ -323,7 +372,7 @@ def _stream_response(
     obj = "chat.completion.chunk" if chat else "text_completion"
     ident = f"chatcmpl-sy-{created}-{id(routed)}" if chat else f"cmpl-sy-{created}-{id(routed)}"
 
-    def event(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
+    def event(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> dict[str, Any]:
         doc: dict[str, Any] = {
             "id": ident,
             "object": obj,
@@ -333,14 +382,35 @@ def _stream_response(
         }
         if usage is not None:
             doc["usage"] = usage
-        return b"data: " + json.dumps(doc, separators=(",", ":")).encode() + b"\n\n"
+        return doc
 
-    def events() -> Iterator[bytes]:
-        if chat:
-            yield event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+    def passed_on(raw: dict[str, Any]) -> dict[str, Any] | None:
+        """A provider's event as the client gets it: our id and model; the usage event (which
+        the adapter always asks for, to bill) only when the client asked for it."""
+        if not include_usage:
+            if not raw.get("choices") and raw.get("usage"):
+                return None
+            raw = {k: v for k, v in raw.items() if k != "usage"}
+        return {**raw, "id": ident, "model": workflow.slug}
+
+    def docs() -> Iterator[dict[str, Any]]:
+        """The events; a provider's own (`chunk.raw`) are passed on, others are made here."""
+        started = False
         finish = "stop"
         tokens: tuple[int, int] | None = None
+        made = False  # events made here (a provider that does not speak OpenAI's format)
         for chunk in routed:
+            if chunk.raw is not None:
+                doc = passed_on(chunk.raw)
+                if doc is not None:
+                    yield doc
+                continue
+            made = True
+            if chat and not started:
+                started = True
+                yield event(
+                    [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]
+                )
             if chunk.text:
                 choice = (
                     {"index": 0, "delta": {"content": chunk.text}, "finish_reason": None}
@@ -352,6 +422,8 @@ def _stream_response(
                 finish = chunk.finish_reason
             if chunk.tokens_in is not None:
                 tokens = (chunk.tokens_in, chunk.tokens_out or 0)
+        if not made:
+            return
         last = (
             {"index": 0, "delta": {}, "finish_reason": finish}
             if chat
@@ -359,13 +431,27 @@ def _stream_response(
         )
         yield event([last])
         if include_usage:
-            result = routed.result
-            t_in, t_out = tokens or (
-                (result.completion.tokens_in, result.completion.tokens_out)
-                if result and result.completion
-                else (0, 0)
-            )
+            t_in, t_out = tokens or (0, 0)
             yield event([], {"prompt_tokens": t_in, "completion_tokens": t_out, "total_tokens": t_in + t_out})
+
+    def events() -> Iterator[bytes]:
+        # The last event is held back until the stream has ended and been recorded, so that it
+        # can carry the request's cost (`switchyard`: request_id, deployment, cost, currency).
+        held: dict[str, Any] | None = None
+        for doc in docs():
+            if held is not None:
+                yield _sse(held)
+            held = doc
+        result = routed.result
+        if held is not None:
+            if result is not None:
+                held["switchyard"] = {
+                    "request_id": result.request_id,
+                    "deployment": result.deployment_slug,
+                    "cost": f"{result.cost:f}",
+                    "currency": result.currency,
+                }
+            yield _sse(held)
         yield b"data: [DONE]\n\n"
 
     response = StreamingHttpResponse(events(), content_type="text/event-stream")
@@ -388,6 +474,31 @@ def chat_completions(request: HttpRequest) -> HttpResponse | StreamingHttpRespon
 @transaction.non_atomic_requests
 def completions(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
     return _complete(request, chat=False)
+
+
+@csrf_exempt
+@transaction.non_atomic_requests
+def embeddings(request: HttpRequest) -> HttpResponse:
+    """POST /v1/embeddings: routed like a completion, but only between deployments of one
+    embedding model (inference.router), billed per input token. Idempotency-Key is not taken:
+    a replay would have no vectors to give back."""
+    if request.method != "POST":
+        return _method_not_allowed("POST")
+    try:
+        caller = _caller(request)
+        parsed = embedding_request_parse(_body(request))
+        assert parsed.model is not None  # noqa: S101 (required by the parser)
+        workflow = _workflow(parsed.model)
+        _authorize(caller, workflow)
+        result = route(workflow=workflow, request=parsed.request, endpoint=Endpoint.EMBEDDING)
+    except _REFUSALS as exc:
+        return _refusal(exc)
+    if not result.ok or result.completion is None or result.completion.raw is None:
+        return _failure(result)
+    doc = {**result.completion.raw, "model": workflow.slug}
+    response = HttpResponse(json.dumps(doc, separators=(",", ":")), content_type="application/json")
+    _headers(response, result, result.deployment_slug)
+    return response
 
 
 @csrf_exempt  # bearer tokens, never cookies: a POST is answered 405, not a CSRF page

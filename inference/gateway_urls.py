@@ -9,5 +9,6 @@ from inference import gateway
 urlpatterns: list[URLPattern | URLResolver] = [
     path("chat/completions", gateway.chat_completions, name="gateway-chat"),
     path("completions", gateway.completions, name="gateway-completions"),
+    path("embeddings", gateway.embeddings, name="gateway-embeddings"),
     path("models", gateway.models, name="gateway-models"),
 ]

@@ -22,6 +22,7 @@ class Endpoint(models.TextChoices):
     COMPLETION = "completion", "Completion"
     BATCH = "batch", "Batch"
     EVAL = "eval", "Eval"
+    EMBEDDING = "embedding", "Embedding"
 
 
 class InferenceRequest(models.Model):
@@ -81,6 +82,8 @@ class InferenceAttempt(models.Model):
         CIRCUIT_OPEN = "circuit_open", "Circuit open (skipped)"
         SKIPPED_QUALITY = "skipped_quality", "Below quality floor (skipped)"
         BUDGET = "budget", "Budget exhausted"
+        OVER_COST = "over_cost", "Over the policy's cost limit (skipped)"
+        UNSUPPORTED = "unsupported", "Cannot serve the request's features (skipped)"
 
     request = models.ForeignKey(InferenceRequest, on_delete=models.CASCADE, related_name="attempt_rows")
     position = models.PositiveSmallIntegerField()

@@ -51,9 +51,12 @@ from inference.adapters.base import (
     ChatRequest,
     Completion,
     CompletionRequest,
+    EmbeddingRequest,
     InferenceInput,
     ProviderError,
+    RoutedInput,
     StreamChunk,
+    request_features,
 )
 from inference.adapters.registry import adapter_for
 from inference.breaker import RedisBreakers, breaker_settings, breakers, monotonic_now, record_success
@@ -83,6 +86,40 @@ class NoRoute(LookupError):
     """The workflow has no routing policy (or none of its deployments is enabled)."""
 
 
+# The request field a missing capability is about, for the 400's `param`.
+FEATURE_PARAM = {
+    "tools": "tools",
+    "json_schema": "response_format",
+    "vision": "messages",
+    "embeddings": "model",
+    "context": "max_tokens",
+}
+
+
+class CapabilityMissing(ValueError):
+    """No deployment of the route can serve what the request needs (tools, a JSON schema,
+    images, embeddings, its length); nothing was called."""
+
+    def __init__(self, missing: str, workflow: str) -> None:
+        what = "the request's length (prompt and max_tokens)" if missing == "context" else missing
+        super().__init__(f"No deployment of workflow {workflow!r} can serve {what}")
+        self.missing = missing
+        self.param = FEATURE_PARAM.get(missing)
+
+
+class CostLimitExceeded(ValueError):
+    """Every deployment's estimate for the request is above the policy's max_cost_per_request;
+    nothing was called. `estimate` is the lowest estimate, `limit` the policy's limit."""
+
+    def __init__(self, *, estimate: Decimal, limit: Decimal, currency: str) -> None:
+        super().__init__(
+            f"The request's estimated cost {estimate:.6f} {currency} is above this workflow's "
+            f"max_cost_per_request {limit:f} {currency}: lower max_tokens or shorten the prompt"
+        )
+        self.estimate = estimate
+        self.limit = limit
+
+
 @dataclass
 class RouteResult:
     ok: bool
@@ -100,6 +137,9 @@ class RouteResult:
     replayed: bool = False  # answered from an earlier request with the same client_request_id
     policy_version: int | None = None
     demoted: list[tuple[PlanEntry, float]] = field(default_factory=list)
+    # When nothing answered: the shortest wait (seconds) before a rate-limited deployment of the
+    # route takes calls again (its provider's Retry-After); None when none is cooling down.
+    retry_after: float | None = None
 
 
 # --- Helpers ----------------------------------------------------------------------------------------
@@ -109,14 +149,17 @@ def _setting(name: str, default: float) -> float:
     return float(getattr(settings, name, default))
 
 
-def _estimate(entry: PlanEntry, request: InferenceInput) -> Decimal:
+def _estimate(entry: PlanEntry, request: RoutedInput) -> Decimal:
     """A rough upper estimate of the call's cost, for the budget's reservation."""
     if isinstance(request, ChatRequest):
         chars = sum(len(m.content) for m in request.messages)
     else:
         chars = len(request.prompt)
     tokens_in = Decimal(chars // 4 + 1)
-    tokens_out = Decimal(request.max_tokens or 256)
+    if isinstance(request, EmbeddingRequest):
+        tokens_out = Decimal(0)
+    else:
+        tokens_out = Decimal(request.max_tokens or 256) * request.n
     million = Decimal(1_000_000)
     return (tokens_in * (entry.input_price or 0) + tokens_out * (entry.output_price or 0)) / million
 
@@ -150,19 +193,20 @@ def _error_attempt(
 class _Context:
     workflow: Workflow
     plan: RoutePlan
-    request: InferenceInput
+    request: RoutedInput
     endpoint: str
     started: float
     deadline: float
     attempts: list[AttemptInfo] = field(default_factory=list)
     demoted: list[tuple[PlanEntry, float]] = field(default_factory=list)
     budget_error: BudgetExhausted | None = None
+    cost_error: CostLimitExceeded | None = None
     deployment: Deployment | None = None  # a one-deployment call: route(deployment=...)
 
 
 def _prepare(
     workflow: Workflow,
-    request: InferenceInput,
+    request: RoutedInput,
     endpoint: str,
     deadline_s: float | None,
     *,
@@ -205,6 +249,15 @@ def _candidates(ctx: _Context) -> list[PlanEntry]:
     )
     p50s = rolling_p50(deployment_ids=ids) if policy.needs_latency else {}
     order, demoted = order_candidates(policy, plan.entries, quality=quality, p50s=p50s)
+    order = _capable(ctx, order)
+    if isinstance(ctx.request, EmbeddingRequest) and order:
+        # Vectors of another model would corrupt the caller's vector store: an embeddings
+        # request is served by the model of the route's first embeddings deployment (the
+        # policy's order, whatever the strategy), failing over only to that same model.
+        able = [e for e in plan.entries if "embeddings" in e.capabilities]
+        model_id = min(able, key=lambda e: e.position).deployment.model_id
+        order = [e for e in order if e.deployment.model_id == model_id]
+        demoted = [(e, score) for e, score in demoted if e.deployment.model_id == model_id]
     ctx.demoted = demoted
     for entry, score in demoted:
         ctx.attempts.append(
@@ -218,6 +271,48 @@ def _candidates(ctx: _Context) -> list[PlanEntry]:
             )
         )
     return order
+
+
+def _context_tokens(request: RoutedInput) -> int:
+    """A rough count of the tokens the request occupies (prompt characters / 4 plus max_tokens)."""
+    if isinstance(request, ChatRequest):
+        chars = sum(len(m.content) for m in request.messages)
+    else:
+        chars = len(request.prompt)
+    return chars // 4 + 1 + (request.max_tokens or 0)
+
+
+def _capable(ctx: _Context, order: list[PlanEntry]) -> list[PlanEntry]:
+    """The deployments that can serve the request's features; the others are recorded as
+    skipped. A fallback without tool support must not answer a tool request in plain text."""
+    needed = request_features(ctx.request)
+    limited = any(e.max_context_tokens is not None for e in order)
+    if not needed and not limited:
+        return order
+    context = _context_tokens(ctx.request) if limited else 0
+    able: list[PlanEntry] = []
+    first_missing = ""
+    for entry in order:
+        missing = sorted(needed - entry.capabilities)
+        if entry.max_context_tokens is not None and context > entry.max_context_tokens:
+            missing.append("context")
+        if not missing:
+            able.append(entry)
+            continue
+        first_missing = first_missing or missing[0]
+        ctx.attempts.append(
+            AttemptInfo(
+                position=len(ctx.attempts),
+                entry=entry,
+                outcome=Outcome.UNSUPPORTED,
+                status_code=None,
+                latency_ms=0.0,
+                error=f"cannot serve {', '.join(missing)}",
+            )
+        )
+    if not able and order:
+        raise CapabilityMissing(first_missing, ctx.workflow.slug)
+    return able
 
 
 @dataclass
@@ -292,6 +387,25 @@ def _attempt_calls(ctx: _Context, stack: ExitStack, *, stream: bool) -> Iterator
                     )
                 )
                 continue
+            limit = ctx.plan.max_cost_per_request
+            if limit is not None:
+                estimate = _estimate(entry, ctx.request)
+                if estimate > limit:
+                    if ctx.cost_error is None or estimate < ctx.cost_error.estimate:
+                        ctx.cost_error = CostLimitExceeded(
+                            estimate=estimate, limit=limit, currency=entry.currency
+                        )
+                    ctx.attempts.append(
+                        AttemptInfo(
+                            position=len(ctx.attempts),
+                            entry=entry,
+                            outcome=Outcome.OVER_COST,
+                            status_code=None,
+                            latency_ms=0.0,
+                            error=f"estimated cost {estimate:.9f} over max_cost_per_request {limit:f}",
+                        )
+                    )
+                    continue
             try:
                 if _needs_admission(ctx, entry):
                     stack.enter_context(
@@ -322,7 +436,10 @@ def _attempt_calls(ctx: _Context, stack: ExitStack, *, stream: bool) -> Iterator
             call_started = time.perf_counter()
             timeout = max(0.001, ctx.deadline - call_started)
             try:
-                if stream:
+                if isinstance(ctx.request, EmbeddingRequest):
+                    answer = adapter.embed(entry.target, ctx.request, timeout=timeout)
+                    yield _Answer(entry, call_started, completion=answer, probe=state == Peek.HALF_OPEN)
+                elif stream:
                     chunks = adapter.stream(entry.target, ctx.request, timeout=timeout)
                     first = next(iter(chunks), None)
                     yield _Answer(
@@ -356,6 +473,12 @@ def _attempt_calls(ctx: _Context, stack: ExitStack, *, stream: bool) -> Iterator
                     now=monotonic_now(),
                     cfg=cfg,
                 )
+                if exc.retry_after is not None and exc.retryable:
+                    # The provider said how long to stay away (429/503 Retry-After): every
+                    # process skips this deployment for that long (capped), and the route
+                    # moves on to the next one now.
+                    wait = min(exc.retry_after, _setting("INFERENCE_MAX_RETRY_AFTER_SECONDS", 300.0))
+                    store.cool_down(entry.deployment_id, until=monotonic_now() + wait)
                 if not exc.retryable:
                     refused_by.add(entry.deployment_id)
         retryable_left = any(a.outcome == Outcome.RETRYABLE for a in ctx.attempts)
@@ -375,6 +498,8 @@ def _ok_attempt(
         latency_ms=latency,
         tokens_in=completion.tokens_in,
         tokens_out=completion.tokens_out,
+        cached_tokens=completion.cached_tokens,
+        reasoning_tokens=completion.reasoning_tokens,
         started_at=started,
     )
     ctx.attempts.append(attempt)
@@ -405,6 +530,11 @@ def _finish(
             error = "no deployment could be tried"
         if time.perf_counter() >= ctx.deadline:
             error = f"deadline passed; {error}"
+        # Only on the failure path: how long until a rate-limited deployment serves again.
+        waits = breakers().cooling([e.deployment_id for e in ctx.plan.entries], now=monotonic_now())
+        retry_after = min(waits.values()) if waits else None
+    else:
+        retry_after = None
     row = inference_request_record(
         workflow=ctx.workflow,
         plan=ctx.plan,
@@ -434,6 +564,7 @@ def _finish(
         attempts=ctx.attempts,
         policy_version=ctx.plan.version if ctx.plan.policy_id is not None else None,
         demoted=ctx.demoted,
+        retry_after=retry_after,
     )
 
 
@@ -456,13 +587,24 @@ def _replay(row: InferenceRequest) -> RouteResult:
     )
 
 
+def _raise_refusal(ctx: _Context, winner: PlanEntry | None) -> None:
+    """After recording: a request that nothing answered because a budget or the cost limit
+    refused every call is the caller's error to see, not an upstream failure."""
+    if winner is not None:
+        return
+    if ctx.budget_error is not None:
+        raise ctx.budget_error
+    if ctx.cost_error is not None and not any(a.called for a in ctx.attempts):
+        raise ctx.cost_error
+
+
 # --- Entry points -------------------------------------------------------------------------------------
 
 
 def route(
     *,
     workflow: Workflow,
-    request: InferenceInput,
+    request: RoutedInput,
     endpoint: str = Endpoint.CHAT,
     client_request_id: str | None = None,
     deadline_s: float | None = None,
@@ -510,8 +652,7 @@ def route(
             if row is None:
                 raise
             return _replay(row)
-    if ctx.budget_error is not None and winner is None:
-        raise ctx.budget_error
+    _raise_refusal(ctx, winner)
     return result
 
 
@@ -542,7 +683,7 @@ class RouteStream:
 
     def __iter__(self) -> Iterator[StreamChunk]:
         texts: list[str] = []
-        tokens_in = tokens_out = None
+        usage: StreamChunk | None = None
         finish = "stop"
         pieces = 0
         status_error: ProviderError | None = None
@@ -556,7 +697,7 @@ class RouteStream:
                     texts.append(chunk.text)
                     pieces += 1
                 if chunk.tokens_in is not None:
-                    tokens_in, tokens_out = chunk.tokens_in, chunk.tokens_out
+                    usage = chunk
                 if chunk.finish_reason:
                     finish = chunk.finish_reason
                 yield chunk
@@ -566,13 +707,12 @@ class RouteStream:
                     status_error = exc
                     break
         finally:
-            self._close(texts, tokens_in, tokens_out, pieces, finish, status_error)
+            self._close(texts, usage, pieces, finish, status_error)
 
     def _close(
         self,
         texts: list[str],
-        tokens_in: int | None,
-        tokens_out: int | None,
+        usage: StreamChunk | None,
         pieces: int,
         finish: str,
         failure: ProviderError | None,
@@ -586,13 +726,18 @@ class RouteStream:
             if winner is not None:
                 # Providers that send no usage: count the pieces (one token each, the usual
                 # granularity of OpenAI-compatible streams) and the prompt as bytes/4.
-                if tokens_in is None:
+                if usage is None or usage.tokens_in is None:
                     prompt = ctx.request.prompt if isinstance(ctx.request, CompletionRequest) else ""
                     if isinstance(ctx.request, ChatRequest):
                         prompt = "".join(m.content for m in ctx.request.messages)
-                    tokens_in, tokens_out = len(prompt.encode()) // 4 + 1, pieces
+                    usage = StreamChunk(text="", tokens_in=len(prompt.encode()) // 4 + 1, tokens_out=pieces)
                 completion = Completion(
-                    text="".join(texts), tokens_in=tokens_in, tokens_out=tokens_out or 0, finish_reason=finish
+                    text="".join(texts),
+                    tokens_in=usage.tokens_in or 0,
+                    tokens_out=usage.tokens_out or 0,
+                    finish_reason=finish,
+                    cached_tokens=usage.cached_tokens,
+                    reasoning_tokens=usage.reasoning_tokens,
                 )
                 attempt = _ok_attempt(ctx, winner, self._call_started, completion, probe=self._probe)
                 if failure is not None:
@@ -639,7 +784,6 @@ def route_stream(
         stack.close()
         raise
     if out.winner is None:
-        out._close([], None, None, 0, "stop", None)
-        if ctx.budget_error is not None:
-            raise ctx.budget_error
+        out._close([], None, 0, "stop", None)
+        _raise_refusal(ctx, None)
     return out

@@ -29,7 +29,7 @@ from billing.models import Unit
 from billing.selectors import PriceResolver
 from billing.selfhosted import self_hosted_cost
 from inference.adapters.base import Target
-from inference.adapters.registry import adapter_kind
+from inference.adapters.registry import ADAPTER_FEATURES, adapter_kind
 from inference.breaker import GENERATION_UNKNOWN, breakers, redis_unreachable
 from inference.models import ChaosConfig, InferenceRequest, QualityRecord
 from inference.routing import Candidate, Policy, Strategy
@@ -51,6 +51,12 @@ class PlanEntry(Candidate):
 
     deployment: Deployment
     target: Target
+    # Prices of the token kinds providers report apart ($/1M; None: billed as input / output).
+    cached_input_price: Decimal | None = None
+    reasoning_price: Decimal | None = None
+    # What it can serve (Deployment.supports_*, limited to what its adapter maps).
+    capabilities: frozenset[str] = frozenset()
+    max_context_tokens: int | None = None
 
 
 @dataclass
@@ -68,6 +74,8 @@ class RoutePlan:
     # (scope, target) of every active hard-limit budget: a call whose spend falls under none of
     # them needs no budget admission (it would admit without reserving anything).
     hard_budget_keys: frozenset[tuple[str, str]] = frozenset()
+    # The policy's RoutingPolicyVersion.max_cost_per_request: no call whose estimate is above it.
+    max_cost_per_request: Decimal | None = None
 
     def is_current(self, generation_value: int, *, shared: bool) -> bool:
         if generation_value == GENERATION_UNKNOWN or self.generation != generation_value:
@@ -147,6 +155,8 @@ class TokenPrices:
     input: Decimal | None
     output: Decimal | None
     currency: str  # of the prices found; USD when there is none
+    cached_input: Decimal | None = None
+    reasoning: Decimal | None = None
 
 
 def deployment_token_prices(*, deployment: Deployment, at: datetime, prices: PriceResolver) -> TokenPrices:
@@ -158,11 +168,22 @@ def deployment_token_prices(*, deployment: Deployment, at: datetime, prices: Pri
     found_out = prices.resolve(
         unit=Unit.OUTPUT_TOKENS_1M, at=at, deployment_id=deployment.pk, provider_id=deployment.provider_id
     )
+    found_cached = prices.resolve(
+        unit=Unit.CACHED_INPUT_TOKENS_1M,
+        at=at,
+        deployment_id=deployment.pk,
+        provider_id=deployment.provider_id,
+    )
+    found_reasoning = prices.resolve(
+        unit=Unit.REASONING_TOKENS_1M, at=at, deployment_id=deployment.pk, provider_id=deployment.provider_id
+    )
     priced = found_in or found_out
     return TokenPrices(
         input=found_in.unit_price if found_in else None,
         output=found_out.unit_price if found_out else None,
         currency=priced.currency if priced is not None else "USD",
+        cached_input=found_cached.unit_price if found_cached else None,
+        reasoning=found_reasoning.unit_price if found_reasoning else None,
     )
 
 
@@ -204,6 +225,17 @@ def _plan_entry(
     prices: PriceResolver,
 ) -> PlanEntry:
     found = deployment_token_prices(deployment=d, at=at, prices=prices)
+    target = _target(d, chaos)
+    declared = {
+        name
+        for name, flag in (
+            ("tools", d.supports_tools),
+            ("json_schema", d.supports_json_schema),
+            ("vision", d.supports_vision),
+            ("embeddings", d.supports_embeddings),
+        )
+        if flag
+    }
     return PlanEntry(
         deployment_id=d.pk,
         slug=d.slug,
@@ -213,7 +245,11 @@ def _plan_entry(
         output_price=found.output,
         currency=found.currency,
         deployment=d,
-        target=_target(d, chaos),
+        target=target,
+        cached_input_price=found.cached_input,
+        reasoning_price=found.reasoning,
+        capabilities=frozenset(declared) & ADAPTER_FEATURES[target.kind],
+        max_context_tokens=d.max_context_tokens,
     )
 
 
@@ -222,7 +258,7 @@ def route_plan_build(*, workflow_id: int, generation_value: int = 0) -> RoutePla
     policy = (
         RoutingPolicyVersion.objects.filter(workflow_id=workflow_id)
         .order_by("-version")
-        .only("id", "version", "strategy", "quality_floor", "workflow_id")
+        .only("id", "version", "strategy", "quality_floor", "max_cost_per_request", "workflow_id")
     ).first()
     if policy is None:
         return None
@@ -257,6 +293,7 @@ def route_plan_build(*, workflow_id: int, generation_value: int = 0) -> RoutePla
         generation=generation_value,
         prices=prices,
         hard_budget_keys=budget_hard_limit_keys(),
+        max_cost_per_request=policy.max_cost_per_request,
     )
 
 

@@ -45,6 +45,8 @@ class AttemptInfo:
     latency_ms: float
     tokens_in: int = 0
     tokens_out: int = 0
+    cached_tokens: int = 0  # of tokens_in, read from the provider's prompt cache
+    reasoning_tokens: int = 0  # of tokens_out, spent reasoning
     cost: Decimal = Decimal("0")
     error: str = ""
     started_at: float = 0.0  # perf_counter at the start, for time lost between attempts
@@ -77,14 +79,39 @@ def _q(value: Decimal) -> Decimal:
     return value.quantize(AMOUNT_QUANTUM, rounding=ROUND_HALF_EVEN)
 
 
+# The idempotency-key suffix of each unit's ledger row (`inference:<request>:<attempt>:<suffix>`).
+UNIT_SUFFIX = {
+    Unit.INPUT_TOKENS_1M.value: "in",
+    Unit.OUTPUT_TOKENS_1M.value: "out",
+    Unit.CACHED_INPUT_TOKENS_1M.value: "cached",
+    Unit.REASONING_TOKENS_1M.value: "reasoning",
+}
+
+
 def _billable_units(a: AttemptInfo) -> list[tuple[str, Decimal, Decimal]]:
-    """(unit, quantity, unit price) per billed unit of an attempt; unpriced units are not billed."""
+    """(unit, quantity, unit price) per billed unit of an attempt; unpriced units are not billed.
+
+    Providers count cached tokens inside prompt_tokens and reasoning tokens inside
+    completion_tokens (OpenAI's usage object). Where the price book has a cached-input price,
+    the cached tokens are their own row at that price and the input row holds the rest; where
+    it has a reasoning price, likewise for reasoning tokens and the output row. Without such a
+    price they stay in the input (output) row at its price.
+    """
     out = []
     entry = a.entry
-    if a.tokens_in and entry.input_price is not None:
-        out.append((Unit.INPUT_TOKENS_1M.value, Decimal(a.tokens_in) / MILLION, entry.input_price))
-    if a.tokens_out and entry.output_price is not None:
-        out.append((Unit.OUTPUT_TOKENS_1M.value, Decimal(a.tokens_out) / MILLION, entry.output_price))
+    tokens_in, tokens_out = a.tokens_in, a.tokens_out
+    cached = min(a.cached_tokens, tokens_in) if entry.cached_input_price is not None else 0
+    reasoning = min(a.reasoning_tokens, tokens_out) if entry.reasoning_price is not None else 0
+    if tokens_in - cached and entry.input_price is not None:
+        out.append((Unit.INPUT_TOKENS_1M.value, Decimal(tokens_in - cached) / MILLION, entry.input_price))
+    if cached and entry.cached_input_price is not None:
+        out.append((Unit.CACHED_INPUT_TOKENS_1M.value, Decimal(cached) / MILLION, entry.cached_input_price))
+    if tokens_out - reasoning and entry.output_price is not None:
+        out.append(
+            (Unit.OUTPUT_TOKENS_1M.value, Decimal(tokens_out - reasoning) / MILLION, entry.output_price)
+        )
+    if reasoning and entry.reasoning_price is not None:
+        out.append((Unit.REASONING_TOKENS_1M.value, Decimal(reasoning) / MILLION, entry.reasoning_price))
     return out
 
 
@@ -240,7 +267,7 @@ def _write_jobs(jobs: Sequence[_Job]) -> None:
             for pos, units in job.billed.items():
                 deployment = by_position[pos].entry.deployment
                 for unit, qty, _ in units:
-                    suffix = "in" if unit == Unit.INPUT_TOKENS_1M else "out"
+                    suffix = UNIT_SUFFIX[unit]
                     items.append(
                         UsageInput(
                             unit=unit,

@@ -9,28 +9,61 @@ HTTP status, from which `client_error` (400, 413, 422: the request is at fault) 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
 class ChatMessage:
+    """One turn, typed where Switchyard reads it.
+
+    `content` is the turn's text (its text parts joined): what budget estimates, local models
+    and Bedrock read. Tool turns keep `tool_calls` (an assistant's calls, as OpenAI shapes them)
+    and `tool_call_id` (a `tool` turn's answer to one call); `parts` holds the content parts that
+    are not text (images, audio, files) for adapters that map them. OpenAI-compatible providers
+    get the message exactly as the client sent it (`ChatRequest.wire`).
+    """
+
     role: str
     content: str
+    tool_calls: tuple[dict[str, Any], ...] = ()
+    tool_call_id: str | None = None
+    parts: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
 class ChatRequest:
-    """An OpenAI-style chat request; `model` is resolved by the router, not the caller."""
+    """An OpenAI-style chat request; `model` is resolved by the router, not the caller.
+
+    The typed fields are the ones Switchyard acts on (cost estimates, capability checks, the
+    Bedrock mapping). `wire` is the client's body as checked by inference.openai_request, less
+    `model`: OpenAI-compatible adapters send it unchanged (only `model` and the stream flags are
+    set), so every field, known to Switchyard or not, reaches the provider as it was written.
+    Requests built in-process (evals, batch lines of old, the bench) have no `wire`; the
+    adapter builds the body from the typed fields and `extra`.
+    """
 
     messages: tuple[ChatMessage, ...]
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
     stop: tuple[str, ...] = ()
+    n: int = 1
+    tools: tuple[dict[str, Any], ...] = ()
+    tool_choice: str | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
     # Extra provider parameters passed through untouched (OpenAI-compatible only).
     extra: dict[str, Any] = field(default_factory=dict)
+    wire: Mapping[str, Any] | None = None
+
+    @property
+    def needs_json_schema(self) -> bool:
+        return bool(self.response_format) and (self.response_format or {}).get("type") == "json_schema"
+
+    @property
+    def needs_vision(self) -> bool:
+        return any(p.get("type") == "image_url" for m in self.messages for p in m.parts)
 
 
 @dataclass(frozen=True)
@@ -40,15 +73,59 @@ class CompletionRequest:
     temperature: float | None = None
     top_p: float | None = None
     stop: tuple[str, ...] = ()
+    n: int = 1
     extra: dict[str, Any] = field(default_factory=dict)
+    wire: Mapping[str, Any] | None = None  # as ChatRequest.wire
 
 
-InferenceInput = ChatRequest | CompletionRequest
+@dataclass(frozen=True)
+class EmbeddingRequest:
+    """An OpenAI-style embeddings request: `texts` are the inputs Switchyard reads (estimates);
+    token-id inputs are carried in `wire` only. The answer is a Completion with `raw` the
+    provider's embeddings document and `tokens_in` its prompt tokens."""
+
+    texts: tuple[str, ...]
+    wire: Mapping[str, Any] | None = None
+    max_tokens: int | None = None  # nothing is generated: kept so every request type has one
+    n: int = 1
+
+    @property
+    def prompt(self) -> str:
+        return "".join(self.texts)
+
+
+InferenceInput = ChatRequest | CompletionRequest  # requests that generate text
+
+
+def request_features(request: InferenceInput | EmbeddingRequest) -> frozenset[str]:
+    """The capabilities a deployment needs to serve the request (Deployment.supports_*)."""
+    if isinstance(request, EmbeddingRequest):
+        return frozenset({"embeddings"})
+    if not isinstance(request, ChatRequest):
+        return frozenset()
+    needed = set()
+    if request.tools or any(m.tool_calls or m.role == "tool" for m in request.messages):
+        needed.add("tools")
+    if request.needs_json_schema:
+        needed.add("json_schema")
+    if request.needs_vision:
+        needed.add("vision")
+    return frozenset(needed)
+
+
+RoutedInput = InferenceInput | EmbeddingRequest  # everything the router serves
 
 
 @dataclass
 class Completion:
-    """What a provider answered (non-streaming, or a finished stream)."""
+    """What a provider answered (non-streaming, or a finished stream).
+
+    `text` is the first choice's text (what batch output and replays keep); `raw` is the
+    provider's whole answer document when it speaks OpenAI's format, handed back to the caller
+    with every field (tool calls, refusal, logprobs, system_fingerprint, usage details).
+    `cached_tokens` is the part of `tokens_in` the provider read from its prompt cache and
+    `reasoning_tokens` the part of `tokens_out` spent reasoning, as the provider reports them.
+    """
 
     text: str
     tokens_in: int
@@ -56,16 +133,26 @@ class Completion:
     finish_reason: str = "stop"
     provider_model: str = ""
     status_code: int = 200
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+    raw: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
 class StreamChunk:
-    """One piece of a streamed answer; the last chunk carries usage and finish_reason."""
+    """One piece of a streamed answer; the last chunk carries usage and finish_reason.
+
+    `raw` is the provider's event document when it speaks OpenAI's format (the gateway passes
+    it on: tool-call deltas, logprobs, several choices); `text` is choice 0's text in it.
+    """
 
     text: str
     finish_reason: str | None = None
     tokens_in: int | None = None
     tokens_out: int | None = None
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+    raw: dict[str, Any] | None = None
 
 
 # "Your request is bad": the same request would be refused by any deployment, so the router
@@ -75,11 +162,20 @@ CLIENT_ERROR_STATUSES = frozenset({400, 413, 422})
 
 class ProviderError(Exception):
     """A failed call; `retryable` says whether another try (here or elsewhere) may succeed, and
-    `client_error` whether the request itself was refused (see CLIENT_ERROR_STATUSES)."""
+    `client_error` whether the request itself was refused (see CLIENT_ERROR_STATUSES).
+    `retry_after` is the provider's own wait in seconds (a 429's Retry-After), when it said one."""
 
-    def __init__(self, message: str, *, retryable: bool, status_code: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool,
+        status_code: int | None = None,
+        retry_after: float | None = None,
+    ) -> None:
         super().__init__(message)
         self.status_code = status_code
+        self.retry_after = retry_after
         self.client_error = status_code in CLIENT_ERROR_STATUSES
         self.retryable = retryable and not self.client_error
 
@@ -112,6 +208,8 @@ class Adapter(Protocol):
     def complete(self, target: Target, request: InferenceInput, *, timeout: float) -> Completion: ...
 
     def stream(self, target: Target, request: InferenceInput, *, timeout: float) -> Iterator[StreamChunk]: ...
+
+    def embed(self, target: Target, request: EmbeddingRequest, *, timeout: float) -> Completion: ...
 
 
 def prompt_text(request: InferenceInput) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 from inference.adapters.base import (
     ChatRequest,
     Completion,
+    EmbeddingRequest,
     InferenceInput,
     ProviderError,
     StreamChunk,
@@ -70,7 +71,32 @@ def _client(target: Target, timeout: float) -> Any:
     return client
 
 
+def unsupported_features(request: InferenceInput) -> list[str]:
+    """What this adapter cannot map to Converse yet: refused (HTTP 400 from the adapter), never
+    dropped, since an answer without the tool call or the schema the caller asked for is wrong
+    without saying so."""
+    wire = request.wire or {}
+    out = [name for name in ("logprobs", "top_logprobs", "logit_bias") if wire.get(name)]
+    if request.n != 1:
+        out.append("n")
+    if isinstance(request, ChatRequest):
+        if request.tools or request.tool_choice is not None:
+            out.append("tools")
+        if request.response_format and request.response_format.get("type") != "text":
+            out.append("response_format")
+        if any(m.parts or m.tool_calls or m.role == "tool" for m in request.messages):
+            out.append("messages (content parts or tool turns)")
+    return out
+
+
 def _converse_args(target: Target, request: InferenceInput) -> dict[str, Any]:
+    unsupported = unsupported_features(request)
+    if unsupported:
+        raise ProviderError(
+            f"HTTP 400: {target.slug} (Bedrock Converse) does not take {', '.join(unsupported)}",
+            retryable=False,
+            status_code=400,
+        )
     system: list[dict[str, str]] = []
     messages: list[dict[str, Any]] = []
     if isinstance(request, ChatRequest):
@@ -165,6 +191,10 @@ class BedrockAdapter:
             )
         except (KeyError, TypeError, AttributeError) as exc:
             raise ProviderError(f"malformed Converse answer from {target.slug}", retryable=True) from exc
+
+    def embed(self, target: Target, request: EmbeddingRequest, *, timeout: float) -> Completion:
+        # Bedrock's embedding models answer InvokeModel in per-model formats, not Converse.
+        raise ProviderError(f"{target.slug}: the Bedrock adapter serves no embeddings", retryable=False)
 
     def stream(self, target: Target, request: InferenceInput, *, timeout: float) -> Iterator[StreamChunk]:
         from botocore.exceptions import BotoCoreError, ClientError

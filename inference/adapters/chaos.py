@@ -14,6 +14,7 @@ from typing import Any
 from inference.adapters.base import (
     Adapter,
     Completion,
+    EmbeddingRequest,
     InferenceInput,
     ProviderError,
     StreamChunk,
@@ -59,6 +60,11 @@ class ChaosAdapter:
         return self.inner.complete(
             target, request, timeout=max(0.05, timeout - (time.perf_counter() - started))
         )
+
+    def embed(self, target: Target, request: EmbeddingRequest, *, timeout: float) -> Completion:
+        started = time.perf_counter()
+        self._inject(target, timeout)
+        return self.inner.embed(target, request, timeout=max(0.05, timeout - (time.perf_counter() - started)))
 
     def stream(self, target: Target, request: InferenceInput, *, timeout: float) -> Iterator[StreamChunk]:
         started = time.perf_counter()

@@ -13,18 +13,21 @@ of an error message (which reaches callers, attempts, failover events and batch 
 
 from __future__ import annotations
 
+import email.utils
 import http.client
 import json
 import logging
 import socket
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
 from inference.adapters.base import (
     ChatRequest,
     Completion,
+    EmbeddingRequest,
     InferenceInput,
     ProviderError,
     StreamChunk,
@@ -155,38 +158,99 @@ def _read_all(resp: http.client.HTTPResponse, key: ConnKey) -> bytes:
     return data
 
 
-def _status_error(target: Target, status: int, data: bytes) -> ProviderError:
+def _status_error(target: Target, resp: http.client.HTTPResponse, data: bytes) -> ProviderError:
     """The error for an upstream 4xx/5xx: the status only. What the provider said is logged here
     and nowhere else: an upstream body may name internal hosts or echo another system's data,
-    and this message reaches attempts, failover events, batch output and eval comments."""
+    and this message reaches attempts, failover events, batch output and eval comments.
+
+    A 429 or 503 may say how long to stay away (Retry-After, or OpenAI's and Azure's finer
+    retry-after-ms): the router cools the deployment down for that long.
+    """
+    status = resp.status
     logger.warning(
         "provider %s answered HTTP %s: %s", target.slug, status, data[:2000].decode("utf-8", "replace")
     )
+    retry_after = None
+    if status in (429, 503):
+        retry_after = retry_after_seconds(resp.getheader("Retry-After"))
+        ms = resp.getheader("retry-after-ms")
+        if ms:
+            try:
+                retry_after = max(0.0, float(ms) / 1000.0)
+            except ValueError:
+                pass
     return ProviderError(
-        f"HTTP {status} from {target.slug}", retryable=classify_status(status), status_code=status
+        f"HTTP {status} from {target.slug}",
+        retryable=classify_status(status),
+        status_code=status,
+        retry_after=retry_after,
     )
 
 
 def _body(target: Target, request: InferenceInput, *, stream: bool) -> tuple[str, dict[str, Any]]:
-    body: dict[str, Any] = {"model": target.provider_model_id or target.slug}
-    if isinstance(request, ChatRequest):
-        path = "/chat/completions"
-        body["messages"] = [{"role": m.role, "content": m.content} for m in request.messages]
+    """The provider's request body: the client's own (`wire`) with only `model` and the stream
+    flags set, or, for requests built in-process, one made from the typed fields.
+
+    A stream always asks for usage (`stream_options.include_usage`): the ledger bills what the
+    provider counted. The gateway drops the usage event again for a client that did not ask.
+    """
+    chat = isinstance(request, ChatRequest)
+    path = "/chat/completions" if chat else "/completions"
+    if request.wire is not None:
+        body = dict(request.wire)
     else:
-        path = "/completions"
-        body["prompt"] = request.prompt
-    for name in ("max_tokens", "temperature", "top_p"):
-        value = getattr(request, name)
-        if value is not None:
-            body[name] = value
-    if request.stop:
-        body["stop"] = list(request.stop)
-    if request.extra:
+        body = {}
+        if isinstance(request, ChatRequest):
+            body["messages"] = [{"role": m.role, "content": m.content} for m in request.messages]
+        else:
+            body["prompt"] = request.prompt
+        for name in ("max_tokens", "temperature", "top_p"):
+            value = getattr(request, name)
+            if value is not None:
+                body[name] = value
+        if request.stop:
+            body["stop"] = list(request.stop)
+        if request.n != 1:
+            body["n"] = request.n
         body.update(request.extra)
+    body["model"] = target.provider_model_id or target.slug
     if stream:
         body["stream"] = True
-        body["stream_options"] = {"include_usage": True}
+        body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+    elif body.get("stream"):
+        del body["stream"]
+        body.pop("stream_options", None)
     return path, body
+
+
+def _usage_counts(usage: dict[str, Any]) -> dict[str, int]:
+    """Token counts of an OpenAI usage object, with the cached and reasoning details."""
+    prompt_details = usage.get("prompt_tokens_details") or {}
+    completion_details = usage.get("completion_tokens_details") or {}
+    return {
+        "tokens_in": int(usage.get("prompt_tokens") or 0),
+        "tokens_out": int(usage.get("completion_tokens") or 0),
+        "cached_tokens": int(prompt_details.get("cached_tokens") or 0),
+        "reasoning_tokens": int(completion_details.get("reasoning_tokens") or 0),
+    }
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    """A Retry-After header as seconds: delta-seconds or an HTTP date (RFC 9110 §10.2.3)."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
 
 
 def _headers(target: Target) -> dict[str, str]:
@@ -215,26 +279,62 @@ class OpenAICompatibleAdapter:
         )
         data = _read_all(resp, key)
         if resp.status >= 300:  # a redirect is an answer here, never followed
-            raise _status_error(target, resp.status, data)
+            raise _status_error(target, resp, data)
         try:
             doc = json.loads(data)
             choice = doc["choices"][0]
-            usage = doc.get("usage") or {}
+            if not isinstance(doc, dict) or not isinstance(choice, dict):
+                raise TypeError("not an answer document")
             return Completion(
                 text=_text_of(choice, isinstance(request, ChatRequest)),
-                tokens_in=int(usage.get("prompt_tokens") or 0),
-                tokens_out=int(usage.get("completion_tokens") or 0),
                 finish_reason=str(choice.get("finish_reason") or "stop"),
                 provider_model=str(doc.get("model") or ""),
                 status_code=resp.status,
+                raw=doc,
+                **_usage_counts(doc.get("usage") or {}),
             )
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
             # A 200 with a body we cannot read: the provider is broken right now, so another
             # deployment may well answer (the chaos adapter's "malformed" drill). The body is
             # logged, never passed on (see _status_error).
             logger.warning("malformed answer from %s: %r", target.slug, data[:2000])
             raise ProviderError(
                 f"malformed answer from {target.slug}", retryable=True, status_code=resp.status
+            ) from exc
+
+    def embed(self, target: Target, request: EmbeddingRequest, *, timeout: float) -> Completion:
+        body: dict[str, Any] = (
+            dict(request.wire) if request.wire is not None else {"input": list(request.texts)}
+        )
+        body["model"] = target.provider_model_id or target.slug
+        resp, key = request_json(
+            target.base_url,
+            "/embeddings",
+            body,
+            headers=_headers(target),
+            timeout=timeout,
+            allow_private=target.allow_private,
+        )
+        data = _read_all(resp, key)
+        if resp.status >= 300:  # a redirect is an answer here, never followed
+            raise _status_error(target, resp, data)
+        try:
+            doc = json.loads(data)
+            if not isinstance(doc, dict) or not isinstance(doc["data"], list):
+                raise TypeError("not an embeddings document")
+            usage = doc.get("usage") or {}
+            return Completion(
+                text="",
+                tokens_in=int(usage.get("prompt_tokens") or 0),
+                tokens_out=0,
+                provider_model=str(doc.get("model") or ""),
+                status_code=resp.status,
+                raw=doc,
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            logger.warning("malformed embeddings answer from %s: %r", target.slug, data[:2000])
+            raise ProviderError(
+                f"malformed embeddings answer from {target.slug}", retryable=True, status_code=resp.status
             ) from exc
 
     def stream(self, target: Target, request: InferenceInput, *, timeout: float) -> Iterator[StreamChunk]:
@@ -244,7 +344,7 @@ class OpenAICompatibleAdapter:
             target.base_url, path, body, headers=headers, timeout=timeout, allow_private=target.allow_private
         )
         if resp.status >= 300:
-            raise _status_error(target, resp.status, _read_all(resp, key))
+            raise _status_error(target, resp, _read_all(resp, key))
         return self._events(target, request, resp, key)
 
     def _events(
@@ -269,19 +369,24 @@ class OpenAICompatibleAdapter:
                     doc = json.loads(payload)
                 except ValueError as exc:
                     raise ProviderError(f"malformed stream event from {target.slug}", retryable=True) from exc
-                usage = doc.get("usage")
+                if not isinstance(doc, dict):
+                    raise ProviderError(f"malformed stream event from {target.slug}", retryable=True)
+                # One chunk per event, the event itself in `raw`: the gateway passes it on whole.
+                text, finish_now = "", None
                 for choice in doc.get("choices") or []:
-                    text = _text_of(choice, chat)
+                    if not isinstance(choice, dict):
+                        raise ProviderError(f"malformed stream event from {target.slug}", retryable=True)
+                    if choice.get("index", 0) == 0:
+                        text = _text_of(choice, chat)
+                        finish_now = choice.get("finish_reason") or None
                     finish = choice.get("finish_reason") or finish
-                    if text:
-                        yield StreamChunk(text=text)
-                if usage:
+                usage = doc.get("usage")
+                if isinstance(usage, dict) and usage:
                     yield StreamChunk(
-                        text="",
-                        finish_reason=finish or "stop",
-                        tokens_in=int(usage.get("prompt_tokens") or 0),
-                        tokens_out=int(usage.get("completion_tokens") or 0),
+                        text=text, finish_reason=finish or "stop", raw=doc, **_usage_counts(usage)
                     )
+                else:
+                    yield StreamChunk(text=text, finish_reason=finish_now, raw=doc)
         except (TimeoutError, OSError, http.client.HTTPException) as exc:
             _drop(key)
             raise ProviderError(f"stream from {target.slug} broke: {exc}", retryable=True) from exc

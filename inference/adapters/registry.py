@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from inference.adapters.base import Adapter, Completion, InferenceInput, ProviderError, StreamChunk, Target
+from inference.adapters.base import (
+    Adapter,
+    Completion,
+    EmbeddingRequest,
+    InferenceInput,
+    ProviderError,
+    StreamChunk,
+    Target,
+)
 from inference.adapters.bedrock import BedrockAdapter
 from inference.adapters.chaos import ChaosAdapter
 from inference.adapters.openai_compat import OpenAICompatibleAdapter
@@ -26,8 +34,18 @@ class RefusedAdapter:
     def stream(self, target: Target, request: InferenceInput, *, timeout: float) -> Iterator[StreamChunk]:
         raise ProviderError(f"{target.slug}: {target.refused}", retryable=False)
 
+    def embed(self, target: Target, request: EmbeddingRequest, *, timeout: float) -> Completion:
+        raise ProviderError(f"{target.slug}: {target.refused}", retryable=False)
+
 
 _refused = RefusedAdapter()
+
+
+# What each adapter maps today; a deployment's declared capabilities are limited to these.
+ADAPTER_FEATURES: dict[str, frozenset[str]] = {
+    "openai-compatible": frozenset({"tools", "json_schema", "vision", "embeddings"}),
+    "bedrock": frozenset(),  # Converse text only: tools, JSON schema, images refused (400)
+}
 
 
 def adapter_kind(provider_kind: str) -> str:

@@ -156,6 +156,11 @@ class DeploymentSerializer(ModelSerializer[Deployment]):
             "base_url",
             "hosting_cluster",
             "enabled",
+            "supports_tools",
+            "supports_json_schema",
+            "supports_vision",
+            "supports_embeddings",
+            "max_context_tokens",
             "created_at",
         ]
         read_only_fields = ["id", "created_at"]

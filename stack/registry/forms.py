@@ -95,7 +95,20 @@ class RegisteredModelForm(forms.ModelForm[RegisteredModel]):
 class DeploymentForm(forms.ModelForm[Deployment]):
     class Meta:
         model = Deployment
-        fields = ["slug", "model", "provider", "provider_model_id", "base_url", "hosting_cluster", "enabled"]
+        fields = [
+            "slug",
+            "model",
+            "provider",
+            "provider_model_id",
+            "base_url",
+            "hosting_cluster",
+            "enabled",
+            "supports_tools",
+            "supports_json_schema",
+            "supports_vision",
+            "supports_embeddings",
+            "max_context_tokens",
+        ]
         formfield_callback = model_formfield
 
     def clean(self) -> dict[str, Any]:

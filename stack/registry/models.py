@@ -188,6 +188,16 @@ class Deployment(models.Model):
         Cluster, null=True, blank=True, on_delete=models.PROTECT, related_name="hosted_deployments"
     )
     enabled = models.BooleanField(default=True)
+    # What the deployment can serve (the router skips it for a request that needs more, and
+    # the gateway answers 400 when no deployment of the route can): declared by the operator,
+    # and limited further by what its adapter maps (inference.adapters.registry).
+    supports_tools = models.BooleanField(default=True)
+    supports_json_schema = models.BooleanField(default=True)
+    supports_vision = models.BooleanField(default=False)
+    supports_embeddings = models.BooleanField(default=False)
+    max_context_tokens = models.PositiveIntegerField(
+        null=True, blank=True, help_text="prompt plus max_tokens; empty: not checked"
+    )
     created_at = models.DateTimeField(default=timezone.now, editable=False)
 
     class Meta:

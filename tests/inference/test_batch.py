@@ -146,7 +146,7 @@ def test_failed_lines_are_counted_and_reported(operator: User, mock_provider: St
         ('{"prompt": "hi \\ud800"}\n', r"line 1: prompt is not valid Unicode"),
         ('{"custom_id": "a\\udc00", "prompt": "x"}\n', "custom_id is not valid Unicode"),
         ('{"custom_id": "a\\u0000", "prompt": "x"}\n', "custom_id must be a non-empty string of printable"),
-        ('{"prompt": "x", "n": true}\n', "only n=1"),
+        ('{"prompt": "x", "n": true}\n', "n must be an integer"),
         ('{"prompt": "x", "deep": ' + "[" * 5000 + "]" * 5000 + "}\n", "nested more than"),
         ("\n\n", "no lines"),
     ],

@@ -125,7 +125,7 @@ def test_revoked_token_is_refused(viewer: User, mock_provider: Callable[..., Moc
             {"model": "WF", "messages": [{"role": "user", "content": "x"}], "temperature": 9},
             "invalid_temperature",
         ),
-        ({"model": "WF", "messages": [{"role": "user", "content": "x"}], "n": 2}, "invalid_n"),
+        ({"model": "WF", "messages": [{"role": "user", "content": "x"}], "n": 0}, "invalid_n"),
     ],
 )
 def test_bad_input_is_400(

@@ -55,7 +55,7 @@ def test_a_body_over_the_size_limit_is_413(
     ("method", "path"),
     [
         ("get", "/v1/nope"),
-        ("post", "/v1/embeddings"),
+        ("post", "/v1/audio/speech"),
         ("get", "/v1"),
         ("post", "/v1/"),
         ("post", "/v1/chat/completions/"),

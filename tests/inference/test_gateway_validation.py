@@ -52,9 +52,9 @@ CHAT_CASES: list[tuple[dict[str, Any], str, str | None]] = [
     ({"messages": [{"role": "user", "content": {"text": "x"}}]}, "invalid_messages", "messages[0].content"),
     ({"messages": [{"role": "user", "content": None}]}, "invalid_messages", "messages[0].content"),
     (
-        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]},
         "invalid_messages",
-        "messages[0].content[0]",
+        "messages[0].content[0].image_url",
     ),
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": 3}]}]}, "invalid_messages", None),
     ({"messages": [{"role": "wizard", "content": "x"}]}, "invalid_messages", "messages[0].role"),
@@ -71,7 +71,48 @@ CHAT_CASES: list[tuple[dict[str, Any], str, str | None]] = [
     ({"stream": "true"}, "invalid_stream", "stream"),
     ({"n": True}, "invalid_n", "n"),
     ({"n": 1.5}, "invalid_n", "n"),
-    ({"n": 2}, "invalid_n", "n"),
+    ({"n": 0}, "invalid_n", "n"),
+    ({"n": 129}, "invalid_n", "n"),
+    # The fields carried to the provider unchanged still have their types checked here.
+    ({"tools": {"type": "function"}}, "invalid_tools", "tools"),
+    ({"tools": [{"type": "function", "function": {"parameters": {}}}]}, "invalid_tools", "tools[0].function"),
+    (
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]},
+        "invalid_tools",
+        "tools[0].function.parameters",
+    ),
+    ({"tool_choice": 3}, "invalid_tool_choice", "tool_choice"),
+    ({"parallel_tool_calls": "no"}, "invalid_parallel_tool_calls", "parallel_tool_calls"),
+    ({"response_format": "json"}, "invalid_response_format", "response_format"),
+    (
+        {"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
+        "invalid_response_format",
+        "response_format.json_schema",
+    ),
+    ({"logprobs": 1}, "invalid_logprobs", "logprobs"),
+    ({"top_logprobs": 21}, "invalid_top_logprobs", "top_logprobs"),
+    ({"metadata": {"k": 1}}, "invalid_metadata", "metadata.k"),
+    ({"modalities": "text"}, "invalid_modalities", "modalities"),
+    ({"logit_bias": {"1": 101}}, "invalid_logit_bias", "logit_bias.1"),
+    (
+        {"messages": [{"role": "tool", "content": "21"}]},
+        "invalid_messages",
+        "messages[0].tool_call_id",
+    ),
+    (
+        {
+            "messages": [
+                {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function"}]}
+            ]
+        },
+        "invalid_messages",
+        "messages[0].tool_calls[0]",
+    ),
+    (
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"detail": "low"}}]}]},
+        "invalid_messages",
+        "messages[0].content[0].image_url.url",
+    ),
     ({"max_tokens": True}, "invalid_max_tokens", "max_tokens"),
     ({"max_tokens": 2.5}, "invalid_max_tokens", "max_tokens"),
     ({"max_tokens": 0}, "invalid_max_tokens", "max_tokens"),
@@ -183,7 +224,8 @@ def test_valid_edge_requests_still_answer(
         response = client.post(path, json.dumps(body), content_type="application/json")
         assert response.status_code == 200, response.content
     sent = server.behaviour.last_body
-    assert sent["prompt"] == "one" and sent["temperature"] == 2.0
+    # Carried as the client wrote it (a list of one string), not rewritten.
+    assert sent["prompt"] == ["one"] and sent["temperature"] == 2.0
     assert InferenceRequest.objects.filter(status="succeeded").count() == 2
 
 
