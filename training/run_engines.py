@@ -25,6 +25,7 @@ from training.run_config import RunConfig
 if TYPE_CHECKING:
     import torch
 
+    from training.engine.checkpoint import CheckpointStore
     from training.engine.data import Corpus
     from training.engine.transport import ObjectStoreTransport
 
@@ -57,6 +58,15 @@ def run_transport(run: TrainingRun) -> ObjectStoreTransport:
     rc = RunConfig(run.config)
     store = open_store(rc.object_store_url, endpoint_url=settings.OBJECT_STORE_ENDPOINT_URL)
     return ObjectStoreTransport(store, prefix=f"runs/{run.pk}")
+
+
+def run_checkpoints(run: TrainingRun) -> CheckpointStore:
+    """The run's learner checkpoints (`runs/<id>/learners/` of object_store_url)."""
+    from training.engine.checkpoint import CheckpointStore  # lazily: imports torch
+
+    rc = RunConfig(run.config)
+    store = open_store(rc.object_store_url, endpoint_url=settings.OBJECT_STORE_ENDPOINT_URL)
+    return CheckpointStore(store, prefix=f"runs/{run.pk}")
 
 
 @dataclass
@@ -144,9 +154,13 @@ def run_engine_forget(run: TrainingRun) -> None:
 
 
 def newest_global(
-    transport: ObjectStoreTransport, fragments: list[list[str]]
+    transport: ObjectStoreTransport, fragments: list[list[str]], *, held: bool = False
 ) -> tuple[dict[str, torch.Tensor], list[int], list[dict[str, Any]]]:
-    """The global parameters assembled from each fragment's newest version."""
+    """The global parameters assembled from each fragment's newest version.
+
+    With `held`, the learners' copy (the syncer's mirror, which the down-deltas extend) instead
+    of the exact parameters: what a (re)joining learner must start from to follow the chain.
+    """
     from training.engine.transport import latest_version  # lazily: imports torch
 
     params: dict[str, torch.Tensor] = {}
@@ -156,7 +170,7 @@ def newest_global(
         v = latest_version(transport, f)
         if v is None:
             raise LookupError(f"fragment {f} has no published version")
-        params.update(v.params)
+        params.update(v.held if held else v.params)
         versions.append(v.version)
         metas.append(v.meta)
     return params, versions, metas
@@ -174,6 +188,7 @@ def run_initialise(run: TrainingRun) -> float:
         fragments=engine.fragments,
         init=engine.init,
         transport=transport,
+        down=engine.rc.compression_config().down_kind,
     )
     params, _, _ = newest_global(transport, engine.fragments)
     return engine.evaluate(params)

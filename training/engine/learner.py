@@ -245,8 +245,8 @@ class Learner:
         index = {id(p): i for i, p in enumerate(self.params.values())}
         names = list(self.params)
         opt_keys: dict[str, list[str]] = {}
-        for p, st in self.opt.state.items():
-            name = names[index[id(p)]]
+        for param, st in self.opt.state.items():
+            name = names[index[id(param)]]
             opt_keys[name] = sorted(st)
             for key, value in st.items():
                 t = value if isinstance(value, torch.Tensor) else torch.tensor(float(value))

@@ -141,7 +141,9 @@ class ObjectStoreTransport:
         if not self.store.put_if_absent(key, version_to_bytes(version)):
             return False
         if version.down:
-            self.store.put(self._down_key(version.fragment, version.version), down_to_bytes(version.down_delta()))
+            self.store.put(
+                self._down_key(version.fragment, version.version), down_to_bytes(version.down_delta())
+            )
         return True
 
     def versions(self, fragment: int) -> list[int]:

@@ -29,7 +29,12 @@ def test_learners_following_down_deltas_hold_the_mirror_bitwise_and_it_stays_nea
     frags = [list(init)]
     transport = ObjectStoreTransport(open_store(f"file://{tmp_path}/objects"), prefix="runs/3")
     syncer = Syncer(
-        cfg=SyncerConfig(learners=2), outer=OuterConfig(), fragments=frags, init=init, transport=transport, down=kind
+        cfg=SyncerConfig(learners=2),
+        outer=OuterConfig(),
+        fragments=frags,
+        init=init,
+        transport=transport,
+        down=kind,
     )
     learners = [
         Learner(
@@ -73,7 +78,10 @@ def test_learners_following_down_deltas_hold_the_mirror_bitwise_and_it_stays_nea
 def test_a_down_delta_out_of_order_is_refused(tiny_cfg, stdlib_small):
     init = _init(tiny_cfg)
     frags = [list(init)]
-    syncer = Syncer(cfg=SyncerConfig(learners=1), outer=OuterConfig(), fragments=frags, init=init, down="4bit")
+    syncer = Syncer(
+        cfg=SyncerConfig(learners=1), outer=OuterConfig(), fragments=frags, init=init, down="4bit"
+    )
+
     def learner():
         return Learner(
             learner_id=0,
@@ -101,13 +109,28 @@ def test_a_down_delta_out_of_order_is_refused(tiny_cfg, stdlib_small):
 def test_a_missing_down_object_is_rewritten_from_its_version(tmp_path):
     transport = ObjectStoreTransport(open_store(f"file://{tmp_path}/objects"), prefix="runs/4")
     init = {"w": torch.zeros(4, 3)}
-    syncer = Syncer(cfg=SyncerConfig(learners=1), outer=OuterConfig(), fragments=[["w"]], init=init, transport=transport, down="int8")
+    syncer = Syncer(
+        cfg=SyncerConfig(learners=1),
+        outer=OuterConfig(),
+        fragments=[["w"]],
+        init=init,
+        transport=transport,
+        down="int8",
+    )
     from training.engine.compression import Compressor
     from training.engine.messages import FragmentDelta
 
     comp = Compressor(CompressionConfig(kind="int8"))
     transport.put_delta(
-        FragmentDelta(learner=0, fragment=0, base_version=0, seq=0, steps=1, tokens=1, tensors=comp.compress({"w": torch.randn(4, 3)}))
+        FragmentDelta(
+            learner=0,
+            fragment=0,
+            base_version=0,
+            seq=0,
+            steps=1,
+            tokens=1,
+            tensors=comp.compress({"w": torch.randn(4, 3)}),
+        )
     )
     syncer.pull(now=0.0)
     syncer.poll(now=0.0)
@@ -132,10 +155,17 @@ def test_a_resumed_syncer_continues_the_mirror_chain(tiny_cfg):
     comp = Compressor(CompressionConfig(kind="fp32"))
     for seq in range(3):
         if seq == 2:  # killed after version 2: the new one reads the mirror from the store
-            s = Syncer.resume(cfg=cfg, outer=OuterConfig(), fragments=[["w"]], transport=transport, down="4bit")
+            s = Syncer.resume(
+                cfg=cfg, outer=OuterConfig(), fragments=[["w"]], transport=transport, down="4bit"
+            )
         transport.put_delta(
             FragmentDelta(
-                learner=0, fragment=0, base_version=seq, seq=seq, steps=1, tokens=1,
+                learner=0,
+                fragment=0,
+                base_version=seq,
+                seq=seq,
+                steps=1,
+                tokens=1,
                 tensors=comp.compress({"w": torch.randn(3, 5, generator=torch.Generator().manual_seed(seq))}),
             )
         )
@@ -164,4 +194,3 @@ def test_the_simulator_counts_down_deltas_not_full_versions(tiny_cfg, stdlib_sma
     ratio_down = fp32.bytes_down[0] / q4.bytes_down[0]
     assert ratio_down == pytest.approx(fp32.bytes_up[0] / q4.bytes_up[0])  # same payload both ways
     assert ratio_down > 6
-
