@@ -332,7 +332,9 @@ def learner_chunk_execute(
                 break
         if not outcome.stopped_by.startswith("run "):
             # Before the chunk is recorded as finished: a finished chunk always has its checkpoint.
-            run_checkpoints(run).put(index, generation, seq, learner_checkpoint_bytes(learner, slot.extra()))
+            checkpoints = run_checkpoints(run)
+            checkpoints.put(index, generation, seq, learner_checkpoint_bytes(learner, slot.extra()))
+            checkpoints.prune(index, keep=2)
     except Exception as exc:
         logger.exception("learner %s g%s chunk %s failed", learner_id, generation, seq)
         _LEARNERS.pop((run_key(run), index), None)

@@ -205,7 +205,7 @@ def test_a_chunk_in_another_process_continues_from_the_checkpoint_with_its_adamw
     full = 4 * sum(t.numel() for k, t in tensors.items() if k.startswith("param:"))
     assert first.bytes_received == full  # version 0 whole: the learner held nothing
     assert 0 < last.bytes_received < full / 4  # then 4-bit down-deltas
-    assert _checkpoints(run).list(0) == [(0, c.seq) for c in chunks]
+    assert _checkpoints(run).list(0) == [(0, c.seq) for c in chunks][-2:]  # older ones pruned
 
 
 class _Killed(BaseException):

@@ -13,6 +13,10 @@ checkpoint, in whatever process of the cluster picks it up.
 Keys name the chunk that *wrote* them, so a chunk only ever reads a checkpoint written before
 it started (``latest_before``): a chunk that is run again after a crash never sees the
 checkpoint its first attempt may have left behind, and overwrites it when it finishes.
+
+A checkpoint is about five times the model (parameters, anchors, held copy, two AdamW
+moments), so only the newest few are kept (``prune``): the newest one is what the next chunk
+starts from, the one before is what a re-run of the chunk that wrote the newest starts from.
 """
 
 from __future__ import annotations
@@ -56,6 +60,13 @@ class CheckpointStore:
             if m:
                 found.append((int(m.group(1)), int(m.group(2))))
         return sorted(found)
+
+    def prune(self, learner: int, *, keep: int = 2) -> int:
+        """Delete all but the ``keep`` newest checkpoints of a learner; returns how many went."""
+        old = self.list(learner)[:-keep] if keep > 0 else self.list(learner)
+        for gc in old:
+            self.store.delete(self.key(learner, *gc))
+        return len(old)
 
     def latest_before(self, learner: int, generation: int, chunk: int) -> tuple[int, int] | None:
         """The newest checkpoint written by a chunk before (generation, chunk), if any."""

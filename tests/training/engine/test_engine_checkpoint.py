@@ -87,6 +87,10 @@ def test_checkpoints_are_found_by_the_chunk_that_wrote_them_never_a_newer_one(tm
     assert store.latest_before(2, 1, 0) == (0, 2)  # a re-placed learner: its last generation's last
     assert store.latest_before(2, 2, 0) == (1, 0)
     assert store.latest_before(2, 0, 0) is None
+    # Pruning keeps what the next chunk and a re-run of the newest chunk start from.
+    assert store.prune(2, keep=2) == 2
+    assert store.list(2) == [(0, 2), (1, 0)] and store.list(3) == [(5, 5)]
+    assert store.latest_before(2, 1, 1) == (1, 0) and store.latest_before(2, 1, 0) == (0, 2)
 
 
 def test_forgetting_pending_steps_moves_the_anchor_to_the_local_parameters(tiny_cfg, stdlib_small):
