@@ -8,6 +8,7 @@ The engine keeps deltas and global versions here; the Django side reuses this mo
     store.put("a/b", b"...");  store.get("a/b");  store.exists("a/b")
     store.list("a/")                  # sorted keys under a prefix
     store.put_if_absent("a/c", b"x")  # True if this call wrote it, False if it existed
+    store.delete("a/b")               # gone (a missing key is not an error)
 
 ``put_file`` and ``iter_chunks`` move large objects (exports) in blocks instead of one byte
 string: S3 multipart upload and a streamed body, a file copy and a chunked read.
@@ -69,6 +70,8 @@ class ObjectStore(Protocol):
     def list(self, prefix: str = "") -> list[str]: ...
 
     def put_if_absent(self, key: str, data: bytes) -> bool: ...
+
+    def delete(self, key: str) -> None: ...
 
     def put_file(self, key: str, path: Path) -> None: ...
 
@@ -156,6 +159,9 @@ class FileStore:
         finally:
             os.unlink(tmp)
 
+    def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
 
 class S3Store:
     """Objects in an S3 (or S3-compatible) bucket under an optional prefix, via boto3."""
@@ -203,6 +209,10 @@ class S3Store:
             if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
                 return False
             raise
+
+    def delete(self, key: str) -> None:
+        # S3 answers 204 for a key that does not exist: deleting twice is harmless.
+        self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
 
     def list(self, prefix: str = "") -> list[str]:
         keys: list[str] = []

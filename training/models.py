@@ -298,6 +298,16 @@ class LearnerChunk(models.Model):
     progress_at = models.DateTimeField(null=True, blank=True)
     deltas_pushed = models.PositiveIntegerField(default=0)
     bytes_sent = models.BigIntegerField(default=0)
+    # Global versions coming down: down-deltas, or full fp32 copies on a rejoin.
+    bytes_received = models.BigIntegerField(default=0)
+
+    class StateSource(models.TextChoices):
+        MEMORY = "memory", "this worker's memory"  # the same process ran the previous chunk
+        CHECKPOINT = "checkpoint", "learner checkpoint"  # restored from checkpoint_key
+        REJOIN = "rejoin", "newest global version"  # no checkpoint: fresh optimizer state
+
+    state_source = models.CharField(max_length=16, choices=StateSource.choices, blank=True)
+    checkpoint_key = models.CharField(max_length=500, blank=True)
     billed = models.BooleanField(default=False)
     error = models.TextField(blank=True)
 

@@ -1,15 +1,24 @@
 """The chunk and syncer loops of a training run, with the engine objects they keep between tasks.
 
 The engine (training/engine) is used as is, through the run's engine objects (training.run_engines);
-this module keeps what must survive between Celery tasks of the same worker process:
+this module keeps what must survive between Celery tasks:
 
-* a learner's `Learner` (model + AdamW state) lives in `_LEARNERS`, keyed (run, learner index,
-  generation), so consecutive chunks on the same worker continue where the last one stopped;
-  a cache miss (a new worker, a restart, a re-placement) rejoins from the newest global
-  versions in the object store with a fresh optimizer, as Decoupled DiLoCo's failed learners do
-  (arXiv 2604.21428);
+* a learner's state (model, AdamW moments, schedule position, sampler, anchors, the held copy
+  of the global version) is checkpointed to the object store at the end of every chunk
+  (training.engine.checkpoint, keyed by the chunk that wrote it), so chunk c + 1 continues it
+  in whatever worker process of the cluster picks it up (`--concurrency > 1`, two workers on
+  one queue, a restarted worker, a re-placed learner on another cluster). The process that ran
+  chunk c keeps the learner in `_LEARNERS` and skips the read. Only a learner with no
+  checkpoint at all rejoins from the newest global versions with a fresh optimizer, as
+  Decoupled DiLoCo's failed learners do (arXiv 2604.21428);
 * a run's `Syncer` lives in `_SYNCERS` on the control worker, so grace windows survive between
   ticks; it is rebuilt with `Syncer.resume` whenever the store holds a version it has not seen.
+
+Chunks stay idempotent: a chunk run again after a crash restores the checkpoint written before
+it started (never its first attempt's), and a fragment that its first attempt already pushed
+is not pushed again (`_reconcile_pushes`). Global versions come down as down-deltas from the
+copy the learner holds (`_fetch_versions`); overlap τ is honoured as in the simulator: a
+fragment's new version is adopted no earlier than τ inner steps after the fragment's push.
 
 Every database write goes through training.services; tensors go only through the object store.
 The engine modules import torch, so they are imported inside the functions that use them.
@@ -26,12 +35,13 @@ from typing import TYPE_CHECKING
 from django.utils import timezone
 
 from training import services
-from training.models import TrainingRun
+from training.models import LearnerChunk, TrainingRun
 from training.run_engines import (
     RunEngine,
     RunKey,
     learner_sampler,
     newest_global,
+    run_checkpoints,
     run_engine,
     run_engine_forget,
     run_key,
@@ -41,6 +51,7 @@ from training.run_engines import (
 from training.services import ChunkOutcome
 
 if TYPE_CHECKING:
+    from training.engine.config import CompressionKind
     from training.engine.learner import Adopt, Learner
     from training.engine.syncer import Syncer
     from training.engine.transport import ObjectStoreTransport
@@ -62,6 +73,11 @@ PUSH_SPACE = 10_000
 # --- Learner chunks -------------------------------------------------------------------------
 
 
+# A learner more than this many versions behind fetches the full version instead of the chain
+# of down-deltas: the chain would cost about as much (4 bytes per value / bytes per value).
+DOWN_CHAIN_LIMIT: dict[str, int] = {"fp32": 1, "bf16": 1, "int8": 3, "4bit": 7}
+
+
 @dataclass
 class LearnerSlot:
     """A learner and its push bookkeeping.
@@ -74,43 +90,134 @@ class LearnerSlot:
     """
 
     learner: Learner
-    versions: list[int]
     pushed_base: dict[int, int] = field(default_factory=dict)  # fragment -> base version of the last push
     owed: set[int] = field(default_factory=set)
+    done: tuple[int, int] | None = None  # (generation, chunk) whose end state this is
+
+    def extra(self) -> dict[str, object]:
+        """The slot's own state, saved with the learner's checkpoint."""
+        return {"pushed_base": {str(f): v for f, v in self.pushed_base.items()}, "owed": sorted(self.owed)}
 
 
-_LEARNERS: dict[tuple[RunKey, int, int], LearnerSlot] = {}
+@dataclass
+class LearnerStart:
+    slot: LearnerSlot
+    source: str  # LearnerChunk.StateSource
+    checkpoint_key: str = ""
+    bytes_received: int = 0  # a rejoin downloads the full global version
 
 
-def _learner_for(run: TrainingRun, index: int, generation: int, steps_done: int) -> tuple[LearnerSlot, bool]:
-    """The cached learner, or a new one rejoined from the newest global versions (True)."""
-    key = (run_key(run), index, generation)
-    slot = _LEARNERS.get(key)
-    if slot is not None:
-        return slot, False
-    from training.engine.learner import Learner  # lazily: imports torch
+_LEARNERS: dict[tuple[RunKey, int], LearnerSlot] = {}
+
+
+def _learner_for(run: TrainingRun, index: int, generation: int, seq: int, steps_done: int) -> LearnerStart:
+    """The learner as chunk (generation, seq) must start it: the state the previous chunk ended with.
+
+    From this process's memory when it ran that chunk, else from the newest checkpoint written
+    by an earlier chunk (of this generation or, for a re-placed learner, an earlier one), else
+    rejoined from the newest global versions with a fresh optimizer.
+    """
+    key = (run_key(run), index)
+    cached = _LEARNERS.get(key)
+    if cached is not None and cached.done == (generation, seq - 1):
+        return LearnerStart(slot=cached, source=LearnerChunk.StateSource.MEMORY)
+    _LEARNERS.pop(key, None)
+    # Lazily: the engine modules import torch.
+    from training.engine.checkpoint import learner_checkpoint_load
+    from training.engine.learner import Learner
 
     engine = run_engine(run)
     rc = engine.rc
-    transport = run_transport(run)
-    params, versions, _ = newest_global(transport, engine.fragments)
+    # A fresh byte stream per generation, or the text shard fast-forwarded past `steps_done`
+    # (run_engines.learner_sampler); a checkpoint restores the stream's exact position instead.
+    sampler = learner_sampler(engine, index=index, generation=generation, steps_done=steps_done)
     learner = Learner(
         learner_id=index,
         model_cfg=engine.model_cfg,
         inner=rc.inner_config(),
         fragments=engine.fragments,
-        sampler=learner_sampler(engine, index=index, generation=generation, steps_done=steps_done),
-        init=params,
-        versions=versions,
+        sampler=sampler,
+        init=engine.init,
         compression=rc.compression_config(),
     )
-    # Continue the learner's lr schedule where its previous incarnation stopped.
-    learner.step_count = steps_done
-    for stale in [k for k in _LEARNERS if k[0] == key[0] and k[1] == index]:
-        del _LEARNERS[stale]
-    slot = LearnerSlot(learner=learner, versions=list(versions))
-    _LEARNERS[key] = slot
-    return slot, True
+    checkpoints = run_checkpoints(run)
+    found = checkpoints.latest_before(index, generation, seq)
+    if found is not None:
+        extra = learner_checkpoint_load(learner, checkpoints.get(index, *found))
+        pushed = extra.get("pushed_base", {})
+        slot = LearnerSlot(
+            learner=learner,
+            pushed_base={int(f): int(v) for f, v in pushed.items()} if isinstance(pushed, dict) else {},
+            owed={int(f) for f in extra.get("owed", [])} if isinstance(extra.get("owed"), list) else set(),
+        )
+        start = LearnerStart(
+            slot=slot,
+            source=LearnerChunk.StateSource.CHECKPOINT,
+            checkpoint_key=checkpoints.key(index, *found),
+        )
+    else:
+        params, versions, _ = newest_global(run_transport(run), engine.fragments, held=True)
+        learner.rejoin(params, versions)
+        # Continue the learner's lr schedule where its previous incarnation stopped.
+        learner.step_count = steps_done
+        start = LearnerStart(
+            slot=LearnerSlot(learner=learner),
+            source=LearnerChunk.StateSource.REJOIN,
+            bytes_received=sum(t.numel() * 4 for t in params.values()),
+        )
+    _LEARNERS[key] = start.slot
+    return start
+
+
+def _reconcile_pushes(slot: LearnerSlot, transport: ObjectStoreTransport, index: int, first_seq: int) -> None:
+    """Account for pushes made after the learner's state was saved, by a chunk that then died.
+
+    Delta ids number a learner's pushes in increasing order, so every delta of this learner
+    with a number at or past the restored push counter was pushed after the checkpoint. Such a
+    push already carried the fragment's pending steps: they are forgotten here (the anchor
+    moves to θ_local) instead of being sent twice. The steps that dead chunk trained after the
+    checkpoint are in the global model through its pushes; this chunk trains its own. Pushes
+    are numbered past the dead chunk's, so none is mistaken for one already consumed.
+    """
+    learner = slot.learner
+    learner.seq = max(learner.seq, first_seq)
+    for f in range(len(learner.fragments)):
+        later = sorted(
+            (int(i.rsplit("-s", 1)[1]), i)
+            for i in transport.delta_ids(f, learner=index)
+            if int(i.rsplit("-s", 1)[1]) >= learner.seq
+        )
+        if not later:
+            continue
+        learner.forget_pending(f)
+        slot.owed.discard(f)
+        newest_seq, newest_id = later[-1]
+        slot.pushed_base[f] = transport.get_delta(f, newest_id).base_version
+        learner.seq = max(learner.seq, newest_seq + 1)
+
+
+def _fetch_versions(
+    learner: Learner, transport: ObjectStoreTransport, fragment: int, down: CompressionKind
+) -> int:
+    """Bring the learner's held copy of a fragment to the newest version; returns bytes received."""
+    found = transport.versions(fragment)
+    newest = max(found) if found else 0
+    have = learner.held_version[fragment]
+    if newest <= have:
+        return 0
+    received = 0
+    if newest - have <= DOWN_CHAIN_LIMIT[down]:
+        try:
+            for v in range(have + 1, newest + 1):
+                d = transport.get_down(fragment, v)
+                learner.receive(d)
+                received += d.nbytes
+            return received
+        except LookupError:  # a version without a down-delta (written before they existed)
+            pass
+    full = transport.get_version(fragment, newest)
+    learner.receive_full(fragment, full.held, newest)
+    return received + full.nbytes
 
 
 def forget_run(run: TrainingRun) -> None:
@@ -127,8 +234,8 @@ def learner_chunk_execute(
 ) -> None:
     """Run one chunk of a learner (the `training.learner_chunk` task); claims are in training.services.chunks."""
     # Lazily: the engine modules import torch.
+    from training.engine.checkpoint import learner_checkpoint_bytes
     from training.engine.fragments import due, offsets
-    from training.engine.transport import latest_version
 
     hostname = worker_hostname or socket.gethostname()
     claim = services.learner_chunk_claim(
@@ -140,17 +247,23 @@ def learner_chunk_execute(
     started = time.monotonic()
     started_at = timezone.now()
     outcome = ChunkOutcome()
+    index = learner_row.index
     try:
         torch_threads_limit()
-        slot, outcome.rejoined = _learner_for(run, learner_row.index, generation, learner_row.steps)
+        begin = _learner_for(run, index, generation, seq, learner_row.steps)
+        slot = begin.slot
+        outcome.state_source, outcome.checkpoint_key = begin.source, begin.checkpoint_key
+        outcome.bytes_received = begin.bytes_received
         engine = run_engine(run)
         rc = engine.rc
         transport = run_transport(run)
         learner = slot.learner
-        learner.seq = (generation * CHUNK_SPACE + seq) * PUSH_SPACE
+        _reconcile_pushes(slot, transport, index, (generation * CHUNK_SPACE + seq) * PUSH_SPACE)
         h = rc.h
         frag_offsets = offsets(rc.fragment_count, h)
         alpha = float(rc.raw["fragments"]["alpha"])
+        tau = int(rc.raw["fragments"]["overlap"])
+        down_kind = rc.compression_config().down_kind
         how: Adopt = "mix" if alpha > 0 else "rebase"
         next_check = started + CHECK_SECONDS
         next_owed_check = started
@@ -182,18 +295,25 @@ def learner_chunk_execute(
                     tokens=outcome.tokens,
                     deltas_pushed=outcome.deltas_pushed,
                     bytes_sent=outcome.bytes_sent,
+                    bytes_received=outcome.bytes_received,
                     tokens_at_push=tokens_before + outcome.tokens,
                 )
-            if (slot.owed and now >= next_owed_check) or now >= next_check:
-                # Adopt newer global versions (rebase keeps the steps since the push). While a
-                # push is owed, look more often (an S3 listing per fragment each time).
+            # A window closing this step is a reason to look at the store now (Streaming
+            # DiLoCo mixes the merged fragment in exactly τ steps after its push).
+            closing = tau > 0 and any(
+                at is not None and learner.step_count == at + tau for at in learner.pushed_at
+            )
+            if (slot.owed and now >= next_owed_check) or now >= next_check or closing:
+                # Fetch newer global versions (down-deltas onto the held copy). While a push is
+                # owed, look more often (an S3 listing per fragment each time).
                 next_owed_check = now + OWED_CHECK_SECONDS
                 for f in range(len(engine.fragments)):
-                    found = transport.versions(f)
-                    if found and max(found) > learner.base_version[f]:
-                        newer = latest_version(transport, f)
-                        if newer is not None:
-                            learner.adopt(f, newer.params, newer.version, how=how, alpha=alpha)
+                    outcome.bytes_received += _fetch_versions(learner, transport, f, down_kind)
+            for f in range(len(engine.fragments)):
+                # Adopt (rebase keeps the steps since the push; mix is Streaming DiLoCo's α)
+                # what is held, once the fragment's overlap window has closed.
+                if learner.may_adopt(f, tau):
+                    learner.adopt_held(f, how=how, alpha=alpha)
             if now >= next_check:
                 next_check = now + CHECK_SECONDS
                 stop = services.learner_chunk_should_stop(learner_id=learner_id, generation=generation)
@@ -203,9 +323,14 @@ def learner_chunk_execute(
                     break
             if now - started >= rc.chunk_seconds:
                 break
+        if not outcome.stopped_by.startswith("run "):
+            # Before the chunk is recorded as finished: a finished chunk always has its checkpoint.
+            checkpoints = run_checkpoints(run)
+            checkpoints.put(index, generation, seq, learner_checkpoint_bytes(learner, slot.extra()))
+            checkpoints.prune(index, keep=2)
     except Exception as exc:
         logger.exception("learner %s g%s chunk %s failed", learner_id, generation, seq)
-        _LEARNERS.pop((run_key(run), learner_row.index, generation), None)
+        _LEARNERS.pop((run_key(run), index), None)
         services.learner_chunk_finish(
             chunk_id=chunk.pk,
             outcome=outcome,
@@ -215,13 +340,18 @@ def learner_chunk_execute(
             error=f"{type(exc).__name__}: {exc}",
         )
         return
-    services.learner_chunk_finish(
-        chunk_id=chunk.pk,
-        outcome=outcome,
-        wall_seconds=time.monotonic() - started,
-        started_at=started_at,
-        finished_at=timezone.now(),
-    )
+    try:
+        services.learner_chunk_finish(
+            chunk_id=chunk.pk,
+            outcome=outcome,
+            wall_seconds=time.monotonic() - started,
+            started_at=started_at,
+            finished_at=timezone.now(),
+        )
+    except BaseException:
+        _LEARNERS.pop((run_key(run), index), None)  # not finished: the cache is not chunk `seq`'s end
+        raise
+    slot.done = (generation, seq)
     if outcome.stopped_by.startswith("run "):
         forget_run(run)  # the run is over: free this worker's model, optimizer and corpus
 
@@ -247,6 +377,7 @@ def _syncer_for(run: TrainingRun, engine: RunEngine, transport: ObjectStoreTrans
         fragments=engine.fragments,
         transport=transport,
         init=engine.init,
+        down=engine.rc.compression_config().down_kind,
     )
     _SYNCERS[run_key(run)] = syncer
     return syncer

@@ -25,8 +25,13 @@ Shape (every key optional except `stop`; defaults in DEFAULTS):
     fragments:    {count: P, assignment, overlap: τ, alpha: α}     (Streaming DiLoCo)
     inner:        {lr, min_lr_ratio, warmup_steps, total_steps|null, weight_decay, grad_clip, schedule}
     outer:        {lr, momentum, nesterov}
-    compression:  {kind: fp32|bf16|int8|4bit, error_feedback}
-    syncer:       {grace_seconds, stale_policy: discount|drop, discount, max_staleness, token_weighting}
+    compression:  {kind: fp32|bf16|int8|4bit, error_feedback, down: null|fp32|bf16|int8|4bit}
+                  (kind: the learners' Δ going up; down: global versions coming down as a
+                  difference from the learners' copy, null = the same kind as up)
+    syncer:       {grace_seconds, adaptive_grace, stale_policy: discount|drop, discount,
+                   max_staleness, token_weighting, radial_directional}
+                  (adaptive_grace: grace_seconds is the cap of a window sized from the learners'
+                  observed lags; radial_directional: average norms and directions of the Δs apart)
     stop:         {outer_steps: N} or {token_budget: N}          (exactly one)
     money_budget: "12.50" (a decimal string) or null;   currency: "USD"
     placement:    {accelerator_type, regions: [...], pins: {"<learner index>": "<cluster slug>"}}
@@ -114,13 +119,15 @@ DEFAULTS: dict[str, Any] = {
         "schedule": "cosine",
     },
     "outer": {"lr": 0.7, "momentum": 0.9, "nesterov": True},
-    "compression": {"kind": "fp32", "error_feedback": False},
+    "compression": {"kind": "fp32", "error_feedback": False, "down": None},
     "syncer": {
         "grace_seconds": 5.0,
+        "adaptive_grace": False,
         "stale_policy": "discount",
         "discount": 0.5,
         "max_staleness": 4,
         "token_weighting": True,
+        "radial_directional": False,
     },
     "stop": None,
     "money_budget": None,
@@ -182,7 +189,13 @@ _FLOAT_RANGES: dict[str, tuple[float | None, float | None]] = {
     "chunk_seconds": (0.5, 3600.0),
     "learner_timeout": (5.0, 86_400.0),
 }
-_BOOLS = ("outer.nesterov", "compression.error_feedback", "syncer.token_weighting")
+_BOOLS = (
+    "outer.nesterov",
+    "compression.error_feedback",
+    "syncer.token_weighting",
+    "syncer.adaptive_grace",
+    "syncer.radial_directional",
+)
 
 
 def _get(d: dict[str, Any], path: str) -> Any:
@@ -454,6 +467,12 @@ def run_config_validate(raw: Any) -> dict[str, Any]:
     ):
         errors.add("model.n_head", "must divide model.n_embd")
     _check_uris(cfg, raw, errors)
+    down = cfg["compression"]["down"]
+    if not errors.has("compression") and down is not None and down not in _CHOICES["compression.kind"]:
+        errors.add(
+            "compression.down",
+            f"must be null (as compression.kind) or one of {', '.join(_CHOICES['compression.kind'])}",
+        )
 
     learners = cfg["learners"]
     m = learners["count"] if isinstance(learners["count"], int) else 1
@@ -811,7 +830,10 @@ class RunConfig:
 
     def compression_config(self) -> CompressionConfig:
         c = self.raw["compression"]
-        return CompressionConfig(kind=c["kind"], error_feedback=c["error_feedback"])
+        # .get: configs stored before `down` existed compress only the way up.
+        return CompressionConfig(
+            kind=c["kind"], error_feedback=c["error_feedback"], down=c.get("down", "fp32")
+        )
 
     def syncer_config(self) -> SyncerConfig:
         s = self.raw["syncer"]
@@ -823,6 +845,8 @@ class RunConfig:
             discount=s["discount"],
             max_staleness=s["max_staleness"],
             token_weighting=s["token_weighting"],
+            radial_directional=bool(s.get("radial_directional", False)),
+            adaptive_grace=bool(s.get("adaptive_grace", False)),
         )
 
     def data_config(self) -> DataConfig:

@@ -34,6 +34,7 @@ from training.run_config import (
 if TYPE_CHECKING:
     import torch
 
+    from training.engine.checkpoint import CheckpointStore
     from training.engine.data import Corpus, Sampler
     from training.engine.model import AnyModelConfig
     from training.engine.stream import TextDataset
@@ -103,6 +104,15 @@ def model_store(uri: str) -> ObjectStore:
 
 def _inside(path: Path, root: Path) -> bool:
     return path == root or root in path.parents
+
+
+def run_checkpoints(run: TrainingRun) -> CheckpointStore:
+    """The run's learner checkpoints (`runs/<id>/learners/` of object_store_url)."""
+    from training.engine.checkpoint import CheckpointStore  # lazily: imports torch
+
+    rc = RunConfig(run.config)
+    store = configured_store(rc.object_store_url)
+    return CheckpointStore(store, prefix=f"runs/{run.pk}")
 
 
 @dataclass
@@ -318,9 +328,13 @@ def run_engine_forget(run: TrainingRun) -> None:
 
 
 def newest_global(
-    transport: ObjectStoreTransport, fragments: list[list[str]]
+    transport: ObjectStoreTransport, fragments: list[list[str]], *, held: bool = False
 ) -> tuple[dict[str, torch.Tensor], list[int], list[dict[str, Any]]]:
-    """The global parameters assembled from each fragment's newest version."""
+    """The global parameters assembled from each fragment's newest version.
+
+    With `held`, the learners' copy (the syncer's mirror, which the down-deltas extend) instead
+    of the exact parameters: what a (re)joining learner must start from to follow the chain.
+    """
     from training.engine.transport import latest_version  # lazily: imports torch
 
     params: dict[str, torch.Tensor] = {}
@@ -330,7 +344,7 @@ def newest_global(
         v = latest_version(transport, f)
         if v is None:
             raise LookupError(f"fragment {f} has no published version")
-        params.update(v.params)
+        params.update(v.held if held else v.params)
         versions.append(v.version)
         metas.append(v.meta)
     return params, versions, metas
@@ -359,6 +373,7 @@ def run_initialise(run: TrainingRun) -> float:
         fragments=engine.fragments,
         init=engine.init,
         transport=transport,
+        down=engine.rc.compression_config().down_kind,
     )
     params, _, _ = newest_global(transport, engine.fragments)
     return engine.evaluate(params)

@@ -208,6 +208,11 @@ def test_a_sigkilled_cluster_worker_fails_its_learner_over_and_the_run_completes
     assert LearnerChunk.objects.filter(
         learner=learner, generation=1, finished_at__isnull=False, steps__gt=0
     ).exists()
+    # The re-placed learner went on with its weights and AdamW state from the last checkpoint
+    # its dead worker wrote, not from a fresh optimizer.
+    restart = LearnerChunk.objects.get(learner=learner, generation=1, seq=0)
+    assert restart.state_source == LearnerChunk.StateSource.CHECKPOINT
+    assert restart.checkpoint_key.startswith(f"runs/{done.pk}/learners/l0000/g000000-c")
     states = list(done.transitions.values_list("to_state", flat=True))
     assert "recovering" in states and states[-1] == "succeeded"
     assert done.final_eval_loss is not None and done.initial_eval_loss is not None

@@ -22,6 +22,9 @@ def test_the_file_store_puts_gets_lists_and_writes_once(tmp_path):
     assert not any(".tmp-" in k for k in store.list())
     with pytest.raises(ObjectNotFoundError):
         store.get("runs/9/z")
+    store.delete("runs/1/a")
+    store.delete("runs/1/a")  # deleting twice is harmless
+    assert store.list("runs/1/") == ["runs/1/b"]
 
 
 @pytest.mark.parametrize("key", ["", "/abs", "a/../b"])

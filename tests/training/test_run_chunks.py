@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from django.db.models import Sum
 from django.utils import timezone
 
@@ -130,3 +131,132 @@ def test_progress_reports_cost_per_million_tokens_and_per_unit_of_loss(placed_ru
     assert progress.eval_loss is not None and progress.initial_eval_loss is not None
     if progress.eval_loss < progress.initial_eval_loss:
         assert progress.cost_per_loss_improvement is not None and progress.cost_per_loss_improvement > 0
+
+
+# --- learner state across processes -----------------------------------------------------------
+
+
+def _state(learner: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    meta, tensors = learner.state_dict()
+    return meta, {k: t.clone() for k, t in tensors.items()}
+
+
+def _checkpoints(run: TrainingRun) -> Any:
+    from training.run_engines import run_checkpoints
+
+    return run_checkpoints(run)
+
+
+@pytest.fixture
+def placed_4bit_run(db: Any, tmp_path: Path) -> TrainingRun:
+    _healthy("1.250000")
+    _healthy("3.000000")
+    # Chunks of 2 s: long enough to push, fetch a version and push again on a loaded machine.
+    config = _config(compression={"kind": "4bit"}, chunk_seconds=2.0)
+    run = services.training_run_create(config=config, created_by=None, name="chunks-4bit")
+    services.training_run_place(run_id=run.pk)
+    run.refresh_from_db()
+    assert run.state == TrainingRun.State.RUNNING, run.reason
+    return run
+
+
+def _chunks_until_pushed(run: TrainingRun, learner: TrainingLearner) -> int:
+    """Run learner chunks in this process until one pushed a delta; returns the next chunk's seq."""
+    from training.run_engines import run_transport
+
+    seq = 0
+    while not run_transport(run).delta_ids(0, learner=learner.index):
+        assert seq < 10, "no delta pushed"
+        orchestrator.learner_chunk_execute(
+            learner_id=learner.pk, generation=0, seq=seq, worker_hostname="w@1"
+        )
+        seq += 1
+    return seq
+
+
+def test_a_chunk_in_another_process_continues_from_the_checkpoint_with_its_adamw_state(
+    placed_4bit_run: TrainingRun,
+) -> None:
+    run = placed_4bit_run
+    learner = TrainingLearner.objects.get(run=run, index=0)
+    seq = _chunks_until_pushed(run, learner)
+    meta, tensors = _state(orchestrator._LEARNERS[(orchestrator.run_key(run), 0)].learner)
+    assert any(k.startswith("opt:exp_avg:") for k in tensors)
+
+    orchestrator._LEARNERS.clear()  # the next chunk lands on another worker process
+    learner.refresh_from_db()
+    start = orchestrator._learner_for(run, 0, 0, seq, learner.steps)
+    assert start.source == "checkpoint"
+    assert start.checkpoint_key == f"runs/{run.pk}/learners/l0000/g000000-c{seq - 1:08d}.syd"
+    restored_meta, restored = _state(start.slot.learner)
+    assert restored_meta == meta and restored_meta["step_count"] == learner.steps
+    assert restored.keys() == tensors.keys()
+    for key, t in tensors.items():  # parameters, AdamW moments and steps, sampler, held copy
+        assert torch.equal(restored[key], t), key
+
+    orchestrator._LEARNERS.clear()
+    orchestrator.syncer_tick_execute(run_id=run.pk, token=run.syncer_token)  # version 1 comes down
+    orchestrator.learner_chunk_execute(learner_id=learner.pk, generation=0, seq=seq, worker_hostname="w@2")
+    chunks = list(LearnerChunk.objects.filter(learner=learner).order_by("seq"))
+    first, last = chunks[0], chunks[-1]
+    assert first.state_source == "rejoin" and last.state_source == "checkpoint"
+    assert all(c.state_source == "memory" for c in chunks[1:-1])
+    assert last.checkpoint_key == start.checkpoint_key and not last.error
+    full = 4 * sum(t.numel() for k, t in tensors.items() if k.startswith("param:"))
+    assert first.bytes_received == full  # version 0 whole: the learner held nothing
+    assert 0 < last.bytes_received < full / 4  # then 4-bit down-deltas
+    assert _checkpoints(run).list(0) == [(0, c.seq) for c in chunks][-2:]  # older ones pruned
+
+
+class _Killed(BaseException):
+    """The worker process dies (SIGKILL) before the chunk is recorded as finished."""
+
+
+def test_a_chunk_run_again_after_a_crash_starts_from_the_checkpoint_before_it_and_counts_nothing_twice(
+    placed_4bit_run: TrainingRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from storage.tensorblob import unpack
+    from training.run_engines import run_transport
+
+    run = placed_4bit_run
+    learner = TrainingLearner.objects.get(run=run, index=0)
+    transport = run_transport(run)
+    seq = _chunks_until_pushed(run, learner)
+    orchestrator.syncer_tick_execute(run_id=run.pk, token=run.syncer_token)
+    before = set(transport.delta_ids(0, learner=0))
+
+    real_finish = services.learner_chunk_finish
+
+    def killed(**kwargs: Any) -> None:
+        raise _Killed
+
+    monkeypatch.setattr(services, "learner_chunk_finish", killed)
+    with pytest.raises(_Killed):
+        orchestrator.learner_chunk_execute(
+            learner_id=learner.pk, generation=0, seq=seq, worker_hostname="w@1"
+        )
+    monkeypatch.setattr(services, "learner_chunk_finish", real_finish)
+    first_attempt = sorted(set(transport.delta_ids(0, learner=0)) - before)
+    assert first_attempt, "the first attempt pushed before it died"
+    assert (0, seq) in _checkpoints(run).list(0)  # it got as far as writing its checkpoint
+    orchestrator.syncer_tick_execute(run_id=run.pk, token=run.syncer_token)  # and its push was merged
+
+    orchestrator._LEARNERS.clear()  # the process is gone; the broker redelivers the chunk
+    orchestrator.learner_chunk_execute(learner_id=learner.pk, generation=0, seq=seq, worker_hostname="w@2")
+    chunk = LearnerChunk.objects.get(learner=learner, seq=seq)
+    assert chunk.finished_at is not None and not chunk.error and chunk.worker_hostname == "w@2"
+    # Restored from the previous chunk's checkpoint, not from the one the dead attempt left.
+    assert chunk.checkpoint_key.endswith(f"g000000-c{seq - 1:08d}.syd")
+    rerun = sorted(set(transport.delta_ids(0, learner=0)) - before - set(first_attempt))
+    seq_of = lambda delta_id: int(delta_id.rsplit("-s", 1)[1])  # noqa: E731
+    assert rerun and min(map(seq_of, rerun)) > max(map(seq_of, first_attempt))  # numbered after them
+    # The database counts every finished chunk once, and so does the lr schedule.
+    learner.refresh_from_db()
+    finished = LearnerChunk.objects.filter(learner=learner)
+    assert learner.steps == sum(c.steps for c in finished)
+    meta, _ = unpack(_checkpoints(run).get(0, 0, seq))
+    assert meta["learner"]["step_count"] == learner.steps
+    # The re-run's deltas carry its own steps only: the steps pending in the previous chunk's
+    # checkpoint went up with the dead attempt's push and are not sent again.
+    pushed = sum(transport.get_delta(0, d).steps for d in rerun)
+    assert pushed + meta["learner"]["pending_steps"][0] == chunk.steps

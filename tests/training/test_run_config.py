@@ -86,3 +86,39 @@ def test_pins_name_existing_clusters_and_learners() -> None:
 def test_the_demo_config_is_valid() -> None:
     cfg = run_config_validate(demo_config())
     assert cfg["learners"]["count"] == 2
+
+
+def test_down_compression_radial_averaging_and_adaptive_grace_reach_the_engine() -> None:
+    cfg = run_config_validate(
+        {
+            "compression": {"kind": "4bit", "down": "int8"},
+            "syncer": {"radial_directional": True, "adaptive_grace": True, "grace_seconds": 3.0},
+            "stop": {"outer_steps": 5},
+        }
+    )
+    rc = RunConfig(cfg)
+    assert rc.compression_config().kind == "4bit" and rc.compression_config().down_kind == "int8"
+    syncer = rc.syncer_config()
+    assert syncer.radial_directional and syncer.adaptive_grace and syncer.grace == 3.0
+    # By default the way down is compressed like the way up, and both options are off.
+    plain = RunConfig(run_config_validate({"compression": {"kind": "4bit"}, "stop": {"outer_steps": 5}}))
+    assert plain.compression_config().down_kind == "4bit"
+    assert not plain.syncer_config().radial_directional and not plain.syncer_config().adaptive_grace
+    # A config stored before `down` existed keeps full versions coming down.
+    old = dict(plain.raw, compression={"kind": "4bit", "error_feedback": False})
+    assert RunConfig(old).compression_config().down_kind == "fp32"
+
+
+def test_bad_down_compression_and_non_boolean_switches_are_field_errors() -> None:
+    errors = _errors(
+        {
+            "compression": {"down": "2bit"},
+            "syncer": {"radial_directional": "yes", "adaptive_grace": 1},
+            "stop": {"outer_steps": 5},
+        }
+    )
+    assert errors == {
+        "compression.down": ["must be null (as compression.kind) or one of fp32, bf16, int8, 4bit"],
+        "syncer.radial_directional": ["must be true or false"],
+        "syncer.adaptive_grace": ["must be true or false"],
+    }

@@ -66,10 +66,20 @@ class StreamingConfig:
 
 @dataclass(frozen=True)
 class CompressionConfig:
-    """How an outer gradient travels; always dequantised and summed in fp32."""
+    """How outer gradients travel up and global versions travel down; summed in fp32.
+
+    ``kind`` compresses the learners' Δ (up). ``down`` compresses the difference between a
+    newly published global version and the copy every learner already holds (None: the same
+    kind as up); a learner with no copy (a rejoin) downloads the version in fp32.
+    """
 
     kind: CompressionKind = "fp32"
     error_feedback: bool = False
+    down: CompressionKind | None = None
+
+    @property
+    def down_kind(self) -> CompressionKind:
+        return self.down if self.down is not None else self.kind
 
 
 @dataclass(frozen=True)
@@ -78,7 +88,8 @@ class SyncerConfig:
 
     quorum: merge a fragment once this many learners reported a delta on its current version
     (None means all M, i.e. a barrier). grace: virtual/real seconds to wait for late learners
-    after the quorum is reached. Stale deltas (base version older than the current one) are
+    after the quorum is reached; with adaptive_grace it is the cap of a window the syncer sizes
+    from the learners' observed arrival lags (see syncer.py). Stale deltas (base version older than the current one) are
     applied with weight discount ** staleness, or dropped; anything staler than
     max_staleness is always dropped.
     """
@@ -91,6 +102,7 @@ class SyncerConfig:
     max_staleness: int = 4
     token_weighting: bool = True
     radial_directional: bool = False
+    adaptive_grace: bool = False
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,17 @@ Adopting a newly published fragment can
   last push. Decoupled learners (arXiv 2604.21428) never wait for the syncer, so the version
   usually arrives a few steps after the push; rebasing keeps those steps without counting
   them twice (they are in the next Δ, not in the last).
+
+The learner also keeps ``held``, its copy of the global parameters, which the syncer's
+down-deltas move from one version to the next (:meth:`Learner.receive`); a learner that has
+no copy takes a full version (:meth:`Learner.receive_full`). Receiving and adopting are
+separate so that a version can arrive during the overlap window τ and be adopted when the
+window closes (:meth:`Learner.may_adopt`).
+
+:meth:`Learner.state_dict` and :meth:`Learner.load_state_dict` carry everything that decides
+the learner's next steps (parameters, anchors, held copy, AdamW moments and step counts, lr
+schedule position, pending steps and tokens, push counter, error-feedback residuals and the
+sampler's generator), so a learner restored in another process continues bit for bit.
 """
 
 from __future__ import annotations
@@ -22,14 +33,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
 from training.engine.compression import Compressor
 from training.engine.config import CompressionConfig, InnerConfig
 from training.engine.data import Sampler
-from training.engine.messages import FragmentDelta
+from training.engine.messages import DownDelta, FragmentDelta
 from training.engine.model import AnyModelConfig, make_model
 
 Adopt = Literal["replace", "mix", "rebase"]
@@ -93,6 +104,12 @@ class Learner:
                 p.copy_(init[name])
         self.anchor = {n: p.detach().float().clone() for n, p in self.params.items()}
         self.base_version = list(versions) if versions is not None else [0] * len(self.fragments)
+        # The learner's copy of the global parameters (fp32, CPU: the syncer's mirror, bitwise)
+        # and the version of it per fragment; ahead of base_version while a received version
+        # waits for the overlap window to close.
+        self.held = {n: init[n].detach().float().cpu().clone() for n in self.params}
+        self.held_version = list(self.base_version)
+        self.pushed_at: list[int | None] = [None] * len(self.fragments)  # step of the last push
         self.pending_steps = [0] * len(self.fragments)
         self.pending_tokens = [0] * len(self.fragments)
         self.opt = make_inner_optimizer(list(self.params.values()), self.inner)
@@ -148,7 +165,42 @@ class Learner:
         self.seq += 1
         self.pending_steps[fragment] = 0
         self.pending_tokens[fragment] = 0
+        self.pushed_at[fragment] = self.step_count
         return delta
+
+    # ---- the way down ---------------------------------------------------------------------
+    @torch.no_grad()
+    def receive(self, down: DownDelta) -> None:
+        """Move the held copy of a fragment one version on: held += decode(down)."""
+        f = down.fragment
+        if down.version != self.held_version[f] + 1:
+            raise ValueError(
+                f"fragment {f}: down-delta of version {down.version} on a copy of version {self.held_version[f]}"
+            )
+        for name, t in down.decoded().items():
+            self.held[name] = self.held[name] + t
+        self.held_version[f] = down.version
+
+    @torch.no_grad()
+    def receive_full(self, fragment: int, params: Mapping[str, torch.Tensor], version: int) -> None:
+        """Replace the held copy of a fragment with a full version (no copy, or too far behind)."""
+        for name in self.fragments[fragment]:
+            self.held[name] = params[name].detach().float().cpu().clone()
+        self.held_version[fragment] = version
+
+    def may_adopt(self, fragment: int, overlap: int) -> bool:
+        """Has the overlap window τ after the fragment's last push closed (Streaming DiLoCo:
+        the merged fragment comes back τ inner steps after the push, arXiv 2501.18512 sec. 2.3)?"""
+        at = self.pushed_at[fragment]
+        return at is None or self.step_count >= at + overlap
+
+    def adopt_held(self, fragment: int, *, how: Adopt = "replace", alpha: float = 0.0) -> bool:
+        """Adopt the held copy if it is newer than what was adopted last; True if it was."""
+        if self.held_version[fragment] <= self.base_version[fragment]:
+            return False
+        held = {n: self.held[n] for n in self.fragments[fragment]}
+        self.adopt(fragment, held, self.held_version[fragment], how=how, alpha=alpha)
+        return True
 
     @torch.no_grad()
     def adopt(
@@ -172,6 +224,8 @@ class Learner:
                 p.add_(g - self.anchor[name])
             self.anchor[name] = g.clone()
         self.base_version[fragment] = version
+        if version > self.held_version[fragment]:  # adopted from outside the held copy
+            self.receive_full(fragment, params, version)
 
     def rejoin(self, params: Mapping[str, torch.Tensor], versions: Sequence[int]) -> None:
         """Restart from the newest global state with a fresh inner optimizer (a re-placed learner)."""
@@ -179,3 +233,103 @@ class Learner:
 
     def state(self) -> dict[str, torch.Tensor]:
         return {n: p.detach().float().clone() for n, p in self.params.items()}
+
+    # ---- state that outlives a process ------------------------------------------------------
+    def state_dict(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """(JSON-able counters, named CPU tensors): everything :meth:`load_state_dict` needs."""
+        tensors: dict[str, torch.Tensor] = {}
+        for n, p in self.params.items():
+            tensors[f"param:{n}"] = p.detach().float().cpu()
+            tensors[f"anchor:{n}"] = self.anchor[n].cpu()
+            tensors[f"held:{n}"] = self.held[n]
+        index = {id(p): i for i, p in enumerate(self.params.values())}
+        names = list(self.params)
+        opt_keys: dict[str, list[str]] = {}
+        for param, st in self.opt.state.items():
+            name = names[index[id(param)]]
+            opt_keys[name] = sorted(st)
+            for key, value in st.items():
+                t = value if isinstance(value, torch.Tensor) else torch.tensor(float(value))
+                tensors[f"opt:{key}:{name}"] = t.detach().float().cpu()
+        for n, r in self.compressor.residual.items():
+            tensors[f"residual:{n}"] = r.detach().float().cpu()
+        sampler = _sampler_state(self.sampler)
+        if sampler is not None:
+            tensors["sampler"] = sampler
+        meta = {
+            "learner": self.id,
+            "step_count": self.step_count,
+            "seq": self.seq,
+            "total_tokens": self.total_tokens,
+            "base_version": list(self.base_version),
+            "held_version": list(self.held_version),
+            "pushed_at": list(self.pushed_at),
+            "pending_steps": list(self.pending_steps),
+            "pending_tokens": list(self.pending_tokens),
+            "opt_keys": opt_keys,
+        }
+        return meta, tensors
+
+    @torch.no_grad()
+    def load_state_dict(self, meta: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]) -> None:
+        """Become the learner that :meth:`state_dict` described (same model and fragments)."""
+        for n, p in self.params.items():
+            p.copy_(tensors[f"param:{n}"].to(p.device))
+            self.anchor[n] = tensors[f"anchor:{n}"].to(self.device, torch.float32).clone()
+            self.held[n] = tensors[f"held:{n}"].float().clone()
+        state: dict[int, dict[str, torch.Tensor]] = {}
+        for i, (n, p) in enumerate(self.params.items()):
+            keys = meta["opt_keys"].get(n)
+            if keys:
+                # AdamW keeps "step" as a CPU float tensor and the moments on the param's device.
+                state[i] = {
+                    k: tensors[f"opt:{k}:{n}"].clone()
+                    if k == "step"
+                    else tensors[f"opt:{k}:{n}"].to(p.device, p.dtype).clone()
+                    for k in keys
+                }
+        self.opt.load_state_dict({"state": state, "param_groups": self.opt.state_dict()["param_groups"]})
+        self.compressor.residual = {
+            k[len("residual:") :]: t.float().clone() for k, t in tensors.items() if k.startswith("residual:")
+        }
+        if "sampler" in tensors:
+            _sampler_load(self.sampler, tensors["sampler"])
+        self.step_count = int(meta["step_count"])
+        self.seq = int(meta["seq"])
+        self.total_tokens = int(meta["total_tokens"])
+        self.base_version = [int(v) for v in meta["base_version"]]
+        self.held_version = [int(v) for v in meta["held_version"]]
+        self.pushed_at = [None if v is None else int(v) for v in meta["pushed_at"]]
+        self.pending_steps = [int(v) for v in meta["pending_steps"]]
+        self.pending_tokens = [int(v) for v in meta["pending_tokens"]]
+
+    @torch.no_grad()
+    def forget_pending(self, fragment: int) -> None:
+        """Count a fragment's pending steps as pushed: the anchor moves to θ_local.
+
+        For a learner restored from a checkpoint whose fragment was pushed after the
+        checkpoint was written (by a chunk that then died): that push carried these steps
+        already, and sending them again would count them twice.
+        """
+        for name in self.fragments[fragment]:
+            self.anchor[name] = self.params[name].detach().float().clone()
+        self.pending_steps[fragment] = 0
+        self.pending_tokens[fragment] = 0
+
+
+# A sampler's position is its torch.Generator: BatchSampler keeps it as ``gen``. A sampler
+# that has its own ``get_state``/``set_state`` (a streamed dataset, say) is asked instead.
+def _sampler_state(sampler: Any) -> torch.Tensor | None:
+    if hasattr(sampler, "get_state"):
+        return torch.as_tensor(sampler.get_state(), dtype=torch.uint8)
+    gen = getattr(sampler, "gen", None)
+    return gen.get_state() if isinstance(gen, torch.Generator) else None
+
+
+def _sampler_load(sampler: Any, state: torch.Tensor) -> None:
+    if hasattr(sampler, "set_state"):
+        sampler.set_state(state)
+        return
+    gen = getattr(sampler, "gen", None)
+    if isinstance(gen, torch.Generator):
+        gen.set_state(state.to(torch.uint8))

@@ -1,6 +1,6 @@
-"""What crosses the wire: a learner's fragment delta and a published global version.
+"""What crosses the wire: a learner's fragment delta, a published global version and its down-delta.
 
-Both serialise to one self-describing tensor blob (storage.tensorblob: a JSON header and raw
+All three serialise to one self-describing tensor blob (storage.tensorblob: a JSON header and raw
 tensor bytes), so the object-store transport needs neither pickle nor torch.save.
 """
 
@@ -42,8 +42,30 @@ class FragmentDelta:
 
 
 @dataclass
+class DownDelta:
+    """Version ``version`` of a fragment as the learners receive it: the (compressed)
+    difference from version ``version − 1`` of the copy they hold (see syncer.py)."""
+
+    fragment: int
+    version: int
+    tensors: dict[str, EncodedTensor]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(e.nbytes for e in self.tensors.values())
+
+    def decoded(self) -> dict[str, torch.Tensor]:
+        return {n: decode(e) for n, e in self.tensors.items()}
+
+
+@dataclass
 class GlobalVersion:
-    """A published version of one fragment's global parameters, with outer-optimizer state."""
+    """A published version of one fragment's global parameters, with outer-optimizer state.
+
+    ``params`` are the syncer's exact parameters; ``mirror`` is the copy every learner holds
+    (``params`` up to the down-compression error, bitwise the same in every learner); ``down``
+    is what turns the mirror of version − 1 into this one. Version 0 has an empty ``down``.
+    """
 
     fragment: int
     version: int
@@ -51,20 +73,49 @@ class GlobalVersion:
     momentum: dict[str, torch.Tensor]
     merged: list[str] = field(default_factory=list)  # delta ids folded into this version
     meta: dict[str, Any] = field(default_factory=dict)
+    mirror: dict[str, torch.Tensor] = field(default_factory=dict)
+    down: dict[str, EncodedTensor] = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the full fp32 parameters (what a learner without a copy downloads)."""
         return sum(t.numel() * t.element_size() for t in self.params.values())
+
+    @property
+    def held(self) -> dict[str, torch.Tensor]:
+        """The learners' copy (blobs written before down-compression have none: the params)."""
+        return self.mirror or self.params
+
+    def down_delta(self) -> DownDelta:
+        return DownDelta(fragment=self.fragment, version=self.version, tensors=dict(self.down))
+
+
+def _encoded_tensors(
+    encoded: dict[str, EncodedTensor], values: str, scales: str
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    tensors: dict[str, torch.Tensor] = {}
+    kinds: dict[str, Any] = {}
+    for name, e in encoded.items():
+        tensors[f"{values}{name}"] = e.values
+        if e.scales is not None:
+            tensors[f"{scales}{name}"] = e.scales
+        kinds[name] = {"kind": e.kind, "shape": list(e.shape)}
+    return tensors, kinds
+
+
+def _decoded_tensors(
+    kinds: dict[str, Any], tensors: dict[str, torch.Tensor], values: str, scales: str
+) -> dict[str, EncodedTensor]:
+    return {
+        name: EncodedTensor(
+            k["kind"], tuple(k["shape"]), tensors[f"{values}{name}"], tensors.get(f"{scales}{name}")
+        )
+        for name, k in kinds.items()
+    }
 
 
 def delta_to_bytes(d: FragmentDelta) -> bytes:
-    tensors: dict[str, torch.Tensor] = {}
-    kinds: dict[str, Any] = {}
-    for name, e in d.tensors.items():
-        tensors[f"v:{name}"] = e.values
-        if e.scales is not None:
-            tensors[f"s:{name}"] = e.scales
-        kinds[name] = {"kind": e.kind, "shape": list(e.shape)}
+    tensors, kinds = _encoded_tensors(d.tensors, "v:", "s:")
     meta = {
         "learner": d.learner,
         "fragment": d.fragment,
@@ -80,10 +131,7 @@ def delta_to_bytes(d: FragmentDelta) -> bytes:
 
 def delta_from_bytes(blob: bytes) -> FragmentDelta:
     meta, tensors = unpack(blob)
-    enc = {
-        name: EncodedTensor(k["kind"], tuple(k["shape"]), tensors[f"v:{name}"], tensors.get(f"s:{name}"))
-        for name, k in meta["kinds"].items()
-    }
+    enc = _decoded_tensors(meta["kinds"], tensors, "v:", "s:")
     return FragmentDelta(
         learner=meta["learner"],
         fragment=meta["fragment"],
@@ -99,8 +147,21 @@ def delta_from_bytes(blob: bytes) -> FragmentDelta:
 def version_to_bytes(v: GlobalVersion) -> bytes:
     tensors = {f"p:{n}": t for n, t in v.params.items()}
     tensors.update({f"m:{n}": t for n, t in v.momentum.items()})
-    meta = {"fragment": v.fragment, "version": v.version, "merged": v.merged, "meta": v.meta}
+    tensors.update({f"h:{n}": t for n, t in v.mirror.items()})
+    down, down_kinds = _encoded_tensors(v.down, "dv:", "ds:")
+    tensors.update(down)
+    meta = {
+        "fragment": v.fragment,
+        "version": v.version,
+        "merged": v.merged,
+        "meta": v.meta,
+        "down_kinds": down_kinds,
+    }
     return pack(meta, tensors)
+
+
+def _named(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    return {k[len(prefix) :]: t for k, t in tensors.items() if k.startswith(prefix)}
 
 
 def version_from_bytes(blob: bytes) -> GlobalVersion:
@@ -108,8 +169,24 @@ def version_from_bytes(blob: bytes) -> GlobalVersion:
     return GlobalVersion(
         fragment=meta["fragment"],
         version=meta["version"],
-        params={k[2:]: t for k, t in tensors.items() if k.startswith("p:")},
-        momentum={k[2:]: t for k, t in tensors.items() if k.startswith("m:")},
+        params=_named(tensors, "p:"),
+        momentum=_named(tensors, "m:"),
         merged=list(meta["merged"]),
         meta=dict(meta["meta"]),
+        mirror=_named(tensors, "h:"),
+        down=_decoded_tensors(meta.get("down_kinds", {}), tensors, "dv:", "ds:"),
+    )
+
+
+def down_to_bytes(d: DownDelta) -> bytes:
+    tensors, kinds = _encoded_tensors(d.tensors, "v:", "s:")
+    return pack({"fragment": d.fragment, "version": d.version, "kinds": kinds}, tensors)
+
+
+def down_from_bytes(blob: bytes) -> DownDelta:
+    meta, tensors = unpack(blob)
+    return DownDelta(
+        fragment=meta["fragment"],
+        version=meta["version"],
+        tensors=_decoded_tensors(meta["kinds"], tensors, "v:", "s:"),
     )

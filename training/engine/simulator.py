@@ -14,7 +14,12 @@ Two modes:
   waits for its merged version (at once with overlap τ = 0, after τ more steps otherwise,
   then mixes it in with α). With a straggler everybody waits for it.
 * ``decoupled``: Decoupled DiLoCo (arXiv 2604.21428). Learners never wait: they push and go
-  on, and rebase onto each new version when it lands. The syncer merges on a quorum.
+  on, and rebase onto each new version when it lands (or mix it in with α). The syncer merges
+  on a quorum. With overlap τ a version that lands within τ steps of the fragment's push is
+  held back until the window closes, as the orchestrator does.
+
+Versions travel down as down-deltas (the syncer's compressed difference from the copy the
+learners hold, :meth:`Syncer._down`); a rejoining learner downloads the full copy in fp32.
 """
 
 from __future__ import annotations
@@ -124,7 +129,6 @@ class _Rt:
     steps: int = 0
     waiting: dict[int, Adopt] = field(default_factory=dict)  # blocked on these fragments
     due_at: dict[int, int] = field(default_factory=dict)  # overlap: adopt at this step
-    inbox: dict[int, GlobalVersion] = field(default_factory=dict)
     up_free: float = 0.0
     down_free: float = 0.0
     bytes_up: int = 0
@@ -156,7 +160,12 @@ class Simulator:
         if scfg.learners != m:
             scfg = replace(scfg, learners=m)
         self.syncer = Syncer(
-            cfg=scfg, outer=cfg.outer, fragments=self.fragments, init=init, transport=transport
+            cfg=scfg,
+            outer=cfg.outer,
+            fragments=self.fragments,
+            init=init,
+            transport=transport,
+            down=cfg.compression.down_kind,
         )
         self.eval_model = init_model.to(device or "cpu")
         self.rts: list[_Rt] = []
@@ -265,14 +274,14 @@ class Simulator:
         rt.learner.train_step()
         rt.steps += 1
         barrier = self.cfg.mode == "barrier"
-        # Overlap τ > 0: the fragment pushed τ steps ago is mixed in now, or we wait for it.
+        # Overlap τ > 0: the fragment pushed τ steps ago is mixed in now if its version has
+        # arrived; otherwise a barrier learner waits for it and a decoupled one adopts it on arrival.
         for f, at in list(rt.due_at.items()):
             if at <= rt.steps:
                 del rt.due_at[f]
-                snap = rt.inbox.pop(f, None)
-                if snap is not None:
-                    rt.learner.adopt(f, snap.params, snap.version, how="mix", alpha=self.cfg.streaming.alpha)
-                else:
+                if rt.learner.held_version[f] > rt.learner.base_version[f]:
+                    rt.learner.adopt_held(f, how=self._overlap_how(), alpha=self.cfg.streaming.alpha)
+                elif barrier:
                     rt.waiting[f] = "mix"
         final = self.cfg.max_steps is not None and rt.steps >= self.cfg.max_steps
         to_push = due(rt.steps, h=self.cfg.h, fragment_offsets=self.offsets)
@@ -315,20 +324,36 @@ class Simulator:
         if gen != rt.gen or not rt.alive:
             return
         f = snap.fragment
-        if snap.version <= rt.learner.base_version[f]:
+        learner = rt.learner
+        if snap.version <= learner.held_version[f]:
             return
+        if snap.down and snap.version == learner.held_version[f] + 1:
+            learner.receive(snap.down_delta())
+        else:
+            learner.receive_full(f, snap.held, snap.version)
+        alpha = self.cfg.streaming.alpha
         if self.cfg.mode == "decoupled":
-            rt.learner.adopt(f, snap.params, snap.version, how="rebase")
+            tau = self.cfg.streaming.overlap
+            if learner.may_adopt(f, tau):
+                learner.adopt_held(f, how=self._overlap_how(), alpha=alpha)
+            else:  # adopted when the overlap window closes
+                at = learner.pushed_at[f]
+                rt.due_at[f] = (at if at is not None else 0) + tau
             return
         if f in rt.waiting:
             how = rt.waiting.pop(f)
-            rt.learner.adopt(f, snap.params, snap.version, how=how, alpha=self.cfg.streaming.alpha)
+            learner.adopt_held(f, how=how, alpha=alpha)
             if not rt.waiting and not rt.done:
                 self._schedule_step(i)
-        elif f in rt.due_at:
-            rt.inbox[f] = snap  # mixed in when its overlap window closes
-        else:
-            rt.learner.adopt(f, snap.params, snap.version, how="replace")
+        elif f not in rt.due_at:  # (inside the window it is mixed in when the window closes)
+            learner.adopt_held(f, how="replace")
+
+    def _overlap_how(self) -> Adopt:
+        """How a version is taken when its overlap window closes: Streaming DiLoCo mixes with
+        α in barrier mode; a decoupled learner rebases (keeps its steps) unless α is set."""
+        if self.cfg.mode == "barrier" or self.cfg.streaming.alpha > 0:
+            return "mix"
+        return "rebase"
 
     def _on_fail(self, i: int) -> None:
         rt = self.rts[i]
@@ -336,7 +361,6 @@ class Simulator:
         rt.gen += 1  # cancels its scheduled step and any delivery in flight
         rt.waiting.clear()
         rt.due_at.clear()
-        rt.inbox.clear()
         self.tokens_lost += max(rt.learner.pending_tokens, default=0)
 
     def _on_recover(self, i: int) -> None:
@@ -353,7 +377,7 @@ class Simulator:
         rt = self.rts[i]
         if gen != rt.gen:
             return
-        rt.learner.rejoin(self.syncer.params, self.syncer.version)
+        rt.learner.rejoin(self.syncer.mirror, self.syncer.version)
         rt.alive = True
         rt.done = False
         self._schedule_step(i)
@@ -370,12 +394,14 @@ class Simulator:
                 point["eval_loss"] = self._evaluate()
             self.curve.append(point)
             net = self.cfg.network
+            # Learners hold version − 1 of the mirror: they download the down-delta only.
+            size = snap.down_delta().nbytes if snap.down else snap.nbytes
             for i, rt in enumerate(self.rts):
                 if not rt.alive:
                     continue
                 start = max(self.now, rt.down_free)
-                rt.down_free = start + snap.nbytes / net.bandwidth
-                rt.bytes_down += snap.nbytes
+                rt.down_free = start + size / net.bandwidth
+                rt.bytes_down += size
                 self._at(rt.down_free + net.latency, _DELIVER, (i, rt.gen, snap))
         deadline = self.syncer.next_deadline()
         if deadline is not None and deadline > self.now:

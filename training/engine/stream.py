@@ -300,6 +300,16 @@ class TokenStream:
         self._consume(t)
         return out
 
+    def get_state(self) -> list[int]:
+        """The stream's position as bytes, saved in a learner checkpoint (training.engine.learner)."""
+        return list(json.dumps(self.position().as_dict(), sort_keys=True).encode())
+
+    def set_state(self, state: torch.Tensor) -> None:
+        """Continue from a position get_state saved: the next window starts where it did then."""
+        pos = StreamPosition(**json.loads(bytes(state.to(torch.uint8).tolist())))
+        self._docs = self._numbered(pos)
+        self._buf, self._segs, self._next = [], deque(), pos
+
     def skip(self, windows: int) -> None:
         """Move past ``windows`` windows without building them (a learner that resumes mid-shard)."""
         t = self.block_size

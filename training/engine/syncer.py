@@ -13,10 +13,15 @@ Per fragment f at global version v the syncer keeps the deltas that arrived. A d
 * Radial-directional averaging (optional, arXiv 2604.21428): per tensor, average the norms
   and the unit directions separately, Δ = mean‖Δ_i‖ · normalise(mean Δ_i/‖Δ_i‖), so that
   disagreeing learners do not shrink the step the way a plain mean does.
+* Adaptive grace (``adaptive_grace``): the grace window is sized per round from the lags the
+  syncer has seen (see :meth:`Syncer.grace_for`), with ``grace`` as its cap.
 * The outer optimizer (Nesterov SGD, :mod:`training.engine.outer`) applies Δ and version
   v + 1 is published with its momentum and the ids of the deltas it consumed. Publishing is
   write-once, so a syncer that was killed and resumed (:meth:`Syncer.resume`) never applies
   a delta twice: it restarts from the newest published version and skips consumed ids.
+* The way down is compressed too: each version carries ``down``, the difference between the
+  new parameters and the *mirror* (the copy every learner holds), quantised like the Δs, and
+  the new mirror (old mirror + decoded ``down``). See :meth:`Syncer._down`.
 
 Time is whatever the caller says it is (virtual seconds in the simulator, ``time.time()``
 in a worker); the syncer never sleeps and never reads a clock.
@@ -30,7 +35,8 @@ from typing import Any
 
 import torch
 
-from training.engine.config import OuterConfig, SyncerConfig
+from training.engine.compression import EncodedTensor, decode, encode
+from training.engine.config import CompressionKind, OuterConfig, SyncerConfig
 from training.engine.messages import FragmentDelta, GlobalVersion
 from training.engine.outer import OuterOptimizer
 from training.engine.transport import Transport, latest_version
@@ -56,17 +62,26 @@ class Syncer:
         transport: Transport | None = None,
         versions: list[int] | None = None,
         publish_initial: bool = True,
+        down: CompressionKind = "fp32",
+        mirror: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
         self.cfg = cfg
         self.fragments = fragments
         self.transport = transport
         self.params = {n: t.detach().float().clone() for n, t in init.items()}
+        self.down_kind: CompressionKind = down
+        source = mirror if mirror is not None else self.params
+        self.mirror = {n: source[n].detach().float().clone() for n in self.params}
         self.outer = OuterOptimizer(outer)
         self.version = list(versions) if versions is not None else [0] * len(fragments)
         self.pending: list[list[FragmentDelta]] = [[] for _ in fragments]
         self.quorum_at: list[float | None] = [None] * len(fragments)
         self.consumed: set[str] = set()
         self.history: list[dict[str, Any]] = []
+        # Adaptive grace: per learner, a running estimate of how long after a round's quorum
+        # its delta arrives; per (fragment, version), when that round reached its quorum.
+        self.lag: dict[int, float] = {}
+        self.round_quorum_at: dict[tuple[int, int], float] = {}
         if transport is not None and publish_initial:
             for f in range(len(fragments)):
                 if self.version[f] == 0:
@@ -82,30 +97,44 @@ class Syncer:
         fragments: list[list[str]],
         transport: Transport,
         init: Mapping[str, torch.Tensor] | None = None,
+        down: CompressionKind = "fp32",
     ) -> Syncer:
         """A syncer rebuilt from the newest published version of every fragment."""
         params: dict[str, torch.Tensor] = {}
+        mirror: dict[str, torch.Tensor] = {}
         momentum: dict[str, torch.Tensor] = {}
         versions: list[int] = []
         consumed: set[str] = set()
+        lags: dict[int, float] = {}
         for f in range(len(fragments)):
             latest = latest_version(transport, f)
             if latest is None:
                 if init is None:
                     raise ValueError(f"fragment {f} has no published version and no init")
                 params.update({n: init[n] for n in fragments[f]})
+                mirror.update({n: init[n] for n in fragments[f]})
                 versions.append(0)
                 continue
             params.update(latest.params)
+            mirror.update(latest.held)
             momentum.update(latest.momentum)
             versions.append(latest.version)
+            lags.update({int(k): float(v) for k, v in latest.meta.get("lags", {}).items()})
             for v in transport.versions(f):
                 consumed.update(transport.get_version(f, v).merged)
         syncer = cls(
-            cfg=cfg, outer=outer, fragments=fragments, init=params, transport=transport, versions=versions
+            cfg=cfg,
+            outer=outer,
+            fragments=fragments,
+            init=params,
+            transport=transport,
+            versions=versions,
+            down=down,
+            mirror=mirror,
         )
         syncer.outer.load_state_dict(momentum)
         syncer.consumed = consumed
+        syncer.lag = lags
         return syncer
 
     # ---- intake -------------------------------------------------------------------------
@@ -115,6 +144,7 @@ class Syncer:
         if delta.id in self.consumed or any(d.id == delta.id for d in self.pending[f]):
             return False
         self.pending[f].append(delta)
+        self._observe_lag(delta, now)
         if self.quorum_at[f] is None and len(self._fresh_learners(f)) >= self._k():
             self.quorum_at[f] = now
         return True
@@ -143,11 +173,57 @@ class Syncer:
         if fresh >= self.cfg.learners:
             return True
         at = self.quorum_at[fragment]
-        return fresh >= self._k() and at is not None and now >= at + self.cfg.grace
+        return fresh >= self._k() and at is not None and now >= at + self.grace_for(fragment)
 
     def next_deadline(self) -> float | None:
-        times = [at + self.cfg.grace for at in self.quorum_at if at is not None]
+        times = [at + self.grace_for(f) for f, at in enumerate(self.quorum_at) if at is not None]
         return min(times) if times else None
+
+    # ---- adaptive grace -----------------------------------------------------------------
+    # Decoupled DiLoCo (arXiv 2604.21428) merges on a minimum quorum and then admits late
+    # learners within an *adaptive* grace window. The abstract names the mechanism; its exact
+    # rule was not available to us, so this is our own: wait only for learners whose delta is
+    # expected within the cap (``cfg.grace``), and only as long as the latest of them is
+    # expected. Each learner's expected lag (seconds after a round's quorum) is an exponential
+    # average of what the syncer observed: 0 for a delta that was part of the quorum, the
+    # time after the quorum for one that came inside the window, and for a delta that came
+    # after its round was merged (stale), the time since that round's quorum. A learner with
+    # no history gets the whole cap (the fixed window), a dead or slow one stops costing the
+    # others anything once its estimate exceeds the cap, and a learner that speeds up is
+    # waited for again as soon as one fresh delta of it lands in a window.
+    LAG_SMOOTHING = 0.5  # weight of the newest observation
+    GRACE_MARGIN = 1.25  # wait this much longer than the latest expected arrival
+
+    def grace_for(self, fragment: int) -> float:
+        """Seconds to wait after this fragment's quorum before merging."""
+        cap = self.cfg.grace
+        if not self.cfg.adaptive_grace:
+            return cap
+        fresh = self._fresh_learners(fragment)
+        expected = []
+        for j in range(self.cfg.learners):
+            if j in fresh:
+                continue
+            lag = self.lag.get(j)
+            if lag is None:
+                return cap
+            if lag <= cap:
+                expected.append(lag)
+        return min(cap, max(expected) * self.GRACE_MARGIN) if expected else 0.0
+
+    def _observe_lag(self, delta: FragmentDelta, now: float) -> None:
+        f = delta.fragment
+        if delta.base_version == self.version[f]:
+            at = self.quorum_at[f]
+            lag = max(0.0, now - at) if at is not None else 0.0
+        else:
+            at = self.round_quorum_at.get((f, delta.base_version))
+            if at is None:
+                return
+            lag = max(0.0, now - at)
+        old = self.lag.get(delta.learner)
+        a = self.LAG_SMOOTHING
+        self.lag[delta.learner] = lag if old is None else a * lag + (1.0 - a) * old
 
     def decide(self, fragment: int) -> Decision:
         """Weights for the deltas queued on a fragment under the stale policy."""
@@ -184,6 +260,7 @@ class Syncer:
         self.outer.step(self.params, delta)
         merged_ids = [i for i, _, _ in decision.included] + [i for i, _ in decision.dropped]
         tokens = sum(by_id[i].tokens for i, _, _ in decision.included)
+        quorum_at = self.quorum_at[fragment]
         meta = {
             "time": now,
             "tokens": tokens,
@@ -191,15 +268,25 @@ class Syncer:
             "staleness": [s for _, _, s in decision.included],
             "weights": [w for _, w, _ in decision.included],
             "dropped": [i for i, _ in decision.dropped],
+            "grace": self.grace_for(fragment),
+            "lags": {str(j): lag for j, lag in sorted(self.lag.items())},
         }
+        if quorum_at is not None:
+            self.round_quorum_at[(fragment, self.version[fragment])] = quorum_at
+            for key in [k for k in self.round_quorum_at if k[0] == fragment]:
+                if key[1] < self.version[fragment] - self.cfg.max_staleness:
+                    del self.round_quorum_at[key]
         self.version[fragment] += 1
-        snap = self._snapshot(fragment, merged_ids, meta)
+        down = self._down(fragment)
+        snap = self._snapshot(fragment, merged_ids, meta, down)
         if self.transport is not None and not self.transport.publish(snap):
             # Someone (an earlier incarnation of this syncer) already wrote this version:
             # the stored one is the truth, ours is discarded.
             snap = self.transport.get_version(fragment, self.version[fragment])
             for n, t in snap.params.items():
                 self.params[n] = t.float().clone()
+            for n, t in snap.held.items():
+                self.mirror[n] = t.float().clone()
             self.outer.load_state_dict(snap.momentum)
             merged_ids = snap.merged
         self.consumed.update(merged_ids)
@@ -226,7 +313,35 @@ class Syncer:
         d = float(direction.norm())
         return direction * (norm / d) if d > 0 else direction
 
-    def _snapshot(self, fragment: int, merged: list[str], meta: dict[str, Any]) -> GlobalVersion:
+    @torch.no_grad()
+    def _down(self, fragment: int) -> dict[str, EncodedTensor]:
+        """The new version as learners receive it; moves the mirror to what they will hold.
+
+        down = Q(θ_new − mirror) and mirror ← mirror + decode(down). Learners hold the mirror
+        of the previous version, add the same decoded tensor in the same fp32 arithmetic and
+        so hold the new mirror bitwise. This is error feedback on the way down: the residual
+        θ − mirror that quantisation leaves is not lost, it is part of the next version's
+        down-delta, so the learners' copy never drifts further from θ than one quantisation
+        step of one down-delta (tested). It is the server half of the two-way
+        error-compensated compression of DoubleSqueeze (Tang et al., arXiv 1905.05957,
+        Algorithm 1), applied to the model difference rather than to a gradient. We keep it
+        instead of a periodic fp32 resend because it costs no extra bytes and bounds the
+        drift at every version, not only after each resend.
+        """
+        down: dict[str, EncodedTensor] = {}
+        for n in self.fragments[fragment]:
+            enc = encode(self.params[n] - self.mirror[n], self.down_kind)
+            self.mirror[n] = self.mirror[n] + decode(enc)
+            down[n] = enc
+        return down
+
+    def _snapshot(
+        self,
+        fragment: int,
+        merged: list[str],
+        meta: dict[str, Any],
+        down: dict[str, EncodedTensor] | None = None,
+    ) -> GlobalVersion:
         names = self.fragments[fragment]
         return GlobalVersion(
             fragment=fragment,
@@ -235,6 +350,8 @@ class Syncer:
             momentum=self.outer.state_dict(names),
             merged=list(merged),
             meta=dict(meta),
+            mirror={n: self.mirror[n].clone() for n in names},
+            down=dict(down or {}),
         )
 
     def global_params(self) -> dict[str, torch.Tensor]:

@@ -39,7 +39,9 @@ class ChunkOutcome:
     losses: list[float] = field(default_factory=list)
     deltas_pushed: int = 0
     bytes_sent: int = 0
-    rejoined: bool = False
+    bytes_received: int = 0
+    state_source: str = ""  # LearnerChunk.StateSource: where the learner's state came from
+    checkpoint_key: str = ""  # the checkpoint it was restored from, if any
     stopped_by: str = ""  # "" (time up) or the run/learner state that stopped it
     stopped_at: float | None = None  # wall time the stop was seen
     first_step_at: datetime | None = None  # when the first inner step finished (training again)
@@ -134,12 +136,18 @@ def learner_chunk_progress(
     deltas_pushed: int,
     bytes_sent: int,
     tokens_at_push: int,
+    bytes_received: int = 0,
 ) -> None:
     """A chunk pushed deltas: record how far it got (a killed chunk leaves this behind)."""
     now = timezone.now()
     chunk = LearnerChunk.objects.filter(pk=chunk_id, finished_at__isnull=True)
     chunk.update(
-        steps=steps, tokens=tokens, deltas_pushed=deltas_pushed, bytes_sent=bytes_sent, progress_at=now
+        steps=steps,
+        tokens=tokens,
+        deltas_pushed=deltas_pushed,
+        bytes_sent=bytes_sent,
+        bytes_received=bytes_received,
+        progress_at=now,
     )
     TrainingLearner.objects.filter(pk=learner_id).update(tokens_at_last_push=tokens_at_push, last_push_at=now)
 
@@ -218,6 +226,9 @@ def learner_chunk_finish(
         chunk.train_losses = [round(x, 5) for x in outcome.losses]
         chunk.deltas_pushed = outcome.deltas_pushed
         chunk.bytes_sent = outcome.bytes_sent
+        chunk.bytes_received = outcome.bytes_received
+        chunk.state_source = outcome.state_source
+        chunk.checkpoint_key = outcome.checkpoint_key[:500]
         chunk.accelerator_seconds = Decimal(str(round(seconds, 3)))
         chunk.progress_at = finished_at
         chunk.error = error[:5000]

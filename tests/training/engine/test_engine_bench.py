@@ -11,9 +11,13 @@ SUMMARY_KEYS = {
     "protocol_b_loss_ratio_m2",
     "protocol_b_loss_ratio_m4",
     "protocol_a_loss_ratio_vs_dp1x",
+    "protocol_a_loss_ratio_vs_dp_mx",
     "bytes_ratio_fp32",
     "bytes_ratio_int8",
     "bytes_ratio_4bit",
+    "bytes_ratio_fp32_both_ways",
+    "bytes_ratio_int8_both_ways",
+    "bytes_ratio_4bit_both_ways",
     "loss_ratio_4bit_vs_fp32",
     "streaming_peak_bytes_ratio",
     "decoupled_speedup_with_straggler",
@@ -29,6 +33,7 @@ RUN_KEYS = {
     "compression",
     "eval_loss",
     "bytes_sent_per_learner",
+    "bytes_received_per_learner",
     "virtual_seconds",
     "real_seconds",
     "tokens",
@@ -47,6 +52,12 @@ def test_bench_diloco_writes_the_summary_and_runs_it_prints(tmp_path, capsys):
         assert RUN_KEYS <= set(run), run["name"]
     # Exact byte accounting: DiLoCo sends S per sync, data-parallel 2(M-1)/M * S per step.
     assert written["summary"]["bytes_ratio_fp32"] == written["config"]["H"]
+    # Both ways: DiLoCo receives one down-delta per sync, as large as its Δ (fp32: S each way).
+    assert written["summary"]["bytes_ratio_fp32_both_ways"] == written["config"]["H"]
+    runs = {r["name"]: r for r in sim_runs}
+    q4 = runs["diloco_m2_4bit"]
+    assert q4["bytes_received_per_learner"] == q4["bytes_sent_per_learner"]
+    assert runs["dp_4b"]["batch_per_learner"] == 4 * runs["dp_b"]["batch_per_learner"]
     assert set(written["targets"]) <= SUMMARY_KEYS
 
 

@@ -50,6 +50,9 @@ def test_the_s3_store_puts_gets_lists_and_writes_once(s3_endpoint):
     assert store.put_if_absent("c/new", b"x") is True
     with pytest.raises(ObjectNotFoundError):
         store.get("missing")
+    store.delete("a/two")
+    store.delete("a/two")  # deleting twice is harmless
+    assert store.list("a/") == ["a/one"] and not store.exists("a/two")
     # The prefix keeps runs apart inside one bucket.
     assert open_store(f"s3://{BUCKET}/elsewhere", endpoint_url=s3_endpoint).list() == []
 

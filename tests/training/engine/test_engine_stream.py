@@ -129,6 +129,23 @@ def test_a_stream_rebuilt_at_its_position_gives_the_windows_that_would_have_come
     assert StreamPosition(**where.as_dict()) == where
 
 
+def test_a_stream_restored_from_its_saved_state_continues_where_the_saved_one_stood(tmp_path, tokenizer):
+    # What a learner checkpoint keeps of a text stream (training.engine.learner._sampler_state).
+    store = _jsonl_store(tmp_path, 3)
+    ds = TextDataset(keys=dataset_keys(store, "corpus", "jsonl"), format="jsonl")
+    first = TokenStream(store, ds, tokenizer, block_size=12, batch_size=3, shard=1, shards=2)
+    for _ in range(5):
+        first.next()
+    saved = torch.as_tensor(first.get_state(), dtype=torch.uint8)
+    restored = TokenStream(store, ds, tokenizer, block_size=12, batch_size=3, shard=1, shards=2)
+    restored.next()  # a stream that had moved elsewhere is put back, not advanced from there
+    restored.set_state(saved)
+    assert restored.position() == first.position()
+    for _ in range(10):
+        a, b = first.next(), restored.next()
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
 def test_a_large_text_file_is_cut_into_pieces_at_line_ends_without_losing_a_byte(tmp_path):
     line = "the fox finds the owl on the hill — ünïcödé.\n"
     text = line * (3 * TEXT_PIECE_BYTES // len(line.encode()) + 7)

@@ -146,3 +146,49 @@ def test_radial_directional_averaging_keeps_the_mean_norm():
     (snap,) = s.poll(now=0.0)
     # A plain mean would give norm sqrt(2); RDA keeps norm 2 along the mean direction.
     torch.testing.assert_close(snap.params["w"], -torch.tensor([2.0, 2.0]) / 2**0.5)
+
+
+def test_the_adaptive_grace_window_waits_as_long_as_late_learners_take_and_not_for_lost_ones():
+    s = _syncer(grace=10.0, adaptive_grace=True)
+    fixed = _syncer(grace=10.0)
+    for syncer in (s, fixed):
+        syncer.submit(_delta(0, 1.0, seq=0), now=0.0)
+        syncer.submit(_delta(1, 1.0, seq=0), now=0.0)
+    assert s.grace_for(0) == 10.0  # learner 2 has no history yet: the whole cap
+    s.submit(_delta(2, 1.0, seq=0), now=2.0)  # it comes 2 s after the quorum
+    (v1,) = s.poll(now=2.0)
+    assert v1.meta["lags"] == {"0": 0.0, "1": 0.0, "2": 2.0}
+
+    # Next round: the window is learner 2's expected lag with a margin, not the cap.
+    s.submit(_delta(0, 1.0, base=1, seq=1), now=100.0)
+    s.submit(_delta(1, 1.0, base=1, seq=1), now=100.0)
+    assert s.grace_for(0) == pytest.approx(2.5)
+    assert not s.ready(0, now=102.4) and s.ready(0, now=102.5)
+    assert s.next_deadline() == pytest.approx(102.5)
+    (v2,) = s.poll(now=102.5)
+    assert v2.meta["learners"] == [0, 1] and v2.meta["grace"] == pytest.approx(2.5)
+
+    # Learner 2 turns up 30 s after that round's quorum: expected beyond the cap from now on,
+    # so the next round merges at its quorum instead of idling for a learner that will be late.
+    s.submit(_delta(2, 1.0, base=1, seq=2), now=130.0)
+    assert s.lag[2] == pytest.approx(0.5 * 30.0 + 0.5 * 2.0)
+    s.submit(_delta(0, 1.0, base=2, seq=2), now=200.0)
+    s.submit(_delta(1, 1.0, base=2, seq=2), now=200.0)
+    assert s.grace_for(0) == 0.0 and s.ready(0, now=200.0)
+    # The fixed window always waits the configured grace.
+    assert fixed.grace_for(0) == 10.0 and not fixed.ready(0, now=9.9)
+
+
+def test_a_resumed_syncer_keeps_the_lags_it_had_learned(tmp_path):
+    from storage.objectstore import open_store
+    from training.engine.transport import ObjectStoreTransport
+
+    transport = ObjectStoreTransport(open_store(f"file://{tmp_path}/o"), prefix="runs/2")
+    cfg = SyncerConfig(learners=3, quorum=2, grace=10.0, adaptive_grace=True)
+    s = Syncer(cfg=cfg, outer=AVG, fragments=[["w"]], init={"w": torch.zeros(2)}, transport=transport)
+    for learner, at in ((0, 0.0), (1, 0.0), (2, 4.0)):
+        transport.put_delta(_delta(learner, 1.0, seq=0))
+        s.pull(now=at)
+    s.poll(now=4.0)
+    resumed = Syncer.resume(cfg=cfg, outer=AVG, fragments=[["w"]], transport=transport)
+    assert resumed.lag == {0: 0.0, 1: 0.0, 2: 4.0}
