@@ -145,7 +145,7 @@ def test_failed_lines_are_counted_and_reported(operator: User, mock_provider: St
         ('{"prompt": "x", "max_tokens": -1}\n', "max_tokens"),
         ('{"prompt": "hi \\ud800"}\n', r"line 1: prompt is not valid Unicode"),
         ('{"custom_id": "a\\udc00", "prompt": "x"}\n', "custom_id is not valid Unicode"),
-        ('{"custom_id": "a\\u0000", "prompt": "x"}\n', "custom_id must be a non-empty string of printable"),
+        ('{"custom_id": "a\\u0000", "prompt": "x"}\n', "custom_id must be printable"),
         ('{"prompt": "x", "n": true}\n', "only n=1"),
         ('{"prompt": "x", "deep": ' + "[" * 5000 + "]" * 5000 + "}\n", "nested more than"),
         ("\n\n", "no lines"),
