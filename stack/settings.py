@@ -357,7 +357,11 @@ REST_FRAMEWORK = {
     # (stack.registry.parsers): every input the API takes is refused with 400, never a 500.
     "DEFAULT_PAGINATION_CLASS": "stack.registry.pagination.BoundedLimitOffsetPagination",
     # Unknown query parameters answer 400 naming them (stack.registry.query_params).
-    "DEFAULT_FILTER_BACKENDS": ["stack.registry.query_params.KnownQueryParams"],
+    # A token limited to workflows sees only their rows (stack.registry.scoping).
+    "DEFAULT_FILTER_BACKENDS": [
+        "stack.registry.query_params.KnownQueryParams",
+        "stack.registry.scoping.WorkflowScopeFilter",
+    ],
     "DEFAULT_PARSER_CLASSES": [
         "stack.registry.parsers.BoundedJSONParser",
         "stack.registry.parsers.CheckedFormParser",
