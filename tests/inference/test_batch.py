@@ -195,7 +195,11 @@ def test_api_creates_lists_and_shows_progress_by_role(
         and detail["progress"]["done"] == 3
         and detail["progress"]["total"] == 3
     )
-    assert Decimal(detail["progress"]["cost"]) > 0 and detail["output_uri"].endswith("output.jsonl")
+    assert detail["output_uri"].endswith("output.jsonl")
+    # The cost is for those who may see costs (stack.registry.roles.can_see_costs), not a viewer.
+    assert "cost" not in detail and "cost" not in detail["progress"]
+    detail = client.get(f"/api/batch-jobs/{job_id}/").json()
+    assert Decimal(detail["progress"]["cost"]) > 0 and Decimal(detail["cost"]) > 0
 
 
 def test_a_cancelled_job_is_not_run_and_a_finished_one_cannot_be_cancelled(
