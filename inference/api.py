@@ -47,7 +47,7 @@ from stack.registry.roles import ALL_ROLES, OPERATORS
 from stack.registry.scoping import (
     WorkflowScopedPrimaryKeyRelatedField,
     scope_requires_workflow,
-    workflow_field,
+    scoped_workflow_field,
 )
 from stack.registry.validation import INTEGER_MAX, id_parse
 
@@ -148,7 +148,7 @@ class EvalCaseSerializer(ModelSerializer[EvalCase]):
 
 
 class EvalSetSerializer(ModelSerializer[EvalSet]):
-    workflow = workflow_field()
+    workflow = scoped_workflow_field()
     cases = EvalCaseSerializer(many=True, required=False)
 
     class Meta:
@@ -269,7 +269,7 @@ class FeedbackSerializer(serializers.Serializer[Any]):
     deployment = serializers.SlugRelatedField(
         slug_field="slug", queryset=Deployment.objects.all(), required=False
     )
-    workflow = workflow_field(required=False)
+    workflow = scoped_workflow_field(required=False)
     # A float: applications send whatever their arithmetic produced (0.30000000000000004);
     # the service rounds it to the record's four places.
     score = FloatField(min_value=0.0, max_value=1.0)
@@ -347,7 +347,7 @@ class BatchProgressSerializer(ResponseSerializer):
 
 
 class BatchJobSerializer(ModelSerializer[BatchJob]):
-    workflow = workflow_field()
+    workflow = scoped_workflow_field()
     input_uri = serializers.CharField(max_length=512, required=False, allow_blank=True, default="")
     input_jsonl = serializers.CharField(required=False, write_only=True, trim_whitespace=False)
     created_by = serializers.CharField(source="created_by.username", read_only=True)

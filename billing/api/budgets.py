@@ -24,7 +24,7 @@ from billing.money import CENT, ledger_text
 from stack.registry.api_fields import IntegerField, ModelSerializer, ResponseSerializer
 from stack.registry.models import Cluster, Provider
 from stack.registry.roles import LEDGER_READERS, OPERATORS
-from stack.registry.scoping import scope_requires_workflow, workflow_field
+from stack.registry.scoping import scope_requires_workflow, scoped_workflow_field
 from stack.registry.validation import id_parse
 
 
@@ -62,7 +62,7 @@ class BudgetFiguresSerializer(ResponseSerializer):
 
 
 class BudgetSerializer(ModelSerializer[Budget]):
-    workflow = workflow_field(required=False, allow_null=True)
+    workflow = scoped_workflow_field(required=False, allow_null=True)
     provider = serializers.SlugRelatedField(
         slug_field="slug", queryset=Provider.objects.all(), required=False, allow_null=True
     )

@@ -121,7 +121,7 @@ class WorkflowScopedPrimaryKeyRelatedField(_ScopedRelatedField, serializers.Prim
     """A workflow's row by id, among those the request may reach."""
 
 
-def workflow_field(**kwargs: Any) -> WorkflowScopedSlugRelatedField:
+def scoped_workflow_field(**kwargs: Any) -> WorkflowScopedSlugRelatedField:
     """The `workflow` input of a serializer: a slug among the workflows the request may reach."""
     return WorkflowScopedSlugRelatedField(
         slug_field="slug", queryset=Workflow.objects.all(), workflow_field="pk", **kwargs
