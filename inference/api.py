@@ -44,6 +44,11 @@ from inference.services import chaos_config_set
 from stack.registry.api_fields import FloatField, IntegerField, JSONField, ModelSerializer, ResponseSerializer
 from stack.registry.models import Deployment, Workflow
 from stack.registry.roles import ALL_ROLES, OPERATORS
+from stack.registry.scoping import (
+    WorkflowScopedPrimaryKeyRelatedField,
+    scope_requires_workflow,
+    scoped_workflow_field,
+)
 from stack.registry.validation import INTEGER_MAX, id_parse
 
 # --- Chaos drills ------------------------------------------------------------------------------
@@ -143,7 +148,7 @@ class EvalCaseSerializer(ModelSerializer[EvalCase]):
 
 
 class EvalSetSerializer(ModelSerializer[EvalSet]):
-    workflow = serializers.SlugRelatedField(slug_field="slug", queryset=Workflow.objects.all())
+    workflow = scoped_workflow_field()
     cases = EvalCaseSerializer(many=True, required=False)
 
     class Meta:
@@ -154,7 +159,7 @@ class EvalSetSerializer(ModelSerializer[EvalSet]):
 
 
 class EvalRunSerializer(ModelSerializer[EvalRun]):
-    eval_set = serializers.PrimaryKeyRelatedField(queryset=EvalSet.objects.all())
+    eval_set = WorkflowScopedPrimaryKeyRelatedField(queryset=EvalSet.objects.all())
     deployment = serializers.SlugRelatedField(slug_field="slug", queryset=Deployment.objects.all())
 
     class Meta:
@@ -190,6 +195,7 @@ class EvalSetViewSet(
     write_roles = OPERATORS
     serializer_class = EvalSetSerializer
     query_params_known = ("workflow",)
+    workflow_field = "workflow"
 
     def get_queryset(self) -> Any:
         qs = EvalSet.objects.select_related("workflow").prefetch_related("cases__judge_deployment")
@@ -197,7 +203,7 @@ class EvalSetViewSet(
         return qs.filter(workflow__slug=workflow) if workflow else qs
 
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        body = EvalSetSerializer(data=request.data)
+        body = self.get_serializer(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
         eval_set = quality.eval_set_create(
@@ -208,16 +214,16 @@ class EvalSetViewSet(
             cases=[dict(c) for c in data.get("cases", [])],
             user=request.user,  # type: ignore[arg-type]
         )
-        return Response(EvalSetSerializer(eval_set).data, status=status.HTTP_201_CREATED)
+        return Response(self.get_serializer(eval_set).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=EvalCaseSerializer, responses={201: EvalCaseSerializer})
     @action(detail=True, methods=["post"], serializer_class=EvalCaseSerializer)
     def cases(self, request: Request, pk: str | None = None) -> Response:
         eval_set = self.get_object()  # DRF's lookup: a malformed or unknown id is a 404
-        body = EvalCaseSerializer(data=request.data)
+        body = self.get_serializer(data=request.data)
         body.is_valid(raise_exception=True)
         case = quality.eval_case_create(eval_set=eval_set, **body.validated_data)
-        return Response(EvalCaseSerializer(case).data, status=status.HTTP_201_CREATED)
+        return Response(self.get_serializer(case).data, status=status.HTTP_201_CREATED)
 
 
 @extend_schema_view(
@@ -233,6 +239,7 @@ class EvalRunViewSet(
     write_roles = OPERATORS
     serializer_class = EvalRunSerializer
     query_params_known = ("eval_set",)
+    workflow_field = "eval_set__workflow"
 
     def get_queryset(self) -> Any:
         qs = EvalRun.objects.select_related("deployment")
@@ -245,26 +252,24 @@ class EvalRunViewSet(
         return qs
 
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        body = EvalRunSerializer(data=request.data)
+        body = self.get_serializer(data=request.data)
         body.is_valid(raise_exception=True)
         run = quality.eval_run_start(
             eval_set=body.validated_data["eval_set"],
             deployment=body.validated_data["deployment"],
             user=request.user,  # type: ignore[arg-type]
         )
-        return Response(EvalRunSerializer(run).data, status=status.HTTP_201_CREATED)
+        return Response(self.get_serializer(run).data, status=status.HTTP_201_CREATED)
 
 
 class FeedbackSerializer(serializers.Serializer[Any]):
-    request_id = serializers.PrimaryKeyRelatedField(
+    request_id = WorkflowScopedPrimaryKeyRelatedField(
         queryset=InferenceRequest.objects.select_related("deployment", "workflow"), required=False
     )
     deployment = serializers.SlugRelatedField(
         slug_field="slug", queryset=Deployment.objects.all(), required=False
     )
-    workflow = serializers.SlugRelatedField(
-        slug_field="slug", queryset=Workflow.objects.all(), required=False
-    )
+    workflow = scoped_workflow_field(required=False)
     # A float: applications send whatever their arithmetic produced (0.30000000000000004);
     # the service rounds it to the record's four places.
     score = FloatField(min_value=0.0, max_value=1.0)
@@ -276,6 +281,9 @@ class FeedbackSerializer(serializers.Serializer[Any]):
             raise serializers.ValidationError(
                 {"deployment": ["give request_id, or deployment (and workflow)"]}
             )
+        if request is None:
+            # A score for a bare deployment moves its quality for every workflow.
+            scope_requires_workflow(self.context["request"], attrs.get("workflow"))
         if request is not None:
             for name, value in (("deployment", request.deployment), ("workflow", request.workflow)):
                 given = attrs.get(name)
@@ -305,10 +313,11 @@ class FeedbackViewSet(viewsets.GenericViewSet[QualityRecord]):
     read_roles = ALL_ROLES
     write_roles = OPERATORS
     serializer_class = FeedbackSerializer
+    workflow_field = "workflow"  # its inputs name a request or a workflow the token reaches
 
     @extend_schema(request=FeedbackSerializer, responses={201: QualityRecordSerializer})
     def create(self, request: Request) -> Response:
-        body = FeedbackSerializer(data=request.data)
+        body = self.get_serializer(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
         record = quality.feedback_record(
@@ -338,7 +347,7 @@ class BatchProgressSerializer(ResponseSerializer):
 
 
 class BatchJobSerializer(ModelSerializer[BatchJob]):
-    workflow = serializers.SlugRelatedField(slug_field="slug", queryset=Workflow.objects.all())
+    workflow = scoped_workflow_field()
     input_uri = serializers.CharField(max_length=512, required=False, allow_blank=True, default="")
     input_jsonl = serializers.CharField(required=False, write_only=True, trim_whitespace=False)
     created_by = serializers.CharField(source="created_by.username", read_only=True)
@@ -386,12 +395,13 @@ class BatchJobViewSet(
     write_roles = OPERATORS
     serializer_class = BatchJobSerializer
     query_params_known = ("workflow",)
+    workflow_field = "workflow"
 
     def get_queryset(self) -> Any:
         return batch_jobs(workflow_slug=self.request.query_params.get("workflow"))
 
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        body = BatchJobSerializer(data=request.data)
+        body = self.get_serializer(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
         job = batch.batch_job_create(
@@ -400,13 +410,13 @@ class BatchJobViewSet(
             input_uri=data.get("input_uri", ""),
             input_jsonl=data.get("input_jsonl"),
         )
-        return Response(BatchJobSerializer(job).data, status=status.HTTP_201_CREATED)
+        return Response(self.get_serializer(job).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=None, responses=BatchJobSerializer)
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str | None = None) -> Response:
         job = batch.batch_job_cancel(job=self.get_object())  # a malformed or unknown id is a 404
-        return Response(BatchJobSerializer(job).data)
+        return Response(self.get_serializer(job).data)
 
 
 def register(router: BaseRouter) -> None:

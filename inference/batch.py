@@ -10,7 +10,8 @@ Running (`batch_job_execute`, called by the `inference.batch_job_run` task):
   running one whose `updated_at` is older than INFERENCE_BATCH_STALE_SECONDS (its worker died),
   with a conditional UPDATE; after every line it renews the lease with a compare-and-set on
   the token it holds, so a runner that lost the lease (or a cancelled job) stops at once.
-* Billing once: each line is routed with client_request_id `batch:<job>:<custom_id or line>`;
+* Billing once: each line is routed with client_request_id `batch:<job>:<custom_id or line>`
+  (inference.idempotency: a namespace no /v1 caller can write);
   a line retried after a crash is answered by the router from the recorded request (replayed,
   not called nor billed again).
 * Output in parts: every INFERENCE_BATCH_PART_LINES lines are written as one object
@@ -23,7 +24,6 @@ Running (`batch_job_execute`, called by the `inference.batch_job_run` task):
 
 from __future__ import annotations
 
-import hashlib
 import json
 import uuid
 from dataclasses import dataclass
@@ -40,6 +40,7 @@ from django.utils import timezone
 
 from billing.budgets import BudgetExhausted
 from inference.adapters.base import InferenceInput
+from inference.idempotency import batch_request_id, caller_key_problem
 from inference.models import BatchJob, Endpoint
 from inference.openai_request import (
     InvalidRequest,
@@ -116,13 +117,11 @@ def batch_lines_parse(data: bytes) -> list[BatchLine]:
             message = str(exc).replace("The request body", "the line")
             raise RegistryError(f"{where}: {message}", field="input") from None
         custom_id = obj.get("custom_id")
-        if custom_id is not None and (
-            not isinstance(custom_id, str) or not custom_id or not custom_id.isprintable()
-        ):
-            # It becomes part of the request's client_request_id: no NUL or control characters.
-            raise RegistryError(
-                f"{where}: custom_id must be a non-empty string of printable characters", field="input"
-            )
+        if custom_id is not None:
+            # It becomes part of the request's client_request_id: checked as every caller's key.
+            problem = caller_key_problem(custom_id) if isinstance(custom_id, str) else "must be a string"
+            if problem is not None:
+                raise RegistryError(f"{where}: custom_id {problem}", field="input")
         key = custom_id if custom_id is not None else f"line-{number}"
         if key in seen:
             raise RegistryError(f"{where}: duplicate custom_id {key!r}", field="input")
@@ -133,14 +132,6 @@ def batch_lines_parse(data: bytes) -> list[BatchLine]:
     if not lines:
         raise RegistryError("input has no lines", field="input")
     return lines
-
-
-def client_request_id(job_id: int, key: str) -> str:
-    """The line's idempotency key (InferenceRequest.client_request_id, at most 128 characters)."""
-    value = f"batch:{job_id}:{key}"
-    if len(value) <= 128:
-        return value
-    return f"batch:{job_id}:sha256:{hashlib.sha256(key.encode()).hexdigest()}"
 
 
 def _job_prefix(job: BatchJob) -> str:
@@ -284,7 +275,7 @@ def _run_line(job: BatchJob, line: BatchLine) -> dict[str, Any]:
             workflow=job.workflow,
             request=line.request,
             endpoint=Endpoint.BATCH,
-            client_request_id=client_request_id(job.pk, line.key),
+            client_request_id=batch_request_id(job_id=job.pk, line_key=line.key),
         )
     except BudgetExhausted as exc:
         # Not recorded, so not billed: the line is reported failed in the output.

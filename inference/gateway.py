@@ -9,9 +9,11 @@ Django's error pages), in inference.gateway_middleware. Request bodies are check
 inference.openai_request, before the workflow is looked up or any provider called; what a
 provider answered on failure is logged, never returned.
 
-Authenticated tokens and workflow look-ups are cached per process for AUTH_CACHE_SECONDS (a
-revoked token stops working within that time), so a request costs no registry queries in the
-steady state: the database work per request is the ledger transaction alone.
+What a token may do comes from stack.registry.access, cached per process only while the
+authorisation version in Redis stands (one GET per request), so a revoked token, a removed role
+or a deactivated user is refused on the next request; without Redis, every request reads the
+token from the database. With that and the workflow row cached, the database work per request in
+the steady state is the ledger transaction alone.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ import math
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
@@ -33,6 +34,7 @@ from django.views.decorators.csrf import csrf_exempt
 from billing.budgets import BudgetExhausted
 from billing.services import NoPriceError
 from inference.adapters.base import CLIENT_ERROR_STATUSES, Completion, InferenceInput
+from inference.idempotency import caller_key_problem, v1_request_id
 from inference.models import Endpoint
 from inference.openai_request import (
     InvalidRequest,
@@ -43,14 +45,11 @@ from inference.openai_request import (
     json_document,
 )
 from inference.router import CapabilityMissing, CostLimitExceeded, NoRoute, RouteResult, route, route_stream
+from stack.registry.access import TokenGrant, grant_cache_clear, grant_for_raw_token
 from stack.registry.models import Workflow
-from stack.registry.roles import ALL_ROLES, user_has_role
-from stack.registry.services import api_token_authenticate
 
-AUTH_CACHE_SECONDS = 5.0
-TOKEN_MAX_LENGTH = 256
-# InferenceRequest.client_request_id holds 128 characters: "v1:<token id>:" and the key.
-IDEMPOTENCY_KEY_MAX_LENGTH = 100
+# A workflow's row (its slug and id) is cached this long; who may call it is checked every time.
+WORKFLOW_CACHE_SECONDS = 5.0
 logger = logging.getLogger(__name__)
 
 
@@ -83,29 +82,12 @@ def _invalid(exc: InvalidRequest) -> HttpResponse:
     return error_response(exc.status, str(exc), "invalid_request_error", exc.code, param=exc.param)
 
 
-# --- Authentication and scope (cached) ---------------------------------------------------------------
+# --- Authentication and scope ------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Caller:
-    token_id: int
-    may_read: bool
-    scope: frozenset[int] | None  # None: every workflow
-    expires: float
-
-
-_callers: dict[str, _Caller] = {}
-_workflows: dict[str, tuple[Workflow, float]] = {}
-_cache_lock = threading.Lock()
-
-
-def gateway_caches_clear() -> None:
-    with _cache_lock:
-        _callers.clear()
-        _workflows.clear()
-
-
-def _caller(request: HttpRequest) -> _Caller:
+def _caller(request: HttpRequest) -> TokenGrant:
+    """What the bearer token may do (stack.registry.access: cached per process while the
+    authorisation version stands, so a revocation counts from the next request)."""
     header = request.META.get("HTTP_AUTHORIZATION", "")
     scheme, _, raw = header.partition(" ")
     raw = raw.strip()
@@ -116,32 +98,26 @@ def _caller(request: HttpRequest) -> _Caller:
             type_="invalid_request_error",
             code="invalid_api_key",
         )
-    now = time.monotonic()
-    hit = _callers.get(raw)
-    if hit is not None and hit.expires > now:
-        return hit
-    # A token is printable ASCII: anything else (a NUL would be a database error) is no token.
-    well_formed = len(raw) <= TOKEN_MAX_LENGTH and raw.isascii() and raw.isprintable()
-    token = api_token_authenticate(raw=raw) if well_formed else None
-    if token is None or not token.user.is_active:
+    grant = grant_for_raw_token(raw)
+    if grant is None:
         raise GatewayError(
             401, "Invalid or revoked API key", type_="invalid_request_error", code="invalid_api_key"
         )
-    scope = frozenset(token.workflows.values_list("id", flat=True)) or None
-    caller = _Caller(
-        token_id=token.pk,
-        may_read=user_has_role(token.user, ALL_ROLES),
-        scope=scope,
-        expires=now + AUTH_CACHE_SECONDS,
-    )
+    return grant
+
+
+_workflows: dict[str, tuple[Workflow, float]] = {}
+_cache_lock = threading.Lock()
+
+
+def gateway_caches_clear() -> None:
+    grant_cache_clear()
     with _cache_lock:
-        if len(_callers) > 10_000:
-            _callers.clear()
-        _callers[raw] = caller
-    return caller
+        _workflows.clear()
 
 
 def _workflow(slug: str) -> Workflow:
+    """The workflow named by `model` (its row is cached briefly: who may call it is not)."""
     now = time.monotonic()
     hit = _workflows.get(slug)
     if hit is not None and hit[1] > now:
@@ -155,12 +131,12 @@ def _workflow(slug: str) -> Workflow:
             code="model_not_found",
         )
     with _cache_lock:
-        _workflows[slug] = (workflow, now + AUTH_CACHE_SECONDS)
+        _workflows[slug] = (workflow, now + WORKFLOW_CACHE_SECONDS)
     return workflow
 
 
-def _authorize(caller: _Caller, workflow: Workflow) -> None:
-    if not caller.may_read or (caller.scope is not None and workflow.pk not in caller.scope):
+def _authorize(caller: TokenGrant, workflow: Workflow) -> None:
+    if not caller.allows_workflow(workflow.pk):
         raise GatewayError(
             403,
             f"This API key may not call workflow {workflow.slug!r}",
@@ -185,39 +161,40 @@ def _body(request: HttpRequest) -> dict[str, Any]:
     return json_document(raw or b"null")
 
 
-def _idempotency_key(request: HttpRequest, caller: _Caller) -> str | None:
-    """The router's client_request_id for an Idempotency-Key header, in the caller's namespace.
-
-    Keyed by the API token so that a key can only replay its own caller's answers (batch and
-    eval requests use the `batch:` and `eval:` namespaces of the same column).
-    """
-    key = request.META.get("HTTP_IDEMPOTENCY_KEY") or None
+def _idempotency_key(request: HttpRequest) -> str | None:
+    """The Idempotency-Key header, checked (a bad one is a 400 before any provider call)."""
+    key = request.META.get("HTTP_IDEMPOTENCY_KEY")
     if key is None:
         return None
-    if len(key) > IDEMPOTENCY_KEY_MAX_LENGTH or not key.isprintable():
+    problem = caller_key_problem(key)
+    if problem is not None:
         raise InvalidRequest(
-            f"Idempotency-Key must be at most {IDEMPOTENCY_KEY_MAX_LENGTH} printable characters",
-            param="Idempotency-Key",
-            code="invalid_idempotency_key",
+            f"Idempotency-Key {problem}", param="Idempotency-Key", code="invalid_idempotency_key"
         )
-    return f"v1:{caller.token_id}:{key}"
+    return key
 
 
 # --- Responses -----------------------------------------------------------------------------------------
 
 
-def _headers(response: HttpResponse | StreamingHttpResponse, result: RouteResult | None, slug: str) -> None:
+def _headers(
+    response: HttpResponse | StreamingHttpResponse,
+    result: RouteResult | None,
+    slug: str,
+    caller: TokenGrant,
+) -> None:
     response["x-switchyard-deployment"] = slug
     if result is not None:
-        response["x-switchyard-cost"] = f"{result.cost:f}"
-        response["x-switchyard-currency"] = result.currency
+        if caller.sees_costs:  # the cost rule of stack.registry.roles.can_see_costs
+            response["x-switchyard-cost"] = f"{result.cost:f}"
+            response["x-switchyard-currency"] = result.currency
         if result.request_id is not None:
             response["x-switchyard-request-id"] = str(result.request_id)
         if result.policy_version is not None:
             response["x-switchyard-policy-version"] = str(result.policy_version)
 
 
-def _failure(result: RouteResult) -> HttpResponse:
+def _failure(result: RouteResult, caller: TokenGrant) -> HttpResponse:
     """Every deployment failed. The caller gets the status class, an OpenAI-style type and the
     request id; what the providers said stays in the logs and the request's attempts (an
     upstream body may name internal hosts or echo another system's data)."""
@@ -249,7 +226,7 @@ def _failure(result: RouteResult) -> HttpResponse:
         )
     else:
         response = error_response(502, f"No deployment could answer{ref}", "api_error", "upstream_error")
-    _headers(response, result, "")
+    _headers(response, result, "", caller)
     return response
 
 
@@ -324,23 +301,29 @@ def _complete(request: HttpRequest, *, chat: bool) -> HttpResponse | StreamingHt
         # The whole request is checked before the workflow is looked up or a provider called.
         parse = chat_request_parse if chat else completion_request_parse
         parsed = parse(_body(request))
-        idempotency_key = _idempotency_key(request, caller)
+        key = _idempotency_key(request)
         assert parsed.model is not None  # noqa: S101 (required by the parser)
         workflow = _workflow(parsed.model)
         _authorize(caller, workflow)
+        # The caller's key, in the caller's and the workflow's namespace (inference.idempotency).
+        client_request_id = (
+            v1_request_id(user_id=caller.user_id, workflow_id=workflow.pk, key=key)
+            if key is not None
+            else None
+        )
         payload: InferenceInput = parsed.request
         endpoint = Endpoint.CHAT if chat else Endpoint.COMPLETION
         if parsed.stream:
             return _stream_response(
-                workflow, payload, endpoint, chat=chat, include_usage=parsed.include_usage
+                workflow, payload, endpoint, caller, chat=chat, include_usage=parsed.include_usage
             )
         result = route(
-            workflow=workflow, request=payload, endpoint=endpoint, client_request_id=idempotency_key
+            workflow=workflow, request=payload, endpoint=endpoint, client_request_id=client_request_id
         )
     except _REFUSALS as exc:
         return _refusal(exc)
     if not result.ok or result.completion is None:
-        return _failure(result)
+        return _failure(result, caller)
     c = result.completion
     if c.raw is not None:
         # The provider's answer with every field it sent (tool calls, refusal, logprobs,
@@ -353,7 +336,7 @@ def _complete(request: HttpRequest, *, chat: bool) -> HttpResponse | StreamingHt
     else:
         doc = _synthesized(result, c, workflow.slug, chat=chat)
     response = HttpResponse(json.dumps(doc, separators=(",", ":")), content_type="application/json")
-    _headers(response, result, result.deployment_slug)
+    _headers(response, result, result.deployment_slug, caller)
     return response
 
 
@@ -362,12 +345,18 @@ def _sse(doc: dict[str, Any]) -> bytes:
 
 
 def _stream_response(
-    workflow: Workflow, payload: InferenceInput, endpoint: str, *, chat: bool, include_usage: bool
+    workflow: Workflow,
+    payload: InferenceInput,
+    endpoint: str,
+    caller: TokenGrant,
+    *,
+    chat: bool,
+    include_usage: bool,
 ) -> HttpResponse | StreamingHttpResponse:
     routed = route_stream(workflow=workflow, request=payload, endpoint=endpoint)
     if not routed.ok:
         assert routed.result is not None  # noqa: S101 (route_stream records a failure at once)
-        return _failure(routed.result)
+        return _failure(routed.result, caller)
     created = int(time.time())
     obj = "chat.completion.chunk" if chat else "text_completion"
     ident = f"chatcmpl-sy-{created}-{id(routed)}" if chat else f"cmpl-sy-{created}-{id(routed)}"
@@ -436,7 +425,8 @@ def _stream_response(
 
     def events() -> Iterator[bytes]:
         # The last event is held back until the stream has ended and been recorded, so that it
-        # can carry the request's cost (`switchyard`: request_id, deployment, cost, currency).
+        # can carry the request's cost (`switchyard`: request_id, deployment, and cost and
+        # currency for a caller whose role may see costs).
         held: dict[str, Any] | None = None
         for doc in docs():
             if held is not None:
@@ -445,19 +435,16 @@ def _stream_response(
         result = routed.result
         if held is not None:
             if result is not None:
-                held["switchyard"] = {
-                    "request_id": result.request_id,
-                    "deployment": result.deployment_slug,
-                    "cost": f"{result.cost:f}",
-                    "currency": result.currency,
-                }
+                held["switchyard"] = {"request_id": result.request_id, "deployment": result.deployment_slug}
+                if caller.sees_costs:  # the same rule as the x-switchyard-cost header
+                    held["switchyard"] |= {"cost": f"{result.cost:f}", "currency": result.currency}
             yield _sse(held)
         yield b"data: [DONE]\n\n"
 
     response = StreamingHttpResponse(events(), content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
-    _headers(response, None, routed.deployment_slug)
+    _headers(response, None, routed.deployment_slug, caller)
     return response
 
 
@@ -494,10 +481,10 @@ def embeddings(request: HttpRequest) -> HttpResponse:
     except _REFUSALS as exc:
         return _refusal(exc)
     if not result.ok or result.completion is None or result.completion.raw is None:
-        return _failure(result)
+        return _failure(result, caller)
     doc = {**result.completion.raw, "model": workflow.slug}
     response = HttpResponse(json.dumps(doc, separators=(",", ":")), content_type="application/json")
-    _headers(response, result, result.deployment_slug)
+    _headers(response, result, result.deployment_slug, caller)
     return response
 
 
@@ -511,8 +498,8 @@ def models(request: HttpRequest) -> HttpResponse:
     except GatewayError as exc:
         return error_response(exc.status, str(exc), exc.type, exc.code)
     rows = Workflow.objects.order_by("slug") if caller.may_read else Workflow.objects.none()
-    if caller.scope is not None:
-        rows = rows.filter(pk__in=caller.scope)
+    if caller.workflow_ids is not None:
+        rows = rows.filter(pk__in=caller.workflow_ids)
     data = [
         {
             "id": w.slug,

@@ -22,6 +22,7 @@ from django.utils import timezone
 from billing.budgets import BudgetExhausted
 from inference import scorers
 from inference.adapters.base import ChatMessage, ChatRequest
+from inference.idempotency import eval_request_id
 from inference.models import Endpoint, EvalCase, EvalRun, EvalSet, InferenceRequest, QualityRecord
 from inference.router import route
 from inference.selectors import route_plan
@@ -194,7 +195,7 @@ def _run_cases(run: EvalRun) -> None:
             workflow=workflow,
             request=_chat(case.prompt),
             endpoint=Endpoint.EVAL,
-            client_request_id=f"eval:{run.pk}:{case.pk}",
+            client_request_id=eval_request_id(run_id=run.pk, case_id=case.pk),
             deployment=run.deployment,
         )
         cost = result.cost
@@ -241,7 +242,7 @@ def _judge(run: EvalRun, case: EvalCase, answer: str) -> tuple[float, str, Decim
         workflow=run.eval_set.workflow,
         request=_chat(prompt),
         endpoint=Endpoint.EVAL,
-        client_request_id=f"eval:{run.pk}:{case.pk}:judge",
+        client_request_id=eval_request_id(run_id=run.pk, case_id=case.pk, judge=True),
         deployment=judge,
     )
     if not verdict.ok or verdict.completion is None:

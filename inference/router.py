@@ -568,6 +568,11 @@ def _finish(
     )
 
 
+def _recorded(client_request_id: str, workflow: Workflow) -> InferenceRequest | None:
+    rows = InferenceRequest.objects.select_related("deployment")
+    return rows.filter(client_request_id=client_request_id, workflow=workflow).first()
+
+
 def _replay(row: InferenceRequest) -> RouteResult:
     completion = None
     if row.status == InferenceRequest.Status.SUCCEEDED:
@@ -617,10 +622,9 @@ def route(
     request is recorded under `workflow` with no policy version.
     """
     if client_request_id:
-        seen = InferenceRequest.objects.select_related("deployment").filter(
-            client_request_id=client_request_id
-        )
-        row = seen.first()
+        # A replay answers only inside the key's own scope: the key names its namespace
+        # (inference.idempotency) and the recorded request must be this workflow's.
+        row = _recorded(client_request_id, workflow)
         if row is not None:
             return _replay(row)
     ctx = _prepare(workflow, request, endpoint, deadline_s, deployment=deployment)
@@ -647,8 +651,7 @@ def route(
             # is dropped unbilled (its rows rolled back) and the recorded one is returned.
             if not client_request_id:
                 raise
-            seen = InferenceRequest.objects.select_related("deployment")
-            row = seen.filter(client_request_id=client_request_id).first()
+            row = _recorded(client_request_id, workflow)
             if row is None:
                 raise
             return _replay(row)

@@ -22,7 +22,7 @@ from inference.stats_selectors import (
     workflow_latency,
 )
 from stack.registry.models import Deployment, Provider, Workflow
-from stack.registry.roles import OPERATORS, user_has_role
+from stack.registry.roles import OPERATORS, can_see_costs, user_has_role
 from stack.registry.selectors import get_workflow_for_user, workflow_current_policy
 from stack.registry.services import RegistryError
 from stack.registry.views import RoleRequiredMixin
@@ -36,7 +36,8 @@ class InferenceHomeView(RoleRequiredMixin, View):
             "inference/home.html",
             {
                 "stats": stats,
-                "chart": charts.cost_quality_chart(stats),
+                # Its x axis is money: drawn only for those who may see costs.
+                "chart": charts.cost_quality_chart(stats) if can_see_costs(request.user) else None,
                 "workflows": Workflow.objects.order_by("slug"),
             },
         )

@@ -125,6 +125,8 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                # `can_see_costs`: the one rule for money on pages (stack.registry.costs).
+                "stack.registry.costs.cost_visibility",
             ],
         },
     },
@@ -353,11 +355,20 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["stack.registry.permissions.RolePermission"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # Money figures only for those who may see costs (stack.registry.costs).
+    "DEFAULT_RENDERER_CLASSES": [
+        "stack.registry.costs.CostAwareJSONRenderer",
+        "rest_framework.renderers.BrowsableAPIRenderer",
+    ],
     # Bounded ?limit= and ?offset= (stack.registry.pagination); bodies bounded and checked
     # (stack.registry.parsers): every input the API takes is refused with 400, never a 500.
     "DEFAULT_PAGINATION_CLASS": "stack.registry.pagination.BoundedLimitOffsetPagination",
     # Unknown query parameters answer 400 naming them (stack.registry.query_params).
-    "DEFAULT_FILTER_BACKENDS": ["stack.registry.query_params.KnownQueryParams"],
+    # A token limited to workflows sees only their rows (stack.registry.scoping).
+    "DEFAULT_FILTER_BACKENDS": [
+        "stack.registry.query_params.KnownQueryParams",
+        "stack.registry.scoping.WorkflowScopeFilter",
+    ],
     "DEFAULT_PARSER_CLASSES": [
         "stack.registry.parsers.BoundedJSONParser",
         "stack.registry.parsers.CheckedFormParser",

@@ -23,7 +23,7 @@ from stack.error_reports import redact_credentials
 from stack.registry.authentication import BearerTokenAuthentication
 from stack.registry.models import Cluster, FailoverEvent
 from stack.registry.objectstore import object_store_health
-from stack.registry.roles import ADMINS, user_has_role
+from stack.registry.roles import ADMINS, can_see_costs, user_has_role
 from stack.registry.selectors import cluster_list_with_workers
 from stack.registry.views import RoleRequiredMixin
 from training.selectors import probe_jobs_recent
@@ -38,16 +38,19 @@ OVERVIEW_DAYS = 14
 
 class OverviewView(RoleRequiredMixin, View):
     def get(self, request: HttpRequest) -> HttpResponse:
-        now = timezone.now()
-        first_day = (now - timedelta(days=OVERVIEW_DAYS - 1)).date()
-        days = [first_day + timedelta(days=i) for i in range(OVERVIEW_DAYS)]
-        spend = spend_per_provider_per_day(since_day=first_day)
+        context: dict[str, object] = {}
+        if can_see_costs(request.user):  # a viewer's page has no money (stack.registry.costs)
+            now = timezone.now()
+            first_day = (now - timedelta(days=OVERVIEW_DAYS - 1)).date()
+            days = [first_day + timedelta(days=i) for i in range(OVERVIEW_DAYS)]
+            spend = spend_per_provider_per_day(since_day=first_day)
+            context["spend_chart"] = charts.spend_per_provider_chart(spend, days)
+            context["spend_totals"] = _totals_by_currency(spend)
         return render(
             request,
             "stack/overview.html",
             {
-                "spend_chart": charts.spend_per_provider_chart(spend, days),
-                "spend_totals": _totals_by_currency(spend),
+                **context,
                 "clusters": cluster_list_with_workers(),
                 "jobs": probe_jobs_recent(limit=10),
                 "events": FailoverEvent.objects.select_related("from_cluster", "to_cluster")[:10],

@@ -15,7 +15,7 @@ from rest_framework.routers import BaseRouter
 from billing.money import ledger_text_or_none
 from stack.registry.api_fields import JSONField, ModelSerializer, ResponseSerializer
 from stack.registry.models import Cluster
-from stack.registry.roles import LEDGER_READERS, user_has_role
+from stack.registry.roles import can_see_costs
 from training.models import ProbeJob, TrainingRun
 from training.run_config import RunConfigError
 from training.run_selectors import run_learners, run_metrics_payload, run_transitions
@@ -254,7 +254,7 @@ class TrainingRunDetailSerializer(TrainingRunSerializer):
 
     def _may_read_costs(self) -> bool:
         request = self.context.get("request")
-        return request is not None and user_has_role(request.user, LEDGER_READERS)
+        return request is not None and can_see_costs(request.user)
 
     @extend_schema_field(
         serializers.CharField(allow_null=True, help_text="the model version it started from")
@@ -402,7 +402,8 @@ class TrainingRunViewSet(viewsets.ReadOnlyModelViewSet[TrainingRun]):
     @extend_schema(responses={200: RunMetricsSerializer})
     @action(detail=True, methods=["get"])
     def metrics(self, request: Request, pk: str | None = None) -> Response:
-        return Response(run_metrics_payload(run=self.get_object()))
+        # Money leaves also the timeline's sentences for a caller who may not see costs.
+        return Response(run_metrics_payload(run=self.get_object(), costs=can_see_costs(request.user)))
 
 
 def register(router: BaseRouter) -> None:

@@ -17,6 +17,12 @@ _LAYOUT: dict[str, Any] = {
 }
 
 CHARTS = ("loss_tokens", "loss_wall", "loss_money", "train_loss", "bytes", "merged")
+MONEY_CHARTS = frozenset({"loss_money"})  # drawn only for those who may see costs
+
+
+def charts_shown(*, costs: bool) -> tuple[str, ...]:
+    """The run page's charts, less the money ones for a caller who may not see costs."""
+    return CHARTS if costs else tuple(c for c in CHARTS if c not in MONEY_CHARTS)
 
 
 def _figure(traces: list[Any], title: str, x: str, y: str, **layout: Any) -> dict[str, Any]:
@@ -36,8 +42,9 @@ def _figure(traces: list[Any], title: str, x: str, y: str, **layout: Any) -> dic
     return json.loads(figure.to_json())  # type: ignore[no-any-return]
 
 
-def run_figures(series: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Every chart of the run page from training.run_selectors.run_metric_series."""
+def run_figures(series: dict[str, Any], *, costs: bool = True) -> dict[str, dict[str, Any]]:
+    """Every chart of the run page from training.run_selectors.run_metric_series (without the
+    money charts when `costs` is false: stack.registry.roles.can_see_costs)."""
     import plotly.graph_objects as go  # lazily: ~0.1 s to import; only chart pages pay it
 
     versions = [v for v in series["versions"] if v["eval_loss"] is not None]
@@ -78,7 +85,7 @@ def run_figures(series: dict[str, Any]) -> dict[str, dict[str, Any]]:
             "Learners merged per version", "fragment / version", "learners",
         ),
     }  # fmt: skip
-    return figures
+    return {name: figure for name, figure in figures.items() if name in charts_shown(costs=costs)}
 
 
 def loss_curve_chart(curve: Sequence[Sequence[float]], title: str) -> str:

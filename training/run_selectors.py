@@ -9,6 +9,7 @@ from typing import Any
 from django.db.models import Sum
 
 from billing.money import ledger_text_or_none
+from stack.registry.costs import without_money
 from training.models import TrainingLearner, TrainingRun, TrainingRunTransition
 from training.selectors import (
     RunProgress,
@@ -50,14 +51,17 @@ def run_transitions(*, run: TrainingRun) -> list[TrainingRunTransition]:
     return list(TrainingRunTransition.objects.filter(run=run).order_by("at", "id"))
 
 
-def run_timeline(*, run: TrainingRun) -> list[dict[str, Any]]:
-    """State transitions, placement decisions and failover events, oldest first."""
+def run_timeline(*, run: TrainingRun, costs: bool = True) -> list[dict[str, Any]]:
+    """State transitions, placement decisions and failover events, oldest first; without prices
+    and extra costs when `costs` is false (stack.registry.roles.can_see_costs)."""
     events: list[dict[str, Any]] = []
     for t in run_transitions(run=run):
         events.append({"at": t.at, "kind": "state", "text": f"{t.from_state or '—'} → {t.to_state}",
                        "detail": t.reason})  # fmt: skip
     for p in run_placements(run=run):
         price = f"{p.unit_price} {p.currency}/accelerator-hour" if p.unit_price is not None else "no price"
+        if not costs:
+            price = ""
         events.append({"at": p.decided_at, "kind": "placement",
                        "text": f"learner {p.learner_index} g{p.generation} → {p.cluster.slug} ({p.reason})",
                        "detail": price})  # fmt: skip
@@ -71,7 +75,7 @@ def run_timeline(*, run: TrainingRun) -> list[dict[str, Any]]:
                        "detail": detail})  # fmt: skip
         if f.recovered_at is not None:
             events.append({"at": f.recovered_at, "kind": "recovered", "text": f"{f.subject} recovered",
-                           "detail": f"extra cost {f.extra_cost} {f.currency}"})  # fmt: skip
+                           "detail": f"extra cost {f.extra_cost} {f.currency}" if costs else ""})  # fmt: skip
     events.sort(key=lambda e: e["at"])
     return events
 
@@ -131,10 +135,10 @@ def run_metric_series(*, run: TrainingRun) -> dict[str, Any]:
     }
 
 
-def run_metrics_payload(*, run: TrainingRun) -> dict[str, Any]:
-    """The chart series as JSON-safe values (money as strings)."""
+def run_metrics_payload(*, run: TrainingRun, costs: bool = True) -> dict[str, Any]:
+    """The chart series as JSON-safe values (money as strings; none when `costs` is false)."""
     series = run_metric_series(run=run)
-    return {
+    payload = {
         "state": run.state,
         "started_at": run.started_at.isoformat() if run.started_at else None,
         "bytes_sent": series["bytes_sent"],
@@ -147,5 +151,6 @@ def run_metrics_payload(*, run: TrainingRun) -> dict[str, Any]:
             for v in series["versions"]
         ],
         "train_loss": series["train_loss"],
-        "events": [{**e, "at": e["at"].isoformat()} for e in run_timeline(run=run)],
+        "events": [{**e, "at": e["at"].isoformat()} for e in run_timeline(run=run, costs=costs)],
     }
+    return payload if costs else without_money(payload)

@@ -13,9 +13,9 @@ from django.urls import reverse
 from django.views import View
 
 from billing.selectors import usage_for_subject
-from stack.registry.roles import LEDGER_READERS, OPERATORS, user_has_role
+from stack.registry.roles import OPERATORS, can_see_costs, user_has_role
 from stack.registry.views import RoleRequiredMixin
-from training.charts import CHARTS, loss_curve_chart, run_figures
+from training.charts import charts_shown, loss_curve_chart, run_figures
 from training.forms import ProbeJobForm, TrainingRunForm, example_config_text
 from training.models import ProbeJob, TrainingRun
 from training.run_config import RunConfigError
@@ -48,18 +48,21 @@ def _run(pk: int) -> TrainingRun:
     )
 
 
-def _figures_payload(run: TrainingRun, *, with_template: bool = True) -> dict[str, Any]:
-    """The page's figures. Refreshes leave out Plotly's layout template (about 7 KB a figure, the
-    same every time): the page keeps the one it got with its first draw."""
-    figures = run_figures(run_metric_series(run=run))
+def _figures_payload(run: TrainingRun, *, costs: bool, with_template: bool = True) -> dict[str, Any]:
+    """The page's figures (no money ones, and no cost, for a caller who may not see costs).
+    Refreshes leave out Plotly's layout template (about 7 KB a figure, the same every time): the
+    page keeps the one it got with its first draw."""
+    figures = run_figures(run_metric_series(run=run), costs=costs)
     if not with_template:
         for figure in figures.values():
             figure["layout"].pop("template", None)
-    progress = run_progress(run=run)
-    return {"state": run.state, "live": run.state not in TrainingRun.FINAL_STATES,
-            # Shown as text beside the charts; formatted like the template's floatformat:4.
-            "cost": f"{progress.cost:.4f} {progress.currency}",
-            "figures": figures}  # fmt: skip
+    payload: dict[str, Any] = {"state": run.state, "live": run.state not in TrainingRun.FINAL_STATES,
+                               "figures": figures}  # fmt: skip
+    if costs:
+        progress = run_progress(run=run)
+        # Shown as text beside the charts; formatted like the template's floatformat:4.
+        payload["cost"] = f"{progress.cost:.4f} {progress.currency}"
+    return payload
 
 
 class RunListView(RoleRequiredMixin, View):
@@ -74,19 +77,19 @@ class RunListView(RoleRequiredMixin, View):
 class RunDetailView(RoleRequiredMixin, View):
     def get(self, request: HttpRequest, pk: int) -> HttpResponse:
         run = _run(pk)
+        costs = can_see_costs(request.user)
         return render(
             request,
             "training/run_detail.html",
             {
                 "run": run,
-                "cost": run_cost_summary(run=run),
+                "cost": run_cost_summary(run=run) if costs else None,
                 "learners": run_learners(run=run),
                 "placements": run_placements(run=run),
                 "model_versions": run_model_versions(run=run),
-                "can_read_costs": user_has_role(request.user, LEDGER_READERS),
-                "timeline": run_timeline(run=run),
-                "charts": CHARTS,
-                "initial": _figures_payload(run),
+                "timeline": run_timeline(run=run, costs=costs),
+                "charts": charts_shown(costs=costs),
+                "initial": _figures_payload(run, costs=costs),
                 "refresh_ms": REFRESH_MS,
                 "can_cancel": user_has_role(request.user, OPERATORS)
                 and run.state not in TrainingRun.FINAL_STATES,
@@ -99,8 +102,12 @@ class RunMetricsView(RoleRequiredMixin, View):
 
     def get(self, request: HttpRequest, pk: int) -> JsonResponse:
         run = _run(pk)
+        costs = can_see_costs(request.user)
         return JsonResponse(
-            {**_figures_payload(run, with_template=False), "series": run_metrics_payload(run=run)}
+            {
+                **_figures_payload(run, costs=costs, with_template=False),
+                "series": run_metrics_payload(run=run, costs=costs),
+            }
         )
 
 
@@ -184,7 +191,10 @@ class JobDetailView(RoleRequiredMixin, View):
             {
                 "job": job,
                 "chart": chart,
-                "usage": usage_for_subject(subject_type="probe_job", subject_id=str(job.pk)),
+                # The job's ledger rows (unit prices, amounts): only for those who may see costs.
+                "usage": usage_for_subject(subject_type="probe_job", subject_id=str(job.pk))
+                if can_see_costs(request.user)
+                else None,
             },
         )
 

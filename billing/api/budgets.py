@@ -22,8 +22,9 @@ from billing.budgets import (
 from billing.models import Budget, BudgetAlert
 from billing.money import CENT, ledger_text
 from stack.registry.api_fields import IntegerField, ModelSerializer, ResponseSerializer
-from stack.registry.models import Cluster, Provider, Workflow
+from stack.registry.models import Cluster, Provider
 from stack.registry.roles import LEDGER_READERS, OPERATORS
+from stack.registry.scoping import scope_requires_workflow, scoped_workflow_field
 from stack.registry.validation import id_parse
 
 
@@ -61,9 +62,7 @@ class BudgetFiguresSerializer(ResponseSerializer):
 
 
 class BudgetSerializer(ModelSerializer[Budget]):
-    workflow = serializers.SlugRelatedField(
-        slug_field="slug", queryset=Workflow.objects.all(), required=False, allow_null=True
-    )
+    workflow = scoped_workflow_field(required=False, allow_null=True)
     provider = serializers.SlugRelatedField(
         slug_field="slug", queryset=Provider.objects.all(), required=False, allow_null=True
     )
@@ -124,6 +123,12 @@ class BudgetSerializer(ModelSerializer[Budget]):
             else {}
         )
         values.update(attrs)
+        # A token limited to workflows keeps budgets of those workflows only: another scope's
+        # hard limit would stop every workflow's spend.
+        scope_requires_workflow(
+            self.context["request"],
+            values.get("workflow") if values.get("scope") == Budget.Scope.WORKFLOW else None,
+        )
         secret = attrs.get("webhook_secret")
         has_secret = bool(secret) if secret is not None else bool(values.get("webhook_secret_encrypted"))
         errors = budget_errors(values=values, has_secret=has_secret)
@@ -154,6 +159,7 @@ class BudgetViewSet(viewsets.ModelViewSet[Budget]):
     read_roles = LEDGER_READERS
     write_roles = OPERATORS
     queryset = Budget.objects.select_related("workflow", "provider", "cluster")
+    workflow_field = "workflow"
 
 
 class BudgetAlertSerializer(ModelSerializer[BudgetAlert]):
@@ -193,6 +199,7 @@ class BudgetAlertViewSet(viewsets.ReadOnlyModelViewSet[BudgetAlert]):
     read_roles = LEDGER_READERS
     write_roles = OPERATORS
     query_params_known = ("open", "budget")
+    workflow_field = "budget__workflow"
 
     def get_queryset(self) -> QuerySet[BudgetAlert]:
         alerts = BudgetAlert.objects.select_related("budget")
@@ -210,4 +217,4 @@ class BudgetAlertViewSet(viewsets.ReadOnlyModelViewSet[BudgetAlert]):
     @action(detail=True, methods=["post"])
     def acknowledge(self, request: Request, pk: str | None = None) -> Response:
         alert = budget_alert_acknowledge(alert=self.get_object())
-        return Response(BudgetAlertSerializer(alert).data)
+        return Response(self.get_serializer(alert).data)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from django.db.models import QuerySet
 from django.http import HttpResponseBase
 from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
@@ -28,6 +29,7 @@ from billing.exports import (
 from billing.models import ExportJob, Unit
 from stack.registry.api_fields import ModelSerializer, RefuseUnknownFields, ResponseSerializer
 from stack.registry.roles import LEDGER_READERS
+from stack.registry.scoping import LIMITED_TOKEN_MESSAGE, visible_workflow_slugs
 
 
 class _FormatIsAFilter(DefaultContentNegotiation):
@@ -63,6 +65,7 @@ class UsageExportView(APIView):
     read_roles = LEDGER_READERS
     renderer_classes = [JSONRenderer]
     content_negotiation_class = _FormatIsAFilter
+    workflow_field = "workflow"  # a token limited to workflows exports one of them at a time
 
     @extend_schema(
         operation_id="usage_export",
@@ -81,11 +84,25 @@ class UsageExportView(APIView):
             errors["format"] = [f"unknown format {fmt!r}; one of {', '.join(FORMATS)}"]
         try:
             filters = export_filters_parse(params=params, ignore=("format",))
+            errors.update(_scope_errors(request, filters))
         except ExportFilterError as exc:
             errors.update(exc.errors)
         if errors:
             return Response(errors, status=status.HTTP_400_BAD_REQUEST)
         return export_response(filters=filters, fmt=fmt)
+
+
+def _scope_errors(request: Request, filters: ExportFilters) -> dict[str, list[str]]:
+    """A token limited to workflows exports the rows of one of its workflows, named in the
+    filters; another workflow reads as one that does not exist."""
+    slugs = visible_workflow_slugs(request)
+    if slugs is None:
+        return {}
+    if not filters.workflow:
+        return {"workflow": [f"{LIMITED_TOKEN_MESSAGE}: name one of them"]}
+    if filters.workflow not in slugs:
+        return {"workflow": [f"no workflow with slug {filters.workflow}"]}
+    return {}
 
 
 # The schema of ExportJobSerializer.get_files (documentation only).
@@ -132,9 +149,13 @@ class ExportJobSerializer(RefuseUnknownFields, ModelSerializer[ExportJob]):
 
     def validate_filters(self, value: dict[str, Any]) -> ExportFilters:
         try:
-            return export_filters_parse(params=value)
+            filters = export_filters_parse(params=value)
         except ExportFilterError as exc:
             raise serializers.ValidationError(exc.errors) from None
+        errors = _scope_errors(self.context["request"], filters)
+        if errors:
+            raise serializers.ValidationError(errors)
+        return filters
 
     def validate_formats(self, value: list[str]) -> list[str]:
         if not value:
@@ -173,3 +194,7 @@ class ExportJobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet[Ex
     serializer_class = ExportJobSerializer
     read_roles = write_roles = LEDGER_READERS
     queryset = ExportJob.objects.select_related("created_by")
+
+    def workflow_scope_queryset(self, queryset: QuerySet[ExportJob], request: Request) -> QuerySet[ExportJob]:
+        """A token limited to workflows sees the exports of those workflows (WorkflowScopeFilter)."""
+        return queryset.filter(filters__workflow__in=sorted(visible_workflow_slugs(request) or ()))

@@ -76,6 +76,7 @@ class UsageRecordViewSet(viewsets.ReadOnlyModelViewSet[UsageRecord]):
 
     serializer_class = UsageRecordSerializer
     read_roles = LEDGER_READERS
+    workflow_field = "workflow"  # a token limited to workflows reads their rows only
     query_params_known = ("subject_type", "subject_id", "unit", "provider", "cluster", "workflow")
 
     def get_queryset(self) -> QuerySet[UsageRecord]:

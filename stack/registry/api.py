@@ -28,6 +28,7 @@ from stack.registry.models import (
 )
 from stack.registry.objectstore import store_uri_problem
 from stack.registry.roles import ADMINS
+from stack.registry.scoping import scope_refuses
 from stack.registry.selectors import workflow_current_policy
 
 # --- Serializers ---------------------------------------------------------------------------
@@ -371,6 +372,11 @@ class WorkflowViewSet(viewsets.ModelViewSet[Workflow]):
     queryset = Workflow.objects.select_related("owner")
     serializer_class = WorkflowSerializer
     lookup_field = "slug"
+    workflow_field = "pk"  # a token limited to workflows sees its own; the others answer 404
+
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        scope_refuses(request, "create workflows")  # a new workflow would be outside its reach
+        return super().create(request, *args, **kwargs)
 
     def perform_create(self, serializer: WorkflowSerializer) -> None:  # type: ignore[override]
         data = dict(serializer.validated_data)

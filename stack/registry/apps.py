@@ -16,7 +16,10 @@ class RegistryConfig(AppConfig):
     def ready(self) -> None:
         # Connect the worker-side heartbeat signal handlers, and register the bearer tokens'
         # OpenAPI security scheme (a drf-spectacular extension registers when it is defined).
-        from stack.registry import schema, worker_signals  # noqa: F401
+        from stack.registry import schema, signals, worker_signals  # noqa: F401
+
+        # Revocations, role changes and deactivations move the authorisation version.
+        signals.connect()
 
         # Every S3 request (the object store, datasets, artifacts, exports) passes the outbound
         # guard. The endpoint is an admin's setting (OBJECT_STORE_ENDPOINT_URL), so it may be on

@@ -1,4 +1,9 @@
-"""`Authorization: Bearer <token>` authentication for the API."""
+"""`Authorization: Bearer <token>` authentication for the API.
+
+Every request reads the token and its user from the database, so a revoked token or a
+deactivated user is refused on the next request; what the token may reach is
+stack.registry.access's answer (roles, and the workflows a token is limited to).
+"""
 
 from __future__ import annotations
 
@@ -8,9 +13,10 @@ from django.contrib.auth.models import User
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
-from stack.registry.models import ApiToken, Workflow
-from stack.registry.roles import ALL_ROLES, user_has_role
+from stack.registry.access import token_allows_workflow, token_workflow_scope
 from stack.registry.services import api_token_authenticate
+
+__all__ = ["BearerTokenAuthentication", "token_allows_workflow", "token_workflow_scope"]
 
 
 class BearerTokenAuthentication(authentication.BaseAuthentication):
@@ -33,19 +39,3 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
 
     def authenticate_header(self, request: Request) -> str:
         return f'{self.keyword} realm="switchyard"'
-
-
-def token_workflow_scope(token: ApiToken) -> frozenset[int] | None:
-    """The workflow ids a token may call through the inference gateway; None means every
-    workflow its user may read (a token with no workflows listed is not scoped)."""
-    ids = frozenset(token.workflows.values_list("id", flat=True))
-    return ids or None
-
-
-def token_allows_workflow(*, token: ApiToken, workflow: Workflow) -> bool:
-    """May this token call `workflow`? Its user must be able to read workflows at all (any
-    role), and a scoped token only the workflows it lists."""
-    if not token.user.is_active or not user_has_role(token.user, ALL_ROLES):
-        return False
-    scope = token_workflow_scope(token)
-    return scope is None or workflow.pk in scope

@@ -352,8 +352,8 @@ class ApiToken(models.Model):
     created_at = models.DateTimeField(default=timezone.now, editable=False)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
-    # The inference gateway (/v1/) lets a token call only these workflows; empty means every
-    # workflow the token's user may read.
+    # A token listing workflows reaches only them, on /v1 and on every /api/ endpoint
+    # (stack.registry.access, stack.registry.scoping); empty means every workflow its user may read.
     workflows = models.ManyToManyField(Workflow, blank=True, related_name="api_tokens")
 
     class Meta:

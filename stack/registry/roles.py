@@ -23,6 +23,10 @@ OPERATORS = frozenset({Role.OPERATOR, Role.ADMIN})
 ADMINS = frozenset({Role.ADMIN})
 # Who may read ledger rows and unit prices (the ledger, price and export APIs and pages).
 LEDGER_READERS = frozenset({Role.AUDITOR, Role.OPERATOR, Role.ADMIN})
+# Who may see money at all. One rule for pages, API answers, charts and the gateway's headers:
+# whoever may read the ledger may see every figure derived from it (costs, prices, spend, budgets,
+# limits); a viewer sees none of them. `can_see_costs` is the only place that decides it.
+COST_READERS = LEDGER_READERS
 
 
 def user_roles(user: User | AnonymousUser) -> frozenset[Role]:
@@ -41,3 +45,13 @@ def user_roles(user: User | AnonymousUser) -> frozenset[Role]:
 def user_has_role(user: User | AnonymousUser, allowed: frozenset[Role]) -> bool:
     roles = user_roles(user)
     return Role.ADMIN in roles or bool(roles & allowed)
+
+
+def roles_see_costs(roles: frozenset[Role]) -> bool:
+    """May a caller holding `roles` see money figures? (The rule of `can_see_costs`.)"""
+    return Role.ADMIN in roles or bool(roles & COST_READERS)
+
+
+def can_see_costs(user: User | AnonymousUser) -> bool:
+    """May this user see costs, prices, spend, budgets and money limits anywhere?"""
+    return roles_see_costs(user_roles(user))

@@ -14,12 +14,23 @@ def workflow_current_policy(*, workflow: Workflow) -> RoutingPolicyVersion | Non
     return workflow.policy_versions.order_by("-version").first()
 
 
-def get_workflow_for_user(*, slug: str, user: User | AnonymousUser) -> Workflow:
-    """The workflow if the user may see it (every role may read the registry)."""
+def workflows_visible(
+    *, user: User | AnonymousUser, workflow_ids: frozenset[int] | None = None
+) -> QuerySet[Workflow]:
+    """The workflows a caller may see: every one for any role (none without a role), and only
+    `workflow_ids` for a token limited to those (stack.registry.access.token_workflow_scope)."""
     if not user_has_role(user, ALL_ROLES):
-        raise Http404("no such workflow")
+        return Workflow.objects.none()
+    rows = Workflow.objects.all()
+    return rows if workflow_ids is None else rows.filter(pk__in=workflow_ids)
+
+
+def get_workflow_for_user(
+    *, slug: str, user: User | AnonymousUser, workflow_ids: frozenset[int] | None = None
+) -> Workflow:
+    """The workflow if the caller may see it; 404 otherwise, as for a workflow that does not exist."""
     try:
-        return Workflow.objects.select_related("owner").get(slug=slug)
+        return workflows_visible(user=user, workflow_ids=workflow_ids).select_related("owner").get(slug=slug)
     except Workflow.DoesNotExist:
         raise Http404("no such workflow") from None
 

@@ -18,6 +18,7 @@ from django.db import transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
+from stack.registry.auth_version import auth_version_bump
 from stack.registry.crypto import encrypt_secret
 from stack.registry.endpoints import endpoint_under, endpoint_url_problem
 from stack.registry.errors import DomainError
@@ -416,7 +417,10 @@ def api_token_authenticate(*, raw: str) -> ApiToken | None:
 
 
 def api_token_revoke(*, token: ApiToken) -> ApiToken:
-    ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+    revoked = ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+    if revoked:
+        # An UPDATE sends no signal: move the authorisation version here (the gateway's caches).
+        auth_version_bump()
     token.refresh_from_db()
     return token
 

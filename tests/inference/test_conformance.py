@@ -187,14 +187,14 @@ def provider() -> Iterator[RecordingProvider]:
 
 @pytest.fixture
 def clients(
-    live_server: Any, viewer: User, provider: RecordingProvider
+    live_server: Any, operator: User, provider: RecordingProvider
 ) -> tuple[openai.OpenAI, openai.OpenAI, str]:
     """(straight to the provider, through /v1, the workflow's name)."""
     deployment = priced_deployment(
         base_url=provider.base_url, provider_model_id=PROVIDER_MODEL, supports_vision=True
     )
-    workflow = routed_workflow(viewer, [deployment])
-    _, raw = api_token_create(user=viewer, name="conformance")
+    workflow = routed_workflow(operator, [deployment])
+    _, raw = api_token_create(user=operator, name="conformance")
     direct = openai.OpenAI(base_url=provider.base_url, api_key="provider-key", max_retries=0)
     via = openai.OpenAI(base_url=f"{live_server.url}/v1", api_key=raw, max_retries=0)
     return direct, via, workflow.slug

@@ -44,14 +44,14 @@ def _client(user: User) -> Client:
 
 
 def test_the_sdk_gets_the_providers_vectors_and_the_request_is_billed_per_input_token(
-    live_server: Any, viewer: User, providers: Callable[[], RecordingProvider]
+    live_server: Any, operator: User, providers: Callable[[], RecordingProvider]
 ) -> None:
     provider = providers()
     deployment = priced_deployment(
         base_url=provider.base_url, provider_model_id="embed-small", supports_embeddings=True
     )
-    workflow = routed_workflow(viewer, [deployment])
-    _, raw = api_token_create(user=viewer, name="sdk")
+    workflow = routed_workflow(operator, [deployment])
+    _, raw = api_token_create(user=operator, name="sdk")
     direct = openai.OpenAI(base_url=provider.base_url, api_key="k", max_retries=0)
     via = openai.OpenAI(base_url=f"{live_server.url}/v1", api_key=raw, max_retries=0)
     kwargs: dict[str, Any] = {"input": ["first text", "second text"], "dimensions": 3, "user": "u-1"}

@@ -36,12 +36,12 @@ def _chat(client: Client, model: str, **extra: Any) -> Any:
 
 
 def test_chat_completion_answers_with_deployment_and_cost_headers(
-    viewer: User, mock_provider: Callable[..., MockProviderServer]
+    operator: User, mock_provider: Callable[..., MockProviderServer]
 ) -> None:
     server = mock_provider(text="pong", tokens_in=1000, tokens_out=1000)
     primary = priced_deployment(server)
-    workflow = routed_workflow(viewer, [primary])
-    response = _chat(_client(viewer), workflow.slug)
+    workflow = routed_workflow(operator, [primary])
+    response = _chat(_client(operator), workflow.slug)
     assert response.status_code == 200
     doc = response.json()
     assert doc["object"] == "chat.completion" and doc["model"] == workflow.slug

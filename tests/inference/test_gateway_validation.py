@@ -14,7 +14,6 @@ from django.test import Client
 from inference.adapters.base import ChatMessage, ChatRequest
 from inference.mockprovider import MockProviderServer
 from inference.models import InferenceRequest
-from inference.router import route
 from stack.registry.services import api_token_create
 from tests.inference.helpers import priced_deployment, routed_workflow
 
@@ -234,7 +233,7 @@ def test_a_token_with_control_characters_is_401_not_a_database_error(viewer: Use
     assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key"
 
 
-@pytest.mark.parametrize("key", ["k\x00y", "k" * 101])
+@pytest.mark.parametrize("key", ["k\x00y", "k" * 101, "k" * 129, ""])
 def test_a_bad_idempotency_key_is_400(
     viewer: User, mock_provider: Callable[..., MockProviderServer], key: str
 ) -> None:
@@ -247,27 +246,4 @@ def test_a_bad_idempotency_key_is_400(
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "invalid_idempotency_key"
     assert server.behaviour.total_calls() == 0
-
-
-def test_an_idempotency_key_replays_only_its_own_callers_answers(
-    viewer: User, mock_provider: Callable[..., MockProviderServer]
-) -> None:
-    server = mock_provider(text="first answer")
-    workflow = routed_workflow(viewer, [priced_deployment(server)])
-    body = json.dumps({"model": workflow.slug, "messages": USER})
-    mine, theirs = _client(viewer), _client(viewer)
-
-    def ask(client: Client, key: str) -> Any:
-        return client.post(
-            "/v1/chat/completions", body, content_type="application/json", HTTP_IDEMPOTENCY_KEY=key
-        )
-
-    ask(mine, "k-1")
-    server.behaviour.text = "second answer"
-    assert ask(mine, "k-1").json()["choices"][0]["message"]["content"] == "first answer"  # replayed
-    assert ask(theirs, "k-1").json()["choices"][0]["message"]["content"] == "second answer"
-    # A batch line's recorded answer is not reachable through its client_request_id either.
-    route(workflow=workflow, request=PING, client_request_id="batch:1:secret-line")
-    server.behaviour.text = "fresh"
-    leaked = ask(mine, "batch:1:secret-line").json()["choices"][0]["message"]["content"]
-    assert leaked == "fresh"
+    assert not InferenceRequest.objects.exists()

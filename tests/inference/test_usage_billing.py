@@ -58,14 +58,14 @@ def _ledger_equals_requests() -> None:
 
 
 def test_cached_and_reasoning_tokens_are_billed_at_their_own_prices(
-    viewer: User, provider: RecordingProvider
+    operator: User, provider: RecordingProvider
 ) -> None:
     deployment = priced_deployment(base_url=provider.base_url)  # $1 in, $3 out per 1M
     make_price(unit=Unit.CACHED_INPUT_TOKENS_1M, unit_price=Decimal("0.25"), deployment=deployment)
     make_price(unit=Unit.REASONING_TOKENS_1M, unit_price=Decimal("5"), deployment=deployment)
-    workflow = routed_workflow(viewer, [deployment])
+    workflow = routed_workflow(operator, [deployment])
 
-    response = _post(viewer, workflow.slug)
+    response = _post(operator, workflow.slug)
     assert response.status_code == 200
     # The provider's usage details come back to the caller as they were.
     assert response.json()["usage"] == USAGE
@@ -82,10 +82,10 @@ def test_cached_and_reasoning_tokens_are_billed_at_their_own_prices(
 
 
 def test_without_a_cached_or_reasoning_price_they_are_billed_as_input_and_output(
-    viewer: User, provider: RecordingProvider
+    operator: User, provider: RecordingProvider
 ) -> None:
-    workflow = routed_workflow(viewer, [priced_deployment(base_url=provider.base_url)])
-    assert _post(viewer, workflow.slug).status_code == 200
+    workflow = routed_workflow(operator, [priced_deployment(base_url=provider.base_url)])
+    assert _post(operator, workflow.slug).status_code == 200
     row = InferenceRequest.objects.get()
     assert _ledger(row) == {
         Unit.INPUT_TOKENS_1M: (Decimal("0.002"), Decimal("0.002000000")),
@@ -95,12 +95,12 @@ def test_without_a_cached_or_reasoning_price_they_are_billed_as_input_and_output
 
 
 def test_a_streamed_answer_carries_its_cost_in_its_last_event(
-    viewer: User, provider: RecordingProvider
+    operator: User, provider: RecordingProvider
 ) -> None:
     deployment = priced_deployment(base_url=provider.base_url)
     make_price(unit=Unit.CACHED_INPUT_TOKENS_1M, unit_price=Decimal("0.25"), deployment=deployment)
-    workflow = routed_workflow(viewer, [deployment])
-    response = _post(viewer, workflow.slug, stream=True, stream_options={"include_usage": True})
+    workflow = routed_workflow(operator, [deployment])
+    response = _post(operator, workflow.slug, stream=True, stream_options={"include_usage": True})
     assert response.status_code == 200
     events = b"".join(response.streaming_content).decode().split("\n\n")
     docs = [json.loads(e[6:]) for e in events if e.startswith("data: {")]
@@ -119,3 +119,18 @@ def test_a_streamed_answer_carries_its_cost_in_its_last_event(
     assert row.cost == Decimal("0.001748000") and row.stream
     assert set(_ledger(row)) == {Unit.INPUT_TOKENS_1M, Unit.CACHED_INPUT_TOKENS_1M, Unit.OUTPUT_TOKENS_1M}
     _ledger_equals_requests()
+
+
+def test_a_viewers_stream_names_its_request_but_not_its_cost(
+    viewer: User, provider: RecordingProvider
+) -> None:
+    # Viewers see no money (stack.registry.roles.can_see_costs): not in the header, not in the stream.
+    deployment = priced_deployment(base_url=provider.base_url)
+    workflow = routed_workflow(viewer, [deployment])
+    response = _post(viewer, workflow.slug, stream=True)
+    assert response.status_code == 200
+    events = b"".join(response.streaming_content).decode().split("\n\n")
+    last = json.loads([e for e in events if e.startswith("data: {")][-1][6:])
+    row = InferenceRequest.objects.get()
+    assert last["switchyard"] == {"request_id": row.pk, "deployment": deployment.slug}
+    assert row.cost > 0 and "x-switchyard-cost" not in response

@@ -99,9 +99,9 @@ def test_a_user_without_any_role_may_not_see_the_pages() -> None:
 
 
 def test_the_overview_draws_spend_per_provider_with_the_bundled_plotly(
-    viewer: User, stack_with_data: dict[str, Any]
+    auditor: User, viewer: User, stack_with_data: dict[str, Any]
 ) -> None:
-    html = _text(_client(viewer).get("/"))
+    html = _text(_client(auditor).get("/"))
     assert '<script src="/assets/plotly.min.js"></script>' in html
     assert "cdn.plot.ly" not in html
     assert 'id="spend-chart"' in html
@@ -109,6 +109,10 @@ def test_the_overview_draws_spend_per_provider_with_the_bundled_plotly(
     assert "4.0000 USD" in html  # 2 accelerator-hours at the factory price of 2.00
     assert 'data-cluster="rack-a"' in html
     assert f"probe #{stack_with_data['job'].pk}" in html
+    # A viewer's overview has the clusters and jobs, not the money (stack.registry.roles.can_see_costs).
+    html = _text(_client(viewer).get("/"))
+    assert 'id="spend-chart"' not in html and "4.0000 USD" not in html
+    assert 'data-cluster="rack-a"' in html
 
 
 def test_plotly_js_is_served_from_the_plotly_package() -> None:

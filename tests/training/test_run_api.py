@@ -66,7 +66,7 @@ def test_a_viewer_reads_runs_but_cannot_launch_or_cancel(viewer: User) -> None:
 
 
 @pytest.mark.django_db
-def test_detail_gives_transitions_learners_placements_and_ledger_cost_to_the_cent(viewer: User) -> None:
+def test_detail_gives_transitions_learners_placements_and_ledger_cost_to_the_cent(auditor: User) -> None:
     run = fabricate_run()
     failover_event_record(
         kind=FailoverEvent.Kind.TRAINING,
@@ -76,7 +76,7 @@ def test_detail_gives_transitions_learners_placements_and_ledger_cost_to_the_cen
         training_run_id=run.pk,
         tokens_lost=42,
     )
-    body = api_client(viewer).get(f"/api/training-runs/{run.pk}/").json()
+    body = api_client(auditor).get(f"/api/training-runs/{run.pk}/").json()
     assert body["state"] == "running"
     assert [(t["from"], t["to"]) for t in body["transitions"]] == [
         ("pending", "placing"),
@@ -98,9 +98,9 @@ def test_detail_gives_transitions_learners_placements_and_ledger_cost_to_the_cen
 
 
 @pytest.mark.django_db
-def test_metrics_give_the_chart_series(viewer: User) -> None:
+def test_metrics_give_the_chart_series(auditor: User) -> None:
     run = fabricate_run()
-    body = api_client(viewer).get(f"/api/training-runs/{run.pk}/metrics/").json()
+    body = api_client(auditor).get(f"/api/training-runs/{run.pk}/metrics/").json()
     assert [v["eval_loss"] for v in body["versions"]] == [5.0, 4.0, 3.0]
     assert [v["tokens_total"] for v in body["versions"]] == [0, 1000, 2000]
     assert all(isinstance(v["cost_so_far"], str) for v in body["versions"])

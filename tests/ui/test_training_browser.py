@@ -25,7 +25,8 @@ def test_the_run_page_draws_its_charts_and_updates_them_as_versions_arrive(
     live_server: Any,
     browser: Browser,  # noqa: F811
 ) -> None:
-    make_user(Role.VIEWER, username="watcher", password="watch-password-1")
+    # An auditor: the money chart and the cost so far are for those who may see costs.
+    make_user(Role.AUDITOR, username="watcher", password="watch-password-1")
     run = fabricate_run("browser")
 
     page = browser.new_page()

@@ -24,7 +24,7 @@ class Command(CheckedCommand):
             "--workflow",
             action="append",
             default=[],
-            help="limit the token to this workflow on the /v1 gateway (repeatable)",
+            help="limit the token to this workflow, on /v1 and /api/ alike (repeatable)",
         )
         listing = sub.add_parser("list", help="list a user's tokens (never their values)")
         listing.add_argument("--user", required=True)

@@ -1,0 +1,141 @@
+"""What an API token may reach: its user's roles and the workflows it is limited to.
+
+One answer for every surface: the REST API (stack.registry.authentication and
+stack.registry.scoping filter by `token_workflow_scope`), and the /v1 gateway, which asks
+`grant_for_raw_token` on every request. The gateway's grants are cached per process, but only
+while the authorisation version (stack.registry.auth_version) has not moved, so revoking a
+token, removing a role or deactivating a user takes effect on the next request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from stack.registry.auth_version import auth_version, grant_cache_register
+from stack.registry.models import ApiToken, Workflow
+from stack.registry.roles import Role, roles_see_costs, user_roles
+from stack.registry.services import api_token_authenticate
+
+TOKEN_MAX_LENGTH = 256
+# A backstop only: a grant is re-read from the database at least this often even when the
+# version says nothing changed (a change made while Redis was unreachable could not move it).
+GRANT_MAX_AGE_SECONDS = 30.0
+_SCOPE_ATTR = "_switchyard_workflow_scope"
+
+
+@dataclass(frozen=True)
+class TokenGrant:
+    """What one token may do, as read from the database at one authorisation version."""
+
+    token_id: int
+    user_id: int
+    roles: frozenset[Role]
+    workflow_ids: frozenset[int] | None  # None: not limited to workflows
+
+    @property
+    def may_read(self) -> bool:
+        """Any role reads the registry (and may call workflows); no role, nothing."""
+        return bool(self.roles)
+
+    @property
+    def sees_costs(self) -> bool:
+        return roles_see_costs(self.roles)
+
+    def allows_workflow(self, workflow_id: int) -> bool:
+        return self.may_read and (self.workflow_ids is None or workflow_id in self.workflow_ids)
+
+
+def token_workflow_scope(token: ApiToken) -> frozenset[int] | None:
+    """The ids of the workflows a token is limited to; None when it is not limited (a token with
+    no workflows listed reaches every workflow its user's roles reach). Cached on the token
+    object, which lives for one request."""
+    if hasattr(token, _SCOPE_ATTR):
+        cached: frozenset[int] | None = getattr(token, _SCOPE_ATTR)
+        return cached
+    scope = frozenset(token.workflows.values_list("id", flat=True)) or None
+    setattr(token, _SCOPE_ATTR, scope)
+    return scope
+
+
+def token_grant(token: ApiToken) -> TokenGrant:
+    user = token.user
+    roles = user_roles(user) if user.is_active else frozenset()
+    return TokenGrant(
+        token_id=token.pk, user_id=user.pk, roles=roles, workflow_ids=token_workflow_scope(token)
+    )
+
+
+def token_allows_workflow(*, token: ApiToken, workflow: Workflow) -> bool:
+    """May this token call `workflow`? Its (active) user must hold a role, and a token limited
+    to workflows only the workflows it lists."""
+    return token_grant(token).allows_workflow(workflow.pk)
+
+
+def request_token(request: Any) -> ApiToken | None:
+    """The API token a request authenticated with (DRF sets `request.auth`); None for a session."""
+    auth = getattr(request, "auth", None)
+    return auth if isinstance(auth, ApiToken) else None
+
+
+def request_workflow_scope(request: Any) -> frozenset[int] | None:
+    """The workflows this request is limited to; None when it is not limited."""
+    token = request_token(request)
+    return token_workflow_scope(token) if token is not None else None
+
+
+# --- The gateway's per-process cache ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Cached:
+    grant: TokenGrant
+    version: bytes
+    at: float
+
+
+_grants: dict[bytes, _Cached] = {}
+_grants_lock = threading.Lock()
+
+
+def grant_cache_clear() -> None:
+    with _grants_lock:
+        _grants.clear()
+
+
+grant_cache_register(grant_cache_clear)
+
+
+def _well_formed(raw: str) -> bool:
+    # A token is printable ASCII: anything else (a NUL would be a database error) is no token.
+    return 0 < len(raw) <= TOKEN_MAX_LENGTH and raw.isascii() and raw.isprintable()
+
+
+def grant_for_raw_token(raw: str) -> TokenGrant | None:
+    """The grant of a raw bearer token; None when it is no token, revoked, or its user inactive.
+
+    The version is read before the database, so a grant is never cached under a version newer
+    than what it was read from. Without a trustworthy version (no Redis, or Redis unreachable)
+    every call reads the database (two queries)."""
+    if not _well_formed(raw):
+        return None
+    version = auth_version().read()
+    key = hashlib.sha256(raw.encode()).digest()  # the cache holds no secrets
+    now = time.monotonic()
+    if version is not None:
+        hit = _grants.get(key)
+        if hit is not None and hit.version == version and now - hit.at < GRANT_MAX_AGE_SECONDS:
+            return hit.grant
+    token = api_token_authenticate(raw=raw)
+    if token is None or not token.user.is_active:
+        return None
+    grant = token_grant(token)
+    if version is not None:
+        with _grants_lock:
+            if len(_grants) > 10_000:
+                _grants.clear()
+            _grants[key] = _Cached(grant, version, now)
+    return grant

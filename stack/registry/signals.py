@@ -1,0 +1,44 @@
+"""Move the authorisation version (stack.registry.auth_version) whenever what a token may do
+changes: tokens, their workflows, users, their groups (roles) and the groups themselves."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django.db.models.signals import m2m_changed, post_delete, post_save
+
+from stack.registry.auth_version import auth_version_bump
+from stack.registry.models import ApiToken
+
+_M2M_CHANGES = frozenset({"post_add", "post_remove", "post_clear"})
+
+
+def _saved(*, created: bool = False, update_fields: frozenset[str] | None = None, **kwargs: Any) -> None:
+    if created:
+        return  # nothing cached can name a row that did not exist
+    if update_fields is not None and set(update_fields) <= {"last_login", "last_used_at"}:
+        return  # a login's or a token's use stamp: nothing a grant reads
+    auth_version_bump()
+
+
+def _deleted(**kwargs: Any) -> None:
+    auth_version_bump()
+
+
+def _m2m(*, action: str, **kwargs: Any) -> None:
+    if action in _M2M_CHANGES:
+        auth_version_bump()
+
+
+def connect() -> None:
+    """Called by RegistryConfig.ready."""
+    user_model = get_user_model()
+    for model in (ApiToken, user_model, Group):
+        uid = f"registry-auth-version-{model._meta.label_lower}"
+        post_save.connect(_saved, sender=model, dispatch_uid=f"{uid}-save")
+        post_delete.connect(_deleted, sender=model, dispatch_uid=f"{uid}-delete")
+    # The through models see both sides: user.groups.add(g) and g.user_set.add(u) alike.
+    m2m_changed.connect(_m2m, sender=user_model.groups.through, dispatch_uid="registry-auth-version-groups")
+    m2m_changed.connect(_m2m, sender=ApiToken.workflows.through, dispatch_uid="registry-auth-version-tokens")
