@@ -25,6 +25,7 @@ from stack.registry.models import (
     RoutingPolicyVersion,
     Workflow,
 )
+from stack.registry.query_params import query_choice
 from stack.registry.roles import ADMINS
 from stack.registry.selectors import workflow_current_policy
 
@@ -417,8 +418,8 @@ class FailoverEventViewSet(viewsets.ReadOnlyModelViewSet[FailoverEvent]):
             "from_deployment",
             "to_deployment",
         )
-        kind = self.request.query_params.get("kind")
-        if kind:
+        kind = query_choice(self.request, "kind", FailoverEvent.Kind.values)
+        if kind is not None:
             events = events.filter(kind=kind)
         return events
 

@@ -229,6 +229,16 @@ def test_an_id_filter_that_is_no_id_is_refused_not_a_server_error(admin_user: Us
 
 
 @pytest.mark.django_db
+def test_a_filter_value_outside_its_documented_choices_is_refused_naming_them(admin_user: User) -> None:
+    client = api_client(admin_user)
+    response = client.get("/api/failover-events/?kind=AAA")
+    assert response.status_code == 400
+    assert response.json() == {"kind": ["must be one of: cluster-health, training, inference"]}
+    assert client.get("/api/failover-events/?kind=inference").status_code == 200
+    assert client.get("/api/failover-events/?kind=").status_code == 200  # empty: no filter
+
+
+@pytest.mark.django_db
 def test_known_query_parameters_still_filter(admin_user: User) -> None:
     response = api_client(admin_user).get("/api/usage-records/?provider=aws&limit=5&offset=0&format=json")
     assert response.status_code == 200
