@@ -63,15 +63,9 @@ def _response(description: str, schema: dict[str, str]) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
-# A path that no route matches (an id that is not a number, a slug with a dot) never reaches DRF:
-# Django answers its own HTML page.
-_NOT_FOUND = {
-    "description": "No such object (an HTML page when the path matches no route at all).",
-    "content": {
-        "application/json": {"schema": _DETAIL},
-        "text/html": {"schema": {"type": "string"}},
-    },
-}
+# A path that no route matches (an id that is not a number, a slug with a dot) never reaches DRF;
+# stack.registry.middleware.ApiNotFoundMiddleware answers it in the same shape.
+_NOT_FOUND = _response("No such object.", _DETAIL)
 
 
 def _takes_input(operation: dict[str, Any]) -> bool:

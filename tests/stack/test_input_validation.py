@@ -98,6 +98,23 @@ def test_a_malformed_or_out_of_range_id_is_404_on_every_detail_route(
 ) -> None:
     response = api_client(admin_user).get(f"{path}{bad_id}/")
     assert response.status_code == 404
+    assert "detail" in response.json()  # JSON, whether DRF or no route answered
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("path", ["/api/nothing-here/", "/api/providers/a.b/", "/api/budgets/1/nope/"])
+def test_an_api_path_that_matches_no_route_answers_404_in_json(admin_user: User, path: str) -> None:
+    response = api_client(admin_user).get(path)
+    assert response.status_code == 404
+    assert response["Content-Type"] == "application/json"
+    assert response.json() == {"detail": "Not found."}
+
+
+@pytest.mark.django_db
+def test_a_page_that_matches_no_route_is_still_an_html_404(admin_user: User) -> None:
+    response = _page_client(admin_user).get("/no-such-page/")
+    assert response.status_code == 404
+    assert response["Content-Type"].startswith("text/html")
 
 
 @pytest.mark.django_db
