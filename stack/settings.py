@@ -102,6 +102,8 @@ MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",
     # Paths, query strings and form posts holding NUL or other control characters answer 400.
     "stack.registry.middleware.InputTextMiddleware",
+    # A path under /api/ that matches no route answers 404 in JSON, not an HTML page.
+    "stack.registry.middleware.ApiNotFoundMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",

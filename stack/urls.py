@@ -5,7 +5,6 @@ from __future__ import annotations
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView
 from rest_framework.routers import DefaultRouter
 
 from billing import api as billing_api
@@ -14,6 +13,7 @@ from inference import api as inference_api
 from stack import views
 from stack.registry import api as registry_api
 from stack.registry.permissions import RolePermission
+from stack.registry.schema import SchemaView
 from training import api as training_api
 from training.urls import probe_urlpatterns
 
@@ -39,7 +39,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     # drf-spectacular serves the schema to anyone by default; like every other
     # /api/ call it needs a token or a session (401 without).
-    path("api/schema/", SpectacularAPIView.as_view(permission_classes=[RolePermission]), name="schema"),
+    path("api/schema/", SchemaView.as_view(permission_classes=[RolePermission]), name="schema"),
     path("api/usage-export/", UsageExportView.as_view(), name="usage-export"),
     path("api/", include(router.urls)),
 ]

@@ -27,6 +27,7 @@ from stack.registry.models import (
     Workflow,
 )
 from stack.registry.objectstore import store_uri_problem
+from stack.registry.query_params import query_choice
 from stack.registry.roles import ADMINS
 from stack.registry.scoping import scope_refuses
 from stack.registry.selectors import workflow_current_policy
@@ -456,8 +457,8 @@ class FailoverEventViewSet(viewsets.ReadOnlyModelViewSet[FailoverEvent]):
             "from_deployment",
             "to_deployment",
         )
-        kind = self.request.query_params.get("kind")
-        if kind:
+        kind = query_choice(self.request, "kind", FailoverEvent.Kind.values)
+        if kind is not None:
             events = events.filter(kind=kind)
         return events
 

@@ -6,6 +6,10 @@ PostgreSQL refuses NUL in text, so "?workflow=a%00" or a slug "a%00" in a path r
 database as a DataError (a server error) wherever a view looked it up. The API's other bodies
 (JSON; forms sent with PUT or PATCH) are checked by its parsers (stack.registry.parsers); /v1/ (the
 OpenAI-compatible gateway) answers its own errors in OpenAI's shape and is left to it.
+
+ApiNotFoundMiddleware: a path under /api/ that no route matches (an id that is not a number, a
+slug with a dot, a misspelt collection) answers 404 in JSON like every other API error, not
+Django's HTML page (DRF answers the 404s of the paths it routes itself).
 """
 
 from __future__ import annotations
@@ -62,6 +66,22 @@ class InputTextMiddleware:
             if problems:
                 return _refusal(request, problems)
         return self.get_response(request)
+
+
+class ApiNotFoundMiddleware:
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        response = self.get_response(request)
+        # resolver_match is set once a route matched: the 404s of matched routes are the views' own.
+        if (
+            response.status_code == 404
+            and request.path.startswith(API_PREFIX)
+            and getattr(request, "resolver_match", None) is None
+        ):
+            return JsonResponse({"detail": "Not found."}, status=404)
+        return response
 
 
 def _refusal(request: HttpRequest, problems: dict[str, list[str]]) -> HttpResponse:

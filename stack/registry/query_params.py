@@ -4,10 +4,15 @@ A misspelt filter (`?provder=aws` on the ledger) used to be dropped silently and
 answered, as a misspelt export filter exported everything. Every generic view runs this backend
 (REST_FRAMEWORK's DEFAULT_FILTER_BACKENDS); a view names the parameters it reads in
 `query_params_known`, and the pagination's and DRF's `format` are always known.
+
+A filter whose values are a fixed set (documented as an enum in the schema) reads its value with
+`query_choice`, which refuses any other value with 400 naming the parameter and the choices,
+instead of answering an empty list as if the value could match.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from django.db.models import QuerySet
@@ -38,3 +43,14 @@ class KnownQueryParams(BaseFilterBackend):
                 {name: [f"unknown query parameter; this endpoint takes: {expected}"] for name in unknown}
             )
         return queryset
+
+
+def query_choice(request: Request, name: str, choices: Iterable[str]) -> str | None:
+    """The value of query parameter `name`, one of `choices`; None when it is absent or empty."""
+    value = request.query_params.get(name, "")
+    if value == "":
+        return None
+    allowed = list(choices)
+    if value not in allowed:
+        raise ValidationError({name: [f"must be one of: {', '.join(allowed)}"]})
+    return value

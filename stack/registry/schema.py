@@ -8,14 +8,20 @@
   are the same everywhere (DRF's exceptions and stack.api_errors), so one post-processing hook
   documents them for every operation instead of a decorator on each view. It runs after
   drf-spectacular's enum hook (SPECTACULAR_SETTINGS["POSTPROCESSING_HOOKS"]).
+- `SchemaView`: /api/schema/, generated one at a time per process (see its docstring).
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.utils import extend_schema
+from drf_spectacular.views import SCHEMA_KWARGS, SpectacularAPIView
+from rest_framework.request import Request
+from rest_framework.response import Response
 
 from stack.registry.authentication import BearerTokenAuthentication
 
@@ -63,15 +69,9 @@ def _response(description: str, schema: dict[str, str]) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
-# A path that no route matches (an id that is not a number, a slug with a dot) never reaches DRF:
-# Django answers its own HTML page.
-_NOT_FOUND = {
-    "description": "No such object (an HTML page when the path matches no route at all).",
-    "content": {
-        "application/json": {"schema": _DETAIL},
-        "text/html": {"schema": {"type": "string"}},
-    },
-}
+# A path that no route matches (an id that is not a number, a slug with a dot) never reaches DRF;
+# stack.registry.middleware.ApiNotFoundMiddleware answers it in the same shape.
+_NOT_FOUND = _response("No such object.", _DETAIL)
 
 
 def _takes_input(operation: dict[str, Any]) -> bool:
@@ -104,3 +104,20 @@ def error_responses(
                 if parameter.get("in") == "path" and parameter.get("name") == "slug":
                     parameter["schema"] = {**parameter["schema"], "pattern": SLUG_PATTERN}
     return result
+
+
+class SchemaView(SpectacularAPIView):
+    """drf-spectacular's schema view, generating one schema at a time in a process.
+
+    Its generator keeps state in classes that every thread shares: extensions load their target
+    class on first use and set it to None when the import fails, while another thread reads it
+    (AttributeError: 'NoneType' object has no attribute 'startswith'), and GENERATOR_STATS counts
+    warnings. Four clients asking for the schema at once got a 500 from the threaded server.
+    Upstream: https://github.com/tfranzel/drf-spectacular/issues/1123 and issues/1368."""
+
+    _generating = threading.Lock()
+
+    @extend_schema(**SCHEMA_KWARGS)  # as the view it extends: the schema leaves itself out
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        with self._generating:
+            return super().get(request, *args, **kwargs)

@@ -98,6 +98,23 @@ def test_a_malformed_or_out_of_range_id_is_404_on_every_detail_route(
 ) -> None:
     response = api_client(admin_user).get(f"{path}{bad_id}/")
     assert response.status_code == 404
+    assert "detail" in response.json()  # JSON, whether DRF or no route answered
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("path", ["/api/nothing-here/", "/api/providers/a.b/", "/api/budgets/1/nope/"])
+def test_an_api_path_that_matches_no_route_answers_404_in_json(admin_user: User, path: str) -> None:
+    response = api_client(admin_user).get(path)
+    assert response.status_code == 404
+    assert response["Content-Type"] == "application/json"
+    assert response.json() == {"detail": "Not found."}
+
+
+@pytest.mark.django_db
+def test_a_page_that_matches_no_route_is_still_an_html_404(admin_user: User) -> None:
+    response = _page_client(admin_user).get("/no-such-page/")
+    assert response.status_code == 404
+    assert response["Content-Type"].startswith("text/html")
 
 
 @pytest.mark.django_db
@@ -226,6 +243,16 @@ def test_an_unknown_query_parameter_is_refused_naming_it_instead_of_listing_ever
 def test_an_id_filter_that_is_no_id_is_refused_not_a_server_error(admin_user: User, path: str) -> None:
     response = api_client(admin_user).get(path)
     assert response.status_code == 400
+
+
+@pytest.mark.django_db
+def test_a_filter_value_outside_its_documented_choices_is_refused_naming_them(admin_user: User) -> None:
+    client = api_client(admin_user)
+    response = client.get("/api/failover-events/?kind=AAA")
+    assert response.status_code == 400
+    assert response.json() == {"kind": ["must be one of: cluster-health, training, inference"]}
+    assert client.get("/api/failover-events/?kind=inference").status_code == 200
+    assert client.get("/api/failover-events/?kind=").status_code == 200  # empty: no filter
 
 
 @pytest.mark.django_db
