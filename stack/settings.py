@@ -389,6 +389,7 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "stack.registry.schema.error_responses",
+        "stack.registry.schema.money_keys_optional",
     ],
     # Choice sets that share a field name get a name of their own (equal sets share one).
     "ENUM_NAME_OVERRIDES": {

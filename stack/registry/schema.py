@@ -24,6 +24,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from stack.registry.authentication import BearerTokenAuthentication
+from stack.registry.costs import MONEY_KEYS
 
 
 class BearerTokenScheme(OpenApiAuthenticationExtension):
@@ -103,6 +104,29 @@ def error_responses(
             for parameter in parameters:
                 if parameter.get("in") == "path" and parameter.get("name") == "slug":
                     parameter["schema"] = {**parameter["schema"], "pattern": SLUG_PATTERN}
+    return result
+
+
+def money_keys_optional(
+    result: dict[str, Any], generator: Any, request: Any, public: bool, **kwargs: Any
+) -> dict[str, Any]:
+    """Money fields are never required in an answer: a viewer's answers leave them out
+    (stack.registry.costs, the one money rule), so the schema says they may be absent."""
+    for component in result.get("components", {}).get("schemas", {}).values():
+        required = component.get("required")
+        if not required:
+            continue
+        money = [name for name in required if name in MONEY_KEYS]
+        if not money:
+            continue
+        component["required"] = [name for name in required if name not in MONEY_KEYS]
+        if not component["required"]:
+            del component["required"]
+        for name in money:
+            prop = component.get("properties", {}).get(name)
+            if isinstance(prop, dict) and "$ref" not in prop:
+                note = "Absent for roles that may not see costs (viewers)."
+                prop["description"] = f"{prop['description']} {note}" if prop.get("description") else note
     return result
 
 

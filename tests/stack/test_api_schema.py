@@ -121,6 +121,18 @@ def test_fields_that_can_be_empty_are_nullable(schema: dict[str, Any]) -> None:
         assert components[component]["properties"][field].get("nullable") is True, (component, field)
 
 
+def test_money_fields_are_never_required_because_viewers_answers_leave_them_out(
+    schema: dict[str, Any],
+) -> None:
+    from stack.registry.costs import MONEY_KEYS
+
+    components = schema["components"]["schemas"]
+    with_money = [name for name, c in components.items() if MONEY_KEYS & set(c.get("properties", {}))]
+    assert "InferenceRequest" in with_money or len(with_money) > 3  # the hook had work to do
+    for name in with_money:
+        assert not MONEY_KEYS & set(components[name].get("required", [])), name
+
+
 def test_concurrent_schema_requests_are_generated_one_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """drf-spectacular's generator shares class state between threads (the fuzzer's four clients
     asking at once got a 500); stack.registry.schema.SchemaView generates one schema at a time."""
