@@ -15,7 +15,17 @@ BEFORE = ("stack", "0004_failover_training_inference_fields")
 AFTER = ("stack", "0005_provider_endpoints")
 
 
+@pytest.fixture
+def _back_to_the_latest_migrations() -> Any:
+    """Leave the test database fully migrated: later tests need every column."""
+    yield
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate(executor.loader.graph.leaf_nodes())
+
+
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("_back_to_the_latest_migrations")
 def test_the_migration_keeps_existing_deployments_under_their_providers_endpoints() -> None:
     executor = MigrationExecutor(connection)
     executor.migrate([BEFORE])
