@@ -60,12 +60,22 @@ class InferenceRequest(models.Model):
     # retries re-read it); gateway traffic does not store prompts or answers.
     response_text = models.TextField(blank=True)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
+    # The journal entry (attempts and billed units) of a request whose ledger rows are still to
+    # be written; NULL once folded (inference.recording.journal). Holds "error" when its fold
+    # failed and waits for an operator.
+    ledger_pending = models.JSONField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["-created_at"]
         indexes = [
             models.Index(fields=["workflow", "created_at"], name="infreq_workflow_idx"),
             models.Index(fields=["deployment", "created_at"], name="infreq_deployment_idx"),
+            # The folder's scan (journal_fold): only the few pending rows are in this index.
+            models.Index(
+                fields=["id"],
+                name="infreq_ledger_pending_idx",
+                condition=models.Q(ledger_pending__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from inference import batch, quality
+from inference.recording import journal_fold_all
 
 
 @shared_task(name="inference.eval_set_run", ignore_result=True)
@@ -29,3 +30,9 @@ def batch_job_run(job_id: int) -> None:
 def batch_jobs_resume() -> int:
     """Periodic (beat): re-queue batch jobs whose worker died or whose message was lost."""
     return len(batch.batch_jobs_resume())
+
+
+@shared_task(name="inference.journal_fold", ignore_result=True)
+def journal_fold() -> int:
+    """Periodic (beat): fold journaled requests that no web process folded into the ledger."""
+    return journal_fold_all()

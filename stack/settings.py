@@ -311,6 +311,12 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": env_float("SWITCHYARD_EVAL_SCHEDULE_SECONDS", 3600.0, minimum=10.0),
         "options": {"queue": "control", "expires": 600},
     },
+    # Journaled requests that no web process folded (every web process gone): into the ledger.
+    "inference-journal-fold": {
+        "task": "inference.journal_fold",
+        "schedule": env_float("SWITCHYARD_JOURNAL_FOLD_SECONDS", 10.0, minimum=0.5),
+        "options": {"queue": "control", "expires": 30},
+    },
     # Batch inference jobs whose worker died (stale lease) are re-queued and resume.
     "inference-batch-jobs-resume": {
         "task": "inference.batch_jobs_resume",
@@ -321,6 +327,23 @@ CELERY_BEAT_SCHEDULE = {
 # A running batch job's lease: longer than one line can take (deadline plus retries).
 INFERENCE_BATCH_STALE_SECONDS = env_float("SWITCHYARD_BATCH_STALE_SECONDS", 120.0, minimum=1.0)
 INFERENCE_BATCH_PART_LINES = env_int("SWITCHYARD_BATCH_PART_LINES", 20, minimum=1)
+
+# How a routed request is recorded (inference.recording; README "Recording requests"):
+# "journal" commits the request row and its journal entry in one INSERT before answering and
+# folds the ledger rows in batches right after; "inline" writes everything in the request's
+# own transaction. Production on PostgreSQL uses the journal. SQLite (the embedded demo) and the
+# test suite default to inline (a test that reads the ledger right after a request needs it
+# written); the journal's own tests and the kill drill switch it on.
+INFERENCE_RECORDING = env_str(
+    "SWITCHYARD_INFERENCE_RECORDING",
+    "journal" if _db["ENGINE"] != "django.db.backends.sqlite3" and SWITCHYARD_ENV != "test" else "inline",
+)
+if INFERENCE_RECORDING not in {"journal", "inline"}:
+    raise ImproperlyConfigured(
+        f"SWITCHYARD_INFERENCE_RECORDING must be journal or inline; got {INFERENCE_RECORDING!r}"
+    )
+# A web process's folder thread also looks for entries left by dead processes this often.
+INFERENCE_JOURNAL_IDLE_SECONDS = env_float("SWITCHYARD_JOURNAL_IDLE_SECONDS", 2.0, minimum=0.05)
 
 # --- Email (budget alerts) --------------------------------------------------------
 # The console backend prints mail in development; point EMAIL_BACKEND at

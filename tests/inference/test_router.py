@@ -17,9 +17,10 @@ from inference.adapters.base import ChatMessage, ChatRequest
 from inference.breaker import breaker_state
 from inference.mockprovider import MockProviderServer
 from inference.models import InferenceAttempt, InferenceRequest
+from inference.recording import db_text
 from inference.router import route
 from inference.routing import Strategy
-from inference.services import db_text, quality_record_create
+from inference.services import quality_record_create
 from stack.registry.models import FailoverEvent, RoutingPolicyVersion
 from tests.factories import make_deployment
 from tests.inference.helpers import priced_deployment, routed_workflow

@@ -1,0 +1,261 @@
+"""Folding recorded requests into the ledger: attempts, usage records, failover events.
+
+A FoldJob is everything a request's bookkeeping needs, as plain values, so the same code folds
+a request the moment it is answered (inline recording) or later from its journal entry
+(inference.recording.journal). `fold_jobs` runs inside the caller's transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.db import connection
+
+from billing.selectors import PriceResolver
+from billing.services import UsageInput, usage_record_batch
+from inference.breaker import breakers
+from inference.models import InferenceAttempt, InferenceRequest
+from inference.recording.attempts import UNIT_SUFFIX, Outcome
+from stack.registry.models import Deployment, FailoverEvent, Workflow
+from stack.registry.services import failover_event_record
+
+DEMOTION_EVENT_TTL_S = 600.0  # one quality-demotion event per workflow and deployment per 10 min
+JOURNAL_VERSION = 1
+
+
+@dataclass
+class FoldAttempt:
+    position: int
+    deployment_id: int
+    outcome: str
+    status_code: int | None
+    latency_ms: float
+    tokens_in: int
+    tokens_out: int
+    error: str
+    started_at: float  # perf_counter of the call's start (only differences are used)
+
+    @property
+    def called(self) -> bool:
+        return self.outcome in (Outcome.OK, Outcome.RETRYABLE, Outcome.NON_RETRYABLE)
+
+
+@dataclass
+class FoldJob:
+    """One answered (or failed) request whose row exists and whose bookkeeping is due."""
+
+    request_id: int
+    workflow_id: int
+    created_at: datetime
+    predicted_cost: Decimal
+    currency: str
+    attempts: list[FoldAttempt]
+    billed: list[tuple[int, str, Decimal]]  # (attempt position, unit, quantity), in order
+    demoted: list[tuple[int, float]] = field(default_factory=list)  # (deployment id, score)
+    winner_id: int | None = None
+    policy_version: int | None = None
+    quality_floor: float | None = None
+
+    def journal(self) -> dict[str, Any]:
+        """The journal entry (JSON) kept on the request row until the job is folded."""
+        return {
+            "v": JOURNAL_VERSION,
+            "attempts": [
+                [
+                    a.position,
+                    a.deployment_id,
+                    a.outcome,
+                    a.status_code,
+                    a.latency_ms,
+                    a.tokens_in,
+                    a.tokens_out,
+                    a.error,
+                    a.started_at,
+                ]  # fmt: skip
+                for a in self.attempts
+            ],
+            # Quantities as text: Decimal survives JSON exactly that way.
+            "billed": [[position, unit, str(quantity)] for position, unit, quantity in self.billed],
+            "demoted": [[deployment_id, score] for deployment_id, score in self.demoted],
+            "winner": self.winner_id,
+            "policy_version": self.policy_version,
+            "quality_floor": self.quality_floor,
+        }
+
+    @classmethod
+    def from_journal(
+        cls,
+        *,
+        request_id: int,
+        workflow_id: int,
+        created_at: datetime,
+        cost: Decimal,
+        currency: str,
+        doc: Mapping[str, Any],
+    ) -> FoldJob:
+        if doc.get("v") != JOURNAL_VERSION:
+            raise ValueError(f"request {request_id}: unknown journal version {doc.get('v')!r}")
+        return cls(
+            request_id=request_id,
+            workflow_id=workflow_id,
+            created_at=created_at,
+            predicted_cost=cost,
+            currency=currency,
+            attempts=[FoldAttempt(*values) for values in doc["attempts"]],
+            billed=[(int(p), str(u), Decimal(q)) for p, u, q in doc["billed"]],
+            demoted=[(int(d), float(s)) for d, s in doc["demoted"]],
+            winner_id=doc["winner"],
+            policy_version=doc["policy_version"],
+            quality_floor=doc["quality_floor"],
+        )
+
+
+@dataclass
+class Folded:
+    """What folding wrote for one request: its cost from the ledger and each attempt's share."""
+
+    cost: Decimal
+    attempt_costs: dict[int, Decimal]
+
+
+def fold_jobs(
+    jobs: Sequence[FoldJob],
+    *,
+    deployments: Mapping[int, Deployment] | None = None,
+    workflows: Mapping[int, Workflow] | None = None,
+    prices: PriceResolver | None = None,
+) -> dict[int, Folded]:
+    """Write the jobs' usage records, attempts and failover events; call inside a transaction.
+
+    A UsageRecord per billed unit of each answered attempt (priced by the ledger, idempotent
+    keys `inference:<request>:<attempt>:<unit>`), an InferenceAttempt per step, a FailoverEvent
+    per failed call that led to another call, and a quality-demotion event the first time a
+    deployment is skipped for quality. A request whose ledger amounts differ from the predicted
+    cost on its row (a price changed in between) gets the ledger's sum, so the ledger total
+    always equals the sum of request costs.
+    """
+    if deployments is None:
+        ids = {a.deployment_id for job in jobs for a in job.attempts} | {
+            d for job in jobs for d, _ in job.demoted
+        }
+        deployments = Deployment.objects.select_related("provider", "model").in_bulk(ids)
+    if workflows is None:
+        workflows = Workflow.objects.in_bulk({job.workflow_id for job in jobs})
+    items: list[UsageInput] = []
+    for job in jobs:
+        workflow = workflows[job.workflow_id]
+        by_position = {a.position: a for a in job.attempts}
+        for position, unit, quantity in job.billed:
+            deployment = deployments[by_position[position].deployment_id]
+            items.append(
+                UsageInput(
+                    unit=unit,
+                    quantity=quantity,
+                    occurred_at=job.created_at,
+                    idempotency_key=f"inference:{job.request_id}:{position}:{UNIT_SUFFIX[unit]}",
+                    subject_type="inference_request",
+                    subject_id=str(job.request_id),
+                    deployment=deployment,
+                    workflow=workflow,
+                    description=f"{workflow.slug} via {deployment.slug}",
+                )
+            )
+    costs: dict[tuple[int, int], Decimal] = {}
+    if items:
+        for record in usage_record_batch(items=items, prices=prices):
+            _, request_part, position_part, _ = record.idempotency_key.split(":")
+            key = (int(request_part), int(position_part))
+            costs[key] = costs.get(key, Decimal(0)) + record.amount
+    out: dict[int, Folded] = {}
+    for job in jobs:
+        attempt_costs = {
+            a.position: costs.get((job.request_id, a.position), Decimal(0)) for a in job.attempts
+        }
+        total = sum(attempt_costs.values(), Decimal(0))
+        if total != job.predicted_cost:
+            InferenceRequest.objects.filter(pk=job.request_id).update(cost=total)
+        out[job.request_id] = Folded(cost=total, attempt_costs=attempt_costs)
+    _attempts_insert(jobs, out)
+    for job in jobs:
+        _failover_events(job, deployments, workflows[job.workflow_id], out[job.request_id])
+    return out
+
+
+def _failover_events(
+    job: FoldJob, deployments: Mapping[int, Deployment], workflow: Workflow, folded: Folded
+) -> None:
+    called = [a for a in job.attempts if a.called]
+    winner = deployments.get(job.winner_id) if job.winner_id is not None else None
+    for failed, following in zip(called, called[1:], strict=False):
+        if failed.outcome == Outcome.OK:
+            continue
+        source, target = deployments[failed.deployment_id], deployments[following.deployment_id]
+        failover_event_record(
+            kind=FailoverEvent.Kind.INFERENCE,
+            reason=f"{source.slug} → {target.slug}: {failed.error}",
+            detected_at=job.created_at,
+            from_deployment=source,
+            to_deployment=target,
+            subject=f"inference-request:{job.request_id}",
+            time_lost=timedelta(milliseconds=max(following.started_at - failed.started_at, 0) * 1000.0),
+            extra_cost=folded.attempt_costs.get(failed.position, Decimal(0)),
+            currency=job.currency,
+            status_code=failed.status_code,
+            details={
+                "workflow": workflow.slug,
+                "policy_version": job.policy_version,
+                "outcome": failed.outcome,
+            },
+        )
+    for deployment_id, score in job.demoted:
+        if breakers().claim_once(f"demoted:{workflow.pk}:{deployment_id}", ttl_s=DEMOTION_EVENT_TTL_S):
+            demoted = deployments[deployment_id]
+            floor = job.quality_floor if job.quality_floor is not None else 0.0
+            failover_event_record(
+                kind=FailoverEvent.Kind.INFERENCE,
+                reason=(
+                    f"quality demotion: {demoted.slug} rolling score {score:.3f} "
+                    f"below the floor {floor:.3f} of {workflow.slug}"
+                ),
+                detected_at=job.created_at,
+                from_deployment=demoted,
+                to_deployment=winner,
+                subject=f"workflow:{workflow.slug}",
+                details={"workflow": workflow.slug, "score": score, "floor": floor, "demotion": True},
+            )
+
+
+# Plain INSERTs for the hot tables: the ORM's statement building costs several times the round
+# trip (measured by `manage.py bench gateway`). Values are adapted by each field's own
+# get_db_prep_save, as the ORM would.
+_ATTEMPT_FIELDS = [f for f in InferenceAttempt._meta.concrete_fields if not f.primary_key]
+
+
+def _attempts_insert(jobs: Sequence[FoldJob], folded: Mapping[int, Folded]) -> None:
+    rows = [(job.request_id, a) for job in jobs for a in job.attempts]
+    if not rows:
+        return
+    table = connection.ops.quote_name(InferenceAttempt._meta.db_table)
+    columns = ", ".join(connection.ops.quote_name(f.column) for f in _ATTEMPT_FIELDS)
+    one = "(" + ", ".join(["%s"] * len(_ATTEMPT_FIELDS)) + ")"
+    params: list[Any] = []
+    for request_id, a in rows:
+        values = {
+            "request_id": request_id,
+            "position": a.position,
+            "deployment_id": a.deployment_id,
+            "status_code": a.status_code,
+            "outcome": str(a.outcome),
+            "latency_ms": a.latency_ms,
+            "tokens_in": a.tokens_in,
+            "tokens_out": a.tokens_out,
+            "cost": folded[request_id].attempt_costs[a.position],
+            "error": a.error,
+        }
+        params += [f.get_db_prep_save(values[f.attname], connection) for f in _ATTEMPT_FIELDS]
+    with connection.cursor() as cursor:
+        cursor.execute(f"INSERT INTO {table} ({columns}) VALUES {', '.join([one] * len(rows))}", params)  # noqa: S608

@@ -1,0 +1,242 @@
+"""Walking the route: breakers, the cost cap, budget admissions, the calls, retries and cooldowns."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+
+from billing.budgets import BudgetExhausted, budget_admission
+from inference.adapters.base import (
+    Completion,
+    EmbeddingRequest,
+    ProviderError,
+    StreamChunk,
+)
+from inference.adapters.registry import adapter_for
+from inference.breaker import RedisBreakers, breaker_settings, breakers, monotonic_now, record_success
+from inference.models import InferenceAttempt
+from inference.recording import AttemptInfo
+from inference.router.context import Context, candidates, cost_estimate, needs_admission, setting
+from inference.router.errors import CostLimitExceeded, NoRoute
+from inference.routing import Peek
+from inference.selectors import (
+    GENERATION_KEY,
+    PlanEntry,
+    deployment_plan,
+    generation,
+    route_plan_refresh,
+)
+
+Outcome = InferenceAttempt.Outcome
+_rng = random.Random()  # noqa: S311 (backoff jitter, not security)
+
+
+def error_attempt(
+    position: int, entry: PlanEntry, exc: ProviderError, started: float, now: float
+) -> AttemptInfo:
+    client_error = exc.client_error
+    return AttemptInfo(
+        position=position,
+        entry=entry,
+        outcome=Outcome.RETRYABLE if exc.retryable else Outcome.NON_RETRYABLE,
+        status_code=exc.status_code,
+        latency_ms=(now - started) * 1000.0,
+        error=str(exc)[:1000] + (" [client error]" if client_error else ""),
+        started_at=started,
+    )
+
+
+@dataclass
+class Answer:
+    entry: PlanEntry
+    started: float
+    completion: Completion | None = None
+    first: StreamChunk | None = None
+    chunks: Iterator[StreamChunk] | None = None
+    probe: bool = False  # the call was a half-open probe
+
+
+def attempt_calls(ctx: Context, stack: ExitStack, *, stream: bool) -> Iterator[Answer]:
+    """Walk the route, yielding (entry, answer) for each successful call.
+
+    The caller stops iterating once it accepts an answer (a Completion, or a stream whose first
+    chunk arrived); anything else it records as an attempt and iteration goes on.
+    """
+    cfg = breaker_settings()
+    store = breakers()
+    gen = generation()
+    # One Redis round trip answers both "is the cached plan current?" and "which circuits are
+    # open?"; a moved generation (a switch, a price, a chaos drill) rebuilds the plan first.
+    order = candidates(ctx)
+    ids = [e.deployment_id for e in order]
+    if isinstance(store, RedisBreakers):
+        current, states = store.peek_with_generation(GENERATION_KEY, ids, now=monotonic_now(), cfg=cfg)
+    else:
+        current, states = gen.read(), store.peek(ids, now=monotonic_now(), cfg=cfg)
+    if not ctx.plan.is_current(current, shared=gen.shared):
+        if ctx.deployment is not None:
+            plan = deployment_plan(workflow_id=ctx.workflow.pk, deployment_id=ctx.deployment.pk)
+        else:
+            plan = route_plan_refresh(workflow_id=ctx.workflow.pk, generation_value=current)
+        if plan is None or not plan.entries:
+            raise NoRoute(f"workflow {ctx.workflow.slug} has no usable routing policy")
+        ctx.plan = plan
+        ctx.attempts.clear()
+        order = candidates(ctx)
+        ids = [e.deployment_id for e in order]
+        states = store.peek(ids, now=monotonic_now(), cfg=cfg)
+    refused_by: set[int] = set()
+    max_rounds = int(setting("INFERENCE_MAX_ROUNDS", 2))
+    backoff = setting("INFERENCE_BACKOFF_SECONDS", 0.05)
+    for round_no in range(max_rounds):
+        if round_no:
+            # Full-jitter exponential backoff (AWS Architecture Blog, "Exponential Backoff And
+            # Jitter", 2015), never past the deadline.
+            remaining = ctx.deadline - time.perf_counter()
+            pause = min(remaining, _rng.uniform(0, backoff * (2**round_no)))
+            if pause > 0:
+                time.sleep(pause)
+            states = store.peek(ids, now=monotonic_now(), cfg=cfg)
+        any_called = False
+        for entry, state in zip(order, states, strict=True):
+            if time.perf_counter() >= ctx.deadline:
+                return
+            if entry.deployment_id in refused_by:
+                continue  # it answered a non-retryable error earlier in this request
+            if state == Peek.OPEN or (
+                state == Peek.HALF_OPEN
+                and not store.claim_probe(entry.deployment_id, now=monotonic_now(), cfg=cfg)
+            ):
+                ctx.attempts.append(
+                    AttemptInfo(
+                        position=len(ctx.attempts),
+                        entry=entry,
+                        outcome=Outcome.CIRCUIT_OPEN,
+                        status_code=None,
+                        latency_ms=0.0,
+                        error="circuit open",
+                    )
+                )
+                continue
+            limit = ctx.plan.max_cost_per_request
+            if limit is not None:
+                estimate = cost_estimate(entry, ctx.request)
+                if estimate > limit:
+                    if ctx.cost_error is None or estimate < ctx.cost_error.estimate:
+                        ctx.cost_error = CostLimitExceeded(
+                            estimate=estimate, limit=limit, currency=entry.currency
+                        )
+                    ctx.attempts.append(
+                        AttemptInfo(
+                            position=len(ctx.attempts),
+                            entry=entry,
+                            outcome=Outcome.OVER_COST,
+                            status_code=None,
+                            latency_ms=0.0,
+                            error=f"estimated cost {estimate:.9f} over max_cost_per_request {limit:f}",
+                        )
+                    )
+                    continue
+            try:
+                if needs_admission(ctx, entry):
+                    stack.enter_context(
+                        budget_admission(
+                            estimate=cost_estimate(entry, ctx.request),
+                            workflow=ctx.workflow,
+                            provider=entry.deployment.provider,
+                            currency=entry.currency,
+                        )
+                    )
+                    ctx.admitted = True
+            except BudgetExhausted as exc:
+                ctx.budget_error = exc
+                ctx.attempts.append(
+                    AttemptInfo(
+                        position=len(ctx.attempts),
+                        entry=entry,
+                        outcome=Outcome.BUDGET,
+                        status_code=402,
+                        latency_ms=0.0,
+                        error=str(exc)[:1000],
+                    )
+                )
+                # A provider- or cluster-scoped budget may leave room on another provider; a
+                # workflow budget refuses them all. Either way nothing is spent past a limit.
+                continue
+            any_called = True
+            adapter = adapter_for(entry.target)
+            call_started = time.perf_counter()
+            timeout = max(0.001, ctx.deadline - call_started)
+            try:
+                if isinstance(ctx.request, EmbeddingRequest):
+                    answer = adapter.embed(entry.target, ctx.request, timeout=timeout)
+                    yield Answer(entry, call_started, completion=answer, probe=state == Peek.HALF_OPEN)
+                elif stream:
+                    chunks = adapter.stream(entry.target, ctx.request, timeout=timeout)
+                    first = next(iter(chunks), None)
+                    yield Answer(
+                        entry, call_started, first=first, chunks=chunks, probe=state == Peek.HALF_OPEN
+                    )
+                else:
+                    answer = adapter.complete(entry.target, ctx.request, timeout=timeout)
+                    yield Answer(entry, call_started, completion=answer, probe=state == Peek.HALF_OPEN)
+                return
+            except ProviderError as exc:
+                now = time.perf_counter()
+                attempt = error_attempt(len(ctx.attempts), entry, exc, call_started, now)
+                ctx.attempts.append(attempt)
+                if exc.client_error:
+                    # The request itself is at fault (the provider answered 400/413/422): no other
+                    # deployment would take it, and it says nothing about this one's health, so
+                    # its breaker does not count it (nor does a failover event follow).
+                    if state == Peek.HALF_OPEN:
+                        store.record(
+                            entry.deployment_id,
+                            ok=True,
+                            latency_ms=attempt.latency_ms,
+                            now=monotonic_now(),
+                            cfg=cfg,
+                        )
+                    return
+                store.record(
+                    entry.deployment_id,
+                    ok=False,
+                    latency_ms=attempt.latency_ms,
+                    now=monotonic_now(),
+                    cfg=cfg,
+                )
+                if exc.retry_after is not None and exc.retryable:
+                    # The provider said how long to stay away (429/503 Retry-After): every
+                    # process skips this deployment for that long (capped), and the route
+                    # moves on to the next one now.
+                    wait = min(exc.retry_after, setting("INFERENCE_MAX_RETRY_AFTER_SECONDS", 300.0))
+                    store.cool_down(entry.deployment_id, until=monotonic_now() + wait)
+                if not exc.retryable:
+                    refused_by.add(entry.deployment_id)
+        retryable_left = any(a.outcome == Outcome.RETRYABLE for a in ctx.attempts)
+        if not any_called or not retryable_left:
+            return
+
+
+def ok_attempt(
+    ctx: Context, entry: PlanEntry, started: float, completion: Completion, *, probe: bool
+) -> AttemptInfo:
+    latency = (time.perf_counter() - started) * 1000.0
+    attempt = AttemptInfo(
+        position=len(ctx.attempts),
+        entry=entry,
+        outcome=Outcome.OK,
+        status_code=completion.status_code,
+        latency_ms=latency,
+        tokens_in=completion.tokens_in,
+        tokens_out=completion.tokens_out,
+        cached_tokens=completion.cached_tokens,
+        reasoning_tokens=completion.reasoning_tokens,
+        started_at=started,
+    )
+    ctx.attempts.append(attempt)
+    record_success(entry.deployment_id, latency_ms=latency, probe=probe, cfg=breaker_settings())
+    return attempt

@@ -1,0 +1,191 @@
+"""A routed request's context: its plan, and the deployments that may serve it, in order."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from django.conf import settings
+
+from billing.budgets import BudgetExhausted, spend_target
+from inference.adapters.base import (
+    ChatRequest,
+    EmbeddingRequest,
+    RoutedInput,
+    request_features,
+)
+from inference.models import InferenceAttempt
+from inference.recording import AttemptInfo
+from inference.router.errors import CapabilityMissing, CostLimitExceeded, NoRoute
+from inference.routing import order_candidates
+from inference.selectors import (
+    PlanEntry,
+    RoutePlan,
+    deployment_plan,
+    rolling_p50,
+    rolling_quality,
+    route_plan,
+    route_plan_cached,
+)
+from stack.registry.models import Deployment, Workflow
+
+Outcome = InferenceAttempt.Outcome
+
+
+def setting(name: str, default: float) -> float:
+    return float(getattr(settings, name, default))
+
+
+def cost_estimate(entry: PlanEntry, request: RoutedInput) -> Decimal:
+    """A rough upper estimate of the call's cost, for the budget's reservation."""
+    if isinstance(request, ChatRequest):
+        chars = sum(len(m.content) for m in request.messages)
+    else:
+        chars = len(request.prompt)
+    tokens_in = Decimal(chars // 4 + 1)
+    if isinstance(request, EmbeddingRequest):
+        tokens_out = Decimal(0)
+    else:
+        tokens_out = Decimal(request.max_tokens or 256) * request.n
+    million = Decimal(1_000_000)
+    return (tokens_in * (entry.input_price or 0) + tokens_out * (entry.output_price or 0)) / million
+
+
+def needs_admission(ctx: Context, entry: PlanEntry) -> bool:
+    """Only a spend under some active hard-limit budget needs admission (the others would be
+    admitted without a reservation); the plan knows those budgets' targets."""
+    hard = ctx.plan.hard_budget_keys
+    if not hard:
+        return False
+    keys = spend_target(workflow=ctx.workflow, provider=entry.deployment.provider).keys()
+    return any(key in hard for key in keys)
+
+
+@dataclass
+class Context:
+    workflow: Workflow
+    plan: RoutePlan
+    request: RoutedInput
+    endpoint: str
+    started: float
+    deadline: float
+    attempts: list[AttemptInfo] = field(default_factory=list)
+    demoted: list[tuple[PlanEntry, float]] = field(default_factory=list)
+    budget_error: BudgetExhausted | None = None
+    cost_error: CostLimitExceeded | None = None
+    # A hard budget's admission is held: the spend must reach the ledger before it is released,
+    # so the request is recorded inline rather than journaled (inference.recording).
+    admitted: bool = False
+    deployment: Deployment | None = None  # a one-deployment call: route(deployment=...)
+
+
+def prepare(
+    workflow: Workflow,
+    request: RoutedInput,
+    endpoint: str,
+    deadline_s: float | None,
+    *,
+    deployment: Deployment | None = None,
+) -> Context:
+    started = time.perf_counter()
+    if deployment is not None:
+        plan = deployment_plan(workflow_id=workflow.pk, deployment_id=deployment.pk)
+        if plan is None:
+            raise NoRoute(f"deployment {deployment.slug} is disabled")
+    else:
+        plan = route_plan_cached(workflow_id=workflow.pk)
+        if plan is None or not plan.entries:
+            # A cached "no route" may be stale: ask for the current plan before refusing.
+            plan = route_plan(workflow_id=workflow.pk)
+        if plan is None:
+            raise NoRoute(f"workflow {workflow.slug} has no routing policy")
+        if not plan.entries:
+            raise NoRoute(f"workflow {workflow.slug} has no enabled deployment in its route")
+    deadline_s = deadline_s if deadline_s is not None else setting("INFERENCE_DEADLINE_SECONDS", 30.0)
+    return Context(
+        workflow=workflow,
+        plan=plan,
+        request=request,
+        endpoint=endpoint,
+        started=started,
+        deadline=started + deadline_s,
+        deployment=deployment,
+    )
+
+
+def candidates(ctx: Context) -> list[PlanEntry]:
+    """The plan's entries in the order its policy gives (inference.routing); the ones demoted
+    for quality are recorded as skipped attempts."""
+    plan = ctx.plan
+    policy = plan.policy
+    ids = [e.deployment_id for e in plan.entries]
+    quality = (
+        rolling_quality(workflow_id=plan.workflow_id, deployment_ids=ids) if policy.needs_quality else {}
+    )
+    p50s = rolling_p50(deployment_ids=ids) if policy.needs_latency else {}
+    order, demoted = order_candidates(policy, plan.entries, quality=quality, p50s=p50s)
+    order = capable(ctx, order)
+    if isinstance(ctx.request, EmbeddingRequest) and order:
+        # Vectors of another model would corrupt the caller's vector store: an embeddings
+        # request is served by the model of the route's first embeddings deployment (the
+        # policy's order, whatever the strategy), failing over only to that same model.
+        able = [e for e in plan.entries if "embeddings" in e.capabilities]
+        model_id = min(able, key=lambda e: e.position).deployment.model_id
+        order = [e for e in order if e.deployment.model_id == model_id]
+        demoted = [(e, score) for e, score in demoted if e.deployment.model_id == model_id]
+    ctx.demoted = demoted
+    for entry, score in demoted:
+        ctx.attempts.append(
+            AttemptInfo(
+                position=len(ctx.attempts),
+                entry=entry,
+                outcome=Outcome.SKIPPED_QUALITY,
+                status_code=None,
+                latency_ms=0.0,
+                error=f"rolling quality {score:.3f} below the floor {policy.quality_floor:.3f}",
+            )
+        )
+    return order
+
+
+def context_tokens(request: RoutedInput) -> int:
+    """A rough count of the tokens the request occupies (prompt characters / 4 plus max_tokens)."""
+    if isinstance(request, ChatRequest):
+        chars = sum(len(m.content) for m in request.messages)
+    else:
+        chars = len(request.prompt)
+    return chars // 4 + 1 + (request.max_tokens or 0)
+
+
+def capable(ctx: Context, order: list[PlanEntry]) -> list[PlanEntry]:
+    """The deployments that can serve the request's features; the others are recorded as
+    skipped. A fallback without tool support must not answer a tool request in plain text."""
+    needed = request_features(ctx.request)
+    limited = any(e.max_context_tokens is not None for e in order)
+    if not needed and not limited:
+        return order
+    context = context_tokens(ctx.request) if limited else 0
+    able: list[PlanEntry] = []
+    first_missing = ""
+    for entry in order:
+        missing = sorted(needed - entry.capabilities)
+        if entry.max_context_tokens is not None and context > entry.max_context_tokens:
+            missing.append("context")
+        if not missing:
+            able.append(entry)
+            continue
+        first_missing = first_missing or missing[0]
+        ctx.attempts.append(
+            AttemptInfo(
+                position=len(ctx.attempts),
+                entry=entry,
+                outcome=Outcome.UNSUPPORTED,
+                status_code=None,
+                latency_ms=0.0,
+                error=f"cannot serve {', '.join(missing)}",
+            )
+        )
+    if not able and order:
+        raise CapabilityMissing(first_missing, ctx.workflow.slug)
+    return able

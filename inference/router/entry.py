@@ -1,0 +1,216 @@
+"""The entry points: route (one answer) and route_stream (a stream, recorded when it ends)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+
+from django.db import IntegrityError
+
+from inference.adapters.base import (
+    ChatRequest,
+    Completion,
+    CompletionRequest,
+    InferenceInput,
+    ProviderError,
+    RoutedInput,
+    StreamChunk,
+)
+from inference.models import Endpoint, InferenceAttempt
+from inference.router.calls import attempt_calls, ok_attempt
+from inference.router.context import Context, prepare
+from inference.router.errors import RouteResult
+from inference.router.finish import finish_request, raise_refusal, recorded, replay
+from inference.selectors import (
+    PlanEntry,
+)
+from stack.registry.models import Deployment, Workflow
+
+Outcome = InferenceAttempt.Outcome
+
+
+def route(
+    *,
+    workflow: Workflow,
+    request: RoutedInput,
+    endpoint: str = Endpoint.CHAT,
+    client_request_id: str | None = None,
+    deadline_s: float | None = None,
+    deployment: Deployment | None = None,
+) -> RouteResult:
+    """Serve `request` for `workflow` by its current policy version (see the module docstring).
+
+    With `deployment`, call that deployment only (no strategy, no fallback; breakers, budgets,
+    retries and records as usual): eval runs and judges score one deployment at a time. The
+    request is recorded under `workflow` with no policy version.
+    """
+    if client_request_id:
+        # A replay answers only inside the key's own scope: the key names its namespace
+        # (inference.idempotency) and the recorded request must be this workflow's.
+        row = recorded(client_request_id, workflow)
+        if row is not None:
+            return replay(row)
+    ctx = prepare(workflow, request, endpoint, deadline_s, deployment=deployment)
+    completion: Completion | None = None
+    winner: PlanEntry | None = None
+    with ExitStack() as stack:
+        for answer in attempt_calls(ctx, stack, stream=False):
+            if answer.completion is not None:
+                ok_attempt(ctx, answer.entry, answer.started, answer.completion, probe=answer.probe)
+                completion, winner = answer.completion, answer.entry
+            break
+        # Settle the budget admissions only after the ledger has the real cost.
+        try:
+            result = finish_request(
+                ctx,
+                completion=completion,
+                winner=winner,
+                stream=False,
+                ttft_ms=None,
+                client_request_id=client_request_id,
+            )
+        except IntegrityError:
+            # A concurrent retry with the same client_request_id was recorded first: this answer
+            # is dropped unbilled (its rows rolled back) and the recorded one is returned.
+            if not client_request_id:
+                raise
+            row = recorded(client_request_id, workflow)
+            if row is None:
+                raise
+            return replay(row)
+    raise_refusal(ctx, winner)
+    return result
+
+
+class RouteStream:
+    """A streamed answer: the deployment is chosen (first chunk received) before iteration.
+
+    Iterate for the chunks; the request is recorded when the stream ends, fails or is closed.
+    """
+
+    def __init__(self, ctx: Context, stack: ExitStack) -> None:
+        self._ctx = ctx
+        self._stack = stack
+        self.result: RouteResult | None = None
+        self.winner: PlanEntry | None = None
+        self._first: StreamChunk | None = None
+        self._chunks: Iterator[StreamChunk] | None = None
+        self._call_started = 0.0
+        self._probe = False
+        self.ttft_ms: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.winner is not None
+
+    @property
+    def deployment_slug(self) -> str:
+        return self.winner.slug if self.winner else ""
+
+    def __iter__(self) -> Iterator[StreamChunk]:
+        texts: list[str] = []
+        usage: StreamChunk | None = None
+        finish = "stop"
+        pieces = 0
+        status_error: ProviderError | None = None
+        try:
+            if self.winner is None or self._chunks is None:
+                return
+            chunk: StreamChunk | None = self._first
+            iterator = iter(self._chunks)
+            while chunk is not None:
+                if chunk.text:
+                    texts.append(chunk.text)
+                    pieces += 1
+                if chunk.tokens_in is not None:
+                    usage = chunk
+                if chunk.finish_reason:
+                    finish = chunk.finish_reason
+                yield chunk
+                try:
+                    chunk = next(iterator, None)
+                except ProviderError as exc:
+                    status_error = exc
+                    break
+        finally:
+            self._close(texts, usage, pieces, finish, status_error)
+
+    def _close(
+        self,
+        texts: list[str],
+        usage: StreamChunk | None,
+        pieces: int,
+        finish: str,
+        failure: ProviderError | None,
+    ) -> None:
+        if self.result is not None:
+            return
+        ctx = self._ctx
+        completion = None
+        winner = self.winner
+        try:
+            if winner is not None:
+                # Providers that send no usage: count the pieces (one token each, the usual
+                # granularity of OpenAI-compatible streams) and the prompt as bytes/4.
+                if usage is None or usage.tokens_in is None:
+                    prompt = ctx.request.prompt if isinstance(ctx.request, CompletionRequest) else ""
+                    if isinstance(ctx.request, ChatRequest):
+                        prompt = "".join(m.content for m in ctx.request.messages)
+                    usage = StreamChunk(text="", tokens_in=len(prompt.encode()) // 4 + 1, tokens_out=pieces)
+                completion = Completion(
+                    text="".join(texts),
+                    tokens_in=usage.tokens_in or 0,
+                    tokens_out=usage.tokens_out or 0,
+                    finish_reason=finish,
+                    cached_tokens=usage.cached_tokens,
+                    reasoning_tokens=usage.reasoning_tokens,
+                )
+                attempt = ok_attempt(ctx, winner, self._call_started, completion, probe=self._probe)
+                if failure is not None:
+                    # The stream broke after the client got part of it: bill what was sent,
+                    # and say so; no failover is possible once bytes went out.
+                    attempt.error = f"stream broke after {pieces} pieces: {failure}"
+            self.result = finish_request(
+                ctx,
+                completion=completion,
+                winner=winner,
+                stream=True,
+                ttft_ms=self.ttft_ms,
+                client_request_id=None,
+            )
+        finally:
+            self._stack.close()
+
+
+def route_stream(
+    *,
+    workflow: Workflow,
+    request: InferenceInput,
+    endpoint: str = Endpoint.CHAT,
+    deadline_s: float | None = None,
+) -> RouteStream:
+    """Choose a deployment by receiving its first chunk (failing over until one answers).
+
+    When none answers, the request is recorded at once and the stream's `ok` is False (its
+    `result` says why); BudgetExhausted is raised as in `route`.
+    """
+    ctx = prepare(workflow, request, endpoint, deadline_s)
+    stack = ExitStack()
+    out = RouteStream(ctx, stack)
+    try:
+        for answer in attempt_calls(ctx, stack, stream=True):
+            out.winner = answer.entry
+            out._first = answer.first
+            out._chunks = answer.chunks
+            out._call_started = answer.started
+            out._probe = answer.probe
+            out.ttft_ms = (time.perf_counter() - ctx.started) * 1000.0
+            break
+    except BaseException:
+        stack.close()
+        raise
+    if out.winner is None:
+        out._close([], None, 0, "stop", None)
+        raise_refusal(ctx, None)
+    return out

@@ -1,0 +1,77 @@
+"""What the router answers: RouteResult, and the refusals it raises before calling anything."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from inference.adapters.base import (
+    Completion,
+)
+from inference.models import InferenceAttempt
+from inference.recording import AttemptInfo
+from inference.selectors import (
+    PlanEntry,
+)
+
+Outcome = InferenceAttempt.Outcome
+
+
+class NoRoute(LookupError):
+    """The workflow has no routing policy (or none of its deployments is enabled)."""
+
+
+# The request field a missing capability is about, for the 400's `param`.
+FEATURE_PARAM = {
+    "tools": "tools",
+    "json_schema": "response_format",
+    "vision": "messages",
+    "embeddings": "model",
+    "context": "max_tokens",
+}
+
+
+class CapabilityMissing(ValueError):
+    """No deployment of the route can serve what the request needs (tools, a JSON schema,
+    images, embeddings, its length); nothing was called."""
+
+    def __init__(self, missing: str, workflow: str) -> None:
+        what = "the request's length (prompt and max_tokens)" if missing == "context" else missing
+        super().__init__(f"No deployment of workflow {workflow!r} can serve {what}")
+        self.missing = missing
+        self.param = FEATURE_PARAM.get(missing)
+
+
+class CostLimitExceeded(ValueError):
+    """Every deployment's estimate for the request is above the policy's max_cost_per_request;
+    nothing was called. `estimate` is the lowest estimate, `limit` the policy's limit."""
+
+    def __init__(self, *, estimate: Decimal, limit: Decimal, currency: str) -> None:
+        super().__init__(
+            f"The request's estimated cost {estimate:.6f} {currency} is above this workflow's "
+            f"max_cost_per_request {limit:f} {currency}: lower max_tokens or shorten the prompt"
+        )
+        self.estimate = estimate
+        self.limit = limit
+
+
+@dataclass
+class RouteResult:
+    ok: bool
+    request_id: int | None
+    deployment_id: int | None
+    deployment_slug: str
+    completion: Completion | None
+    cost: Decimal
+    currency: str = "USD"
+    latency_ms: float = 0.0
+    ttft_ms: float | None = None
+    error: str = ""
+    status_code: int | None = None  # of the last failed attempt, when ok is False
+    attempts: list[AttemptInfo] = field(default_factory=list)
+    replayed: bool = False  # answered from an earlier request with the same client_request_id
+    policy_version: int | None = None
+    demoted: list[tuple[PlanEntry, float]] = field(default_factory=list)
+    # When nothing answered: the shortest wait (seconds) before a rate-limited deployment of the
+    # route takes calls again (its provider's Retry-After); None when none is cooling down.
+    retry_after: float | None = None

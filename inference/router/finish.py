@@ -1,0 +1,117 @@
+"""After the calls: recording the request, replaying a recorded one, raising a refusal."""
+
+from __future__ import annotations
+
+import time
+
+from inference.adapters.base import (
+    Completion,
+)
+from inference.breaker import breakers, monotonic_now
+from inference.models import InferenceAttempt, InferenceRequest
+from inference.recording import inference_request_record
+from inference.router.context import Context
+from inference.router.errors import RouteResult
+from inference.selectors import (
+    PlanEntry,
+)
+from stack.registry.models import Workflow
+
+Outcome = InferenceAttempt.Outcome
+
+
+def finish_request(
+    ctx: Context,
+    *,
+    completion: Completion | None,
+    winner: PlanEntry | None,
+    stream: bool,
+    ttft_ms: float | None,
+    client_request_id: str | None,
+) -> RouteResult:
+    latency_ms = (time.perf_counter() - ctx.started) * 1000.0
+    error = ""
+    status_code = None
+    if winner is None:
+        last = next((a for a in reversed(ctx.attempts) if a.outcome != Outcome.OK), None)
+        status_code = last.status_code if last is not None else None
+        if ctx.budget_error is not None:
+            error = str(ctx.budget_error)
+        elif last is not None:
+            error = f"every deployment failed; last: {last.deployment_slug}: {last.error}"
+        else:
+            error = "no deployment could be tried"
+        if time.perf_counter() >= ctx.deadline:
+            error = f"deadline passed; {error}"
+        # Only on the failure path: how long until a rate-limited deployment serves again.
+        waits = breakers().cooling([e.deployment_id for e in ctx.plan.entries], now=monotonic_now())
+        retry_after = min(waits.values()) if waits else None
+    else:
+        retry_after = None
+    row = inference_request_record(
+        workflow=ctx.workflow,
+        plan=ctx.plan,
+        attempts=ctx.attempts,
+        endpoint=ctx.endpoint,
+        stream=stream,
+        winner=winner,
+        latency_ms=latency_ms,
+        ttft_ms=ttft_ms,
+        error=error,
+        client_request_id=client_request_id,
+        response_text=completion.text if (completion is not None and client_request_id) else "",
+        demoted=ctx.demoted,
+        inline=ctx.admitted,
+    )
+    return RouteResult(
+        ok=winner is not None,
+        request_id=row.pk,
+        deployment_id=winner.deployment_id if winner else None,
+        deployment_slug=winner.slug if winner else "",
+        completion=completion,
+        cost=row.cost,
+        currency=row.currency,
+        latency_ms=latency_ms,
+        ttft_ms=ttft_ms,
+        error=error,
+        status_code=status_code,
+        attempts=ctx.attempts,
+        policy_version=ctx.plan.version if ctx.plan.policy_id is not None else None,
+        demoted=ctx.demoted,
+        retry_after=retry_after,
+    )
+
+
+def recorded(client_request_id: str, workflow: Workflow) -> InferenceRequest | None:
+    rows = InferenceRequest.objects.select_related("deployment")
+    return rows.filter(client_request_id=client_request_id, workflow=workflow).first()
+
+
+def replay(row: InferenceRequest) -> RouteResult:
+    completion = None
+    if row.status == InferenceRequest.Status.SUCCEEDED:
+        completion = Completion(text=row.response_text, tokens_in=row.tokens_in, tokens_out=row.tokens_out)
+    return RouteResult(
+        ok=row.status == InferenceRequest.Status.SUCCEEDED,
+        request_id=row.pk,
+        deployment_id=row.deployment_id,
+        deployment_slug=row.deployment.slug if row.deployment else "",
+        completion=completion,
+        cost=row.cost,
+        currency=row.currency,
+        latency_ms=row.latency_ms,
+        ttft_ms=row.ttft_ms,
+        error=row.error,
+        replayed=True,
+    )
+
+
+def raise_refusal(ctx: Context, winner: PlanEntry | None) -> None:
+    """After recording: a request that nothing answered because a budget or the cost limit
+    refused every call is the caller's error to see, not an upstream failure."""
+    if winner is not None:
+        return
+    if ctx.budget_error is not None:
+        raise ctx.budget_error
+    if ctx.cost_error is not None and not any(a.called for a in ctx.attempts):
+        raise ctx.cost_error
