@@ -29,7 +29,7 @@ from billing.models import Unit
 from billing.selectors import PriceResolver
 from billing.selfhosted import self_hosted_cost
 from inference.adapters.base import Target
-from inference.adapters.registry import ADAPTER_FEATURES, adapter_kind
+from inference.adapters.registry import ADAPTER_FEATURES, ADAPTER_INHERENT, adapter_kind
 from inference.breaker import GENERATION_UNKNOWN, breakers, redis_unreachable
 from inference.models import ChaosConfig, InferenceRequest, QualityRecord
 from inference.routing import Candidate, Policy, Strategy
@@ -54,7 +54,8 @@ class PlanEntry(Candidate):
     # Prices of the token kinds providers report apart ($/1M; None: billed as input / output).
     cached_input_price: Decimal | None = None
     reasoning_price: Decimal | None = None
-    # What it can serve (Deployment.supports_*, limited to what its adapter maps).
+    # What it can serve (Deployment.supports_*, limited to what its adapter maps, and what its
+    # adapter serves whatever is declared: adapters.registry.ADAPTER_INHERENT).
     capabilities: frozenset[str] = frozenset()
     max_context_tokens: int | None = None
 
@@ -248,7 +249,7 @@ def _plan_entry(
         target=target,
         cached_input_price=found.cached_input,
         reasoning_price=found.reasoning,
-        capabilities=frozenset(declared) & ADAPTER_FEATURES[target.kind],
+        capabilities=(frozenset(declared) & ADAPTER_FEATURES[target.kind]) | ADAPTER_INHERENT[target.kind],
         max_context_tokens=d.max_context_tokens,
     )
 

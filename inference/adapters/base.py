@@ -9,6 +9,7 @@ HTTP status, from which `client_error` (400, 413, 422: the request is at fault) 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -97,6 +98,24 @@ class EmbeddingRequest:
 InferenceInput = ChatRequest | CompletionRequest  # requests that generate text
 
 
+# A tool call whose arguments are not a JSON object (a model may write any text there, and a
+# client sends it back as it was): OpenAI-compatible providers take it as written, Converse's
+# toolUse.input must be an object. A capability of the adapter, not a flag a deployment declares
+# (adapters/registry.ADAPTER_INHERENT); the name is what a refusal says it cannot serve.
+TEXT_TOOL_ARGUMENTS = "tool call arguments that are not a JSON object"
+
+
+def tool_arguments_object(text: str) -> dict[str, Any] | None:
+    """A tool call's `arguments` as the JSON object they spell (empty: no arguments), or None."""
+    if not text.strip():
+        return {}
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def request_features(request: InferenceInput | EmbeddingRequest) -> frozenset[str]:
     """The capabilities a deployment needs to serve the request (Deployment.supports_*)."""
     if isinstance(request, EmbeddingRequest):
@@ -106,6 +125,12 @@ def request_features(request: InferenceInput | EmbeddingRequest) -> frozenset[st
     needed = set()
     if request.tools or any(m.tool_calls or m.role == "tool" for m in request.messages):
         needed.add("tools")
+    if any(
+        tool_arguments_object(str((call.get("function") or {}).get("arguments", ""))) is None
+        for m in request.messages
+        for call in m.tool_calls
+    ):
+        needed.add(TEXT_TOOL_ARGUMENTS)
     if request.needs_json_schema:
         needed.add("json_schema")
     if request.needs_vision:

@@ -1,5 +1,10 @@
 """Amazon Bedrock through boto3's bedrock-runtime Converse / ConverseStream APIs.
 
+Chat requests, tools and JSON mode included, are mapped to Converse and their answers back to
+OpenAI documents and chunk events by inference.adapters.converse_mapping (the mapping and its
+sources are described there); what Converse cannot take (images, logprobs, n > 1) is refused
+with a 400 before any call.
+
 botocore's own retries are off (the router decides about retries and fallbacks, within the
 request's deadline). Credentials are the provider's secret as "ACCESS_KEY:SECRET_KEY"; an
 empty secret uses boto3's default chain. The deployment's (or provider's) base_url, when set,
@@ -27,6 +32,14 @@ from inference.adapters.base import (
     StreamChunk,
     Target,
     classify_status,
+)
+from inference.adapters.converse_mapping import (
+    FINISH,
+    ConversePlan,
+    ConverseStreamMapper,
+    Unmappable,
+    chat_answer,
+    converse_request,
 )
 from stack.registry.outbound import PRIVATE_ALLOWED, PUBLIC_ONLY, OutboundRefused, botocore_guard
 
@@ -72,42 +85,38 @@ def _client(target: Target, timeout: float) -> Any:
 
 
 def unsupported_features(request: InferenceInput) -> list[str]:
-    """What this adapter cannot map to Converse yet: refused (HTTP 400 from the adapter), never
-    dropped, since an answer without the tool call or the schema the caller asked for is wrong
-    without saying so."""
+    """What this adapter cannot map to Converse: refused (HTTP 400 from the adapter), never
+    dropped, since an answer that silently lacks what the caller asked for is wrong without
+    saying so. Tools and JSON mode are mapped (adapters/converse_mapping); images are not."""
     wire = request.wire or {}
     out = [name for name in ("logprobs", "top_logprobs", "logit_bias") if wire.get(name)]
     if request.n != 1:
         out.append("n")
-    if isinstance(request, ChatRequest):
-        if request.tools or request.tool_choice is not None:
-            out.append("tools")
-        if request.response_format and request.response_format.get("type") != "text":
-            out.append("response_format")
-        if any(m.parts or m.tool_calls or m.role == "tool" for m in request.messages):
-            out.append("messages (content parts or tool turns)")
+    if isinstance(request, ChatRequest) and any(m.parts for m in request.messages):
+        out.append("messages (content parts other than text)")
     return out
 
 
-def _converse_args(target: Target, request: InferenceInput) -> dict[str, Any]:
+def _refusal(target: Target, message: str) -> ProviderError:
+    return ProviderError(
+        f"HTTP 400: {target.slug} (Bedrock Converse): {message}", retryable=False, status_code=400
+    )
+
+
+def _converse_plan(target: Target, request: InferenceInput) -> ConversePlan:
     unsupported = unsupported_features(request)
     if unsupported:
-        raise ProviderError(
-            f"HTTP 400: {target.slug} (Bedrock Converse) does not take {', '.join(unsupported)}",
-            retryable=False,
-            status_code=400,
-        )
-    system: list[dict[str, str]] = []
-    messages: list[dict[str, Any]] = []
+        raise _refusal(target, f"does not take {', '.join(unsupported)}")
+    model_id = target.provider_model_id or target.slug
     if isinstance(request, ChatRequest):
-        for m in request.messages:
-            if m.role == "system":
-                system.append({"text": m.content})
-            else:
-                role = "assistant" if m.role == "assistant" else "user"
-                messages.append({"role": role, "content": [{"text": m.content}]})
+        try:
+            plan = converse_request(request, model_id=model_id)
+        except Unmappable as exc:
+            raise _refusal(target, str(exc)) from exc
     else:
-        messages.append({"role": "user", "content": [{"text": request.prompt}]})
+        plan = ConversePlan(
+            args={"modelId": model_id, "messages": [{"role": "user", "content": [{"text": request.prompt}]}]}
+        )
     config: dict[str, Any] = {}
     if request.max_tokens is not None:
         config["maxTokens"] = request.max_tokens
@@ -117,15 +126,11 @@ def _converse_args(target: Target, request: InferenceInput) -> dict[str, Any]:
         config["topP"] = request.top_p
     if request.stop:
         config["stopSequences"] = list(request.stop)
-    args: dict[str, Any] = {"modelId": target.provider_model_id or target.slug, "messages": messages}
-    if system:
-        args["system"] = system
     if config:
-        args["inferenceConfig"] = config
-    return args
+        plan.args["inferenceConfig"] = config
+    return plan
 
 
-_FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length"}
 _STATUS_BY_CODE = {
     "ValidationException": 400,
     "ThrottlingException": 429,
@@ -138,6 +143,7 @@ def _map_error(exc: Exception, slug: str) -> ProviderError:
     from botocore.exceptions import (
         ClientError,
         EventStreamError,
+        ParamValidationError,
         ReadTimeoutError,
     )
     from botocore.exceptions import (
@@ -159,6 +165,12 @@ def _map_error(exc: Exception, slug: str) -> ProviderError:
         return ProviderError(
             f"HTTP {status} {code[:64]} from {slug}", retryable=classify_status(status), status_code=status
         )
+    if isinstance(exc, ParamValidationError):
+        # botocore checked the request against the Converse model before sending it (an empty
+        # tool call id, say): the request is at fault, not the deployment.
+        return ProviderError(
+            f"HTTP 400: {slug} (Bedrock Converse): {exc}"[:1000], retryable=False, status_code=400
+        )
     if isinstance(exc, OutboundRefused):
         return ProviderError(f"{slug}: {exc}", retryable=False)
     if isinstance(exc, ReadTimeoutError):
@@ -175,21 +187,34 @@ class BedrockAdapter:
     def complete(self, target: Target, request: InferenceInput, *, timeout: float) -> Completion:
         from botocore.exceptions import BotoCoreError, ClientError
 
+        plan = _converse_plan(target, request)
         try:
-            doc = _client(target, timeout).converse(**_converse_args(target, request))
+            doc = _client(target, timeout).converse(**plan.args)
         except (ClientError, BotoCoreError, OutboundRefused, OSError) as exc:
             raise _map_error(exc, target.slug) from exc
         try:
-            blocks = doc["output"]["message"]["content"]
             usage = doc.get("usage") or {}
+            tokens_in, tokens_out = int(usage.get("inputTokens") or 0), int(usage.get("outputTokens") or 0)
+            if isinstance(request, ChatRequest):
+                # An OpenAI answer document (tool calls, JSON mode): the gateway passes it on.
+                text, finish, raw = chat_answer(doc, plan, model=target.provider_model_id)
+                return Completion(
+                    text=text,
+                    tokens_in=tokens_in,
+                    tokens_out=tokens_out,
+                    finish_reason=finish,
+                    provider_model=target.provider_model_id,
+                    raw=raw,
+                )
+            blocks = doc["output"]["message"]["content"]
             return Completion(
                 text="".join(str(b.get("text", "")) for b in blocks),
-                tokens_in=int(usage.get("inputTokens") or 0),
-                tokens_out=int(usage.get("outputTokens") or 0),
-                finish_reason=_FINISH.get(str(doc.get("stopReason")), "stop"),
+                tokens_in=tokens_in,
+                tokens_out=tokens_out,
+                finish_reason=FINISH.get(str(doc.get("stopReason")), "stop"),
                 provider_model=target.provider_model_id,
             )
-        except (KeyError, TypeError, AttributeError) as exc:
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise ProviderError(f"malformed Converse answer from {target.slug}", retryable=True) from exc
 
     def embed(self, target: Target, request: EmbeddingRequest, *, timeout: float) -> Completion:
@@ -199,11 +224,35 @@ class BedrockAdapter:
     def stream(self, target: Target, request: InferenceInput, *, timeout: float) -> Iterator[StreamChunk]:
         from botocore.exceptions import BotoCoreError, ClientError
 
+        plan = _converse_plan(target, request)
         try:
-            resp = _client(target, timeout).converse_stream(**_converse_args(target, request))
+            resp = _client(target, timeout).converse_stream(**plan.args)
         except (ClientError, BotoCoreError, OutboundRefused, OSError) as exc:
             raise _map_error(exc, target.slug) from exc
+        if isinstance(request, ChatRequest):
+            return self._chat_events(
+                target, resp["stream"], ConverseStreamMapper(plan, model=target.provider_model_id)
+            )
         return self._events(target, resp["stream"])
+
+    def _chat_events(
+        self, target: Target, events: Any, mapper: ConverseStreamMapper
+    ) -> Iterator[StreamChunk]:
+        """OpenAI chunk events (in `raw`, passed on by the gateway): text, tool calls, usage."""
+        from botocore.exceptions import BotoCoreError, ClientError, EventStreamError
+
+        try:
+            for event in events:
+                try:
+                    chunk = mapper.event(event)
+                except (KeyError, TypeError, AttributeError, ValueError) as exc:
+                    raise ProviderError(
+                        f"malformed ConverseStream event from {target.slug}", retryable=True
+                    ) from exc
+                if chunk is not None:
+                    yield chunk
+        except (ClientError, EventStreamError, BotoCoreError) as exc:
+            raise _map_error(exc, target.slug) from exc
 
     def _events(self, target: Target, events: Any) -> Iterator[StreamChunk]:
         from botocore.exceptions import BotoCoreError, ClientError, EventStreamError
@@ -216,7 +265,7 @@ class BedrockAdapter:
                     if text:
                         yield StreamChunk(text=text)
                 elif "messageStop" in event:
-                    finish = _FINISH.get(str(event["messageStop"].get("stopReason")), "stop")
+                    finish = FINISH.get(str(event["messageStop"].get("stopReason")), "stop")
                 elif "metadata" in event:
                     usage = event["metadata"].get("usage") or {}
                     yield StreamChunk(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from inference.adapters.base import (
+    TEXT_TOOL_ARGUMENTS,
     Adapter,
     Completion,
     EmbeddingRequest,
@@ -44,7 +45,13 @@ _refused = RefusedAdapter()
 # What each adapter maps today; a deployment's declared capabilities are limited to these.
 ADAPTER_FEATURES: dict[str, frozenset[str]] = {
     "openai-compatible": frozenset({"tools", "json_schema", "vision", "embeddings"}),
-    "bedrock": frozenset(),  # Converse text only: tools, JSON schema, images refused (400)
+    # Converse toolConfig for tools and JSON mode (adapters/converse_mapping); images refused (400).
+    "bedrock": frozenset({"tools", "json_schema"}),
+}
+# What each adapter serves whatever a deployment declares: properties of its wire format.
+ADAPTER_INHERENT: dict[str, frozenset[str]] = {
+    "openai-compatible": frozenset({TEXT_TOOL_ARGUMENTS}),  # carried as the client wrote them
+    "bedrock": frozenset(),  # toolUse.input is a JSON object
 }
 
 

@@ -3,6 +3,13 @@
 Enough of the wire format for boto3's bedrock-runtime client: rest-json for Converse and
 errors (x-amzn-ErrorType), and the binary event-stream encoding (prelude, headers, payload,
 CRC32s) for ConverseStream. The tests point the client's endpoint_url at it.
+
+It records every request (path and body, as botocore serialised it) in `behaviour.requests`.
+The answer is `text`, or `blocks` when set: Converse content blocks (`{"text": ...}`,
+`{"toolUse": {"toolUseId", "name", "input"}}`) with `stop_reason`. Streamed, a text block is
+sent as word deltas; a toolUse block as contentBlockStart (id and name), its input as JSON in
+fragments of `fragment` characters (contentBlockDelta toolUse.input) and contentBlockStop, as
+ConverseStream sends them.
 """
 
 from __future__ import annotations
@@ -25,7 +32,16 @@ class ConverseBehaviour:
     error_type: str = "ThrottlingException"
     tokens_in: int = 11
     tokens_out: int = 4
+    blocks: list[dict[str, Any]] | None = None
+    stop_reason: str = "end_turn"
+    fragment: int = 7
     requests: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+
+    def content(self) -> list[dict[str, Any]]:
+        return self.blocks if self.blocks is not None else [{"text": self.text}]
+
+    def last_body(self) -> dict[str, Any]:
+        return self.requests[-1][1]
 
 
 def _header(name: str, value: str) -> bytes:
@@ -48,6 +64,27 @@ def event_message(event_type: str, payload: dict[str, Any]) -> bytes:
     prelude += struct.pack(">I", binascii.crc32(prelude) & 0xFFFFFFFF)
     message = prelude + headers + body
     return message + struct.pack(">I", binascii.crc32(message) & 0xFFFFFFFF)
+
+
+def _block_events(index: int, block: dict[str, Any], fragment: int) -> list[bytes]:
+    """One content block as ConverseStream events."""
+    out = []
+    if "toolUse" in block:
+        use = block["toolUse"]
+        start = {"toolUse": {"toolUseId": use["toolUseId"], "name": use["name"]}}
+        out.append(event_message("contentBlockStart", {"contentBlockIndex": index, "start": start}))
+        text = json.dumps(use["input"])
+        for at in range(0, len(text), fragment):
+            delta = {"toolUse": {"input": text[at : at + fragment]}}
+            out.append(event_message("contentBlockDelta", {"contentBlockIndex": index, "delta": delta}))
+    else:
+        for i, word in enumerate(block["text"].split(" ")):
+            piece = word if i == 0 else " " + word
+            out.append(
+                event_message("contentBlockDelta", {"contentBlockIndex": index, "delta": {"text": piece}})
+            )
+    out.append(event_message("contentBlockStop", {"contentBlockIndex": index}))
+    return out
 
 
 class _Handler(KeepAliveHandler):
@@ -74,13 +111,9 @@ class _Handler(KeepAliveHandler):
         }
         if self.path.endswith("/converse-stream"):
             messages = [event_message("messageStart", {"role": "assistant"})]
-            for i, word in enumerate(b.text.split(" ")):
-                piece = word if i == 0 else " " + word
-                messages.append(
-                    event_message("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": piece}})
-                )
-            messages.append(event_message("contentBlockStop", {"contentBlockIndex": 0}))
-            messages.append(event_message("messageStop", {"stopReason": "end_turn"}))
+            for index, block in enumerate(b.content()):
+                messages += _block_events(index, block, b.fragment)
+            messages.append(event_message("messageStop", {"stopReason": b.stop_reason}))
             messages.append(event_message("metadata", {"usage": usage, "metrics": {"latencyMs": 1}}))
             data = b"".join(messages)
             self.send_response(200)
@@ -90,8 +123,8 @@ class _Handler(KeepAliveHandler):
             self.wfile.write(data)
             return
         doc = {
-            "output": {"message": {"role": "assistant", "content": [{"text": b.text}]}},
-            "stopReason": "end_turn",
+            "output": {"message": {"role": "assistant", "content": b.content()}},
+            "stopReason": b.stop_reason,
             "usage": usage,
             "metrics": {"latencyMs": 1},
         }

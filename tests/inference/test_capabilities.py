@@ -15,6 +15,7 @@ from inference.models import InferenceAttempt
 from stack.registry.models import Provider
 from stack.registry.services import api_token_create
 from tests.factories import make_provider
+from tests.inference.converse_server import ConverseServer
 from tests.inference.helpers import priced_deployment, routed_workflow
 from tests.inference.recording_provider import RecordingProvider, chat_answer
 
@@ -110,14 +111,48 @@ def test_when_no_deployment_can_serve_the_request_it_is_400_before_any_call(
     assert provider.script.calls() == 0
 
 
-def test_bedrock_deployments_serve_no_tools_whatever_they_declare(
+def test_a_bedrock_deployment_serves_tools_only_as_declared(
     viewer: User, providers: Callable[[], RecordingProvider]
 ) -> None:
-    # The Bedrock adapter does not map tools to Converse yet: its deployments are skipped.
+    # Bedrock maps tools to Converse, but a deployment declared without them is still skipped.
     bedrock = priced_deployment(
-        base_url="http://127.0.0.1:9", provider=make_provider(kind=Provider.Kind.BEDROCK), supports_tools=True
+        base_url="http://127.0.0.1:9",
+        provider=make_provider(kind=Provider.Kind.BEDROCK),
+        supports_tools=False,
     )
     able = providers()
     workflow = routed_workflow(viewer, [bedrock, priced_deployment(base_url=able.base_url)])
     assert _post(viewer, workflow.slug, tools=[TOOL]).status_code == 200
-    assert InferenceAttempt.objects.get(deployment=bedrock).outcome == "unsupported"
+    skipped = InferenceAttempt.objects.get(deployment=bedrock)
+    assert (skipped.outcome, skipped.error) == ("unsupported", "cannot serve tools")
+
+
+def test_tool_arguments_that_are_not_a_json_object_skip_bedrock_for_a_deployment_that_carries_them(
+    viewer: User, providers: Callable[[], RecordingProvider]
+) -> None:
+    # Converse's toolUse.input is a JSON object; an OpenAI-compatible provider takes the
+    # arguments as the model once wrote them, so the request goes there, unchanged.
+    converse = ConverseServer()
+    try:
+        bedrock = priced_deployment(
+            provider=make_provider(kind=Provider.Kind.BEDROCK, base_url=converse.url), provider_model_id="m"
+        )
+        able = providers()
+        workflow = routed_workflow(viewer, [bedrock, priced_deployment(base_url=able.base_url)])
+        call = {**CALL, "function": {"name": "lookup", "arguments": "{not json"}}
+        messages = [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "found"},
+        ]
+        response = _post(viewer, workflow.slug, messages=messages, tools=[TOOL])
+    finally:
+        converse.stop()
+    assert response.status_code == 200, response.content
+    assert able.script.last_body["messages"][1]["tool_calls"] == [call]
+    assert converse.behaviour.requests == []
+    skipped = InferenceAttempt.objects.get(deployment=bedrock)
+    assert (skipped.outcome, skipped.error) == (
+        "unsupported",
+        "cannot serve tool call arguments that are not a JSON object",
+    )
