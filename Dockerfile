@@ -11,4 +11,6 @@ RUN pip install --no-cache-dir --extra-index-url https://download.pytorch.org/wh
 COPY . .
 RUN SECRET_KEY=build-only ALLOWED_HOSTS=build-only python manage.py collectstatic --noinput
 EXPOSE 8000
-CMD ["gunicorn", "stack.wsgi:application", "--bind", "0.0.0.0:8000", "--workers", "3"]
+# The web server's one configuration (gthread, workers per CPU, keep-alive, persistent database
+# connections): stack/gunicorn_conf.py, also run by docker-compose.yml and `manage.py bench gateway`.
+CMD ["gunicorn", "-c", "stack/gunicorn_conf.py", "stack.wsgi:application"]

@@ -16,10 +16,25 @@ database, and measures sequential p50/p95 over --requests calls after --warmup:
   router, breakers held closed so every request takes the failover path), minus direct and
   minus the failing mock's own p50;
 - circuit_open_overhead_p50_ms: the primary's circuit is open (skipped), minus direct;
-- gateway_rps_16: requests per second from 16 concurrent keep-alive clients for --rps-seconds.
+- gateway_rps_16: requests per second from 16 concurrent keep-alive clients for --rps-seconds;
+- gateway_cpu_ms_per_request: CPU time over that 16-client block divided by its requests, from
+  /proc/<pid>/stat (inference/proc_stat.py), as the sum of _web (the gunicorn master, its
+  workers and the workers it reaped), _postgres (every PostgreSQL process: postmaster,
+  walwriter, checkpointer, background writer, the backends...; less the backends and
+  autovacuum workers of other databases, which pg_stat_activity names, so that other users of
+  a shared server do not count) and _redis (redis-server and any child it forked; the server is
+  shared with whatever else uses it). _postgres_all counts every PostgreSQL process and the
+  ones that exited during the block (the postmaster's reaped children), other databases
+  included. Null where the process is not on this machine (a remote database).
+
+gunicorn runs stack/gunicorn_conf.py, the production web server configuration (the Dockerfile
+and docker-compose.yml run it too), bound to a free loopback port; "web_server" in the JSON is
+that file's definition for the environment the bench gave it. --gunicorn-workers and
+--gunicorn-threads override its defaults through SWITCHYARD_WEB_WORKERS / _THREADS.
 
 Targets (2 cores, PostgreSQL): router <= 1.0 ms, gateway <= 2.5 ms, failover <= 3 ms,
-circuit open <= 1.0 ms, gateway_rps_16 >= 400 (inference/README.md has the measured figures).
+circuit open <= 1.0 ms, gateway_rps_16 >= 400, gateway_cpu_ms_per_request <= 2.5 (issue 14)
+(inference/README.md has the measured figures).
 
 `manage.py bench` sets Django up before it imports this module.
 """
@@ -28,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import importlib.util
 import json
 import multiprocessing
 import os
@@ -38,7 +54,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import asdict
 from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -55,6 +72,7 @@ from billing.services import price_book_publish
 from inference.adapters.base import ChatMessage, ChatRequest
 from inference.breaker import breaker_settings, breakers
 from inference.mockprovider import Behaviour, MockProviderServer
+from inference.proc_stat import ProcStat, all_processes, ticks_to_ms, tree_cpu_ticks
 from inference.router import route
 from stack.registry.models import Deployment, Provider, RegisteredModel
 from stack.registry.roles import Role
@@ -151,31 +169,32 @@ def _seed(ok_url: str, failing_url: str) -> dict[str, Any]:
     return {"workflows": workflows, "dead": dead, "failing": failing, "token": token}
 
 
-def _start_gunicorn(port: int, workers: int, threads: int) -> subprocess.Popen[bytes]:
-    env = {
-        **os.environ,
-        "DEBUG": "0",
-        "DB_CONN_MAX_AGE": "600",
-        "PYTHONUNBUFFERED": "1",
-    }
-    args = [
-        sys.executable,
-        "-m",
-        "gunicorn",
-        "stack.wsgi:application",
-        "--bind",
-        f"127.0.0.1:{port}",
-        "--workers",
-        str(workers),
-        "--worker-class",
-        "gthread",
-        "--threads",
-        str(threads),
-        "--keep-alive",
-        "30",
-        "--log-level",
-        "warning",
-    ]
+GUNICORN_CONF = Path(settings.BASE_DIR) / "stack" / "gunicorn_conf.py"
+
+
+def web_server_config(environ: Mapping[str, str]) -> dict[str, Any]:
+    """stack/gunicorn_conf.py's definition for `environ`, loaded by path as gunicorn loads it
+    (it is the composition's file; the bench reads it, it does not import the stack)."""
+    spec = importlib.util.spec_from_file_location("switchyard_gunicorn_conf", GUNICORN_CONF)
+    if spec is None or spec.loader is None:
+        raise RuntimeError(f"cannot load {GUNICORN_CONF}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # as gunicorn does: its dataclass looks itself up there
+    spec.loader.exec_module(module)
+    return asdict(module.web_server(environ=environ))
+
+
+def _gunicorn_env(port: int, workers: int | None, threads: int | None) -> dict[str, str]:
+    env = {**os.environ, "DEBUG": "0", "PYTHONUNBUFFERED": "1", "SWITCHYARD_WEB_BIND": f"127.0.0.1:{port}"}
+    if workers is not None:
+        env["SWITCHYARD_WEB_WORKERS"] = str(workers)
+    if threads is not None:
+        env["SWITCHYARD_WEB_THREADS"] = str(threads)
+    return env
+
+
+def _start_gunicorn(port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    args = [sys.executable, "-m", "gunicorn", "-c", str(GUNICORN_CONF), "stack.wsgi:application"]
     process = subprocess.Popen(  # noqa: S603 (our own interpreter and fixed arguments)
         args, env=env, cwd=str(Path(settings.BASE_DIR)), start_new_session=True
     )
@@ -191,7 +210,61 @@ def _start_gunicorn(port: int, workers: int, threads: int) -> subprocess.Popen[b
     raise RuntimeError("gunicorn did not start")
 
 
-def _rps(port: int, token: str, workflow: str, *, clients: int, seconds: float) -> tuple[float, int]:
+def _other_databases_pids() -> set[int]:
+    """PostgreSQL processes working for other databases on a shared server (their backends,
+    autovacuum workers); the server's own processes have no database."""
+    if connection.vendor != "postgresql":
+        return set()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname IS NOT NULL AND datname <> current_database()"
+        )
+        return {int(row[0]) for row in cursor.fetchall()}
+
+
+def _roots(processes: list[ProcStat], name: str) -> list[int]:
+    """The processes called `name` whose parent is not: a server's main process."""
+    pids = {p.pid for p in processes if p.name == name}
+    return [p.pid for p in processes if p.name == name and p.ppid not in pids]
+
+
+def _cpu_snapshot(gunicorn_pid: int) -> dict[str, Any]:
+    processes = all_processes()
+    return {
+        "web": tree_cpu_ticks(gunicorn_pid, processes),
+        # Per process, own time only: a backend of ours lives through the block (persistent
+        # connections), and the postmaster's reaped children include other databases' ones.
+        "postgres": {p.pid: p.own_ticks for p in processes if p.name == "postgres"},
+        "postgres_all": sum(tree_cpu_ticks(pid, processes) for pid in _roots(processes, "postgres")),
+        "redis": sum(tree_cpu_ticks(pid, processes) for pid in _roots(processes, "redis-server")),
+        "other_databases": _other_databases_pids(),
+        "seen": {name: bool(_roots(processes, name)) for name in ("postgres", "redis-server")},
+    }
+
+
+def _cpu_per_request(before: dict[str, Any], after: dict[str, Any], requests: int) -> dict[str, Any]:
+    """CPU ms per request over the block, by part (None for a part not on this machine)."""
+    others = before["other_databases"] | after["other_databases"]
+    postgres = sum(
+        ticks - before["postgres"].get(pid, 0)
+        for pid, ticks in after["postgres"].items()
+        if pid not in others
+    )
+    seen = after["seen"]
+    parts = {
+        "web": after["web"] - before["web"],
+        "postgres": postgres if seen["postgres"] else None,
+        "redis": after["redis"] - before["redis"] if seen["redis-server"] else None,
+        "postgres_all": after["postgres_all"] - before["postgres_all"] if seen["postgres"] else None,
+    }
+    per = {k: None if v is None else ticks_to_ms(v) / max(1, requests) for k, v in parts.items()}
+    out = {f"gateway_cpu_ms_per_request_{k}": v for k, v in per.items()}
+    out["gateway_cpu_ms_per_request"] = sum(per[k] or 0.0 for k in ("web", "postgres", "redis"))
+    return out
+
+
+def _rps(port: int, token: str, workflow: str, *, clients: int, seconds: float) -> tuple[int, int, float]:
+    """(answered, errors, seconds) for `clients` keep-alive clients sending for `seconds`."""
     stop = time.monotonic() + seconds
     counts = [0] * clients
     errors = [0] * clients
@@ -212,7 +285,7 @@ def _rps(port: int, token: str, workflow: str, *, clients: int, seconds: float) 
         t.start()
     for t in threads:
         t.join()
-    return sum(counts) / (time.monotonic() - started), sum(errors)
+    return sum(counts), sum(errors), time.monotonic() - started
 
 
 def main(argv: list[str]) -> int:
@@ -221,8 +294,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--rps-seconds", type=float, default=10.0)
-    parser.add_argument("--gunicorn-workers", type=int, default=2)
-    parser.add_argument("--gunicorn-threads", type=int, default=8)
+    parser.add_argument("--gunicorn-workers", type=int, help="default: stack/gunicorn_conf.py's")
+    parser.add_argument("--gunicorn-threads", type=int, help="default: stack/gunicorn_conf.py's")
     args = parser.parse_args(argv)
     if args.requests < 500:
         print("--requests must be at least 500", file=sys.stderr)
@@ -292,10 +365,9 @@ def main(argv: list[str]) -> int:
         # The gateway through gunicorn (its processes share the breakers through Redis; without
         # REDIS_URL each keeps its own).
         port = _free_port()
-        gunicorn = _start_gunicorn(port, args.gunicorn_workers, args.gunicorn_threads)
-        out["gunicorn"] = (
-            f"gthread, {args.gunicorn_workers} workers x {args.gunicorn_threads} threads, keep-alive"
-        )
+        env = _gunicorn_env(port, args.gunicorn_workers, args.gunicorn_threads)
+        out["web_server"] = {"config": "stack/gunicorn_conf.py", **web_server_config(env)}
+        gunicorn = _start_gunicorn(port, env)
         auth = {"Authorization": f"Bearer {seeded['token']}"}
         gateway = _Client(port, "/v1/chat/completions", auth)
 
@@ -312,9 +384,15 @@ def main(argv: list[str]) -> int:
         p50, p95 = _measure(through_gateway(wfs["ok"].slug), n=n, warmup=warm)
         out["gateway_p50_ms"], out["gateway_p95_ms"] = p50, p95
         out["gateway_overhead_p50_ms"] = p50 - out["direct_p50_ms"]
-        out["gateway_rps_16"], out["gateway_rps_16_errors"] = _rps(
+        before = _cpu_snapshot(gunicorn.pid)
+        answered, errors, seconds = _rps(
             port, seeded["token"], wfs["ok"].slug, clients=16, seconds=args.rps_seconds
         )
+        after = _cpu_snapshot(gunicorn.pid)
+        out["gateway_rps_16"], out["gateway_rps_16_errors"] = answered / seconds, errors
+        cpu = _cpu_per_request(before, after, answered + errors)
+        out.update(cpu)
+        out["gateway_cpu_cores_16"] = cpu["gateway_cpu_ms_per_request"] * (answered + errors) / seconds / 1000
         out["loadavg_end"] = round(os.getloadavg()[0], 2)
         for key, value in list(out.items()):
             if isinstance(value, float):

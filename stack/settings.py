@@ -140,7 +140,14 @@ DATABASE_URL = env_url(
     f"sqlite:///{VAR_DIR / 'switchyard.sqlite3'}",
     schemes=("sqlite", "postgres", "postgresql", "pgsql"),
 )
-_db = dj_database_url.parse(DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 0, minimum=0))
+# Production keeps each web thread's connection (a new one costs PostgreSQL several ms of CPU
+# per request); health checks replace a connection the server dropped before a request uses it.
+# stack/gunicorn_conf.py sets the same for the web server in every environment.
+_db = dj_database_url.parse(
+    DATABASE_URL,
+    conn_max_age=env_int("DB_CONN_MAX_AGE", 600 if PRODUCTION else 0, minimum=0),
+    conn_health_checks=True,
+)
 if _db["ENGINE"] == "django.db.backends.sqlite3":
     # Several processes (web, workers, beat) share the file: WAL lets readers
     # run beside a writer, IMMEDIATE transactions take the write lock up front

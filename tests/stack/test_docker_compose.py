@@ -12,6 +12,9 @@ from django.conf import settings
 from django.core.management import get_commands
 
 COMPOSE = Path(settings.BASE_DIR) / "docker-compose.yml"
+# The one web server configuration (the Dockerfile, the README's unit and the bench run it too).
+GUNICORN_CONF = "stack/gunicorn_conf.py"
+WEB_COMMAND = ["gunicorn", "-c", GUNICORN_CONF, "stack.wsgi:application"]
 APP_SERVICES = {"init", "web", "beat", "control", "worker-onprem-a100", "worker-aws-g5-use1"}
 
 
@@ -33,7 +36,8 @@ def _check_project_command(argv: list[str]) -> None:
         assert argv[2] in get_commands(), f"no management command {argv[2]!r}"
         return
     if argv[0] == "gunicorn":
-        module, _, attr = argv[1].partition(":")
+        assert argv[1:3] == ["-c", GUNICORN_CONF] and (Path(settings.BASE_DIR) / argv[2]).is_file()
+        module, _, attr = argv[3].partition(":")
         assert hasattr(importlib.import_module(module), attr or "application")
         return
     if argv[0] == "celery":
@@ -122,3 +126,20 @@ def test_the_app_services_environment_starts_production_mode(tmp_path: Path) -> 
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == "True False False ['localhost', '127.0.0.1', 'web']"
+
+
+def test_the_web_service_runs_the_one_web_server_configuration() -> None:
+    """docker-compose, the Dockerfile's CMD and the README's systemd unit start gunicorn the same
+    way: with stack/gunicorn_conf.py and no flag of their own that would override it."""
+    import json
+
+    assert _argv(_compose()["services"]["web"]["command"]) == WEB_COMMAND
+    base = Path(settings.BASE_DIR)
+    cmd = [line for line in (base / "Dockerfile").read_text().splitlines() if line.startswith("CMD ")]
+    assert [json.loads(line.removeprefix("CMD ")) for line in cmd] == [WEB_COMMAND]
+    units = [
+        line.removeprefix("ExecStart=")
+        for line in (base / "README.md").read_text().splitlines()
+        if line.startswith("ExecStart=") and "gunicorn" in line
+    ]
+    assert units and all(shlex.split(unit)[1:] == WEB_COMMAND[1:] for unit in units), units
