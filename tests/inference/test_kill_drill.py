@@ -20,6 +20,7 @@ import threading
 import urllib.request
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
+from decimal import Decimal
 from io import StringIO
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from django.core.management import call_command
 
 from billing.models import Unit, UsageRecord
 from inference.mockprovider import MockProviderServer
-from inference.models import InferenceRequest
+from inference.models import InferenceAttempt, InferenceRequest
 from inference.proc_stat import child_pids
 from stack.registry.models import Workflow
 from stack.registry.services import api_token_create
@@ -66,6 +67,10 @@ class Gateway:
             "PYTHONUNBUFFERED": "1",
             "SWITCHYARD_WEB_BIND": f"127.0.0.1:{self.port}",
             "SWITCHYARD_WEB_WORKERS": str(WORKERS),
+            # Production's recording (the test settings record inline): answered requests are
+            # journaled and folded into the ledger by each worker's folder thread.
+            "SWITCHYARD_INFERENCE_RECORDING": "journal",
+            "SWITCHYARD_JOURNAL_IDLE_SECONDS": "0.5",
         }
         self.process = subprocess.Popen(  # noqa: S603 (our interpreter, fixed arguments)
             [sys.executable, "-m", "gunicorn", "-c", str(GUNICORN_CONF), "stack.wsgi:application"],
@@ -110,12 +115,12 @@ def gateway(transactional_db: Any, tmp_path: Path) -> Iterator[Gateway]:
 
 
 def _wait_until_recorded(*, workflow: Workflow, request_ids: set[int]) -> None:
-    """Return once every answered request is in the ledger.
-
-    Today a request is recorded in the transaction that answers it, so there is nothing to
-    wait for. Once the ledger rows may be written shortly after the answer (a journal that a
-    background writer folds into PostgreSQL), this waits for that writer to catch up."""
-    return
+    """Return once the surviving workers' folder threads have folded every journal entry of the
+    workflow into the ledger (the killed worker's included: a live folder takes any pending
+    entry). No fold is done here: the server's own folders must do it."""
+    pending = InferenceRequest.objects.filter(workflow=workflow, ledger_pending__isnull=False)
+    wait_until(lambda: not pending.exists(), timeout=120, what="the journal to be folded")
+    assert request_ids <= set(InferenceRequest.objects.filter(workflow=workflow).values_list("pk", flat=True))
 
 
 def test_a_worker_killed_mid_traffic_leaves_every_answered_request_recorded_once(
@@ -215,6 +220,13 @@ def test_a_worker_killed_mid_traffic_leaves_every_answered_request_recorded_once
             status,
         )
     assert set(requests.filter(pk__in=request_ids).values_list("tokens_in", "tokens_out")) == {(7, 3)}
+    # The fold wrote each answered request's attempt too, and the request costs add up to the ledger.
+    assert InferenceAttempt.objects.filter(request_id__in=request_ids, outcome="ok").count() == len(
+        request_ids
+    )
+    assert sum(requests.values_list("cost", flat=True), Decimal(0)) == sum(
+        usage.values_list("amount", flat=True), Decimal(0)
+    )
 
     out = StringIO()
     call_command("ledger", "verify", stdout=out)  # raises CommandError on a broken chain
