@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from billing.budgets import budget_record_spend
-from billing.chain import CHAINED_FIELDS, chain_hash_values
+from billing.chain import CHAINED_FIELDS, GENESIS_HASH, chain_hash_values
 from billing.models import LEDGER_PARTITION, LedgerHead, PriceBook, PriceSource, Unit, UsageRecord
 from billing.money import LEDGER_QUANTUM
 from billing.selectors import PriceResolver, price_book_next_version
@@ -108,8 +110,49 @@ def _lock_head(partition: str) -> LedgerHead:
     return LedgerHead.objects.select_for_update().get(partition=partition)
 
 
+def ledger_partition_names() -> list[str]:
+    """The partitions writers spread over: "main", then "main-1" … (settings.LEDGER_PARTITIONS).
+
+    Each partition is its own hash chain with its own head; `ledger verify` checks each, exports
+    merge them by time. Lowering the setting leaves the other chains as they are (read, verified
+    and exported like any other), only no longer appended to."""
+    count = max(1, int(getattr(settings, "LEDGER_PARTITIONS", 1)))
+    return [LEDGER_PARTITION] + [f"{LEDGER_PARTITION}-{i}" for i in range(1, count)]
+
+
+def _lock_free_head() -> LedgerHead:
+    """Lock the head of whichever partition no other writer holds (SKIP LOCKED), so concurrent
+    writers append in parallel, each to its own chain; when every head is held, queue on one
+    picked by thread, which spreads the waiting writers over the partitions."""
+    names = ledger_partition_names()
+    if len(names) == 1 or connection.vendor != "postgresql":
+        return _lock_head(names[0])  # SQLite serialises writers anyway
+    table = LedgerHead._meta.db_table
+    with connection.cursor() as cursor:
+        for attempt in range(2):
+            cursor.execute(
+                f"SELECT partition, last_sequence, last_hash FROM {table} "  # noqa: S608
+                "WHERE partition = ANY(%s) ORDER BY partition LIMIT 1 FOR UPDATE SKIP LOCKED",
+                [names],
+            )
+            found = cursor.fetchone()
+            if found is not None:
+                head = LedgerHead(partition=found[0], last_sequence=found[1], last_hash=found[2])
+                head._state.adding = False
+                head._state.db = connection.alias
+                return head
+            if attempt == 0:
+                # Every head is held, or some do not exist yet (a new setting, a fresh ledger).
+                cursor.execute(
+                    f"INSERT INTO {table} (partition, last_sequence, last_hash) "  # noqa: S608
+                    "SELECT unnest(%s::text[]), 0, %s ON CONFLICT (partition) DO NOTHING",
+                    [names, GENESIS_HASH],
+                )
+    return _lock_head(names[threading.get_ident() % len(names)])
+
+
 def usage_record_batch(
-    *, items: Sequence[UsageInput], partition: str = LEDGER_PARTITION, prices: PriceResolver | None = None
+    *, items: Sequence[UsageInput], partition: str | None = None, prices: PriceResolver | None = None
 ) -> list[UsageRecord]:
     """Append many usage records in one transaction: priced, chained, idempotent.
 
@@ -117,6 +160,8 @@ def usage_record_batch(
     billed before). Any item without a price fails the whole batch: nothing is
     written (NoPriceError). `prices` lets a hot caller (the inference router) pass
     a resolver it keeps warm and drops whenever a PriceBook row is saved.
+    `partition`: the chain to append to; by default whichever partition's head is
+    free (ledger_partition_names), so concurrent writers do not queue on one lock.
     """
     for item in items:
         if not isinstance(item.quantity, Decimal):
@@ -126,9 +171,25 @@ def usage_record_batch(
         if item.occurred_at.tzinfo is None:
             raise ValueError("occurred_at must be timezone-aware")
     keys = [item.idempotency_key for item in items]
+    for attempt in range(3):
+        try:
+            return _append(items, keys, partition, prices)
+        except IntegrityError as exc:
+            # With several partitions, a writer on another chain may have committed one of these
+            # keys after our check (the unique index waited for it): the next try finds it billed.
+            if attempt == 2 or "idempotency_key" not in str(exc):
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _append(
+    items: Sequence[UsageInput], keys: list[str], partition: str | None, prices: PriceResolver | None
+) -> list[UsageRecord]:
     with transaction.atomic():
-        head = _lock_head(partition)
-        # Under the head lock no other writer can add these keys meanwhile.
+        head = _lock_head(partition) if partition is not None else _lock_free_head()
+        partition = head.partition
+        # Under the head lock no writer of this partition can add these keys meanwhile; one of
+        # another partition would trip the unique index (usage_record_batch then retries).
         by_key = {r.idempotency_key: r for r in _already_billed(keys)}
         prices = prices if prices is not None else PriceResolver()
         recorded_at = timezone.now()  # one time per batch
@@ -147,7 +208,9 @@ def usage_record_batch(
             by_key[item.idempotency_key] = row
         if new_rows:
             _insert(new_rows)
-            head.save(update_fields=["last_sequence", "last_hash"])
+            LedgerHead.objects.filter(partition=partition).update(
+                last_sequence=head.last_sequence, last_hash=head.last_hash
+            )
             # Still under the head lock: budget totals move exactly with the ledger.
             budget_record_spend(rows=new_rows)
     return [by_key[key] for key in keys]
@@ -190,7 +253,8 @@ def _insert(rows: list[UsageRecord]) -> None:
             row._state.adding = False
             row._state.db = connection.alias
         columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
-        with cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
+        # The raw cursor's errors reach callers as Django's (IntegrityError for a duplicate key).
+        with connection.wrap_database_errors, cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
             for row in rows:
                 copy.write_row([getattr(row, f.attname) for f in fields])
 

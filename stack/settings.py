@@ -335,6 +335,10 @@ CELERY_BEAT_SCHEDULE = {
 INFERENCE_BATCH_STALE_SECONDS = env_float("SWITCHYARD_BATCH_STALE_SECONDS", 120.0, minimum=1.0)
 INFERENCE_BATCH_PART_LINES = env_int("SWITCHYARD_BATCH_PART_LINES", 20, minimum=1)
 
+# Ledger chains appended to in parallel: each writer takes whichever partition's head is free
+# (billing.services.usage_record_batch), so writers do not queue on one lock. 1 keeps one chain.
+LEDGER_PARTITIONS = env_int("SWITCHYARD_LEDGER_PARTITIONS", 4, minimum=1)
+
 # How a routed request is recorded (inference.recording; README "Recording requests"):
 # "journal" commits the request row and its journal entry in one INSERT before answering and
 # folds the ledger rows in batches right after; "inline" writes everything in the request's

@@ -10,7 +10,7 @@ from django.db import transaction
 from django.db.models import Sum
 
 from billing.budgets.targets import budget_scope_filter
-from billing.models import LEDGER_PARTITION, Budget, BudgetPeriod, LedgerHead, UsageRecord
+from billing.models import Budget, BudgetPeriod, UsageRecord
 
 ZERO = Decimal("0")
 
@@ -56,16 +56,18 @@ def budget_period_open(
 ) -> BudgetPeriod:
     """The budget's period row starting at `start`, created with its ledger balance if missing.
 
-    Created under the ledger head lock (see billing.budgets): the opening
-    balance then holds every committed row, and every later row finds this
-    period. `exclude_keys`: rows of the batch being written right now, which
-    the caller adds itself.
+    Called by ledger writers (billing.budgets.ledger_hook) after they insert their rows, before
+    they commit. The opening balance is every committed row of the period; each writer adds its
+    own batch (`exclude_keys`) itself. No row is counted twice or missed, with writers on several
+    ledger partitions at once: a writer that finds no period tries to create it, so while one
+    writer's new period is uncommitted every other writer waits on the unique (budget, start)
+    index and then adds its rows to that period; a writer cannot commit rows for the period
+    without passing here, so any row committed before the opening balance was read is in it.
     """
     period = BudgetPeriod.objects.filter(budget=budget, start=start).first()
     if period is not None:
         return period
     with transaction.atomic():
-        LedgerHead.objects.select_for_update().get_or_create(partition=LEDGER_PARTITION)
         period, _ = BudgetPeriod.objects.get_or_create(
             budget=budget,
             start=start,
