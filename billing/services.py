@@ -407,6 +407,7 @@ def accelerator_time_bill(
     description: str,
     deployment: Deployment | None = None,
     model: RegisteredModel | None = None,
+    team: str = "",
 ) -> UsageRecord:
     """Bill `accelerators` accelerators of `cluster` held for `seconds` as accelerator-hours.
 
@@ -428,5 +429,6 @@ def accelerator_time_bill(
         cluster=cluster,
         deployment=deployment,
         model=model,
+        team=team,  # a training run's team: its team budgets count the run's accelerator time
         description=description,
     )

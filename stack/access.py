@@ -114,6 +114,7 @@ ACCESS: dict[str, Access] = {
     "cluster-detail": _REGISTRY,
     "cluster-drain": _REGISTRY,
     "cluster-resume": _REGISTRY,
+    "cluster-interruption": _REGISTRY,  # a spot interruption notice: operators and admins
     "registeredmodel-list": _REGISTRY,
     "registeredmodel-detail": _REGISTRY,
     "deployment-list": _REGISTRY,

@@ -310,6 +310,10 @@ class LearnerChunk(models.Model):
     checkpoint_key = models.CharField(max_length=500, blank=True)
     billed = models.BooleanField(default=False)
     error = models.TextField(blank=True)
+    # Why the chunk stopped before its time was up ("" when it ran its chunk_seconds): the run
+    # ended, the learner moved, or "interrupted: ..." (a spot interruption notice: it pushed its
+    # delta and wrote its checkpoint first, so nothing it trained is lost).
+    stopped_by = models.CharField(max_length=200, blank=True)
 
     class Meta:
         ordering = ["learner", "generation", "seq"]

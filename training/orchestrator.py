@@ -220,6 +220,46 @@ def _fetch_versions(
     return received + full.nbytes
 
 
+def _push_before_interruption(
+    slot: LearnerSlot,
+    transport: ObjectStoreTransport,
+    outcome: ChunkOutcome,
+    chunk_id: int,
+    learner_id: int,
+    tokens_total: int,
+) -> None:
+    """The cluster is being reclaimed: push every fragment's pending steps now, at this step
+    boundary, instead of at its next due step.
+
+    A fragment whose previous delta is still with the syncer is not pushed again (LearnerSlot
+    says why); its steps stay in the checkpoint this chunk writes next, which the re-placed
+    learner restores. Either way every token trained has reached the store, so the learner's
+    tokens at its last push are all of them (the supervisor's tokens_lost is then 0).
+    """
+    learner = slot.learner
+    for f in range(len(learner.fragments)):
+        if learner.pending_tokens[f] <= 0:
+            continue
+        if f in slot.pushed_base and learner.base_version[f] <= slot.pushed_base[f]:
+            continue
+        slot.owed.discard(f)
+        slot.pushed_base[f] = learner.base_version[f]
+        delta = learner.make_delta(f, now=time.time())
+        transport.put_delta(delta)
+        outcome.deltas_pushed += 1
+        outcome.bytes_sent += delta.nbytes
+    services.learner_chunk_progress(
+        chunk_id=chunk_id,
+        learner_id=learner_id,
+        steps=outcome.steps,
+        tokens=outcome.tokens,
+        deltas_pushed=outcome.deltas_pushed,
+        bytes_sent=outcome.bytes_sent,
+        bytes_received=outcome.bytes_received,
+        tokens_at_push=tokens_total,
+    )
+
+
 def forget_run(run: TrainingRun) -> None:
     """Drop a finished run's cached engine objects from this process."""
     key = run_key(run)
@@ -320,6 +360,10 @@ def learner_chunk_execute(
                 if stop:
                     outcome.stopped_by = stop
                     outcome.stopped_at = time.time()
+                    if stop.startswith(services.INTERRUPTED):
+                        _push_before_interruption(
+                            slot, transport, outcome, chunk.pk, learner_id, tokens_before + outcome.tokens
+                        )
                     break
             if now - started >= rc.chunk_seconds:
                 break

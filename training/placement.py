@@ -5,9 +5,11 @@ the accelerator-hour price in force, free capacity = Cluster.capacity minus lear
 placed there by live runs) and records the outcome as PlacementDecision rows.
 
 Rules, in order:
-1. A cluster is a candidate when it is healthy (not degraded, down or draining), matches the
-   accelerator type and regions asked for, has an accelerator-hour price in force and a free
-   learner slot. Every other cluster is listed with the reason it was rejected.
+1. A cluster is a candidate when it is healthy (not degraded, down or draining), no hard budget
+   over it is spent this period (the cluster's, its provider's, the run's team's or the run's:
+   `budget_refusal` says which), matches the accelerator type and regions asked for, has an
+   accelerator-hour price in force and a free learner slot. Every other cluster is listed with
+   the reason it was rejected.
 2. Pinned learners go to their pinned cluster, if it is a candidate.
 3. The others go cheapest first (price, then slug for a stable order), filling a cluster's free
    slots before moving on, except that when more than one candidate has room, the learners are
@@ -32,6 +34,7 @@ class ClusterOption:
     price: Decimal | None  # accelerator-hour price in force, None when there is none
     price_book_id: int | None = None
     currency: str = "USD"
+    budget_refusal: str = ""  # why a hard budget forbids spending here ("" when none does)
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,8 @@ class PlacementResult:
 def _rejection(option: ClusterOption, constraints: Constraints) -> str:
     if option.status != "healthy":
         return f"status {option.status}"
+    if option.budget_refusal:
+        return option.budget_refusal
     if (
         constraints.accelerator_type
         and option.accelerator_type.lower() != constraints.accelerator_type.lower()

@@ -34,6 +34,7 @@ Shape (every key optional except `stop`; defaults in DEFAULTS):
                   observed lags; radial_directional: average norms and directions of the Δs apart)
     stop:         {outer_steps: N} or {token_budget: N}          (exactly one)
     money_budget: "12.50" (a decimal string) or null;   currency: "USD"
+    team:         "" or the team the run's spend is billed to (its hard budgets stop the run)
     placement:    {accelerator_type, regions: [...], pins: {"<learner index>": "<cluster slug>"}}
     chunk_seconds: seconds of inner steps per Celery task; learner_timeout: seconds of silence
                   before a learner counts as lost;  eval_windows: held-out windows per eval
@@ -67,6 +68,7 @@ from stack.registry.validation import (
     decimal_check,
     decimal_parse,
     int_parse,
+    text_check,
 )
 from training.engine.config import (
     CompressionConfig,
@@ -132,6 +134,7 @@ DEFAULTS: dict[str, Any] = {
     "stop": None,
     "money_budget": None,
     "currency": "USD",
+    "team": "",
     "placement": {"accelerator_type": "", "regions": [], "pins": {}},
     "chunk_seconds": 20.0,
     "learner_timeout": 90.0,
@@ -141,6 +144,7 @@ DEFAULTS: dict[str, Any] = {
     "start_from": None,
 }
 START_MODES = ("continue", "finetune")
+TEAM_MAX_LENGTH = 64
 
 DATA_FORMATS = ("bytes", "text", "jsonl", "parquet")
 _CHOICES = {
@@ -663,6 +667,17 @@ def _check_money(cfg: dict[str, Any], errors: _Errors) -> None:
         cfg["currency"] = currency_parse(cur) if isinstance(cur, str) else currency_parse("")
     except InputError as exc:
         errors.add("currency", f"must be an ISO 4217 currency code ({exc})")
+    team = cfg["team"]
+    if not isinstance(team, str):
+        errors.add("team", "must be a team name (a string)")
+    elif len(team.strip()) > TEAM_MAX_LENGTH:
+        # The ledger's and the budgets' team column.
+        errors.add("team", f"at most {TEAM_MAX_LENGTH} characters")
+    else:
+        try:
+            cfg["team"] = text_check(team.strip())
+        except InputError as exc:
+            errors.add("team", str(exc))
 
 
 def _check_placement(cfg: dict[str, Any], m: int, errors: _Errors) -> None:
@@ -737,6 +752,10 @@ class RunConfig:
     def money_budget(self) -> Decimal | None:
         v = self.raw["money_budget"]
         return Decimal(v) if v is not None else None
+
+    @property
+    def team(self) -> str:
+        return str(self.raw.get("team") or "")  # runs stored before the key existed have none
 
     @property
     def chunk_seconds(self) -> float:

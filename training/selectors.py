@@ -9,6 +9,7 @@ from typing import TypedDict
 
 from django.db.models import Count, Q, QuerySet, Sum
 
+from billing.budgets import budget_hard_limit_keys, budget_may_spend, spend_target
 from billing.models import Unit
 from billing.selectors import PriceResolver, spend_total, usage_for_subject
 from stack.registry.models import Cluster, FailoverEvent
@@ -23,6 +24,7 @@ from training.models import (
     TrainingRun,
 )
 from training.placement import ClusterOption
+from training.run_config import RunConfig
 
 RUN_SUBJECT_TYPE = "training_run"
 
@@ -85,14 +87,48 @@ def learners_occupying(*, exclude_run_id: int | None = None) -> dict[int, int]:
     return dict(rows.values_list("cluster_id").annotate(n=Count("id")).values_list("cluster_id", "n"))
 
 
-def cluster_options(*, at: datetime, exclude_run_id: int | None = None) -> list[ClusterOption]:
-    """Every registered cluster as placement sees it: status, price in force, free learner slots."""
+def run_budget_refusal(*, run: TrainingRun) -> str:
+    """Why a hard budget of the run's team or of the run itself forbids more spend ("" when none
+    does): such a budget stops the run wherever its learners are."""
+    ok, why = budget_may_spend(team=RunConfig(run.config).team, training_run_id=str(run.pk))
+    return "" if ok else why
+
+
+def cluster_budget_refusal(
+    *,
+    cluster: Cluster,
+    team: str = "",
+    training_run_id: str = "",
+    hard_keys: frozenset[tuple[str, str]] | None = None,
+) -> str:
+    """Why a hard budget forbids spending on this cluster ("" when none does): the cluster's, its
+    provider's, and (when given) the team's and the run's, each for its current period.
+
+    `hard_keys` (budget_hard_limit_keys()) lets a caller checking many clusters skip those that no
+    hard budget covers without reading any budget state."""
+    if hard_keys is not None:
+        target = spend_target(cluster=cluster, team=team, training_run_id=training_run_id)
+        if not hard_keys.intersection(target.keys()):
+            return ""
+    ok, why = budget_may_spend(cluster=cluster, team=team, training_run_id=training_run_id)
+    return "" if ok else why
+
+
+def cluster_options(
+    *, at: datetime, exclude_run_id: int | None = None, team: str = "", training_run_id: str = ""
+) -> list[ClusterOption]:
+    """Every registered cluster as placement sees it: status, price in force, free learner slots,
+    and the hard budget (the cluster's, its provider's, the team's, the run's) that is spent."""
     taken = learners_occupying(exclude_run_id=exclude_run_id)
     prices = PriceResolver()
+    hard_keys = budget_hard_limit_keys()
     out = []
     for cluster in Cluster.objects.select_related("provider").order_by("slug"):
         price = prices.resolve(
             unit=Unit.ACCELERATOR_HOUR, at=at, cluster_id=cluster.pk, provider_id=cluster.provider_id
+        )
+        blocked = cluster_budget_refusal(
+            cluster=cluster, team=team, training_run_id=training_run_id, hard_keys=hard_keys
         )
         out.append(
             ClusterOption(
@@ -105,6 +141,7 @@ def cluster_options(*, at: datetime, exclude_run_id: int | None = None) -> list[
                 price=price.unit_price if price is not None else None,
                 price_book_id=price.pk if price is not None else None,
                 currency=price.currency if price is not None else "USD",
+                budget_refusal=blocked,
             )
         )
     return out

@@ -15,7 +15,7 @@ from rest_framework.response import Response
 from rest_framework.routers import BaseRouter
 
 from stack.registry import services
-from stack.registry.api_fields import DecimalField, ModelSerializer
+from stack.registry.api_fields import DateTimeField, DecimalField, ModelSerializer
 from stack.registry.endpoints import deployment_endpoint_problem, endpoint_list_problems, endpoint_url_problem
 from stack.registry.models import (
     Cluster,
@@ -113,9 +113,25 @@ class ClusterSerializer(ModelSerializer[Cluster]):
             "status",
             "status_changed_at",
             "last_heartbeat_at",
+            "interruption_noticed_at",
+            "interruption_deadline",
             "created_at",
         ]
-        read_only_fields = ["id", "status", "status_changed_at", "last_heartbeat_at", "created_at"]
+        read_only_fields = [
+            "id",
+            "status",
+            "status_changed_at",
+            "last_heartbeat_at",
+            "interruption_noticed_at",
+            "interruption_deadline",
+            "created_at",
+        ]
+
+
+class InterruptionNoticeSerializer(serializers.Serializer[Any]):
+    """A spot interruption notice: when the provider reclaims the cluster (default: in 2 minutes)."""
+
+    deadline = DateTimeField(required=False, allow_null=True)
 
 
 class RegisteredModelSerializer(ModelSerializer[RegisteredModel]):
@@ -348,6 +364,19 @@ class ClusterViewSet(viewsets.ModelViewSet[Cluster]):
     def resume(self, request: Request, slug: str | None = None) -> Response:
         """End draining; the status follows heartbeats again."""
         cluster = services.cluster_set_draining(cluster=self.get_object(), draining=False)
+        return Response(ClusterSerializer(cluster).data)
+
+    @extend_schema(request=InterruptionNoticeSerializer, responses=ClusterSerializer)
+    @action(detail=True, methods=["post"])
+    def interruption(self, request: Request, slug: str | None = None) -> Response:
+        """A spot interruption notice: the cluster drains now, its learners push their deltas and
+        stop, and the training supervisor re-places them before the deadline."""
+        cluster = self.get_object()
+        body = InterruptionNoticeSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        cluster = services.cluster_interruption_notice(
+            cluster=cluster, deadline=body.validated_data.get("deadline")
+        )
         return Response(ClusterSerializer(cluster).data)
 
 

@@ -99,6 +99,11 @@ class Cluster(models.Model):
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.DOWN)
     status_changed_at = models.DateTimeField(default=timezone.now)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # A spot cluster's interruption notice (the provider reclaims it at the deadline): the
+    # cluster drains at once, its learners push and stop, and the training supervisor moves
+    # them before the deadline. Cleared when an operator resumes the cluster.
+    interruption_noticed_at = models.DateTimeField(null=True, blank=True)
+    interruption_deadline = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
 
     class Meta:
@@ -114,6 +119,11 @@ class Cluster(models.Model):
     @property
     def queue(self) -> str:
         return cluster_queue(self.slug)
+
+    @property
+    def interrupted(self) -> bool:
+        """Under a spot interruption notice (draining until an operator resumes it)."""
+        return self.status == self.Status.DRAINING and self.interruption_noticed_at is not None
 
     @property
     def heartbeat_overdue(self) -> bool:

@@ -245,6 +245,7 @@ def cluster_health_check(*, now: datetime | None = None) -> list[HealthTransitio
 
 def cluster_set_draining(*, cluster: Cluster, draining: bool) -> Cluster:
     now = timezone.now()
+    fields = ["status", "status_changed_at"]
     if draining:
         cluster.status = Cluster.Status.DRAINING
     else:
@@ -253,9 +254,62 @@ def cluster_set_draining(*, cluster: Cluster, draining: bool) -> Cluster:
         last = cluster.last_heartbeat_at
         recent = last is not None and (now - last).total_seconds() <= settings.DEGRADED_AFTER_SECONDS
         cluster.status = Cluster.Status.HEALTHY if recent else Cluster.Status.DOWN
+        # Resuming ends an interruption notice too: the provider gave the capacity back.
+        cluster.interruption_noticed_at = cluster.interruption_deadline = None
+        fields += ["interruption_noticed_at", "interruption_deadline"]
     cluster.status_changed_at = now
-    cluster.save(update_fields=["status", "status_changed_at"])
+    cluster.save(update_fields=fields)
     return cluster
+
+
+# AWS gives a spot instance two minutes' notice (EC2 "spot instance interruption notices"),
+# Google Cloud 30 s (preemption notice); a notice without a deadline assumes the longer one.
+INTERRUPTION_DEFAULT_SECONDS = 120
+# A deadline further out than this is not an interruption but a maintenance window: drain instead.
+INTERRUPTION_MAX_SECONDS = 3600
+
+
+def cluster_interruption_notice(
+    *, cluster: Cluster, deadline: datetime | None = None, now: datetime | None = None
+) -> Cluster:
+    """A spot cluster will be reclaimed at `deadline`: drain it now, so that placement avoids it,
+    its learners push their deltas and stop, and the training supervisor moves them elsewhere.
+
+    Refuses (RegistryError, with the field) a cluster that is not spot capacity and a deadline
+    that is past or more than an hour away. A second notice keeps the earlier deadline when it is
+    sooner (a notice never buys time).
+    """
+    now = now or timezone.now()
+    if cluster.capacity_type != Cluster.CapacityType.SPOT:
+        raise RegistryError(
+            f"cluster {cluster.slug} is {cluster.capacity_type} capacity; only a spot cluster is interrupted "
+            "(drain it instead)",
+            field="cluster",
+        )
+    if deadline is None:
+        deadline = now + timedelta(seconds=INTERRUPTION_DEFAULT_SECONDS)
+    if deadline <= now:
+        raise RegistryError("the deadline has passed; give a time in the future", field="deadline")
+    if deadline > now + timedelta(seconds=INTERRUPTION_MAX_SECONDS):
+        raise RegistryError(
+            f"at most {INTERRUPTION_MAX_SECONDS // 60} minutes ahead (a later reclaim is maintenance: drain)",
+            field="deadline",
+        )
+    with transaction.atomic():
+        locked = Cluster.objects.select_for_update().get(pk=cluster.pk)
+        if locked.interruption_deadline is not None and locked.interruption_deadline < deadline:
+            deadline = locked.interruption_deadline
+        if locked.interruption_noticed_at is None:
+            locked.interruption_noticed_at = now
+        locked.interruption_deadline = deadline
+        if locked.status != Cluster.Status.DRAINING:
+            locked.status = Cluster.Status.DRAINING
+            locked.status_changed_at = now
+        locked.save(
+            update_fields=["interruption_noticed_at", "interruption_deadline", "status", "status_changed_at"]
+        )
+    logger.warning("cluster %s: spot interruption notice, reclaimed at %s", locked.slug, deadline.isoformat())
+    return locked
 
 
 # --- Workflows and routing policies ------------------------------------------------------
@@ -432,6 +486,7 @@ __all__ = [
     "api_token_revoke",
     "cluster_health_check",
     "cluster_heartbeat",
+    "cluster_interruption_notice",
     "cluster_set_draining",
     "failover_event_record",
     "failover_event_recover",

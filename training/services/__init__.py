@@ -10,6 +10,7 @@ training.dispatch, never by importing training.tasks.
 from __future__ import annotations
 
 from training.services.chunks import (
+    INTERRUPTED,
     MAX_CHUNK_FAILURES,
     ChunkClaim,
     ChunkOutcome,
@@ -37,7 +38,12 @@ from training.services.runs import (
     training_run_fail,
     training_run_succeed,
 )
-from training.services.supervision import PLACEMENT_RETRY_SECONDS, learner_failover, training_runs_supervise
+from training.services.supervision import (
+    INTERRUPTION_STOP_SECONDS,
+    PLACEMENT_RETRY_SECONDS,
+    learner_failover,
+    training_runs_supervise,
+)
 from training.services.syncer import (
     SYNCER_STALE_SECONDS,
     SYNCER_TICK_SECONDS,
@@ -48,6 +54,8 @@ from training.services.syncer import (
 )
 
 __all__ = [
+    "INTERRUPTED",
+    "INTERRUPTION_STOP_SECONDS",
     "MAX_CHUNK_FAILURES",
     "PLACEMENT_RETRY_SECONDS",
     "SYNCER_STALE_SECONDS",

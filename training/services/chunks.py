@@ -11,16 +11,29 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing.services import NoPriceError, accelerator_time_bill
-from stack.registry.models import RegisteredModel
+from stack.registry.models import Cluster, RegisteredModel
 from stack.registry.services import failover_event_recover
 from training import dispatch, selectors
 from training.models import LearnerChunk, TrainingLearner, TrainingRun
+from training.run_config import RunConfig
 from training.services.runs import training_run_budget_exhaust, training_run_fail
 
 logger = logging.getLogger(__name__)
 
 # A learner whose chunks failed this often (on whatever clusters) stops the run.
 MAX_CHUNK_FAILURES = 3
+# How a chunk's stop reason starts when its cluster is under a spot interruption notice: the
+# chunk pushes its delta and stops, and the learner is moved (training.services.supervision).
+INTERRUPTED = "interrupted: "
+
+
+def cluster_interruption_reason(cluster: Cluster) -> str:
+    """Why no learner may train on `cluster` now because it is being reclaimed ("" when it is not)."""
+    if not cluster.interrupted:
+        return ""
+    deadline = cluster.interruption_deadline
+    when = f" at {deadline:%Y-%m-%d %H:%M:%S} UTC" if deadline is not None else ""
+    return f"{INTERRUPTED}cluster {cluster.slug} is reclaimed{when} (spot interruption notice)"
 
 
 @dataclass(frozen=True)
@@ -69,11 +82,15 @@ def learner_chunk_claim(
 
     A finished chunk, a stale generation (the learner was re-placed) or a run that is no
     longer live are no-ops. A started but unfinished chunk is a redelivery after its worker
-    died: it starts over on this worker. A spent money budget stops the run here, before
-    anything more is trained or billed.
+    died: it starts over on this worker. A spent money budget, or a spent hard budget of the
+    run's team or of the run, stops the run here, before anything more is trained or billed. A
+    cluster that may not be used any more (a spent hard budget of the cluster or its provider, a
+    spot interruption notice) starts nothing: the learner is marked lost, saying why, and the
+    supervisor moves it.
     """
     now = timezone.now()
     exhausted_run: TrainingRun | None = None
+    exhausted_why = ""  # "" with exhausted_run: the run's own money budget
     with transaction.atomic():
         learner = (
             TrainingLearner.objects.select_for_update(of=("self",))
@@ -99,6 +116,15 @@ def learner_chunk_claim(
             return None
         if run.money_budget is not None and selectors.run_spend(run_id=run.pk) >= run.money_budget:
             exhausted_run = run
+        elif (exhausted_why := selectors.run_budget_refusal(run=run)) != "":
+            exhausted_run = run
+        elif moved := _cluster_refusal(learner=learner):
+            # Not here: the learner is lost with the reason, and the supervisor re-places it on a
+            # cluster that may still spend (its state is in the previous chunk's checkpoint).
+            TrainingLearner.objects.filter(pk=learner.pk).update(
+                state=TrainingLearner.State.LOST, state_changed_at=now, last_error=moved[:5000]
+            )
+            return None
         else:
             if existing is None:
                 chunk = LearnerChunk.objects.create(
@@ -122,7 +148,7 @@ def learner_chunk_claim(
             )
             learner.state = TrainingLearner.State.RUNNING
     if exhausted_run is not None:
-        training_run_budget_exhaust(run=exhausted_run)
+        training_run_budget_exhaust(run=exhausted_run, why=exhausted_why)
         return None
     return ChunkClaim(run=run, learner=learner, chunk=chunk)
 
@@ -152,12 +178,28 @@ def learner_chunk_progress(
     TrainingLearner.objects.filter(pk=learner_id).update(tokens_at_last_push=tokens_at_push, last_push_at=now)
 
 
+def _cluster_refusal(*, learner: TrainingLearner) -> str:
+    """Why the learner's next chunk may not run on its cluster ("" when it may)."""
+    cluster = learner.cluster
+    if cluster is None:
+        return ""
+    interrupted = cluster_interruption_reason(cluster)
+    if interrupted:
+        return interrupted
+    why = selectors.cluster_budget_refusal(cluster=cluster)
+    return f"cluster {cluster.slug}: {why}" if why else ""
+
+
 def learner_chunk_should_stop(*, learner_id: int, generation: int) -> str:
-    """Why a running chunk must stop now ("" to go on): the run ended or the learner moved."""
-    learner = TrainingLearner.objects.select_related("run").filter(pk=learner_id).first()
+    """Why a running chunk must stop now ("" to go on): the run ended, the learner moved, or its
+    cluster got a spot interruption notice (the reason then starts with INTERRUPTED)."""
+    learner = TrainingLearner.objects.select_related("run", "cluster").filter(pk=learner_id).first()
     if learner is None:
         return "learner gone"
-    return _learner_stopped(learner, learner.run, generation)
+    stopped = _learner_stopped(learner, learner.run, generation)
+    if stopped or learner.cluster is None:
+        return stopped
+    return cluster_interruption_reason(learner.cluster)
 
 
 def _billable_seconds(*, run: TrainingRun, started_at: datetime, wall_seconds: float) -> float:
@@ -179,6 +221,7 @@ def learner_chunk_bill(*, chunk: LearnerChunk, learner: TrainingLearner, occurre
                 accelerators=chunk.accelerators,
                 subject_type=selectors.RUN_SUBJECT_TYPE,
                 subject_id=str(learner.run_id),
+                team=RunConfig(learner.run.config).team,
                 idempotency_key=chunk.billing_key,
                 at=occurred_at,
                 description=(
@@ -232,6 +275,7 @@ def learner_chunk_finish(
         chunk.accelerator_seconds = Decimal(str(round(seconds, 3)))
         chunk.progress_at = finished_at
         chunk.error = error[:5000]
+        chunk.stopped_by = outcome.stopped_by[:200]
         chunk.save()
         learner_chunk_bill(chunk=chunk, learner=learner, occurred_at=finished_at)
         current = learner.generation == chunk.generation
@@ -245,6 +289,16 @@ def learner_chunk_finish(
                 learner.state = TrainingLearner.State.LOST
                 learner.state_changed_at = finished_at
                 learner.last_error = f"chunk {chunk.seq} failed: {error}"[:5000]
+                fields += ["state", "state_changed_at", "last_error"]
+            elif outcome.stopped_by.startswith(INTERRUPTED) and learner.state in (
+                TrainingLearner.State.PLACED,
+                TrainingLearner.State.RUNNING,
+            ):
+                # Interrupted, not failed: the chunk pushed its delta and wrote its checkpoint, so
+                # the supervisor's move loses nothing, and the failure count is not raised.
+                learner.state = TrainingLearner.State.LOST
+                learner.state_changed_at = finished_at
+                learner.last_error = outcome.stopped_by[:5000]
                 fields += ["state", "state_changed_at", "last_error"]
         learner.save(update_fields=fields)
         if error and current:

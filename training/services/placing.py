@@ -77,7 +77,9 @@ def training_run_place(*, run_id: int) -> TrainingRun | None:
     rc = RunConfig(run.config)
     result = place(
         learners=list(range(rc.learners)),
-        options=selectors.cluster_options(at=now, exclude_run_id=run.pk),
+        options=selectors.cluster_options(
+            at=now, exclude_run_id=run.pk, team=rc.team, training_run_id=str(run.pk)
+        ),
         constraints=_constraints(rc),
     )
     if len(result.assignments) < rc.quorum:

@@ -112,13 +112,17 @@ def training_run_fail(*, run_id: int, reason: str) -> TrainingRun | None:
 
 
 def training_run_check_stop(*, run: TrainingRun) -> TrainingRun:
-    """Finish the run when its stop condition holds, or stop it when its money budget is spent."""
+    """Finish the run when its stop condition holds, or stop it when its money budget (or a hard
+    budget of its team or of the run) is spent."""
     run.refresh_from_db()
     if run.state not in (TrainingRun.State.RUNNING, TrainingRun.State.RECOVERING):
         return run
     rc = RunConfig(run.config)
     if run.money_budget is not None and selectors.run_spend(run_id=run.pk) >= run.money_budget:
         return training_run_budget_exhaust(run=run)
+    refusal = selectors.run_budget_refusal(run=run)
+    if refusal:
+        return training_run_budget_exhaust(run=run, why=refusal)
     records = GlobalVersionRecord.objects.filter(run=run)
     done = False
     if rc.outer_steps is not None:
@@ -161,14 +165,15 @@ def training_run_succeed(*, run: TrainingRun, why: str) -> TrainingRun:
     return run
 
 
-def training_run_budget_exhaust(*, run: TrainingRun) -> TrainingRun:
-    """The money budget is spent: stop cleanly, keeping the last published version as a checkpoint."""
-    spent = selectors.run_spend(run_id=run.pk)
-    if not transition_quietly(
-        run,
-        TrainingRun.State.BUDGET_EXHAUSTED,
-        reason=f"money budget {run.money_budget} {run.currency} spent ({spent})",
-    ):
+def training_run_budget_exhaust(*, run: TrainingRun, why: str = "") -> TrainingRun:
+    """A budget is spent: stop cleanly, keeping the last published version as a checkpoint.
+
+    `why` names the budget (a hard budget of the run's team, of the run, or of every cluster it
+    could use); without it, the run's own money budget is the one spent."""
+    if not why:
+        spent = selectors.run_spend(run_id=run.pk)
+        why = f"money budget {run.money_budget} {run.currency} spent ({spent})"
+    if not transition_quietly(run, TrainingRun.State.BUDGET_EXHAUSTED, reason=why):
         return run
     TrainingLearner.objects.filter(run=run).exclude(state=TrainingLearner.State.DONE).update(
         state=TrainingLearner.State.RELEASED, state_changed_at=run.state_changed_at

@@ -1,7 +1,10 @@
-"""Supervision of live runs (beat): stuck placements, silent syncers, and learner failover."""
+"""Supervision of live runs (beat): stuck placements, silent syncers, learner failover (also off a
+cluster under a spot interruption notice, or one whose hard budget is spent), and runs that hard
+budgets leave without a cluster."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 
@@ -18,12 +21,16 @@ from training import dispatch, selectors
 from training.models import LearnerChunk, PlacementDecision, TrainingLearner, TrainingRun
 from training.placement import Constraints, place
 from training.run_config import RunConfig
-from training.services.chunks import learner_chunk_bill
+from training.services.chunks import cluster_interruption_reason, learner_chunk_bill
 from training.services.placing import placement_decision_record
-from training.services.runs import transition_quietly
+from training.services.runs import training_run_budget_exhaust, transition_quietly
 from training.services.syncer import SYNCER_STALE_SECONDS, syncer_restart
 
 PLACEMENT_RETRY_SECONDS = 60.0
+# A chunk on a cluster under a spot interruption notice sees it within a second (its stop check)
+# and then pushes its delta and stops; it gets this long (or until the deadline, if sooner) to do
+# so before the supervisor moves its learner the hard way (its chunk closed as lost).
+INTERRUPTION_STOP_SECONDS = 10.0
 
 
 def training_runs_supervise(*, now: datetime | None = None) -> dict[str, int]:
@@ -45,11 +52,20 @@ def training_runs_supervise(*, now: datetime | None = None) -> dict[str, int]:
             with transaction.atomic():
                 syncer_restart(run=run)
             counts["syncers_restarted"] += 1
+        refusal = selectors.run_budget_refusal(run=run)
+        if refusal:
+            # The team's or the run's own hard budget: no cluster may spend for it.
+            training_run_budget_exhaust(run=run, why=refusal)
+            continue
         for learner in TrainingLearner.objects.filter(run=run).select_related("cluster"):
             reason = _lost_reason(learner=learner, rc=rc, now=now)
             if reason:
                 counts["failovers"] += learner_failover(learner_id=learner.pk, reason=reason, now=now)
         run.refresh_from_db()
+        why = _no_cluster_within_budget(run=run, rc=rc, now=now)
+        if why:
+            training_run_budget_exhaust(run=run, why=why)
+            continue
         lost = selectors.run_has_open_failovers(run=run)
         if run.state == TrainingRun.State.RUNNING and lost:
             transition_quietly(run, TrainingRun.State.RECOVERING, reason="learners lost; re-placing")
@@ -64,9 +80,11 @@ def _lost_reason(*, learner: TrainingLearner, rc: RunConfig, now: datetime) -> s
     if learner.state not in (TrainingLearner.State.PLACED, TrainingLearner.State.RUNNING):
         return ""
     cluster = learner.cluster
-    if cluster is not None and cluster.status in (Cluster.Status.DOWN, Cluster.Status.DRAINING):
-        return f"cluster {cluster.slug} is {cluster.status}"
     inflight = selectors.learner_inflight_chunk(learner=learner)
+    if cluster is not None and cluster.status in (Cluster.Status.DOWN, Cluster.Status.DRAINING):
+        if inflight is not None and _stopping_for_interruption(cluster=cluster, now=now):
+            return ""  # its chunk is pushing its delta and stopping: let it finish, then move it
+        return cluster_interruption_reason(cluster) or f"cluster {cluster.slug} is {cluster.status}"
     marks = [learner.state_changed_at, learner.last_report_at]
     if inflight is not None:
         marks += [inflight.started_at, inflight.progress_at]
@@ -75,6 +93,51 @@ def _lost_reason(*, learner: TrainingLearner, rc: RunConfig, now: datetime) -> s
     if silent > rc.learner_timeout:
         return f"no report for {silent:.0f}s (learner_timeout {rc.learner_timeout:.0f}s)"
     return ""
+
+
+def _stopping_for_interruption(*, cluster: Cluster, now: datetime) -> bool:
+    """Whether chunks on this interrupted cluster are still within their time to push and stop."""
+    noticed, deadline = cluster.interruption_noticed_at, cluster.interruption_deadline
+    if not cluster.interrupted or noticed is None:
+        return False
+    until = noticed + timedelta(seconds=INTERRUPTION_STOP_SECONDS)
+    if deadline is not None:
+        until = min(until, deadline)
+    return now < until
+
+
+def _no_cluster_within_budget(*, run: TrainingRun, rc: RunConfig, now: datetime) -> str:
+    """Why the run must stop because hard budgets leave it no cluster ("" otherwise).
+
+    Only when none of its learners is placed or training, and placement would find a cluster for
+    one of them if budgets were ignored: then budgets, not health or capacity, are what stops it
+    (a cluster that is down may come back; a spent budget waits for the next period)."""
+    if run.state not in (TrainingRun.State.RUNNING, TrainingRun.State.RECOVERING):
+        return ""
+    learners = TrainingLearner.objects.filter(run=run)
+    if learners.filter(state__in=[TrainingLearner.State.PLACED, TrainingLearner.State.RUNNING]).exists():
+        return ""
+    lost = list(learners.filter(state=TrainingLearner.State.LOST).values_list("index", flat=True))
+    if not lost:
+        return ""
+    options = selectors.cluster_options(at=now, team=rc.team, training_run_id=str(run.pk))
+    blocked = [o for o in options if o.budget_refusal]
+    if not blocked:
+        return ""
+    constraints = _failover_constraints(rc)
+    unbudgeted = place(
+        learners=lost, options=[replace(o, budget_refusal="") for o in options], constraints=constraints
+    )
+    if not unbudgeted.assignments:
+        return ""
+    return "no cluster left within budget: " + "; ".join(f"{o.slug}: {o.budget_refusal}" for o in blocked)
+
+
+def _failover_constraints(rc: RunConfig) -> Constraints:
+    return Constraints(
+        accelerator_type=rc.raw["placement"]["accelerator_type"],
+        regions=tuple(rc.raw["placement"]["regions"]),
+    )
 
 
 def learner_failover(*, learner_id: int, reason: str, now: datetime) -> int:
@@ -116,11 +179,8 @@ def learner_failover(*, learner_id: int, reason: str, now: datetime) -> int:
             tokens_lost, extra_cost = 0, Decimal("0")
         result = place(
             learners=[learner.index],
-            options=selectors.cluster_options(at=now),
-            constraints=Constraints(
-                accelerator_type=rc.raw["placement"]["accelerator_type"],
-                regions=tuple(rc.raw["placement"]["regions"]),
-            ),
+            options=selectors.cluster_options(at=now, team=rc.team, training_run_id=str(run.pk)),
+            constraints=_failover_constraints(rc),
             avoid=frozenset({from_cluster.pk}) if from_cluster is not None else frozenset(),
         )
         assignment = result.assignments[0] if result.assignments else None
