@@ -7,7 +7,7 @@ placed there by live runs) and records the outcome as PlacementDecision rows.
 Rules, in order:
 1. A cluster is a candidate when it is healthy (not degraded, down or draining), matches the
    accelerator type and regions asked for, has an accelerator-hour price in force and a free
-   learner slot. Every other cluster is listed with the reason it was rejected.
+   learner slot of at least learners.ranks accelerators. Every other cluster is listed with the reason it was rejected.
 2. Pinned learners go to their pinned cluster, if it is a candidate.
 3. The others go cheapest first (price, then slug for a stable order), filling a cluster's free
    slots before moving on, except that when more than one candidate has room, the learners are
@@ -32,6 +32,7 @@ class ClusterOption:
     price: Decimal | None  # accelerator-hour price in force, None when there is none
     price_book_id: int | None = None
     currency: str = "USD"
+    devices: int = 1  # accelerators a learner slot holds (accelerator_count // capacity)
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class Constraints:
     accelerator_type: str = ""
     regions: tuple[str, ...] = ()
     pins: dict[int, str] = field(default_factory=dict)  # learner index -> cluster slug
+    ranks: int = 1  # devices each learner runs on (learners.ranks)
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,8 @@ def _rejection(option: ClusterOption, constraints: Constraints) -> str:
         return "no accelerator-hour price in force"
     if option.free <= 0:
         return "no free capacity"
+    if option.devices < constraints.ranks:
+        return f"{option.devices} accelerator(s) per learner slot, fewer than learners.ranks ({constraints.ranks})"
     return ""
 
 

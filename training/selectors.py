@@ -105,6 +105,7 @@ def cluster_options(*, at: datetime, exclude_run_id: int | None = None) -> list[
                 price=price.unit_price if price is not None else None,
                 price_book_id=price.pk if price is not None else None,
                 currency=price.currency if price is not None else "USD",
+                devices=accelerators_per_learner(cluster),
             )
         )
     return out

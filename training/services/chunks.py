@@ -15,6 +15,7 @@ from stack.registry.models import RegisteredModel
 from stack.registry.services import failover_event_recover
 from training import dispatch, selectors
 from training.models import LearnerChunk, TrainingLearner, TrainingRun
+from training.run_config import RunConfig
 from training.services.runs import training_run_budget_exhaust, training_run_fail
 
 logger = logging.getLogger(__name__)
@@ -106,7 +107,8 @@ def learner_chunk_claim(
                     generation=generation,
                     seq=seq,
                     cluster=learner.cluster,
-                    accelerators=selectors.accelerators_per_learner(learner.cluster),
+                    # The devices the chunk runs on (its ranks), not the whole learner slot.
+                    accelerators=RunConfig(run.config).ranks,
                     worker_hostname=worker_hostname[:255],
                     started_at=now,
                     progress_at=now,

@@ -138,7 +138,10 @@ def test_a_rank_that_cannot_start_fails_the_group_with_its_reason_and_frees_the_
         ranks=2,
         init=init,
     )
-    broken = ({"kind": "bytes", "block_size": CFG.block_size, "batch_size": HALF, "seed": 1}, {})  # no data
+    broken: tuple[dict[str, object], dict[str, torch.Tensor]] = (
+        {"kind": "bytes", "block_size": CFG.block_size, "batch_size": HALF, "seed": 1},
+        {},
+    )  # no data
     with pytest.raises(RankError, match="rank 1 exited with 1: .*KeyError: 'data'"):
         group_start(learner, samplers=[broken])
     # The process may start another group at once: the lock and the default group are released.
