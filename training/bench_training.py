@@ -1,6 +1,6 @@
 """Benchmark: DiLoCo runs through Switchyard's orchestration, with and without a cluster failure.
 
-python manage.py bench training --json var/bench-training.json [--outer-steps N] [--keep]
+python manage.py bench training --json var/bench-training.json [--outer-steps N] [--keep] [--ddp-only]
 
 Against the configured database, broker and object store it registers three scratch clusters
 (prices 1.00 < 1.50 < 3.00 per accelerator-hour, one learner slot each), starts one
@@ -26,7 +26,9 @@ sees the same background load on this shared machine as the plain run did, and r
 * failover_detect_s: SIGKILL → the training FailoverEvent's detected_at;
 * failover_recover_s: SIGKILL → the re-placed learner training again (its recovered_at);
 * goodput_with_failure: tokens merged per wall-second with the failure ÷ without;
-* loss_ratio_with_failure: final eval loss with the failure ÷ without.
+* loss_ratio_with_failure: final eval loss with the failure ÷ without;
+* ddp_loss_ratio: a learner of 2 gloo ranks ÷ 1 rank, eval loss at the same global batch and
+  steps (training.bench_ddp; no workers involved; ``--ddp-only`` runs just this figure).
 
 The scratch clusters are marked draining at the end so they take no later work (--keep leaves
 them as they are). Benchmarks measure; tests never assert on these figures.
@@ -58,6 +60,7 @@ from billing.services import price_book_publish
 from stack.registry.models import Cluster, FailoverEvent, Provider
 from stack.registry.services import cluster_set_draining
 from training.bench_bare import bare_engine_run
+from training.bench_ddp import ddp_bench
 from training.models import GlobalVersionRecord, LearnerChunk, TrainingLearner, TrainingRun
 from training.services import training_run_create
 
@@ -218,7 +221,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", required=True, help="where to write the figures")
     parser.add_argument("--outer-steps", type=int, default=45)
     parser.add_argument("--keep", action="store_true", help="leave the scratch clusters as they are")
+    parser.add_argument("--ddp-only", action="store_true", help="only ddp_loss_ratio (no workers, no runs)")
     args = parser.parse_args(argv)
+    if args.ddp_only:
+        began = time.monotonic()
+        ddp = ddp_bench(bench_config(outer_steps=args.outer_steps, region="none"))
+        summary = {
+            "ddp_loss_ratio": ddp["ddp_loss_ratio"],
+            "bench_seconds": round(time.monotonic() - began, 1),
+        }
+        _write(args.json, {"ddp": ddp, "summary": summary})
+        return 0
 
     # The bench may be pointed at a fresh scratch database: bring its schema up to date first.
     call_command("migrate", verbosity=0)
@@ -281,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
         events = list(
             FailoverEvent.objects.filter(training_run_id=failing.pk, kind=FailoverEvent.Kind.TRAINING)
         )
+        out["ddp"] = ddp_bench(cfg)  # the runs are over: the workers sit idle meanwhile
+        print("ddp", json.dumps(out["ddp"]), flush=True)
         out["failover_events"] = [
             {
                 "subject": e.subject,
@@ -315,9 +330,14 @@ def main(argv: list[str] | None = None) -> int:
             out["failure"]["final_eval_loss"] / out["plain"]["final_eval_loss"], 4
         ),
         "failover_events": len(out["failover_events"]),
+        "ddp_loss_ratio": out["ddp"]["ddp_loss_ratio"],
         "bench_seconds": round(time.monotonic() - began, 1),
     }
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(out, indent=2, default=str) + "\n")
-    print(json.dumps(out["summary"], indent=2))
+    _write(args.json, out)
     return 0
+
+
+def _write(path: str, out: dict[str, Any]) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(out, indent=2, default=str) + "\n")
+    print(json.dumps(out["summary"], indent=2))

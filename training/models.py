@@ -290,8 +290,8 @@ class LearnerChunk(models.Model):
     steps = models.PositiveIntegerField(default=0)
     tokens = models.BigIntegerField(default=0)
     train_losses = models.JSONField(default=list, blank=True)
-    # Seconds the chunk held its accelerators and how many it held (cluster accelerators per
-    # learner slot); billed quantity = seconds / 3600 × accelerators accelerator-hours.
+    # Seconds the chunk held its accelerators and how many it used (the run's learners.ranks:
+    # one device per rank); billed quantity = seconds / 3600 × accelerators accelerator-hours.
     accelerator_seconds = models.DecimalField(max_digits=18, decimal_places=3, default=Decimal("0"))
     accelerators = models.PositiveIntegerField(default=1)
     # Progress written at every push, so a killed chunk still says how far it got.

@@ -48,6 +48,7 @@ from training.run_engines import (
     run_transport,
     torch_threads_limit,
 )
+from training.run_ranks import learner_ranks_start
 from training.services import ChunkOutcome
 
 if TYPE_CHECKING:
@@ -139,6 +140,7 @@ def _learner_for(run: TrainingRun, index: int, generation: int, seq: int, steps_
         sampler=sampler,
         init=engine.init,
         compression=rc.compression_config(),
+        ranks=rc.ranks,
     )
     checkpoints = run_checkpoints(run)
     found = checkpoints.latest_before(index, generation, seq)
@@ -288,6 +290,7 @@ def learner_chunk_execute(
     started_at = timezone.now()
     outcome = ChunkOutcome()
     index = learner_row.index
+    ranks = None  # the learner's other ranks (training.run_ranks), while they run
     try:
         torch_threads_limit()
         begin = _learner_for(run, index, generation, seq, learner_row.steps)
@@ -299,6 +302,9 @@ def learner_chunk_execute(
         transport = run_transport(run)
         learner = slot.learner
         _reconcile_pushes(slot, transport, index, (generation * CHUNK_SPACE + seq) * PUSH_SPACE)
+        ranks = learner_ranks_start(
+            engine=engine, learner=learner, index=index, generation=generation, steps_done=learner_row.steps
+        )
         h = rc.h
         frag_offsets = offsets(rc.fragment_count, h)
         alpha = float(rc.raw["fragments"]["alpha"])
@@ -367,6 +373,8 @@ def learner_chunk_execute(
                     break
             if now - started >= rc.chunk_seconds:
                 break
+        if ranks is not None:
+            ranks.finish()  # their sampler positions go into the checkpoint below
         if not outcome.stopped_by.startswith("run "):
             # Before the chunk is recorded as finished: a finished chunk always has its checkpoint.
             checkpoints = run_checkpoints(run)
@@ -374,6 +382,8 @@ def learner_chunk_execute(
             checkpoints.prune(index, keep=2)
     except Exception as exc:
         logger.exception("learner %s g%s chunk %s failed", learner_id, generation, seq)
+        if ranks is not None:
+            ranks.abort()
         _LEARNERS.pop((run_key(run), index), None)
         services.learner_chunk_finish(
             chunk_id=chunk.pk,

@@ -8,8 +8,8 @@ Rules, in order:
 1. A cluster is a candidate when it is healthy (not degraded, down or draining), no hard budget
    over it is spent this period (the cluster's, its provider's, the run's team's or the run's:
    `budget_refusal` says which), matches the accelerator type and regions asked for, has an
-   accelerator-hour price in force and a free learner slot. Every other cluster is listed with
-   the reason it was rejected.
+   accelerator-hour price in force and a free learner slot of at least learners.ranks
+   accelerators. Every other cluster is listed with the reason it was rejected.
 2. Pinned learners go to their pinned cluster, if it is a candidate.
 3. The others go cheapest first (price, then slug for a stable order), filling a cluster's free
    slots before moving on, except that when more than one candidate has room, the learners are
@@ -35,6 +35,7 @@ class ClusterOption:
     price_book_id: int | None = None
     currency: str = "USD"
     budget_refusal: str = ""  # why a hard budget forbids spending here ("" when none does)
+    devices: int = 1  # accelerators a learner slot holds (accelerator_count // capacity)
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class Constraints:
     accelerator_type: str = ""
     regions: tuple[str, ...] = ()
     pins: dict[int, str] = field(default_factory=dict)  # learner index -> cluster slug
+    ranks: int = 1  # devices each learner runs on (learners.ranks)
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,8 @@ def _rejection(option: ClusterOption, constraints: Constraints) -> str:
         return "no accelerator-hour price in force"
     if option.free <= 0:
         return "no free capacity"
+    if option.devices < constraints.ranks:
+        return f"{option.devices} accelerator(s) per learner slot, fewer than learners.ranks ({constraints.ranks})"
     return ""
 
 

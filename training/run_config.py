@@ -20,7 +20,9 @@ Shape (every key optional except `stop`; defaults in DEFAULTS):
                    max_train_bytes, max_eval_bytes, eval_every_nth_file, sharding, seed}
                   (bytes: the in-memory byte corpus; the others stream tokenised documents,
                   engine/stream.py)
-    learners:     {count: M, quorum: K (1..M), batch_size}
+    learners:     {count: M, quorum: K (1..M), batch_size, ranks: N}
+                  (batch_size is a learner's whole batch; with ranks N > 1 each learner is a
+                  process group of N ranks, each with batch_size / N windows: engine/distributed.py)
     h:            inner steps between a fragment's syncs
     fragments:    {count: P, assignment, overlap: τ, alpha: α}     (Streaming DiLoCo)
     inner:        {lr, min_lr_ratio, warmup_steps, total_steps|null, weight_decay, grad_clip, schedule}
@@ -108,7 +110,7 @@ DEFAULTS: dict[str, Any] = {
         "sharding": "iid",
         "seed": 0,
     },
-    "learners": {"count": 2, "quorum": None, "batch_size": 16},
+    "learners": {"count": 2, "quorum": None, "batch_size": 16, "ranks": 1},
     "h": 25,
     "fragments": {"count": 1, "assignment": "strided", "overlap": 0, "alpha": 0.0},
     "inner": {
@@ -155,6 +157,8 @@ _CHOICES = {
     "compression.kind": ("fp32", "bf16", "int8", "4bit"),
     "syncer.stale_policy": ("discount", "drop"),
 }
+# Ranks (devices, or CPU processes) per learner: one cluster node's worth at most.
+MAX_RANKS = 64
 MONEY_MAX_DIGITS, MONEY_DECIMAL_PLACES = 20, 9  # TrainingRun.money_budget
 # (min, max) for numbers; every bound is finite: a number is stored, and some reach bigint
 # columns or torch (a seed beyond 64 bits is an error there).
@@ -170,6 +174,7 @@ _INT_RANGES: dict[str, tuple[int | None, int | None]] = {
     "data.seed": (0, BIGINT_MAX),
     "learners.count": (1, 256),
     "learners.batch_size": (1, 4096),
+    "learners.ranks": (1, MAX_RANKS),
     "h": (1, 100_000),
     "fragments.count": (1, 64),
     "fragments.overlap": (0, 100_000),
@@ -486,6 +491,11 @@ def run_config_validate(raw: Any) -> dict[str, Any]:
         errors.add("learners.quorum", "must be an integer")
     elif not 1 <= learners["quorum"] <= m:
         errors.add("learners.quorum", f"must be between 1 and learners.count ({m})")
+    ranks, batch = learners["ranks"], learners["batch_size"]
+    if not errors.has("learners.ranks") and not errors.has("learners.batch_size") and batch % ranks:
+        errors.add(
+            "learners.ranks", f"must divide learners.batch_size ({batch}): each rank draws batch_size / ranks"
+        )
 
     frags = cfg["fragments"]
     if (
@@ -696,11 +706,14 @@ def _check_placement(cfg: dict[str, Any], m: int, errors: _Errors) -> None:
     from stack.registry.models import Cluster
 
     normalised: dict[str, str] = {}
-    known = set(
-        Cluster.objects.filter(slug__in=[s for s in pins.values() if isinstance(s, str)]).values_list(
-            "slug", flat=True
-        )
-    )
+    slots = {
+        slug: max(1, count // max(1, capacity))  # training.selectors.accelerators_per_learner
+        for slug, count, capacity in Cluster.objects.filter(
+            slug__in=[s for s in pins.values() if isinstance(s, str)]
+        ).values_list("slug", "accelerator_count", "capacity")
+    }
+    known = set(slots)
+    ranks = cfg["learners"]["ranks"]
     for key, slug in pins.items():
         try:
             index = key if isinstance(key, int) and not isinstance(key, bool) else int_parse(str(key))
@@ -711,6 +724,11 @@ def _check_placement(cfg: dict[str, Any], m: int, errors: _Errors) -> None:
             errors.add("placement.pins", f"learner {index} does not exist (0..{m - 1})")
         elif not isinstance(slug, str) or slug not in known:
             errors.add("placement.pins", f"learner {index}: no cluster {slug!r}")
+        elif isinstance(ranks, int) and slots[slug] < ranks:
+            errors.add(
+                "learners.ranks",
+                f"learner {index} is pinned to {slug}, whose learner slots hold {slots[slug]} accelerator(s)",
+            )
         else:
             normalised[str(index)] = slug
     place["pins"] = normalised
@@ -772,7 +790,13 @@ class RunConfig:
 
     @property
     def batch_size(self) -> int:
+        """A learner's batch per inner step, over all its ranks."""
         return int(self.raw["learners"]["batch_size"])
+
+    @property
+    def ranks(self) -> int:
+        """Processes (devices) per learner; a config stored before ranks existed has one."""
+        return int(self.raw["learners"].get("ranks", 1))
 
     @property
     def seed(self) -> int:

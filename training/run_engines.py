@@ -286,40 +286,61 @@ def _open_text_dataset(engine: RunEngine) -> None:
 
 
 def learner_sampler(
-    engine: RunEngine, *, index: int, generation: int, steps_done: int = 0, rank: int = 0, ranks: int = 1
+    engine: RunEngine, *, index: int, generation: int, steps_done: int = 0, rank: int = 0
 ) -> Sampler:
-    """Where learner ``index`` (rank ``rank`` of its ``ranks``) draws its batches.
+    """Where rank ``rank`` of learner ``index`` draws its batches (see ``sampler_spec``)."""
+    from training.engine.distributed import sampler_from_spec  # lazily: imports torch
 
-    The byte corpus gives a fresh random stream per generation (a re-placed learner should not
-    replay the batches its previous incarnation trained on). A text dataset gives the learner's
-    shard in its fixed order, fast-forwarded past the windows of the ``steps_done`` steps the
-    learner has already trained.
+    meta, tensors = sampler_spec(engine, index=index, generation=generation, steps_done=steps_done, rank=rank)
+    return sampler_from_spec(meta, tensors, store=engine.data_store)
+
+
+def sampler_spec(
+    engine: RunEngine, *, index: int, generation: int, steps_done: int = 0, rank: int = 0
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The recipe of rank ``rank``'s sampler of learner ``index`` (JSON and tensors, no pickle):
+    what training.engine.distributed.sampler_from_spec builds, in this process or a helper rank's.
+
+    Each of a learner's ``learners.ranks`` ranks draws ``batch_size / ranks`` windows per step.
+    The byte corpus gives a fresh random stream per generation and rank (a re-placed learner
+    should not replay the batches its previous incarnation trained on). A text dataset gives
+    the rank's shard (learner · ranks + rank of learners · ranks) in its fixed order,
+    fast-forwarded past the windows of the ``steps_done`` steps the learner has already trained.
     """
-    # Lazily: the engine modules import torch.
-    from training.engine.data import BatchSampler, shard
-    from training.engine.stream import TokenStream
-
     rc = engine.rc
+    ranks = rc.ranks
+    batch = rc.batch_size // ranks
     if engine.text is None or engine.data_store is None or engine.tokenizer is None:
+        from training.engine.data import shard  # lazily: imports torch
+
         assert engine.corpus is not None  # noqa: S101 - one of the two is always built
         data = shard(engine.corpus.train, index=index, count=rc.learners, sharding=rc.data_config().sharding)
-        return BatchSampler(
-            data,
-            block_size=rc.block_size,
-            batch_size=rc.batch_size,
-            seed=rc.raw["data"]["seed"] * 1_000_003 + index * 1009 + generation * 7919 + rank * 104_729 + 1,
-        )
-    stream = TokenStream(
-        engine.data_store,
-        engine.text,
-        engine.tokenizer,
-        block_size=rc.block_size,
-        batch_size=rc.batch_size,
-        shard=index * ranks + rank,
-        shards=rc.learners * ranks,
-    )
-    stream.skip(steps_done * rc.batch_size)
-    return stream
+        seed = rc.raw["data"]["seed"] * 1_000_003 + index * 1009 + generation * 7919 + rank * 104_729 + 1
+        return {"kind": "bytes", "block_size": rc.block_size, "batch_size": batch, "seed": seed}, {
+            "data": data
+        }
+    text = engine.text
+    meta: dict[str, Any] = {
+        "kind": "stream",
+        "store_url": engine.data_store.url,
+        "endpoint_url": settings.OBJECT_STORE_ENDPOINT_URL,
+        "keys": list(text.keys),
+        "format": text.format,
+        "text_field": text.text_field,
+        "eval_every_nth": text.eval_every_nth,
+        "eos_id": engine.tokenizer.eos_id,
+        "block_size": rc.block_size,
+        "batch_size": batch,
+        "shard": index * ranks + rank,
+        "shards": rc.learners * ranks,
+        "skip": steps_done * batch,
+    }
+    tensors: dict[str, torch.Tensor] = {}
+    if engine.tokenizer_json is not None:
+        import torch  # lazily: the web process never loads torch
+
+        tensors["tokenizer_json"] = torch.frombuffer(bytearray(engine.tokenizer_json), dtype=torch.uint8)
+    return meta, tensors
 
 
 def run_engine_forget(run: TrainingRun) -> None:

@@ -142,6 +142,7 @@ def cluster_options(
                 price_book_id=price.pk if price is not None else None,
                 currency=price.currency if price is not None else "USD",
                 budget_refusal=blocked,
+                devices=accelerators_per_learner(cluster),
             )
         )
     return out

@@ -131,3 +131,13 @@ def test_a_failover_avoids_the_cluster_it_was_lost_on_when_another_fits() -> Non
     assert _where(place(learners=[0], options=only, constraints=Constraints(), avoid=frozenset({1}))) == {
         0: "c1"
     }
+
+
+def test_a_learner_of_n_ranks_goes_only_where_a_slot_holds_n_accelerators() -> None:
+    small = ClusterOption(**{**_opt(1, "1.0").__dict__, "devices": 1})
+    big = ClusterOption(**{**_opt(2, "3.0").__dict__, "devices": 4})
+    result = place(learners=[0, 1], options=[small, big], constraints=Constraints(ranks=2))
+    assert _where(result) == {0: "c2", 1: "c2"}  # the cheaper cluster's slots are too small
+    assert (
+        result.candidates[0]["rejected"] == "1 accelerator(s) per learner slot, fewer than learners.ranks (2)"
+    )

@@ -135,3 +135,17 @@ def test_the_schema_lists_the_run_endpoints(viewer: User) -> None:
     for path in ("/api/training-runs/", "/api/training-runs/{id}/", "/api/training-runs/{id}/cancel/",
                  "/api/training-runs/{id}/metrics/"):  # fmt: skip
         assert path in schema["paths"]
+
+
+@pytest.mark.django_db
+def test_ranks_that_do_not_divide_the_batch_answer_400_on_the_ranks_field(operator: User) -> None:
+    response = api_client(operator).post(
+        "/api/training-runs/",
+        {"name": "ddp", "config": {"learners": {"batch_size": 6, "ranks": 4}, "stop": {"outer_steps": 3}}},
+        format="json",
+    )
+    assert response.status_code == 400, response.content
+    assert response.json()["learners.ranks"] == [
+        "must divide learners.batch_size (6): each rank draws batch_size / ranks"
+    ]
+    assert not TrainingRun.objects.exists()

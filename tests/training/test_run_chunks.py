@@ -82,7 +82,7 @@ def test_run_cost_is_the_sum_of_chunk_seconds_times_price_to_the_cent(placed_run
     expected = Decimal(0)
     for chunk in LearnerChunk.objects.filter(learner__run=placed_run).select_related("cluster"):
         price = chunk.cluster.prices.get().unit_price
-        assert chunk.accelerators == 2  # 4 accelerators, 2 learner slots
+        assert chunk.accelerators == 1  # one rank: the devices it used, not its slot's 2
         expected += chunk.accelerator_seconds / Decimal(3600) * chunk.accelerators * price
     ledger = UsageRecord.objects.filter(subject_id=str(placed_run.pk)).aggregate(t=Sum("amount"))["t"]
     assert LearnerChunk.objects.filter(learner__run=placed_run).count() == 6

@@ -18,7 +18,7 @@ def _errors(raw: Any) -> dict[str, list[str]]:
 
 def test_a_minimal_config_gets_every_default_and_a_schedule_length() -> None:
     cfg = run_config_validate({"stop": {"outer_steps": 10}})
-    assert cfg["learners"] == {"count": 2, "quorum": 2, "batch_size": 16}
+    assert cfg["learners"] == {"count": 2, "quorum": 2, "batch_size": 16, "ranks": 1}
     assert cfg["inner"]["total_steps"] == 10 * cfg["h"]
     assert "object_store_url" not in cfg  # every run uses the installation's store
     rc = RunConfig(cfg)
@@ -121,4 +121,28 @@ def test_bad_down_compression_and_non_boolean_switches_are_field_errors() -> Non
         "compression.down": ["must be null (as compression.kind) or one of fp32, bf16, int8, 4bit"],
         "syncer.radial_directional": ["must be true or false"],
         "syncer.adaptive_grace": ["must be true or false"],
+    }
+
+
+@pytest.mark.django_db
+def test_ranks_per_learner_must_divide_its_batch_and_fit_a_pinned_clusters_slots() -> None:
+    cfg = run_config_validate({"stop": {"outer_steps": 1}, "learners": {"batch_size": 8, "ranks": 2}})
+    assert RunConfig(cfg).ranks == 2 and RunConfig(cfg).batch_size == 8
+    assert RunConfig({"learners": {"count": 1}}).ranks == 1  # a config stored before ranks existed
+    errors = _errors({"stop": {"outer_steps": 1}, "learners": {"batch_size": 16, "ranks": 3}})
+    assert errors == {
+        "learners.ranks": ["must divide learners.batch_size (16): each rank draws batch_size / ranks"]
+    }
+    assert _errors({"stop": {"outer_steps": 1}, "learners": {"ranks": 0}}) == {
+        "learners.ranks": ["must be at least 1"]
+    }
+    assert _errors({"stop": {"outer_steps": 1}, "learners": {"ranks": 65}}) == {
+        "learners.ranks": ["must be at most 64"]
+    }
+    small = make_cluster(accelerator_count=2, capacity=2)  # one accelerator per learner slot
+    errors = _errors(
+        {"stop": {"outer_steps": 1}, "learners": {"ranks": 2}, "placement": {"pins": {"0": small.slug}}}
+    )
+    assert errors == {
+        "learners.ranks": [f"learner 0 is pinned to {small.slug}, whose learner slots hold 1 accelerator(s)"]
     }

@@ -26,6 +26,11 @@ window closes (:meth:`Learner.may_adopt`).
 the learner's next steps (parameters, anchors, held copy, AdamW moments and step counts, lr
 schedule position, pending steps and tokens, push counter, error-feedback residuals and the
 sampler's generator), so a learner restored in another process continues bit for bit.
+
+A learner may be a process group of ``ranks`` processes (training.engine.distributed): each
+rank draws ``batch / ranks`` windows, ``net`` is the DistributedDataParallel wrapper of
+``model`` and ``group`` broadcasts rank 0's parameters after it adopted a version. The
+learner's other ranks' sampler positions are kept in ``rank_samplers`` and checkpointed.
 """
 
 from __future__ import annotations
@@ -83,18 +88,27 @@ class Learner:
         versions: Sequence[int] | None = None,
         compression: CompressionConfig | None = None,
         device: torch.device | str | None = None,
+        ranks: int = 1,
     ) -> None:
         self.id = learner_id
+        self.model_cfg = model_cfg
         self.inner = inner
         self.fragments = fragments
         self.sampler = sampler
         self.device = torch.device(device) if device is not None else default_device()
         self.model = make_model(model_cfg).to(self.device)
         self.params = dict(self.model.named_parameters())
+        # What the forward pass goes through: the model, or its DDP wrapper while the learner
+        # trains as a process group (then `group` is its training.engine.distributed.RankGroup).
+        self.net: torch.nn.Module = self.model
+        self.group: Any = None
+        self.ranks = ranks
+        self.params_changed = False  # adopted since the group's last step (rank 0 broadcasts)
+        self.rank_samplers: dict[int, torch.Tensor] = {}  # rank -> its sampler's saved position
         self.compressor = Compressor(compression or CompressionConfig())
         self.step_count = 0  # position in the inner lr schedule
         self.seq = 0
-        self.tokens_per_step = sampler.batch_size * sampler.block_size
+        self.tokens_per_step = sampler.batch_size * sampler.block_size * ranks  # all ranks' windows
         self.total_tokens = 0
         self._load(init, versions)
 
@@ -121,15 +135,17 @@ class Learner:
         return nullcontext()
 
     def train_step(self) -> float:
-        """One inner step; returns the training loss."""
+        """One inner step; returns the training loss (the mean over the ranks of a group)."""
+        if self.group is not None:
+            self.group.sync(self)  # rank 0 says go, with its parameters if it adopted since
         lr = lr_at(self.step_count, self.inner)
         for group in self.opt.param_groups:
             group["lr"] = lr
         x, y = self.sampler.next()
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         with self._autocast():
-            loss = self.model(x, y)
-        loss.backward()
+            loss = self.net(x, y)
+        loss.backward()  # under DDP the gradients come out averaged over the ranks
         if self.inner.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.inner.grad_clip)
         self.opt.step()
@@ -139,6 +155,8 @@ class Learner:
         for f in range(len(self.fragments)):
             self.pending_steps[f] += 1
             self.pending_tokens[f] += self.tokens_per_step
+        if self.group is not None:
+            return float(self.group.mean(loss))
         return float(loss.detach())
 
     def train(self, steps: int) -> list[float]:
@@ -223,6 +241,7 @@ class Learner:
             else:  # rebase: keep the progress since the last push on top of the new global
                 p.add_(g - self.anchor[name])
             self.anchor[name] = g.clone()
+        self.params_changed = True
         self.base_version[fragment] = version
         if version > self.held_version[fragment]:  # adopted from outside the held copy
             self.receive_full(fragment, params, version)
@@ -256,6 +275,8 @@ class Learner:
         sampler = _sampler_state(self.sampler)
         if sampler is not None:
             tensors["sampler"] = sampler
+        for rank, state in sorted(self.rank_samplers.items()):
+            tensors[f"sampler@{rank}"] = state
         meta = {
             "learner": self.id,
             "step_count": self.step_count,
@@ -277,6 +298,25 @@ class Learner:
             p.copy_(tensors[f"param:{n}"].to(p.device))
             self.anchor[n] = tensors[f"anchor:{n}"].to(self.device, torch.float32).clone()
             self.held[n] = tensors[f"held:{n}"].float().clone()
+        self._load_optimizer(meta, tensors)
+        self.compressor.residual = {
+            k[len("residual:") :]: t.float().clone() for k, t in tensors.items() if k.startswith("residual:")
+        }
+        if "sampler" in tensors:
+            _sampler_load(self.sampler, tensors["sampler"])
+        self.rank_samplers = {
+            int(k.split("@", 1)[1]): t.clone() for k, t in tensors.items() if k.startswith("sampler@")
+        }
+        self.step_count = int(meta["step_count"])
+        self.seq = int(meta["seq"])
+        self.total_tokens = int(meta["total_tokens"])
+        self.base_version = [int(v) for v in meta["base_version"]]
+        self.held_version = [int(v) for v in meta["held_version"]]
+        self.pushed_at = [None if v is None else int(v) for v in meta["pushed_at"]]
+        self.pending_steps = [int(v) for v in meta["pending_steps"]]
+        self.pending_tokens = [int(v) for v in meta["pending_tokens"]]
+
+    def _load_optimizer(self, meta: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]) -> None:
         state: dict[int, dict[str, torch.Tensor]] = {}
         for i, (n, p) in enumerate(self.params.items()):
             keys = meta["opt_keys"].get(n)
@@ -289,19 +329,22 @@ class Learner:
                     for k in keys
                 }
         self.opt.load_state_dict({"state": state, "param_groups": self.opt.state_dict()["param_groups"]})
-        self.compressor.residual = {
-            k[len("residual:") :]: t.float().clone() for k, t in tensors.items() if k.startswith("residual:")
-        }
+
+    @torch.no_grad()
+    def load_replica(self, meta: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]) -> None:
+        """Become a training replica of a learner (another rank of its group): its parameters,
+        AdamW state and schedule position, and this rank's sampler position if one was saved.
+        Anchors, the held copy and the push bookkeeping stay with rank 0."""
+        for n, p in self.params.items():
+            p.copy_(tensors[f"param:{n}"].to(p.device))
+        self._load_optimizer(meta, tensors)
         if "sampler" in tensors:
             _sampler_load(self.sampler, tensors["sampler"])
         self.step_count = int(meta["step_count"])
-        self.seq = int(meta["seq"])
-        self.total_tokens = int(meta["total_tokens"])
-        self.base_version = [int(v) for v in meta["base_version"]]
-        self.held_version = [int(v) for v in meta["held_version"]]
-        self.pushed_at = [None if v is None else int(v) for v in meta["pushed_at"]]
-        self.pending_steps = [int(v) for v in meta["pending_steps"]]
-        self.pending_tokens = [int(v) for v in meta["pending_tokens"]]
+
+    def sampler_state(self) -> torch.Tensor | None:
+        """This process's sampler position (what a checkpoint saves as ``sampler``)."""
+        return _sampler_state(self.sampler)
 
     @torch.no_grad()
     def forget_pending(self, fragment: int) -> None:

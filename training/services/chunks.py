@@ -132,7 +132,8 @@ def learner_chunk_claim(
                     generation=generation,
                     seq=seq,
                     cluster=learner.cluster,
-                    accelerators=selectors.accelerators_per_learner(learner.cluster),
+                    # The devices the chunk runs on (its ranks), not the whole learner slot.
+                    accelerators=RunConfig(run.config).ranks,
                     worker_hostname=worker_hostname[:255],
                     started_at=now,
                     progress_at=now,

@@ -25,6 +25,7 @@ def _constraints(rc: RunConfig) -> Constraints:
         accelerator_type=place_cfg["accelerator_type"],
         regions=tuple(place_cfg["regions"]),
         pins={int(k): v for k, v in place_cfg["pins"].items()},
+        ranks=rc.ranks,
     )
 
 

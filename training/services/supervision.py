@@ -137,6 +137,7 @@ def _failover_constraints(rc: RunConfig) -> Constraints:
     return Constraints(
         accelerator_type=rc.raw["placement"]["accelerator_type"],
         regions=tuple(rc.raw["placement"]["regions"]),
+        ranks=rc.ranks,
     )
 
 
@@ -277,7 +278,7 @@ def _close_lost_chunks(*, learner: TrainingLearner, reason: str, now: datetime) 
             unit=Unit.ACCELERATOR_HOUR, at=now, cluster=learner.cluster, provider=learner.cluster.provider
         )
         if price is not None:
-            accelerators = selectors.accelerators_per_learner(learner.cluster)
+            accelerators = RunConfig(learner.run.config).ranks  # the devices its chunks used
             extra = (
                 Decimal(str(round(lost_seconds, 3))) / SECONDS_PER_HOUR * accelerators * price.unit_price
             ).quantize(Decimal("0.000000001"))

@@ -1,0 +1,79 @@
+"""A run whose learners are process groups (learners.ranks = 2): a chunk runs through the normal
+chunk path on 2 gloo ranks, bills the 2 devices it used, and a rank that fails fails the chunk."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from billing.models import UsageRecord
+from stack.registry.models import Cluster
+from storage.tensorblob import unpack
+from tests.factories import make_cluster, tiny_run_config
+from training import orchestrator, run_ranks, services
+from training.models import LearnerChunk, TrainingLearner, TrainingRun
+from training.run_engines import run_checkpoints
+
+
+def _healthy(price: str) -> Cluster:
+    # 4 accelerators, 2 learner slots: a learner slot holds the 2 devices its 2 ranks need.
+    cluster = make_cluster(price=Decimal(price), accelerator_count=4, capacity=2)
+    Cluster.objects.filter(pk=cluster.pk).update(status="healthy", last_heartbeat_at=timezone.now())
+    return cluster
+
+
+@pytest.fixture
+def ranked_run(db: Any, tmp_path: Path) -> TrainingRun:
+    _healthy("1.250000")
+    _healthy("3.000000")
+    config = tiny_run_config(learners={"count": 2, "quorum": 1, "batch_size": 4, "ranks": 2})
+    run = services.training_run_create(config=config, created_by=None, name="ranks")
+    services.training_run_place(run_id=run.pk)
+    run.refresh_from_db()
+    assert run.state == TrainingRun.State.RUNNING, run.reason
+    return run
+
+
+def test_a_chunk_of_a_two_rank_learner_trains_checkpoints_both_ranks_and_bills_two_devices(
+    ranked_run: TrainingRun,
+) -> None:
+    learner = TrainingLearner.objects.get(run=ranked_run, index=0)
+    orchestrator.learner_chunk_execute(learner_id=learner.pk, generation=0, seq=0, worker_hostname="w@1")
+    chunk = LearnerChunk.objects.get(learner=learner)
+    assert chunk.error == "" and chunk.finished_at is not None and chunk.steps >= 1
+    assert chunk.tokens == chunk.steps * 4 * 16  # the learner's whole batch: 2 windows on each rank
+    assert all(0 < loss < 10 for loss in chunk.train_losses)
+    assert chunk.accelerators == 2  # its 2 ranks, one device each
+    record = UsageRecord.objects.get(idempotency_key=chunk.billing_key)
+    assert record.quantity == (chunk.accelerator_seconds / Decimal(3600) * 2).quantize(Decimal("1e-9"))
+    assert f"{chunk.accelerator_seconds}s × 2 on" in record.description
+    meta, tensors = unpack(run_checkpoints(ranked_run).get(0, 0, 0))
+    assert "sampler" in tensors and "sampler@1" in tensors  # rank 0's and rank 1's positions
+    assert meta["learner"]["step_count"] == chunk.steps
+    slot = orchestrator._LEARNERS[(orchestrator.run_key(ranked_run), 0)]
+    assert slot.learner.group is None and set(slot.learner.rank_samplers) == {1}
+
+
+def test_a_rank_that_fails_fails_the_chunk_and_the_chunk_bills_its_time(
+    ranked_run: TrainingRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = run_ranks.sampler_spec
+
+    def broken(*args: Any, **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        meta, _ = real(*args, **kwargs)
+        return meta, {}  # rank 1 is sent no data: it raises as it starts
+
+    monkeypatch.setattr(run_ranks, "sampler_spec", broken)
+    learner = TrainingLearner.objects.get(run=ranked_run, index=0)
+    orchestrator.learner_chunk_execute(learner_id=learner.pk, generation=0, seq=0, worker_hostname="w@1")
+    chunk = LearnerChunk.objects.get(learner=learner)
+    assert chunk.error.startswith("RankError: rank 1 exited with 1") and chunk.steps == 0
+    assert chunk.billed and chunk.accelerators == 2
+    learner.refresh_from_db()
+    assert learner.state == TrainingLearner.State.LOST  # the supervisor re-places it; the chunk is redone
+    assert (orchestrator.run_key(ranked_run), 0) not in orchestrator._LEARNERS
+    assert not run_checkpoints(ranked_run).list(0)

@@ -1,0 +1,42 @@
+"""A learner chunk's other ranks, for runs whose learners are process groups (learners.ranks > 1).
+
+The chunk's own process is rank 0 (training.orchestrator); ranks 1..N-1 are helper processes
+that training.engine.distributed starts for the length of the chunk and stops at its end. This
+module only tells them what to read: each rank's sampler recipe, from the run's engine objects
+(training.run_engines.sampler_spec). No database access here.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from training.run_engines import RunEngine, sampler_spec
+
+if TYPE_CHECKING:
+    from training.engine.distributed import LeaderGroup
+    from training.engine.learner import Learner
+
+
+def learner_ranks_start(
+    *, engine: RunEngine, learner: Learner, index: int, generation: int, steps_done: int
+) -> LeaderGroup | None:
+    """Start the learner's ranks 1..N-1 and join them as rank 0; None for a one-rank learner.
+
+    A rank whose sampler position the learner kept (``Learner.rank_samplers``: the previous
+    chunk's, or its checkpoint's) continues from it; the others start their stream as rank 0's
+    did (a fresh byte stream per generation, or the text shard past ``steps_done`` steps).
+    Raises training.engine.distributed.RankError when a rank does not start.
+    """
+    ranks = engine.rc.ranks
+    if ranks <= 1:
+        return None
+    from training.engine.distributed import group_start  # lazily: imports torch
+
+    specs = []
+    for rank in range(1, ranks):
+        saved = rank in learner.rank_samplers
+        meta, tensors = sampler_spec(
+            engine, index=index, generation=generation, steps_done=0 if saved else steps_done, rank=rank
+        )
+        specs.append((meta, tensors))
+    return group_start(learner, samplers=specs)
