@@ -176,14 +176,14 @@ def _chain_check(name: str, summary: ExportSummary, heads: object) -> ExportChec
     problems: list[str] = []
     for partition, span in sorted(summary.partitions.items()):
         head = heads.get(partition)
-        if not isinstance(head, dict):
+        if not isinstance(head, dict) or not isinstance(head.get("sequence"), int):
             problems.append(f"partition {partition} is not among the manifest's heads")
             continue
         if span.broken_links:
             problems.append(f"partition {partition}: {span.broken_links} rows do not link to their neighbour")
-        if span.last_sequence > int(head.get("sequence", 0)):
-            problems.append(f"partition {partition} has rows after its head sequence {head.get('sequence')}")
-        elif span.last_sequence == head.get("sequence") and span.last_row_hash != head.get("hash"):
+        if span.last_sequence > head["sequence"]:
+            problems.append(f"partition {partition} has rows after its head sequence {head['sequence']}")
+        elif span.last_sequence == head["sequence"] and span.last_row_hash != head.get("hash"):
             problems.append(f"partition {partition}: the row at its head sequence is not the head's hash")
     if problems:
         return ExportCheck(f"{name} chains", False, "; ".join(problems))
