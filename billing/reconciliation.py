@@ -50,9 +50,10 @@ from django.db.models import Count, Q, QuerySet, Sum
 from django.db.models.functions import TruncDate
 
 from billing.focus import SERVICE_BY_UNIT, focus_resource
-from billing.models import DailyRollup, InvoiceImport, InvoiceLine, LedgerHead, RollupWatermark, UsageRecord
+from billing.models import DailyRollup, InvoiceImport, InvoiceLine, UsageRecord
 from billing.money import LEDGER_QUANTUM
 from billing.price_import import FileImportError, RowError, csv_records
+from billing.rollups import unfolded_rows
 from stack.registry.models import Provider
 from stack.registry.validation import (
     InputError,
@@ -308,15 +309,6 @@ def _day_bounds(first: date, last: date) -> tuple[datetime, datetime]:
     )
 
 
-def _unfolded_rows() -> Q:
-    """Ledger rows after each partition's rollup watermark (served by the (partition, sequence) index)."""
-    marks = dict(RollupWatermark.objects.values_list("partition", "last_sequence"))
-    tail = Q(pk__in=[])
-    for partition in LedgerHead.objects.values_list("partition", flat=True):
-        tail |= Q(partition=partition, sequence__gt=marks.get(partition, 0))
-    return tail
-
-
 def _ledger_groups(invoice: InvoiceImport) -> Iterator[dict[str, Any]]:
     """Ledger totals per (day, cluster, deployment, unit, currency) for the invoice's provider and days."""
     dims = ("day", "cluster__slug", "deployment__slug", "unit", "currency")
@@ -330,7 +322,7 @@ def _ledger_groups(invoice: InvoiceImport) -> Iterator[dict[str, Any]]:
     )
     start, end = _day_bounds(invoice.period_start, invoice.period_end)
     yield from (
-        UsageRecord.objects.filter(_unfolded_rows())
+        UsageRecord.objects.filter(unfolded_rows())
         .filter(provider_id=invoice.provider_id, occurred_at__gte=start, occurred_at__lt=end)
         .annotate(day=TruncDate("occurred_at", tzinfo=UTC))
         .values(*dims)

@@ -5,6 +5,8 @@ sequence already counted) into DailyRollup, moving the watermark in the same
 transaction: run it twice, or kill it half-way, and every row is counted
 exactly once. Ledger sequences are handed out under the chain's head lock and
 committed with it, so the rows up to the committed head are all visible.
+The ledger has several partitions (one hash chain, head and watermark each):
+every call without a `partition` covers every partition that has a head row.
 `rollups_rebuild` recomputes everything from the ledger; a test checks it
 reproduces the incremental result exactly.
 """
@@ -16,10 +18,10 @@ from datetime import UTC
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Case, CharField, Count, F, QuerySet, Sum, Value, When
+from django.db.models import Case, CharField, Count, F, Q, QuerySet, Sum, Value, When
 from django.db.models.functions import TruncDate
 
-from billing.models import LEDGER_PARTITION, DailyRollup, LedgerHead, RollupWatermark, UsageRecord
+from billing.models import DailyRollup, LedgerHead, RollupWatermark, UsageRecord
 
 DIMENSIONS = (
     "day",
@@ -62,20 +64,51 @@ def _grouped(rows: QuerySet[UsageRecord]) -> QuerySet[Any]:
     )
 
 
-def _lock_watermark(partition: str) -> RollupWatermark:
-    mark = RollupWatermark.objects.select_for_update().filter(partition=partition).first()
-    if mark is None:
-        RollupWatermark.objects.get_or_create(partition=partition)
-        mark = RollupWatermark.objects.select_for_update().get(partition=partition)
-    return mark
+def ledger_partitions() -> list[str]:
+    """Every ledger partition (one with a head row: a writer creates it before its first row)."""
+    return list(LedgerHead.objects.order_by("partition").values_list("partition", flat=True))
 
 
-def rollups_update(*, partition: str = LEDGER_PARTITION, batch_size: int = 100_000) -> int:
-    """Fold new ledger rows into the rollups; returns how many rows were folded."""
+def unfolded_rows() -> Q:
+    """Ledger rows after each partition's rollup watermark: the tail the rollups do not hold yet.
+
+    One (partition, sequence > watermark) range per partition, each served by the
+    usage_chain_position index; a partition without a watermark has folded nothing.
+    """
+    marks = dict(RollupWatermark.objects.values_list("partition", "last_sequence"))
+    tail = Q(pk__in=[])
+    for partition in ledger_partitions():
+        tail |= Q(partition=partition, sequence__gt=marks.get(partition, 0))
+    return tail
+
+
+def _lock_watermarks(partitions: list[str]) -> dict[str, RollupWatermark]:
+    """Lock every watermark row (creating those missing): one fold at a time, whatever its partition.
+
+    Folds of two partitions may touch the same DailyRollup rows (the same day and
+    dimensions), and both could try to create the same new one; holding all the
+    watermark locks, taken in one order, serialises them without deadlocks.
+    """
+    RollupWatermark.objects.bulk_create(
+        [RollupWatermark(partition=p) for p in partitions], ignore_conflicts=True
+    )
+    return {m.partition: m for m in RollupWatermark.objects.select_for_update().order_by("partition")}
+
+
+def rollups_update(*, partition: str | None = None, batch_size: int = 100_000) -> int:
+    """Fold new ledger rows into the rollups; returns how many rows were folded.
+
+    Every partition with a head row, or only `partition`.
+    """
+    partitions = [partition] if partition is not None else ledger_partitions()
+    return sum(_update_partition(p, batch_size) for p in partitions)
+
+
+def _update_partition(partition: str, batch_size: int) -> int:
     folded = 0
     while True:
         with transaction.atomic():
-            mark = _lock_watermark(partition)
+            mark = _lock_watermarks([partition])[partition]
             head = LedgerHead.objects.filter(partition=partition).first()
             upto = min(head.last_sequence if head else 0, mark.last_sequence + batch_size)
             if upto <= mark.last_sequence:
@@ -114,10 +147,15 @@ def _fold(groups: list[dict[str, Any]]) -> None:
     DailyRollup.objects.bulk_update(changed, ["quantity", "amount", "row_count"], batch_size=2000)
 
 
-def rollups_rebuild(*, partition: str = LEDGER_PARTITION) -> int:
-    """Drop the rollups and recompute them from the whole ledger."""
+def rollups_rebuild() -> int:
+    """Drop the rollups and recompute them from the whole ledger, every partition.
+
+    Always all partitions: a DailyRollup row sums rows of every partition, so one
+    partition's share cannot be taken out of it alone.
+    """
     with transaction.atomic():
-        _lock_watermark(partition)
+        partitions = ledger_partitions()
+        _lock_watermarks(partitions)
         DailyRollup.objects.all().delete()
-        RollupWatermark.objects.filter(partition=partition).update(last_sequence=0)
-        return rollups_update(partition=partition)
+        RollupWatermark.objects.all().update(last_sequence=0)
+        return rollups_update()

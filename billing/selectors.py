@@ -21,7 +21,7 @@ from billing.models import (
     Unit,
     UsageRecord,
 )
-from billing.rollups import with_rollup_dimensions
+from billing.rollups import unfolded_rows, with_rollup_dimensions
 from stack.registry.models import Cluster, Deployment, Provider
 
 
@@ -151,7 +151,7 @@ def spend_grouped(
     """Exact spend summed per `by` (e.g. ("workflow__slug", "currency")) over UTC days.
 
     Reads the daily rollups plus the ledger rows not folded into them yet (the
-    tail after the rollup watermark, small), so it stays fast on a large ledger
+    tail after each partition's rollup watermark, small), so it stays fast on a large ledger
     and still shows a job billed a second ago. `filters` apply to both (names
     from SPEND_DIMENSIONS, e.g. provider__slug="aws"). `measure` is "amount"
     (money) or "quantity" (units used).
@@ -162,11 +162,10 @@ def spend_grouped(
     if unknown:
         raise ValueError(f"cannot group spend by {sorted(unknown)}")
     rollups = DailyRollup.objects.filter(day__gte=since_day, **filters)
+    # Every partition's tail after its own watermark.
     tail = with_rollup_dimensions(
-        UsageRecord.objects.filter(
-            partition=LEDGER_PARTITION,
-            sequence__gt=rollup_watermark(partition=LEDGER_PARTITION),
-            occurred_at__gte=datetime.combine(since_day, time.min, tzinfo=UTC),
+        UsageRecord.objects.filter(unfolded_rows()).filter(
+            occurred_at__gte=datetime.combine(since_day, time.min, tzinfo=UTC)
         )
     ).filter(**filters)
     if until_day is not None:

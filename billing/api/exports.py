@@ -53,11 +53,14 @@ _EXPORT_PARAMETERS = [
     OpenApiParameter("team", str),
     OpenApiParameter("training_run", str, description="a training run's id"),
     OpenApiParameter("unit", str, enum=Unit.values),
+    OpenApiParameter(
+        "partition", str, description="one ledger partition (default: every partition, by time)"
+    ),
 ]
 
 
 class UsageExportView(APIView):
-    """GET /api/usage-export/?format=csv|jsonl|parquet&start=&end=&provider=&cluster=&workflow=&team=&training_run=&unit=
+    """GET /api/usage-export/?format=csv|jsonl|parquet&start=&end=&provider=&cluster=&workflow=&team=&training_run=&unit=&partition=
 
     The ledger rows in FOCUS-style columns, streamed. Ledger readers only.
     """

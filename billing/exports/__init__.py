@@ -1,6 +1,7 @@
 """Cost-audit exports of the usage ledger: FinOps FOCUS-style columns as CSV, JSON Lines and Parquet.
 
-One row per ledger record, in chain order (partition, sequence), read with a
+One row per ledger record, every partition merged by time (occurred_at, then
+partition and sequence; one partition if the `partition` filter names it), read with a
 server-side cursor (`.values_list(...).iterator()`) so memory stays constant at
 any size. Money and quantities are Decimal end to end: the ledger's exact 9-place
 strings in CSV and JSON Lines, decimal128(28, 9) in Parquet, never float.
@@ -10,9 +11,12 @@ Choices worth knowing:
   e.g. a probe job at its end); ChargePeriodStart is occurred_at minus the
   quantity in hours for accelerator-hours, and equal to the end for every other
   unit (tokens, requests, storage, egress are point-in-time charges here).
-- Every export is pinned to the ledger's head sequence when it starts
-  (`through_sequence`), so a re-run of the same export job, or a concurrent
-  append, can never change what it contains.
+- Every export is pinned to each partition's head sequence when it starts
+  (`through`, read in one query: a consistent snapshot), so a re-run of the same
+  export job, or a concurrent append, can never change what it contains. The
+  manifest names each partition's head (sequence and hash) and the span of its
+  rows in the export; each row carries x_Partition, x_Sequence, x_PrevHash and
+  x_RowHash, so an auditor can follow every chain offline.
 - The manifest is signed with HMAC-SHA256 under settings.EXPORT_SIGNING_KEY, or
   a key derived from SECRET_KEY with HKDF (info b"switchyard-export-manifest").
 
@@ -66,7 +70,7 @@ from billing.exports.manifest import (
     manifest_sign,
     manifest_signature_ok,
 )
-from billing.exports.rows import ExportSummary, export_rows
+from billing.exports.rows import ChainSpan, ExportSummary, export_rows
 from billing.exports.verify import ExportCheck, export_verify
 from billing.exports.writers import (
     csv_chunks,
@@ -93,6 +97,7 @@ __all__ = [
     "PARQUET_SCALE",
     "SWITCHYARD_COLUMNS",
     "TIME_COLUMNS",
+    "ChainSpan",
     "ExportCheck",
     "ExportFilterError",
     "ExportFilterForm",

@@ -32,6 +32,8 @@ FOCUS_COLUMNS = (
 )
 SWITCHYARD_COLUMNS = (
     "x_UsageRecordId",
+    # The hash chain the row belongs to: x_Sequence, x_RowHash and x_PrevHash are per partition.
+    "x_Partition",
     "x_Sequence",
     "x_PriceBookId",
     "x_PriceBookVersion",
@@ -48,8 +50,10 @@ INT_COLUMNS = frozenset({"x_UsageRecordId", "x_Sequence", "x_PriceBookId", "x_Pr
 COST = COLUMNS.index("BilledCost")
 CURRENCY = COLUMNS.index("BillingCurrency")
 TAGS = COLUMNS.index("Tags")
+PARTITION = COLUMNS.index("x_Partition")
 SEQUENCE = COLUMNS.index("x_Sequence")
 ROW_HASH = COLUMNS.index("x_RowHash")
+PREV_HASH = COLUMNS.index("x_PrevHash")
 
 # Parquet: 28 digits with 9 after the point holds every ledger amount (24, 9) and any total.
 PARQUET_PRECISION, PARQUET_SCALE = 28, 9

@@ -8,15 +8,25 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django import forms
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
 from billing.exports.columns import FORMATS, iso_text
-from billing.models import LEDGER_PARTITION, LedgerHead, Unit, UsageRecord
+from billing.models import LedgerHead, Unit, UsageRecord
 from stack.registry.errors import MultiFieldError
 from stack.registry.form_fields import DateTimeField
 from stack.registry.models import Cluster, Provider, Workflow
 
-FILTER_FIELDS = ("start", "end", "provider", "cluster", "workflow", "team", "training_run", "unit")
+FILTER_FIELDS = (
+    "start",
+    "end",
+    "provider",
+    "cluster",
+    "workflow",
+    "team",
+    "training_run",
+    "unit",
+    "partition",
+)
 
 
 class ExportFilterError(MultiFieldError, ValueError):
@@ -38,9 +48,10 @@ class ExportFilters:
     team: str = ""
     training_run: str = ""  # subject_type "training_run" with this subject_id
     unit: str = ""
-    partition: str = LEDGER_PARTITION
-    # The ledger head when the export started: later appends are not part of it.
-    through_sequence: int | None = None
+    partition: str = ""  # one ledger partition; empty: every partition, merged by time
+    # The snapshot: each partition's head sequence when the export started, as sorted
+    # (partition, sequence) pairs. Later appends, and partitions begun later, are not in it.
+    through: tuple[tuple[str, int], ...] | None = None
 
     def as_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {}
@@ -50,9 +61,8 @@ class ExportFilters:
                 value = iso_text(value)
             if value not in (None, ""):
                 data[name] = value
-        data["partition"] = self.partition
-        if self.through_sequence is not None:
-            data["through_sequence"] = self.through_sequence
+        if self.through is not None:
+            data["through"] = dict(self.through)
         return data
 
     @classmethod
@@ -65,18 +75,30 @@ class ExportFilters:
         for name in ("start", "end"):
             if name in values:
                 values[name] = datetime.fromisoformat(values[name])
-        return cls(
-            **values,
-            partition=data.get("partition", LEDGER_PARTITION),
-            through_sequence=data.get("through_sequence"),
-        )
+        through = data.get("through")
+        if through is None and data.get("through_sequence") is not None:
+            # A job stored before partitions were merged: one partition, one head.
+            through = {data.get("partition") or "main": data["through_sequence"]}
+        return cls(**values, through=_through(through) if through is not None else None)
 
     def pinned(self) -> ExportFilters:
-        """These filters with the ledger head fixed, so the export cannot change under us."""
-        if self.through_sequence is not None:
+        """These filters with every partition's head fixed, so the export cannot change under us.
+
+        One query reads every head: a consistent snapshot. A row at or below its
+        partition's head sequence was committed with that head, so it is visible.
+        """
+        if self.through is not None:
             return self
-        head = LedgerHead.objects.filter(partition=self.partition).first()
-        return replace(self, through_sequence=head.last_sequence if head is not None else 0)
+        heads = LedgerHead.objects.order_by("partition")
+        if self.partition:
+            heads = heads.filter(partition=self.partition)
+        return replace(self, through=_through(dict(heads.values_list("partition", "last_sequence"))))
+
+    def heads(self) -> dict[str, int]:
+        """The pinned head sequence of each partition this export covers (pin first)."""
+        if self.through is None:
+            raise ValueError("the export is not pinned yet")
+        return {p: s for p, s in self.through if not self.partition or p == self.partition}
 
     def file_stem(self) -> str:
         start = f"{self.start:%Y%m%dT%H%M%SZ}" if self.start else "beginning"
@@ -117,6 +139,18 @@ class ExportFilterForm(forms.Form):
         choices=[("", "any unit"), *Unit.choices],
         error_messages={"invalid_choice": "unknown unit %(value)s; one of " + ", ".join(Unit.values)},
     )
+    partition = forms.CharField(
+        required=False,
+        max_length=32,
+        label="Ledger partition",
+        help_text="one hash chain only; empty: every partition, merged by time",
+    )
+
+    def clean_partition(self) -> str:
+        partition: str = self.cleaned_data.get("partition") or ""
+        if partition and not LedgerHead.objects.filter(partition=partition).exists():
+            raise forms.ValidationError(f"no ledger partition {partition}")
+        return partition
 
     def clean(self) -> dict[str, Any]:
         cleaned: dict[str, Any] = super().clean() or {}
@@ -136,6 +170,7 @@ class ExportFilterForm(forms.Form):
             team=data.get("team") or "",
             training_run=data.get("training_run") or "",
             unit=data.get("unit") or "",
+            partition=data.get("partition") or "",
         )
 
 
@@ -167,9 +202,20 @@ def export_formats_clean(formats: Sequence[str]) -> list[str]:
     return cleaned
 
 
+def _through(heads: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
+    return tuple(sorted((str(p), int(s)) for p, s in heads.items()))
+
+
 def export_queryset(*, filters: ExportFilters) -> QuerySet[UsageRecord]:
-    """The ledger rows an export holds, in chain order."""
-    rows = UsageRecord.objects.filter(partition=filters.partition)
+    """The ledger rows an export holds, merged by time: occurred_at, then partition and sequence.
+
+    Within one partition with one occurred_at the order is the chain's; the
+    tie-break makes the order total, so every pass of an export reads the same rows
+    in the same order.
+    """
+    rows = UsageRecord.objects.all()
+    if filters.partition:
+        rows = rows.filter(partition=filters.partition)
     if filters.start is not None:
         rows = rows.filter(occurred_at__gte=filters.start)
     if filters.end is not None:
@@ -183,6 +229,9 @@ def export_queryset(*, filters: ExportFilters) -> QuerySet[UsageRecord]:
         rows = rows.filter(subject_type="training_run", subject_id=filters.training_run)
     if filters.unit:
         rows = rows.filter(unit=filters.unit)
-    if filters.through_sequence is not None:
-        rows = rows.filter(sequence__lte=filters.through_sequence)
-    return rows.order_by("sequence")
+    if filters.through is not None:
+        snapshot = Q(pk__in=[])  # no partition pinned: no rows
+        for partition, sequence in filters.heads().items():
+            snapshot |= Q(partition=partition, sequence__lte=sequence)
+        rows = rows.filter(snapshot)
+    return rows.order_by("occurred_at", "partition", "sequence")

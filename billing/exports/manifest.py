@@ -12,14 +12,19 @@ from typing import Any
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from django.conf import settings
+from django.db.models import Q
 from django.utils import timezone
 
+from billing.chain import GENESIS_HASH
 from billing.exports.columns import COLUMNS, FILE_NAMES, MANIFEST_NAME, iso_text
 from billing.exports.filters import ExportFilters, export_formats_clean
 from billing.exports.rows import ExportSummary, export_rows, rows_counted
 from billing.exports.writers import write_format
+from billing.models import UsageRecord
 
-MANIFEST_VERSION = 1
+# 2: rows of every partition merged by time, an x_Partition column, per-partition chain
+# spans ("partitions") and the pinned heads ("heads") instead of one chain's first/last row.
+MANIFEST_VERSION = 2
 
 
 def export_signing_key() -> bytes:
@@ -65,6 +70,19 @@ def file_digest(path: Path) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
+def export_heads(heads: Mapping[str, int]) -> dict[str, dict[str, Any]]:
+    """Each pinned partition's head: its sequence and the hash of the row there (the chain's end
+    when the export started), so an auditor can check each chain offline against the rows."""
+    at_head = Q(pk__in=[])
+    for partition, sequence in heads.items():
+        at_head |= Q(partition=partition, sequence=sequence)
+    hashes = dict(UsageRecord.objects.filter(at_head).values_list("partition", "row_hash"))
+    return {
+        partition: {"sequence": sequence, "hash": hashes.get(partition, GENESIS_HASH)}
+        for partition, sequence in sorted(heads.items())
+    }
+
+
 def export_write_files(
     *, filters: ExportFilters, formats: Sequence[str], directory: Path, job_id: int | None = None
 ) -> dict[str, Any]:
@@ -96,6 +114,7 @@ def export_write_files(
             "filters": filters.as_json(),
             "columns": list(COLUMNS),
             **summary.as_json(),
+            "heads": export_heads(filters.heads()),
             "files": files,
         }
     )

@@ -62,6 +62,7 @@ def postgres_csv_chunks(filters: ExportFilters) -> Iterator[bytes]:
         "ResourceType": resource_type,
         "Tags": tags,
         "x_UsageRecordId": "u.id",
+        "x_Partition": "u.partition",
         "x_Sequence": "u.sequence",
         "x_PriceBookId": "u.price_book_id",
         "x_PriceBookVersion": "pb.version",
@@ -71,9 +72,10 @@ def postgres_csv_chunks(filters: ExportFilters) -> Iterator[bytes]:
         "x_IdempotencyKey": "u.idempotency_key",
     }
     select = ", ".join(f'{expressions[name]} AS "{name}"' for name in COLUMNS)
-    where: list[str] = ["u.partition = %s"]
-    params: list[object] = [filters.partition]
+    where: list[str] = []
+    params: list[object] = []
     for condition, value in (
+        ("u.partition = %s", filters.partition),
         ("u.occurred_at >= %s", filters.start),
         ("u.occurred_at < %s", filters.end),
         ("p.slug = %s", filters.provider),
@@ -81,7 +83,6 @@ def postgres_csv_chunks(filters: ExportFilters) -> Iterator[bytes]:
         ("w.slug = %s", filters.workflow),
         ("u.team = %s", filters.team),
         ("u.unit = %s", filters.unit),
-        ("u.sequence <= %s", filters.through_sequence),
     ):
         if value not in (None, ""):
             where.append(condition)
@@ -89,6 +90,14 @@ def postgres_csv_chunks(filters: ExportFilters) -> Iterator[bytes]:
     if filters.training_run:
         where.append("u.subject_type = 'training_run' AND u.subject_id = %s")
         params.append(filters.training_run)
+    if filters.through is not None:
+        # The snapshot: each pinned partition up to its head (no partition pinned: no rows).
+        heads = filters.heads()
+        where.append(
+            "(" + (" OR ".join(["(u.partition = %s AND u.sequence <= %s)"] * len(heads)) or "false") + ")"
+        )
+        for partition, sequence in heads.items():
+            params += [partition, sequence]
     sql = (
         f"COPY (SELECT {select} FROM billing_usagerecord u "  # noqa: S608 (constants; values are bound)
         "JOIN billing_pricebook pb ON pb.id = u.price_book_id "
@@ -96,7 +105,8 @@ def postgres_csv_chunks(filters: ExportFilters) -> Iterator[bytes]:
         "LEFT JOIN stack_cluster c ON c.id = u.cluster_id "
         "LEFT JOIN stack_deployment d ON d.id = u.deployment_id "
         "LEFT JOIN stack_workflow w ON w.id = u.workflow_id "
-        f"WHERE {' AND '.join(where)} ORDER BY u.partition, u.sequence) TO STDOUT WITH (FORMAT csv, HEADER true)"
+        f"WHERE {' AND '.join(where) or 'true'} ORDER BY u.occurred_at, u.partition, u.sequence) "
+        "TO STDOUT WITH (FORMAT csv, HEADER true)"
     )
     with connection.cursor() as cursor, cursor.cursor.copy(sql, params) as copy:
         for block in copy:

@@ -9,7 +9,7 @@ from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
-from billing.exports.columns import CHUNK_ROWS, COST, CURRENCY, ROW_HASH, SEQUENCE, Row
+from billing.exports.columns import CHUNK_ROWS, COST, CURRENCY, PARTITION, PREV_HASH, ROW_HASH, SEQUENCE, Row
 from billing.exports.filters import ExportFilters, export_queryset
 from billing.focus import FocusResource, focus_pricing_unit, focus_resource
 from billing.models import Unit
@@ -21,6 +21,7 @@ _TAG_CACHE_SIZE = 10_000
 # The ledger columns read per row, related names included (one query, no N+1).
 _SOURCE_FIELDS = (
     "id",
+    "partition",
     "sequence",
     "occurred_at",
     "subject_type",
@@ -53,6 +54,7 @@ def export_rows(*, filters: ExportFilters, chunk_size: int = CHUNK_ROWS) -> Iter
     tag_texts: dict[tuple[str, str, str, str | None], str] = {}
     for (
         record_id,
+        partition,
         sequence,
         occurred_at,
         subject_type,
@@ -115,6 +117,7 @@ def export_rows(*, filters: ExportFilters, chunk_size: int = CHUNK_ROWS) -> Iter
             resource.resource_type,
             tags,  # JSON text
             record_id,
+            partition,
             sequence,
             price_book_id,
             price_book_version,
@@ -126,38 +129,84 @@ def export_rows(*, filters: ExportFilters, chunk_size: int = CHUNK_ROWS) -> Iter
 
 
 @dataclass
+class ChainSpan:
+    """The rows of one partition's chain in an export: how many, and the lowest and highest.
+
+    Rows come in time order, not chain order; `broken_links` counts rows next to each
+    other in the file that are neighbours in the chain (sequence n and n + 1) whose
+    x_PrevHash does not name the other's x_RowHash. Constant memory: only the
+    previous row of the partition is kept.
+    """
+
+    row_count: int = 0
+    first_sequence: int = 0
+    first_row_hash: str = ""
+    last_sequence: int = 0
+    last_row_hash: str = ""
+    broken_links: int = 0
+    _previous: tuple[int, str, str] = (0, "", "")
+
+    def add(self, *, sequence: int, row_hash: str, prev_hash: str) -> None:
+        if self.row_count == 0 or sequence < self.first_sequence:
+            self.first_sequence, self.first_row_hash = sequence, row_hash
+        if self.row_count == 0 or sequence > self.last_sequence:
+            self.last_sequence, self.last_row_hash = sequence, row_hash
+        if self.row_count:
+            before, before_hash, before_prev = self._previous
+            if (sequence == before + 1 and prev_hash != before_hash) or (
+                sequence == before - 1 and before_prev != row_hash
+            ):
+                self.broken_links += 1
+        self._previous = (sequence, row_hash, prev_hash)
+        self.row_count += 1
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "row_count": self.row_count,
+            "first_sequence": self.first_sequence,
+            "first_row_hash": self.first_row_hash,
+            "last_sequence": self.last_sequence,
+            "last_row_hash": self.last_row_hash,
+        }
+
+
+@dataclass
 class ExportSummary:
-    """What a manifest states about the rows: count, totals per currency, chain ends."""
+    """What a manifest states about the rows: count, totals per currency, each partition's chain span."""
 
     row_count: int = 0
     totals: dict[str, Decimal] = field(default_factory=dict)
-    first_row_hash: str = ""
-    last_row_hash: str = ""
-    first_sequence: int | None = None
-    last_sequence: int | None = None
+    partitions: dict[str, ChainSpan] = field(default_factory=dict)
 
-    def add(self, *, cost: Decimal, currency: str, sequence: int, row_hash: str) -> None:
-        if self.row_count == 0:
-            self.first_row_hash, self.first_sequence = row_hash, sequence
+    def add(
+        self, *, cost: Decimal, currency: str, partition: str, sequence: int, row_hash: str, prev_hash: str
+    ) -> None:
         self.row_count += 1
         self.totals[currency] = self.totals.get(currency, Decimal("0")) + cost
-        self.last_row_hash, self.last_sequence = row_hash, sequence
+        span = self.partitions.get(partition)
+        if span is None:
+            span = self.partitions[partition] = ChainSpan()
+        span.add(sequence=sequence, row_hash=row_hash, prev_hash=prev_hash)
 
     def as_json(self) -> dict[str, Any]:
         return {
             "row_count": self.row_count,
             "totals": {currency: ledger_text(total) for currency, total in sorted(self.totals.items())},
-            "first_row_hash": self.first_row_hash,
-            "last_row_hash": self.last_row_hash,
-            "first_sequence": self.first_sequence,
-            "last_sequence": self.last_sequence,
+            "partitions": {p: span.as_json() for p, span in sorted(self.partitions.items())},
         }
 
 
 def rows_counted(rows: Iterable[Row], summary: ExportSummary) -> Iterator[Row]:
     """The rows, unchanged, each added to `summary` as it passes."""
     for row in rows:
-        summary.add(cost=row[COST], currency=row[CURRENCY], sequence=row[SEQUENCE], row_hash=row[ROW_HASH])
+        summary.add(
+            cost=row[COST],
+            currency=row[CURRENCY],
+            partition=row[PARTITION],
+            sequence=row[SEQUENCE],
+            row_hash=row[ROW_HASH],
+            prev_hash=row[PREV_HASH],
+        )
         yield row
 
 

@@ -7,7 +7,16 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
-from billing.exports.columns import COLUMNS, COST, CURRENCY, PARQUET_BATCH_ROWS, ROW_HASH, SEQUENCE
+from billing.exports.columns import (
+    COLUMNS,
+    COST,
+    CURRENCY,
+    PARQUET_BATCH_ROWS,
+    PARTITION,
+    PREV_HASH,
+    ROW_HASH,
+    SEQUENCE,
+)
 from billing.exports.manifest import file_digest, manifest_signature_ok
 from billing.exports.rows import ExportSummary
 from billing.exports.writers import parquet_schema
@@ -35,8 +44,10 @@ def _tally_csv(path: Path) -> ExportSummary:
             summary.add(
                 cost=Decimal(cells[COST]),
                 currency=cells[CURRENCY],
+                partition=cells[PARTITION],
                 sequence=int(cells[SEQUENCE]),
                 row_hash=cells[ROW_HASH],
+                prev_hash=cells[PREV_HASH],
             )
     return summary
 
@@ -53,8 +64,10 @@ def _tally_jsonl(path: Path) -> ExportSummary:
             summary.add(
                 cost=Decimal(row["BilledCost"]),
                 currency=row["BillingCurrency"],
+                partition=row["x_Partition"],
                 sequence=int(row["x_Sequence"]),
                 row_hash=row["x_RowHash"],
+                prev_hash=row["x_PrevHash"],
             )
     return summary
 
@@ -63,14 +76,23 @@ def _tally_parquet(path: Path) -> ExportSummary:
     import pyarrow.parquet as pq  # lazily: only checking a Parquet file needs it
 
     summary = ExportSummary()
-    wanted = ["BilledCost", "BillingCurrency", "x_Sequence", "x_RowHash"]
+    wanted = ["BilledCost", "BillingCurrency", "x_Partition", "x_Sequence", "x_RowHash", "x_PrevHash"]
     parquet = pq.ParquetFile(str(path))
     if parquet.schema_arrow.field("BilledCost").type != parquet_schema().field("BilledCost").type:
         raise ValueError("BilledCost is not decimal128(28, 9)")
     for batch in parquet.iter_batches(columns=wanted, batch_size=PARQUET_BATCH_ROWS):
         data = batch.to_pydict()
-        for cost, currency, sequence, row_hash in zip(*(data[c] for c in wanted), strict=True):
-            summary.add(cost=cost, currency=currency, sequence=sequence, row_hash=row_hash)
+        for cost, currency, partition, sequence, row_hash, prev_hash in zip(
+            *(data[c] for c in wanted), strict=True
+        ):
+            summary.add(
+                cost=cost,
+                currency=currency,
+                partition=partition,
+                sequence=sequence,
+                row_hash=row_hash,
+                prev_hash=prev_hash,
+            )
     return summary
 
 
@@ -118,7 +140,8 @@ def export_verify(*, manifest_path: Path, directory: Path | None = None) -> list
         else:
             checks.append(ExportCheck(name, True, f"sha256 and size ({size} bytes) match"))
         try:
-            tally = _TALLIES[meta["format"]](path).as_json()
+            summary = _TALLIES[meta["format"]](path)
+            tally = summary.as_json()
         except (KeyError, ValueError, TypeError, InvalidOperation, IndexError, OSError, csv.Error) as exc:
             checks.append(
                 ExportCheck(f"{name} rows", False, f"cannot be re-read: {type(exc).__name__}: {exc}")
@@ -140,4 +163,30 @@ def export_verify(*, manifest_path: Path, directory: Path | None = None) -> list
                     f"{name} rows", True, f"{tally['row_count']} rows, totals {totals}, chain ends match"
                 )
             )
+        checks.append(_chain_check(name, summary, manifest.get("heads")))
     return checks
+
+
+def _chain_check(name: str, summary: ExportSummary, heads: object) -> ExportCheck:
+    """Each partition's rows link up (x_PrevHash names the previous row's x_RowHash wherever
+    chain neighbours are file neighbours), and a chain exported up to its head ends in the
+    head's hash."""
+    if not isinstance(heads, dict):
+        return ExportCheck(f"{name} chains", False, "the manifest names no partition heads")
+    problems: list[str] = []
+    for partition, span in sorted(summary.partitions.items()):
+        head = heads.get(partition)
+        if not isinstance(head, dict) or not isinstance(head.get("sequence"), int):
+            problems.append(f"partition {partition} is not among the manifest's heads")
+            continue
+        if span.broken_links:
+            problems.append(f"partition {partition}: {span.broken_links} rows do not link to their neighbour")
+        if span.last_sequence > head["sequence"]:
+            problems.append(f"partition {partition} has rows after its head sequence {head['sequence']}")
+        elif span.last_sequence == head["sequence"] and span.last_row_hash != head.get("hash"):
+            problems.append(f"partition {partition}: the row at its head sequence is not the head's hash")
+    if problems:
+        return ExportCheck(f"{name} chains", False, "; ".join(problems))
+    return ExportCheck(
+        f"{name} chains", True, f"{len(summary.partitions)} partitions link up and end within their heads"
+    )

@@ -143,7 +143,7 @@ PAGE_ROWS = 100
 
 
 class LedgerRowsView(RoleRequiredMixin, View):
-    """The ledger rows behind a figure, newest first, paged by chain sequence."""
+    """The ledger rows behind a figure (every partition), newest first, paged by row id."""
 
     read_roles = LEDGER_READERS
 
@@ -174,15 +174,17 @@ class LedgerRowsView(RoleRequiredMixin, View):
             if f["purpose"]:
                 rows = rows.filter(unit__in=[u for u, p in PURPOSE_BY_UNIT.items() if p == f["purpose"]])
             if f["before"]:
-                rows = rows.filter(sequence__lt=f["before"])
-        page = list(rows.order_by("-sequence")[: PAGE_ROWS + 1])
+                rows = rows.filter(pk__lt=f["before"])
+        # Newest first by id: ids are drawn in append order across every partition, while
+        # sequences repeat from one partition to the next and cannot page a merged ledger.
+        page = list(rows.order_by("-pk")[: PAGE_ROWS + 1])
         more = len(page) > PAGE_ROWS
         page = page[:PAGE_ROWS]
         total = rows.aggregate(total=Sum("amount"))["total"] if status == 200 else None
         older = ""
         if more:
             params = request.GET.copy()
-            params["before"] = str(page[-1].sequence)
+            params["before"] = str(page[-1].pk)
             older = "?" + params.urlencode()
         return render(
             request,

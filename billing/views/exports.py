@@ -71,6 +71,11 @@ class ExportJobPageView(RoleRequiredMixin, View):
                 "job": job,
                 "files": files,
                 "totals": sorted(job.manifest.get("totals", {}).items()),
+                # Each partition's head when the export started, and its rows in the export.
+                "chains": [
+                    (partition, head, job.manifest.get("partitions", {}).get(partition, {}))
+                    for partition, head in sorted(job.manifest.get("heads", {}).items())
+                ],
                 "finished": job.status in (ExportJob.Status.SUCCEEDED, ExportJob.Status.FAILED),
             },
         )

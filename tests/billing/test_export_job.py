@@ -17,7 +17,7 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from billing.exports import ExportFilters, export_job_create, export_job_run
-from billing.models import ExportJob, Unit
+from billing.models import ExportJob, LedgerHead, Unit
 from billing.services import UsageInput, usage_record_batch
 from stack.celery import app as celery_app
 from stack.registry.objectstore import object_store_ensure_bucket
@@ -102,7 +102,10 @@ def test_an_export_job_writes_files_and_a_signed_manifest_to_s3_that_verify_acce
     assert keys == [f"switchyard/exports/{job.pk}/{name}" for name in FILES]
     manifest = job.manifest
     assert manifest["row_count"] == 24 and set(manifest["totals"]) == {"USD", "EUR"}
-    assert manifest["first_sequence"] == 1 and manifest["last_sequence"] == 24
+    chain = manifest["partitions"]["main"]
+    assert (chain["row_count"], chain["first_sequence"], chain["last_sequence"]) == (24, 1, 24)
+    head = LedgerHead.objects.get(partition="main")
+    assert manifest["heads"] == {"main": {"sequence": 24, "hash": head.last_hash}}
     assert manifest["filters"]["start"] == "2026-05-04T00:00:00.000000Z"
     assert manifest["signature"]["algorithm"] == "HMAC-SHA256"
     assert set(manifest["files"]) == {"usage.csv", "usage.jsonl", "usage.parquet"}
@@ -119,7 +122,8 @@ def test_an_export_job_writes_files_and_a_signed_manifest_to_s3_that_verify_acce
     out = _verify(tmp_path / "download")
     assert "signature: ok" in out
     assert "usage.csv rows: ok: 24 rows, totals EUR " in out
-    assert out.strip().endswith("export verified: 7 checks passed")
+    assert "usage.csv chains: ok: 1 partitions link up" in out
+    assert out.strip().endswith("export verified: 10 checks passed")
 
 
 def test_verify_names_the_file_when_one_byte_changes_and_the_signature_when_it_is_wrong(
@@ -226,7 +230,7 @@ def test_the_job_page_shows_the_manifest_and_files_to_ledger_readers_only(
     page = Client()
     page.force_login(auditor)
     html = page.get(f"/billing/exports/{job.pk}/").content.decode()
-    assert "Succeeded" in html and job.manifest["last_row_hash"] in html
+    assert "Succeeded" in html and job.manifest["heads"]["main"]["hash"] in html
     assert f"/billing/exports/{job.pk}/files/usage.csv" in html
     download = page.get(f"/billing/exports/{job.pk}/files/usage.csv")
     assert download["Content-Disposition"] == f'attachment; filename="switchyard-export-{job.pk}-usage.csv"'
@@ -251,8 +255,8 @@ def test_export_run_writes_a_local_export_that_verifies(billed: None, tmp_path: 
     with (tmp_path / "run.out").open("w") as fh:
         call_command("export", "run", "--format", "csv", "--format", "parquet", "--unit", "accelerator_hour",
                      "--start", "2026-05-04T12:00:00Z", "--out", str(out), stdout=fh)  # fmt: skip
-    assert "21 rows through sequence 24" in (tmp_path / "run.out").read_text()
+    assert "21 rows as of the ledger heads (main 24)" in (tmp_path / "run.out").read_text()
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "usage.csv", "usage.parquet"]
-    assert "export verified: 5 checks passed" in _verify(out)
+    assert "export verified: 7 checks passed" in _verify(out)
     with pytest.raises(CommandError, match="bad filters: start:"):
         call_command("export", "run", "--start", "soon", "--out", str(out))

@@ -198,7 +198,9 @@ def test_each_format_round_trips_exact_decimals(ledger: Ledger, tmp_path: Path) 
         "2026-05-04T09:40:00.000001Z",
         "2026-05-04T10:00:00.000000Z",
     )
-    assert [r["x_Sequence"] for r in from_parquet] == sorted(r.sequence for r in records.values())
+    # Merged by time: occurred_at, then partition and sequence.
+    in_time_order = sorted(records.values(), key=lambda r: (r.occurred_at, r.partition, r.sequence))
+    assert [r["x_Sequence"] for r in from_parquet] == [r.sequence for r in in_time_order]
 
 
 def _ids(**filters: Any) -> set[int]:
@@ -221,8 +223,8 @@ def test_filters_select_exactly_the_matching_rows(ledger: Ledger) -> None:
     window = {"start": DAY + timedelta(hours=5), "end": DAY + timedelta(hours=21)}
     assert _ids(**window) == expect(occurred_at__gte=window["start"], occurred_at__lt=window["end"]) != set()
     assert _ids(provider="euro", unit=Unit.OUTPUT_TOKENS_1M) == set()
-    # Pinned to a sequence: rows appended later are not part of the export.
-    assert _ids(through_sequence=10) == expect(sequence__lte=10)
+    # Pinned to a head sequence: rows appended later are not part of the export.
+    assert _ids(through=(("main", 10),)) == expect(sequence__lte=10)
 
 
 def test_bad_filters_name_each_field_and_good_ones_parse() -> None:

@@ -73,7 +73,8 @@ class Command(CheckedCommand):
         except OSError as exc:
             raise CommandError(f"cannot write to {options['out']}: {exc.strerror or exc}") from None
         totals = ", ".join(f"{c} {t}" for c, t in manifest["totals"].items()) or "nothing"
+        heads = ", ".join(f"{p} {h['sequence']}" for p, h in manifest["heads"].items()) or "none"
         self.stdout.write(
-            f"{manifest['row_count']} rows through sequence {manifest['filters']['through_sequence']}, "
+            f"{manifest['row_count']} rows as of the ledger heads ({heads}), "
             f"totals {totals}: {', '.join(manifest['files'])} and {MANIFEST_NAME} in {options['out']}"
         )
