@@ -254,7 +254,10 @@ def _insert(rows: list[UsageRecord]) -> None:
             row._state.db = connection.alias
         columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
         # The raw cursor's errors reach callers as Django's (IntegrityError for a duplicate key).
-        with connection.wrap_database_errors, cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
+        with (
+            connection.wrap_database_errors,
+            cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy,
+        ):
             for row in rows:
                 copy.write_row([getattr(row, f.attname) for f in fields])
 
