@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from decimal import Decimal
 
-from django.db import transaction
+from django.db import connection, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from billing.budgets.delivery import budget_alert_deliver_task
@@ -20,7 +21,7 @@ from billing.models import Budget, BudgetAlert, BudgetPeriod, UsageRecord
 def budget_record_spend(*, rows: Sequence[UsageRecord]) -> list[BudgetAlert]:
     """Add newly written ledger rows to their budgets' periods; raise threshold alerts.
 
-    Called by usage_record_batch inside its transaction, under the ledger head
+    Called by usage_record_batch inside its transaction, under its partition's head
     lock, right after the rows are inserted. Returns the alerts it created;
     their delivery is enqueued once the transaction commits.
     """
@@ -47,19 +48,48 @@ def budget_record_spend(*, rows: Sequence[UsageRecord]) -> list[BudgetAlert]:
         return []
     by_id = {b.pk: b for b in budgets}
     batch_keys = [row.idempotency_key for row in rows]
-    period_ids = {
-        budget_period_open(
-            budget=by_id[budget_id], start=start, end=ends[(budget_id, start)], exclude_keys=batch_keys
-        ).pk: (budget_id, start)
-        for budget_id, start in sorted(deltas)
+    # One query finds the periods that exist; a missing one is opened (with its ledger balance).
+    existing = {
+        (p.budget_id, p.start): p
+        for p in BudgetPeriod.objects.filter(
+            budget_id__in={b for b, _ in deltas}, start__in={s for _, s in deltas}
+        ).only("pk", "budget_id", "start")
     }
+    opened: set[int] = set()
+    period_ids: dict[int, tuple[int, datetime]] = {}
+    for budget_id, start in sorted(deltas):
+        period = existing.get((budget_id, start))
+        if period is None:
+            period = budget_period_open(
+                budget=by_id[budget_id], start=start, end=ends[(budget_id, start)], exclude_keys=batch_keys
+            )
+            opened.add(period.pk)
+        period_ids[period.pk] = (budget_id, start)
     now = timezone.now()
     alerts: list[BudgetAlert] = []
-    for period in BudgetPeriod.objects.select_for_update().filter(pk__in=period_ids).order_by("pk"):
-        period.spent += deltas[period_ids[period.pk]]
-        period.save(update_fields=["spent"])
-        alerts += _raise_alerts(budget=by_id[period.budget_id], period=period, now=now)
+    # One UPDATE per period, in id order (writers on other ledger partitions take the same row
+    # locks in the same order: no deadlock); RETURNING gives the new total for the alerts.
+    for period_id in sorted(period_ids):
+        budget_id, start = period_ids[period_id]
+        delta = deltas[(budget_id, start)]
+        spent = _add_spend(period_id, delta)
+        before = None if period_id in opened else spent - delta
+        alerts += _raise_alerts(budget=by_id[budget_id], start=start, spent=spent, before=before, now=now)
     return alerts
+
+
+def _add_spend(period_id: int, delta: Decimal) -> Decimal:
+    """Add to a period's total and return the new total, in one statement on PostgreSQL."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {BudgetPeriod._meta.db_table} SET spent = spent + %s WHERE id = %s RETURNING spent",  # noqa: S608
+                [delta, period_id],
+            )
+            (spent,) = cursor.fetchone()
+        return Decimal(spent)
+    BudgetPeriod.objects.filter(pk=period_id).update(spent=F("spent") + delta)
+    return BudgetPeriod.objects.values_list("spent", flat=True).get(pk=period_id)
 
 
 def _threshold_reached(*, spent: Decimal, limit: Decimal, percent: int) -> bool:
@@ -68,17 +98,25 @@ def _threshold_reached(*, spent: Decimal, limit: Decimal, percent: int) -> bool:
     return spent * HUNDRED >= limit * percent
 
 
-def _raise_alerts(*, budget: Budget, period: BudgetPeriod, now: datetime) -> list[BudgetAlert]:
+def _raise_alerts(
+    *, budget: Budget, start: datetime, spent: Decimal, before: Decimal | None, now: datetime
+) -> list[BudgetAlert]:
+    """Alerts for the thresholds this spend crossed (`before`: the total before it; None for a
+    period opened by this write, whose opening balance may already be past some thresholds)."""
     created: list[BudgetAlert] = []
     for percent in sorted({int(p) for p in budget.thresholds}):
-        if not _threshold_reached(spent=period.spent, limit=budget.limit_amount, percent=percent):
+        if not _threshold_reached(spent=spent, limit=budget.limit_amount, percent=percent):
             continue
+        if before is not None and _threshold_reached(
+            spent=before, limit=budget.limit_amount, percent=percent
+        ):
+            continue  # reached before this write: its alert exists (or was raised then)
         # Unique per (budget, period, threshold): reached twice (after a reversal) alerts once.
         alert, was_created = BudgetAlert.objects.get_or_create(
             budget=budget,
-            period_start=period.start,
+            period_start=start,
             threshold_percent=percent,
-            defaults={"spent": period.spent, "limit_amount": budget.limit_amount, "triggered_at": now},
+            defaults={"spent": spent, "limit_amount": budget.limit_amount, "triggered_at": now},
         )
         if was_created:
             created.append(alert)
