@@ -208,9 +208,12 @@ def _append(
             by_key[item.idempotency_key] = row
         if new_rows:
             _insert(new_rows)
-            LedgerHead.objects.filter(partition=partition).update(
-                last_sequence=head.last_sequence, last_hash=head.last_hash
-            )
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"UPDATE {LedgerHead._meta.db_table} SET last_sequence = %s, last_hash = %s "  # noqa: S608
+                    "WHERE partition = %s",
+                    [head.last_sequence, head.last_hash, partition],
+                )
             # Still under the head lock: budget totals move exactly with the ledger.
             budget_record_spend(rows=new_rows)
     return [by_key[key] for key in keys]
@@ -218,9 +221,9 @@ def _append(
 
 def _already_billed(keys: list[str]) -> list[UsageRecord]:
     """Existing records for these idempotency keys (usually none)."""
-    if connection.vendor == "postgresql" and len(keys) > 50:
-        # One array parameter instead of thousands of placeholders; then full
-        # rows only for the (rare) keys that exist.
+    if connection.vendor == "postgresql":
+        # One array parameter (no ORM query building on the hot path, no thousands of
+        # placeholders); then full rows only for the (rare) keys that exist.
         with connection.cursor() as cursor:
             cursor.execute(
                 f"SELECT idempotency_key FROM {UsageRecord._meta.db_table} WHERE idempotency_key = ANY(%s)",  # noqa: S608
