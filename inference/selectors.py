@@ -130,6 +130,31 @@ _deployment_plans: dict[tuple[int, int], RoutePlan] = {}
 _lock = threading.Lock()
 
 
+@dataclass
+class FoldCache:
+    """What folding journaled requests reads (inference.recording.fold): prices and the rows of
+    deployments and workflows, kept by this process's folds until the route-cache generation
+    moves (every save of a price, deployment, provider or workflow moves it)."""
+
+    generation: int
+    prices: PriceResolver = field(default_factory=PriceResolver)
+    deployments: dict[int, Deployment] = field(default_factory=dict)
+    workflows: dict[int, Workflow] = field(default_factory=dict)
+
+
+_fold_cache: FoldCache | None = None
+
+
+def fold_cache() -> FoldCache:
+    """The current FoldCache (one generation read, a Redis GET, per fold)."""
+    global _fold_cache
+    current = generation().read()
+    cache = _fold_cache
+    if cache is None or current == GENERATION_UNKNOWN or cache.generation != current:
+        cache = _fold_cache = FoldCache(current)
+    return cache
+
+
 def generation() -> _Generation:
     global _gen
     if _gen is None:

@@ -15,7 +15,7 @@ from django.db.models.signals import post_delete, post_save
 from billing.models import Budget, PriceBook
 from inference.models import ChaosConfig
 from inference.selectors import route_cache_invalidate
-from stack.registry.models import Deployment, Provider, RoutingPolicyEntry, RoutingPolicyVersion
+from stack.registry.models import Deployment, Provider, RoutingPolicyEntry, RoutingPolicyVersion, Workflow
 
 
 def _invalidate(**kwargs: Any) -> None:
@@ -33,6 +33,7 @@ def connect() -> None:
         ChaosConfig,
         PriceBook,
         Budget,
+        Workflow,  # its slug and team are on ledger rows the journal folds (selectors.FoldCache)
     ):
         post_save.connect(_invalidate, sender=model, dispatch_uid=f"inference-route-cache-{model.__name__}")
         post_delete.connect(

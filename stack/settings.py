@@ -355,6 +355,8 @@ if INFERENCE_RECORDING not in {"journal", "inline"}:
     )
 # A web process's folder thread also looks for entries left by dead processes this often.
 INFERENCE_JOURNAL_IDLE_SECONDS = env_float("SWITCHYARD_JOURNAL_IDLE_SECONDS", 2.0, minimum=0.05)
+# How long a woken folder waits for more requests before folding them in one transaction.
+INFERENCE_JOURNAL_FOLD_DELAY_SECONDS = env_float("SWITCHYARD_JOURNAL_FOLD_DELAY_SECONDS", 0.05, minimum=0.0)
 
 # --- Email (budget alerts) --------------------------------------------------------
 # The console backend prints mail in development; point EMAIL_BACKEND at

@@ -20,6 +20,7 @@ from billing.services import UsageInput, usage_record_batch
 from inference.breaker import breakers
 from inference.models import InferenceAttempt, InferenceRequest
 from inference.recording.attempts import UNIT_SUFFIX, Outcome
+from inference.selectors import fold_cache
 from stack.registry.models import Deployment, FailoverEvent, Workflow
 from stack.registry.services import failover_event_record
 
@@ -138,13 +139,25 @@ def fold_jobs(
     cost on its row (a price changed in between) gets the ledger's sum, so the ledger total
     always equals the sum of request costs.
     """
-    if deployments is None:
-        ids = {a.deployment_id for job in jobs for a in job.attempts} | {
-            d for job in jobs for d, _ in job.demoted
-        }
-        deployments = Deployment.objects.select_related("provider", "model").in_bulk(ids)
-    if workflows is None:
-        workflows = Workflow.objects.in_bulk({job.workflow_id for job in jobs})
+    if deployments is None or workflows is None or prices is None:
+        # Folding from the journal: prices and rows shared by this process's folds (a fold of a
+        # few requests would otherwise spend most of its time building them again).
+        cache = fold_cache()
+        prices = prices if prices is not None else cache.prices
+        if deployments is None:
+            ids = {a.deployment_id for job in jobs for a in job.attempts}
+            ids |= {d for job in jobs for d, _ in job.demoted}
+            missing = ids - cache.deployments.keys()
+            if missing:
+                cache.deployments.update(
+                    Deployment.objects.select_related("provider", "model").in_bulk(missing)
+                )
+            deployments = cache.deployments
+        if workflows is None:
+            missing = {job.workflow_id for job in jobs} - cache.workflows.keys()
+            if missing:
+                cache.workflows.update(Workflow.objects.in_bulk(missing))
+            workflows = cache.workflows
     items: list[UsageInput] = []
     for job in jobs:
         workflow = workflows[job.workflow_id]

@@ -11,8 +11,9 @@ processes take other rows), writes their usage records, attempts and failover ev
 next fold; a crash after it leaves nothing to do. The ledger's idempotency keys
 (`inference:<request>:<attempt>:<unit>`) would refuse a second copy in any case.
 
-Bounded delay: each web process runs one folder thread, woken by every journaled request, so
-under load the journal is folded a batch at a time within milliseconds; when idle the thread
+Bounded delay: each web process runs one folder thread, woken by every journaled request; it
+waits INFERENCE_JOURNAL_FOLD_DELAY_SECONDS (50 ms) for more to arrive and folds them all in one
+transaction, so the journal is folded within about that delay; when idle the thread
 still looks every INFERENCE_JOURNAL_IDLE_SECONDS, so entries left by a process that died are
 folded by any live one; the beat task `inference.journal_fold` does the same where no web
 process runs. `manage.py journal status` shows what is pending and what failed.
@@ -150,9 +151,14 @@ class _Folder:
 
     def _run(self) -> None:
         idle = float(getattr(settings, "INFERENCE_JOURNAL_IDLE_SECONDS", 2.0))
+        delay = float(getattr(settings, "INFERENCE_JOURNAL_FOLD_DELAY_SECONDS", 0.05))
         wake = self._wake
         while True:
-            wake.wait(idle)
+            if wake.wait(idle) and delay:
+                # Let the requests of the next moments join this fold: a fold's cost is mostly
+                # per transaction, so one per request (sequential traffic) would cost more CPU
+                # than recording inline; under load the batches grow by themselves.
+                time.sleep(delay)
             wake.clear()
             if settings.INFERENCE_RECORDING != "journal":
                 continue  # switched to inline recording (tests do): beat folds what is left
