@@ -14,6 +14,9 @@ authorisation version in Redis stands (one GET per request), so a revoked token,
 or a deactivated user is refused on the next request; without Redis, every request reads the
 token from the database. With that and the workflow row cached, the database work per request in
 the steady state is the ledger transaction alone.
+
+Rate limits (inference.ratelimit) are checked after the key, the body and the workflow, before
+routing; their x-ratelimit-* headers go on every answer of a request they applied to.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ workflow's limits would need a lock around several calls.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -95,6 +96,9 @@ return out
 """
 
 
+DOWN_BACKOFF_SECONDS = 1.0
+
+
 class RedisWindows:
     def __init__(self, url: str, window_s: float) -> None:
         import redis  # only with a Redis URL (the embedded demo runs without it)
@@ -110,8 +114,21 @@ class RedisWindows:
         self._slot_ms, self._nslots = window_ms(window_s)
         self._pending: dict[str, dict[int, int]] = {}
         self._lock = threading.Lock()
+        self._down_until = 0.0
+        self._connection_error = redis.exceptions.ConnectionError
 
     def decide(self, limits: Sequence[Limit], costs: Sequence[int]) -> Decision:
+        # After a failure, answer "unreachable" at once for a second instead of making every
+        # request wait for a connect timeout against a Redis that is not there.
+        if time.monotonic() < self._down_until:
+            raise self._connection_error("rate-limit Redis unreachable a moment ago")
+        try:
+            return self._decide(limits, costs)
+        except self.down_errors:
+            self._down_until = time.monotonic() + DOWN_BACKOFF_SECONDS
+            raise
+
+    def _decide(self, limits: Sequence[Limit], costs: Sequence[int]) -> Decision:
         args: list[int] = [self._slot_ms, self._nslots]
         with self._lock:
             corrections = [self._pending.pop(limit.store_key, {}) for limit in limits]
