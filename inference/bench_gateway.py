@@ -18,6 +18,12 @@ database, and measures sequential p50/p95 over --requests calls after --warmup:
   router, breakers held closed so every request takes the failover path), minus direct and
   minus the failing mock's own p50;
 - circuit_open_overhead_p50_ms: the primary's circuit is open (skipped), minus direct;
+- gateway_overhead_ratelimited_p50_ms: the same, with a key that has RPM and TPM limits (too
+  high to trip: one rate-limit script call in Redis per request, inference.ratelimit), measured
+  interleaved with a key without limits (gateway_unlimited_interleaved_p50_ms) so both see the
+  same machine load; ratelimit_added_p50_ms is their difference (target <= 0.3 ms, issue 15),
+  and ratelimit_check_p50_ms the check alone in this process (four limits: a key's and a
+  workflow's RPM and TPM, one script call), which the load of a shared machine blurs less;
 - gateway_rps_16: requests per second from 16 concurrent keep-alive clients for --rps-seconds;
 - gateway_cpu_ms_per_request: CPU time over that 16-client block divided by its requests, from
   /proc/<pid>/stat (inference/proc_stat.py), as the sum of _web (the gunicorn master, its
@@ -77,6 +83,8 @@ from inference.adapters.base import ChatMessage, ChatRequest
 from inference.breaker import breaker_settings, breakers
 from inference.mockprovider import Behaviour, MockProviderServer
 from inference.proc_stat import ProcStat, all_processes, ticks_to_ms, tree_cpu_ticks
+from inference.ratelimit import rate_limiter
+from inference.ratelimit_window import REQUESTS, TOKENS, Limit
 from inference.recording import journal_status
 from inference.router import route
 from stack.registry.models import Deployment, Provider, RegisteredModel
@@ -171,7 +179,15 @@ def _seed(ok_url: str, failing_url: str) -> dict[str, Any]:
         "circuit": workflow_create(slug=f"{tag}-circuit", owner=user, deployments=[dead, healthy]),
     }
     _, token = api_token_create(user=user, name="bench")
-    return {"workflows": workflows, "dead": dead, "failing": failing, "token": token}
+    limit = 10**9  # never reached: the bench measures the check, not refusals
+    _, limited = api_token_create(user=user, name="bench limited", rpm_limit=limit, tpm_limit=limit)
+    return {
+        "workflows": workflows,
+        "dead": dead,
+        "failing": failing,
+        "token": token,
+        "limited_token": limited,
+    }
 
 
 GUNICORN_CONF = Path(settings.BASE_DIR) / "stack" / "gunicorn_conf.py"
@@ -392,6 +408,32 @@ def main(argv: list[str]) -> int:
         p50, p95 = _measure(through_gateway(wfs["ok"].slug), n=n, warmup=warm)
         out["gateway_p50_ms"], out["gateway_p95_ms"] = p50, p95
         out["gateway_overhead_p50_ms"] = p50 - out["direct_p50_ms"]
+        # Rate limits on: alternate a key without limits and one with them, request by request.
+        limited = _Client(
+            port, "/v1/chat/completions", {"Authorization": f"Bearer {seeded['limited_token']}"}
+        )
+        body = {**BODY, "model": wfs["ok"].slug}
+        plain_samples: list[float] = []
+        limited_samples: list[float] = []
+        for i in range(warm + n):
+            for client, samples in ((gateway, plain_samples), (limited, limited_samples)):
+                t0 = time.perf_counter()
+                status, doc = client.post(body)
+                if status != 200:
+                    raise RuntimeError(f"gateway answered {status}: {doc}")
+                if i >= warm:
+                    samples.append(time.perf_counter() - t0)
+        plain_p50, _ = _percentiles(plain_samples)
+        limited_p50, limited_p95 = _percentiles(limited_samples)
+        out["gateway_unlimited_interleaved_p50_ms"] = plain_p50
+        out["gateway_ratelimited_p50_ms"], out["gateway_ratelimited_p95_ms"] = limited_p50, limited_p95
+        out["gateway_overhead_ratelimited_p50_ms"] = limited_p50 - out["direct_p50_ms"]
+        out["ratelimit_added_p50_ms"] = limited_p50 - plain_p50
+        four = [Limit(scope, 0, unit, 10**9) for scope in ("key", "workflow") for unit in (REQUESTS, TOKENS)]
+        store = rate_limiter()
+        out["ratelimit_check_p50_ms"], _ = _measure(
+            lambda: store.decide(four, [1, 10, 1, 10]), n=n, warmup=warm
+        )
         before = _cpu_snapshot(gunicorn.pid)
         answered, errors, seconds = _rps(
             port, seeded["token"], wfs["ok"].slug, clients=16, seconds=args.rps_seconds

@@ -14,6 +14,9 @@ authorisation version in Redis stands (one GET per request), so a revoked token,
 or a deactivated user is refused on the next request; without Redis, every request reads the
 token from the database. With that and the workflow row cached, the database work per request in
 the steady state is the ledger transaction alone.
+
+Rate limits (inference.ratelimit) are checked after the key, the body and the workflow, before
+routing; their x-ratelimit-* headers go on every answer of a request they applied to.
 """
 
 from __future__ import annotations
@@ -44,7 +47,9 @@ from inference.openai_request import (
     error_document,
     json_document,
 )
+from inference.ratelimit import RateCheck, RateLimited
 from inference.router import CapabilityMissing, CostLimitExceeded, NoRoute, RouteResult, route, route_stream
+from inference.router.context import context_tokens
 from stack.registry.access import TokenGrant, grant_cache_clear, grant_for_raw_token
 from stack.registry.models import Workflow
 
@@ -232,6 +237,7 @@ def _failure(result: RouteResult, caller: TokenGrant) -> HttpResponse:
 
 _REFUSALS = (
     InvalidRequest,
+    RateLimited,
     GatewayError,
     BudgetExhausted,
     CostLimitExceeded,
@@ -247,6 +253,10 @@ def _refusal(exc: Exception) -> HttpResponse:
         return _invalid(exc)
     if isinstance(exc, GatewayError):
         return error_response(exc.status, str(exc), exc.type, exc.code)
+    if isinstance(exc, RateLimited):  # RateCheck.stamp adds Retry-After and the x-ratelimit-* headers
+        if exc.status == 503:
+            return error_response(503, str(exc), "api_error", "rate_limit_unavailable")
+        return error_response(429, str(exc), "rate_limit_error", "rate_limit_exceeded")
     if isinstance(exc, BudgetExhausted):
         return error_response(402, f"Budget exhausted: {exc}", "insufficient_quota", "budget_exhausted")
     if isinstance(exc, CostLimitExceeded):
@@ -296,6 +306,13 @@ def _synthesized(result: RouteResult, c: Completion, model: str, *, chat: bool) 
 def _complete(request: HttpRequest, *, chat: bool) -> HttpResponse | StreamingHttpResponse:
     if request.method != "POST":
         return _method_not_allowed("POST")
+    limits = RateCheck()
+    return limits.stamp(_complete_checked(request, chat=chat, limits=limits))
+
+
+def _complete_checked(
+    request: HttpRequest, *, chat: bool, limits: RateCheck
+) -> HttpResponse | StreamingHttpResponse:
     try:
         caller = _caller(request)
         # The whole request is checked before the workflow is looked up or a provider called.
@@ -312,16 +329,25 @@ def _complete(request: HttpRequest, *, chat: bool) -> HttpResponse | StreamingHt
             else None
         )
         payload: InferenceInput = parsed.request
+        # Before routing: a refused request reaches no provider and the ledger records nothing.
+        limits.check(caller=caller, workflow=workflow, tokens=context_tokens(payload))
         endpoint = Endpoint.CHAT if chat else Endpoint.COMPLETION
         if parsed.stream:
             return _stream_response(
-                workflow, payload, endpoint, caller, chat=chat, include_usage=parsed.include_usage
+                workflow,
+                payload,
+                endpoint,
+                caller,
+                chat=chat,
+                include_usage=parsed.include_usage,
+                limits=limits,
             )
         result = route(
             workflow=workflow, request=payload, endpoint=endpoint, client_request_id=client_request_id
         )
     except _REFUSALS as exc:
         return _refusal(exc)
+    limits.settle(_tokens_used(result))
     if not result.ok or result.completion is None:
         return _failure(result, caller)
     c = result.completion
@@ -340,6 +366,16 @@ def _complete(request: HttpRequest, *, chat: bool) -> HttpResponse | StreamingHt
     return response
 
 
+def _tokens_used(result: RouteResult | None) -> int | None:
+    """What the provider reported (0 when nothing was answered), for the token limits."""
+    if result is None:
+        return None
+    c = result.completion
+    if c is None:
+        return 0
+    return c.tokens_in + c.tokens_out
+
+
 def _sse(doc: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(doc, separators=(",", ":")).encode() + b"\n\n"
 
@@ -352,10 +388,12 @@ def _stream_response(
     *,
     chat: bool,
     include_usage: bool,
+    limits: RateCheck,
 ) -> HttpResponse | StreamingHttpResponse:
     routed = route_stream(workflow=workflow, request=payload, endpoint=endpoint)
     if not routed.ok:
         assert routed.result is not None  # noqa: S101 (route_stream records a failure at once)
+        limits.settle(0)
         return _failure(routed.result, caller)
     created = int(time.time())
     obj = "chat.completion.chunk" if chat else "text_completion"
@@ -433,6 +471,7 @@ def _stream_response(
                 yield _sse(held)
             held = doc
         result = routed.result
+        limits.settle(_tokens_used(result))
         if held is not None:
             if result is not None:
                 held["switchyard"] = {"request_id": result.request_id, "deployment": result.deployment_slug}
@@ -471,15 +510,24 @@ def embeddings(request: HttpRequest) -> HttpResponse:
     a replay would have no vectors to give back."""
     if request.method != "POST":
         return _method_not_allowed("POST")
+    limits = RateCheck()
+    return limits.stamp(_embeddings_checked(request, limits))
+
+
+def _embeddings_checked(request: HttpRequest, limits: RateCheck) -> HttpResponse:
     try:
         caller = _caller(request)
         parsed = embedding_request_parse(_body(request))
         assert parsed.model is not None  # noqa: S101 (required by the parser)
         workflow = _workflow(parsed.model)
         _authorize(caller, workflow)
+        # The same estimate as a prompt's: characters / 4 (nothing is generated).
+        tokens = sum(len(text) for text in parsed.request.texts) // 4 + 1
+        limits.check(caller=caller, workflow=workflow, tokens=tokens)
         result = route(workflow=workflow, request=parsed.request, endpoint=Endpoint.EMBEDDING)
     except _REFUSALS as exc:
         return _refusal(exc)
+    limits.settle(_tokens_used(result))
     if not result.ok or result.completion is None or result.completion.raw is None:
         return _failure(result, caller)
     doc = {**result.completion.raw, "model": workflow.slug}

@@ -238,6 +238,12 @@ DEFAULT_EXCEPTION_REPORTER = "stack.error_reports.CredentialHidingReporter"
 REDIS_URL = env_str("REDIS_URL", "")
 if REDIS_URL:
     env_url("REDIS_URL", REDIS_URL, schemes=("redis", "rediss"))
+# /v1 rate limits (inference.ratelimit): the window that "per minute" means (shorter in tests),
+# and where the counters live (REDIS_URL unless set; without either, per process).
+RATE_LIMIT_WINDOW_SECONDS = env_float("SWITCHYARD_RATE_LIMIT_WINDOW_SECONDS", 60.0, minimum=1.0)
+RATE_LIMIT_REDIS_URL = env_str("SWITCHYARD_RATE_LIMIT_REDIS_URL", REDIS_URL)
+if RATE_LIMIT_REDIS_URL:
+    env_url("SWITCHYARD_RATE_LIMIT_REDIS_URL", RATE_LIMIT_REDIS_URL, schemes=("redis", "rediss"))
 BROKER_DIR = VAR_DIR / "broker"
 # (A host part keeps kombu from warning that none was given; the transport ignores it.)
 _default_broker = REDIS_URL or "filesystem://localhost/"

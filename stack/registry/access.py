@@ -35,6 +35,10 @@ class TokenGrant:
     user_id: int
     roles: frozenset[Role]
     workflow_ids: frozenset[int] | None  # None: not limited to workflows
+    # The key's own /v1 rate limits (inference.ratelimit); None: none.
+    rpm_limit: int | None = None
+    tpm_limit: int | None = None
+    rate_limit_fail_closed: bool = False
 
     @property
     def may_read(self) -> bool:
@@ -65,7 +69,13 @@ def token_grant(token: ApiToken) -> TokenGrant:
     user = token.user
     roles = user_roles(user) if user.is_active else frozenset()
     return TokenGrant(
-        token_id=token.pk, user_id=user.pk, roles=roles, workflow_ids=token_workflow_scope(token)
+        token_id=token.pk,
+        user_id=user.pk,
+        roles=roles,
+        workflow_ids=token_workflow_scope(token),
+        rpm_limit=token.rpm_limit,
+        tpm_limit=token.tpm_limit,
+        rate_limit_fail_closed=token.rate_limit_fail_closed,
     )
 
 

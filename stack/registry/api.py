@@ -259,7 +259,18 @@ class WorkflowSerializer(ModelSerializer[Workflow]):
 
     class Meta:
         model = Workflow
-        fields = ["id", "slug", "owner", "team", "description", "current_policy", "route", "created_at"]
+        fields = [
+            "id",
+            "slug",
+            "owner",
+            "team",
+            "description",
+            "rpm_limit",
+            "tpm_limit",
+            "current_policy",
+            "route",
+            "created_at",
+        ]
         read_only_fields = ["id", "created_at"]
 
     @extend_schema_field(PolicyVersionSerializer(allow_null=True))
@@ -420,6 +431,8 @@ class WorkflowViewSet(viewsets.ModelViewSet[Workflow]):
             strategy=route["strategy"],
             quality_floor=route.get("quality_floor"),
             max_cost_per_request=route.get("max_cost_per_request"),
+            rpm_limit=data.get("rpm_limit"),
+            tpm_limit=data.get("tpm_limit"),
         )
 
     @extend_schema(request=SwitchPrimarySerializer, responses={201: PolicyVersionSerializer})

@@ -6,9 +6,10 @@ from typing import Any
 
 from django import forms
 
-from stack.registry.form_fields import model_formfield
+from stack.registry.form_fields import IntegerField, model_formfield
 from stack.registry.models import Cluster, Deployment, Provider, RegisteredModel, Workflow
 from stack.registry.objectstore import store_uri_problem
+from stack.registry.services import RATE_LIMIT_MAX
 
 
 class EndpointListField(forms.CharField):
@@ -126,7 +127,7 @@ class WorkflowForm(forms.ModelForm[Workflow]):
 
     class Meta:
         model = Workflow
-        fields = ["slug", "team", "description"]
+        fields = ["slug", "team", "description", "rpm_limit", "tpm_limit"]
         formfield_callback = model_formfield
 
 
@@ -135,5 +136,18 @@ class SwitchPrimaryForm(forms.Form):
     reason = forms.CharField(max_length=500)
 
 
-class ApiTokenForm(forms.Form):
+class ApiTokenLimitsForm(forms.Form):
+    """A token's /v1 rate limits (inference.ratelimit); empty means no limit."""
+
+    rpm_limit = IntegerField(
+        required=False, min_value=0, max_value=RATE_LIMIT_MAX, label="Requests per minute"
+    )
+    tpm_limit = IntegerField(required=False, min_value=0, max_value=RATE_LIMIT_MAX, label="Tokens per minute")
+    rate_limit_fail_closed = forms.BooleanField(
+        required=False, label="Refuse calls (503) while the rate limits cannot be checked"
+    )
+
+
+class ApiTokenForm(ApiTokenLimitsForm):
     name = forms.CharField(max_length=100)
+    field_order = ["name", "rpm_limit", "tpm_limit", "rate_limit_fail_closed"]

@@ -230,6 +230,10 @@ class Workflow(models.Model):
     team = models.CharField(max_length=64, blank=True)
     description = models.TextField(blank=True)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
+    # Limits for every key calling this workflow together, on /v1 (inference.ratelimit); empty
+    # means none. A key's own limits apply as well.
+    rpm_limit = models.PositiveIntegerField(null=True, blank=True, help_text="Requests per minute, all keys")
+    tpm_limit = models.PositiveIntegerField(null=True, blank=True, help_text="Tokens per minute, all keys")
 
     class Meta:
         ordering = ["slug"]
@@ -365,6 +369,11 @@ class ApiToken(models.Model):
     # A token listing workflows reaches only them, on /v1 and on every /api/ endpoint
     # (stack.registry.access, stack.registry.scoping); empty means every workflow its user may read.
     workflows = models.ManyToManyField(Workflow, blank=True, related_name="api_tokens")
+    # Rate limits of this key on /v1 (inference.ratelimit); empty means none. Redis unreachable:
+    # the key's calls are let through unless it fails closed (then 503).
+    rpm_limit = models.PositiveIntegerField(null=True, blank=True, help_text="Requests per minute")
+    tpm_limit = models.PositiveIntegerField(null=True, blank=True, help_text="Tokens per minute")
+    rate_limit_fail_closed = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["-created_at"]

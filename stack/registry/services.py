@@ -374,10 +374,20 @@ def workflow_create(
     strategy: str = RoutingPolicyVersion.Strategy.PRIORITY,
     quality_floor: Decimal | None = None,
     max_cost_per_request: Decimal | None = None,
+    rpm_limit: int | None = None,
+    tpm_limit: int | None = None,
 ) -> Workflow:
     _validate_route(deployments)
+    _rate_limit_check(rpm_limit=rpm_limit, tpm_limit=tpm_limit)
     with transaction.atomic():
-        workflow = Workflow.objects.create(slug=slug, owner=owner, description=description, team=team)
+        workflow = Workflow.objects.create(
+            slug=slug,
+            owner=owner,
+            description=description,
+            team=team,
+            rpm_limit=rpm_limit,
+            tpm_limit=tpm_limit,
+        )
         workflow_policy_change(
             workflow=workflow,
             deployments=deployments,
@@ -430,11 +440,30 @@ def _hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def api_token_create(*, user: User, name: str, workflows: Sequence[Workflow] = ()) -> tuple[ApiToken, str]:
+RATE_LIMIT_MAX = 2_147_483_647  # the PositiveIntegerField columns of rpm_limit and tpm_limit
+
+
+def _rate_limit_check(*, rpm_limit: int | None, tpm_limit: int | None) -> None:
+    for field, value in (("rpm_limit", rpm_limit), ("tpm_limit", tpm_limit)):
+        if value is not None and not 0 <= value <= RATE_LIMIT_MAX:
+            raise RegistryError(f"a rate limit is a whole number from 0 to {RATE_LIMIT_MAX}", field=field)
+
+
+def api_token_create(
+    *,
+    user: User,
+    name: str,
+    workflows: Sequence[Workflow] = (),
+    rpm_limit: int | None = None,
+    tpm_limit: int | None = None,
+    rate_limit_fail_closed: bool = False,
+) -> tuple[ApiToken, str]:
     """Create a token and return it with its raw value, which is never stored.
 
-    With `workflows`, the inference gateway (/v1/) lets the token call only those.
+    With `workflows`, the inference gateway (/v1/) lets the token call only those; with
+    `rpm_limit` / `tpm_limit`, only so many requests / tokens per minute (inference.ratelimit).
     """
+    _rate_limit_check(rpm_limit=rpm_limit, tpm_limit=tpm_limit)
     if not name.strip():
         raise RegistryError("a token needs a name", field="name")
     if len(name.strip()) > TOKEN_NAME_MAX_LENGTH:
@@ -445,7 +474,13 @@ def api_token_create(*, user: User, name: str, workflows: Sequence[Workflow] = (
     secret = secrets.token_urlsafe(32)
     with transaction.atomic():
         token = ApiToken.objects.create(
-            user=user, name=name.strip(), prefix=prefix, key_hash=_hash_secret(secret)
+            user=user,
+            name=name.strip(),
+            prefix=prefix,
+            key_hash=_hash_secret(secret),
+            rpm_limit=rpm_limit,
+            tpm_limit=tpm_limit,
+            rate_limit_fail_closed=rate_limit_fail_closed,
         )
         if workflows:
             token.workflows.set(workflows)
@@ -470,6 +505,18 @@ def api_token_authenticate(*, raw: str) -> ApiToken | None:
     return token
 
 
+def api_token_limits_set(
+    *, token: ApiToken, rpm_limit: int | None, tpm_limit: int | None, rate_limit_fail_closed: bool
+) -> ApiToken:
+    """Change a token's /v1 rate limits (None: no limit). Saving moves the authorisation version
+    (stack.registry.signals), so the gateway applies them from the next request."""
+    _rate_limit_check(rpm_limit=rpm_limit, tpm_limit=tpm_limit)
+    token.rpm_limit, token.tpm_limit = rpm_limit, tpm_limit
+    token.rate_limit_fail_closed = rate_limit_fail_closed
+    token.save(update_fields=["rpm_limit", "tpm_limit", "rate_limit_fail_closed"])
+    return token
+
+
 def api_token_revoke(*, token: ApiToken) -> ApiToken:
     revoked = ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
     if revoked:
@@ -483,6 +530,7 @@ __all__ = [
     "RegistryError",
     "api_token_authenticate",
     "api_token_create",
+    "api_token_limits_set",
     "api_token_revoke",
     "cluster_health_check",
     "cluster_heartbeat",

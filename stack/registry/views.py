@@ -20,6 +20,7 @@ from django.views.generic import CreateView, ListView, UpdateView
 from stack.registry import services
 from stack.registry.forms import (
     ApiTokenForm,
+    ApiTokenLimitsForm,
     ClusterForm,
     DeploymentForm,
     ProviderForm,
@@ -160,6 +161,8 @@ class WorkflowCreateView(RegistryCreateView):
                 team=form.cleaned_data["team"],
                 description=form.cleaned_data["description"],
                 deployments=list(form.cleaned_data["deployments"]),
+                rpm_limit=form.cleaned_data["rpm_limit"],
+                tpm_limit=form.cleaned_data["tpm_limit"],
             )
         except services.RegistryError as exc:
             form.add_error(None, str(exc))
@@ -231,14 +234,43 @@ class TokenView(RoleRequiredMixin, View):
             services.api_token_revoke(token=token)
             messages.success(request, f"Token {token.name} revoked.")
             return HttpResponseRedirect(reverse("tokens"))
+        if "limits" in request.POST:
+            return self._limits(request)
         form = ApiTokenForm(request.POST)
         if not form.is_valid():
             return self._render(request, form, new_token=None, status=400)
-        _, raw = services.api_token_create(user=request.user, name=form.cleaned_data["name"])  # type: ignore[arg-type]
+        _, raw = services.api_token_create(
+            user=request.user,  # type: ignore[arg-type]
+            name=form.cleaned_data["name"],
+            rpm_limit=form.cleaned_data["rpm_limit"],
+            tpm_limit=form.cleaned_data["tpm_limit"],
+            rate_limit_fail_closed=form.cleaned_data["rate_limit_fail_closed"],
+        )
         return self._render(request, ApiTokenForm(), new_token=raw)
 
+    def _limits(self, request: HttpRequest) -> HttpResponse:
+        """Change one of the user's tokens' rate limits (the row's form)."""
+        token_id = id_parse(request.POST["limits"])
+        if token_id is None:
+            raise Http404("no such token")
+        token = get_object_or_404(ApiToken, pk=token_id, user_id=request.user.pk, revoked_at__isnull=True)
+        form = ApiTokenLimitsForm(request.POST)
+        if not form.is_valid():
+            return self._render(
+                request, ApiTokenForm(), new_token=None, status=400, limits_form=form, editing=token
+            )
+        services.api_token_limits_set(token=token, **form.cleaned_data)
+        messages.success(request, f"Rate limits of token {token.name} changed.")
+        return HttpResponseRedirect(reverse("tokens"))
+
     def _render(
-        self, request: HttpRequest, form: ApiTokenForm, new_token: str | None, status: int = 200
+        self,
+        request: HttpRequest,
+        form: ApiTokenForm,
+        new_token: str | None,
+        status: int = 200,
+        limits_form: ApiTokenLimitsForm | None = None,
+        editing: ApiToken | None = None,
     ) -> HttpResponse:
         response = render(
             request,
@@ -248,6 +280,8 @@ class TokenView(RoleRequiredMixin, View):
                 "new_token": new_token,
                 "tokens": ApiToken.objects.filter(user_id=request.user.pk),  # type: ignore[misc]
                 "roles": sorted(r.label for r in user_roles(request.user)),
+                "limits_form": limits_form,
+                "editing": editing,
             },
             status=status,
         )

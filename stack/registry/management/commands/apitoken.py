@@ -9,7 +9,7 @@ from django.core.management.base import CommandError, CommandParser
 
 from stack.registry.cli import CheckedCommand
 from stack.registry.models import ApiToken, Workflow
-from stack.registry.services import api_token_create, api_token_revoke
+from stack.registry.services import RegistryError, api_token_create, api_token_limits_set, api_token_revoke
 
 
 class Command(CheckedCommand):
@@ -26,6 +26,15 @@ class Command(CheckedCommand):
             default=[],
             help="limit the token to this workflow, on /v1 and /api/ alike (repeatable)",
         )
+        for command in (create, limits := sub.add_parser("limits", help="set a token's /v1 rate limits")):
+            command.add_argument("--rpm", type=int, default=None, help="requests per minute (none: no limit)")
+            command.add_argument("--tpm", type=int, default=None, help="tokens per minute (none: no limit)")
+            command.add_argument(
+                "--fail-closed",
+                action="store_true",
+                help="refuse calls (503) while the rate limits cannot be checked (default: let them pass)",
+            )
+        limits.add_argument("prefix")
         listing = sub.add_parser("list", help="list a user's tokens (never their values)")
         listing.add_argument("--user", required=True)
         revoke = sub.add_parser("revoke", help="revoke a token by its prefix")
@@ -40,6 +49,21 @@ class Command(CheckedCommand):
             api_token_revoke(token=token)
             self.stdout.write(f"revoked {token.prefix}")
             return
+        if action == "limits":
+            token = ApiToken.objects.filter(prefix=options["prefix"], revoked_at__isnull=True).first()
+            if token is None:
+                raise CommandError(f"no active token with prefix {options['prefix']!r}")
+            try:
+                api_token_limits_set(
+                    token=token,
+                    rpm_limit=options["rpm"],
+                    tpm_limit=options["tpm"],
+                    rate_limit_fail_closed=options["fail_closed"],
+                )
+            except RegistryError as exc:
+                raise CommandError(str(exc)) from None
+            self.stdout.write(f"limits of {token.prefix}: rpm {token.rpm_limit}, tpm {token.tpm_limit}")
+            return
         User = get_user_model()
         try:
             user = User.objects.get(**{User.USERNAME_FIELD: options["user"]})
@@ -51,7 +75,17 @@ class Command(CheckedCommand):
             missing = sorted(set(slugs) - {w.slug for w in workflows})
             if missing:
                 raise CommandError(f"no workflow named {', '.join(map(repr, missing))}")
-            _, raw = api_token_create(user=user, name=options["name"], workflows=workflows)
+            try:
+                _, raw = api_token_create(
+                    user=user,
+                    name=options["name"],
+                    workflows=workflows,
+                    rpm_limit=options["rpm"],
+                    tpm_limit=options["tpm"],
+                    rate_limit_fail_closed=options["fail_closed"],
+                )
+            except RegistryError as exc:
+                raise CommandError(str(exc)) from None
             self.stdout.write(raw)
         else:
             for token in ApiToken.objects.filter(user=user):

@@ -1,0 +1,186 @@
+"""Rate limits on /v1: requests and tokens per minute, per API key and per workflow.
+
+A request is checked after its key, body and workflow are, before it is routed: every limit
+that applies (the key's RPM and TPM, the workflow's RPM and TPM; a team's would be two more
+`Limit`s with scope "team") is decided at once, all or nothing, in one Redis script call
+(inference.ratelimit_redis); a key and a workflow without limits cost nothing. Tokens are
+counted before the call with the router's estimate (prompt characters / 4 + max_tokens,
+inference.router.context.context_tokens) and corrected with the usage the provider reported
+afterwards (`RateCheck.settle`). "Per minute" is SWITCHYARD_RATE_LIMIT_WINDOW_SECONDS long.
+
+Every /v1 answer where a limit applies carries OpenAI's headers
+(x-ratelimit-{limit,remaining,reset}-{requests,tokens}: the tightest of the limits of that unit);
+a refusal is a 429 with Retry-After (whole seconds).
+
+Redis unreachable: the request is let through (fail open, logged) unless its key has
+`rate_limit_fail_closed`, which makes it a 503. Without a Redis URL the counters are kept per
+process (inference.ratelimit_window.LocalWindows): the embedded demo's single web process.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Protocol
+
+from django.conf import settings
+
+from inference.ratelimit_window import REQUESTS, TOKENS, Decision, Limit, LocalWindows
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from stack.registry.access import TokenGrant
+    from stack.registry.models import Workflow
+
+logger = logging.getLogger(__name__)
+
+
+class _Store(Protocol):
+    def decide(self, limits: Sequence[Limit], costs: Sequence[int]) -> Decision: ...
+    def correct(self, limit: Limit, slot: int, delta: int) -> None: ...
+
+
+class RateLimited(Exception):
+    """A limit refuses the request (429), or the limits cannot be checked for a key that fails
+    closed (503)."""
+
+    def __init__(self, message: str, *, status: int, decision: Decision | None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.decision = decision
+
+
+_store: _Store | None = None
+_store_lock = threading.Lock()
+_warned_at = 0.0
+
+
+def rate_limiter() -> _Store:
+    global _store
+    if _store is None:
+        with _store_lock:
+            if _store is None:
+                url = settings.RATE_LIMIT_REDIS_URL
+                window = settings.RATE_LIMIT_WINDOW_SECONDS
+                if url:
+                    from inference.ratelimit_redis import RedisWindows
+
+                    _store = RedisWindows(url, window)
+                else:
+                    _store = LocalWindows(window)
+    return _store
+
+
+def rate_limiter_reset() -> None:
+    """Forget the store (tests that change the window or the Redis URL)."""
+    global _store
+    with _store_lock:
+        _store = None
+
+
+def request_limits(caller: TokenGrant, workflow: Workflow) -> list[Limit]:
+    limits = []
+    for scope, ident, rpm, tpm in (
+        ("key", caller.token_id, caller.rpm_limit, caller.tpm_limit),
+        ("workflow", workflow.pk, workflow.rpm_limit, workflow.tpm_limit),
+    ):
+        if rpm is not None:
+            limits.append(Limit(scope, ident, REQUESTS, rpm))
+        if tpm is not None:
+            limits.append(Limit(scope, ident, TOKENS, tpm))
+    return limits
+
+
+def _down(exc: BaseException, caller: TokenGrant) -> None:
+    global _warned_at
+    now = time.monotonic()
+    if now - _warned_at > 10.0:
+        _warned_at = now
+        logger.warning("Rate limits not checked, Redis unreachable: %s", exc)
+    if caller.rate_limit_fail_closed:
+        raise RateLimited(
+            "Rate limits cannot be checked (their store is unreachable) and this API key is set to "
+            "fail closed; retry later",
+            status=503,
+            decision=None,
+        ) from exc
+
+
+class RateCheck:
+    """One request's rate-limit decision: checked, settled, stamped on the answer."""
+
+    def __init__(self) -> None:
+        self.decision: Decision | None = None
+        self._limits: list[Limit] = []
+
+    def check(self, *, caller: TokenGrant, workflow: Workflow, tokens: int) -> None:
+        """Count the request against every applicable limit, or raise RateLimited."""
+        limits = request_limits(caller, workflow)
+        if not limits:
+            return
+        store = rate_limiter()
+        costs = [1 if limit.unit == REQUESTS else tokens for limit in limits]
+        try:
+            decision = store.decide(limits, costs)
+        except getattr(store, "down_errors", ()) as exc:
+            _down(exc, caller)
+            return
+        self.decision, self._limits = decision, limits
+        if not decision.allowed:
+            refused = [u for u, c in zip(decision.usages, costs, strict=True) if u.used + c > u.limit.limit]
+            what = ", ".join(
+                f"{u.limit.limit} {u.limit.unit} per minute for this {u.limit.scope}" for u in refused
+            )
+            if decision.retry_after_s is None:
+                raise RateLimited(
+                    f"Request larger than the rate limit ({what})", status=429, decision=decision
+                )
+            raise RateLimited(
+                f"Rate limit reached ({what}); retry after {_retry_after(decision)} s",
+                status=429,
+                decision=decision,
+            )
+
+    def settle(self, tokens: int | None) -> None:
+        """Correct the token counts with what the provider reported (None: nothing reported,
+        the estimate stands)."""
+        decision = self.decision
+        if decision is None or not decision.allowed or decision.corrected or tokens is None:
+            return
+        decision.corrected = True
+        store = rate_limiter()
+        for limit, cost in zip(self._limits, decision.costs, strict=True):
+            if limit.unit == TOKENS and tokens != cost:
+                store.correct(limit, decision.slot, tokens - cost)
+
+    def stamp(self, response: Any) -> Any:
+        """The answer with OpenAI's x-ratelimit-* headers (and Retry-After on a 429)."""
+        decision = self.decision
+        if decision is None:
+            return response
+        for unit in (REQUESTS, TOKENS):
+            usages = [u for u in decision.usages if u.limit.unit == unit]
+            if usages:
+                tight = min(usages, key=lambda u: (u.remaining, -u.reset_s))
+                response[f"x-ratelimit-limit-{unit}"] = str(tight.limit.limit)
+                response[f"x-ratelimit-remaining-{unit}"] = str(tight.remaining)
+                response[f"x-ratelimit-reset-{unit}"] = duration_text(tight.reset_s)
+        if not decision.allowed and decision.retry_after_s is not None:
+            response["Retry-After"] = str(_retry_after(decision))
+        return response
+
+
+def _retry_after(decision: Decision) -> int:
+    return max(1, math.ceil(decision.retry_after_s or 0))
+
+
+def duration_text(seconds: float) -> str:
+    """A duration as OpenAI writes it in x-ratelimit-reset-*: "20ms", "1.5s", "6m0s"."""
+    if seconds < 1:
+        return f"{round(seconds * 1000)}ms"
+    minutes, rest = divmod(round(seconds, 3), 60)
+    text = f"{rest:.3f}".rstrip("0").rstrip(".") + "s"
+    return f"{int(minutes)}m{text}" if minutes else text

@@ -1,0 +1,153 @@
+"""The /v1 rate-limit counters in Redis: one Lua script call per request for every limit.
+
+The script is inference.ratelimit_window.window_decide in Lua (same slots, same answers), so
+checking a key's and its workflow's requests and tokens is atomic and costs one round trip
+(EVALSHA; redis-py's Script loads it again after a Redis restart). Time is Redis's own (TIME),
+so web processes on hosts with different clocks agree on the window.
+
+Token corrections (a request counted with its estimate, corrected with what the provider
+reported) are not sent on their own: they wait in this process and go with the next script call
+that touches the same counter (`pending`), and change the slot the estimate went to, unless
+that slot has left the window (then there is nothing to correct). Corrections still waiting
+when a process ends, or when the call that carried them failed, are lost; the window forgets the
+estimate anyway.
+
+No maintained Python limiter fitted: `limits` and `pyrate-limiter` check one limit per call,
+neither counts a weight that is corrected afterwards, and all-or-nothing across a key's and a
+workflow's limits would need a lock around several calls.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from inference.ratelimit_window import Decision, Limit, Usage, window_ms
+
+# KEYS: one hash per limit (field: slot number, value: what was counted in it).
+# ARGV: slot_ms, nslots, then per key: limit, cost, m, and m pairs (slot, delta) of corrections.
+# Returns: allowed (1/0), the current slot, retry-after ms (-1: never), then per key used, reset ms.
+SCRIPT = """
+local slot_ms = tonumber(ARGV[1])
+local nslots = tonumber(ARGV[2])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local cur = math.floor(now / slot_ms)
+local oldest = cur - nslots + 1
+local a = 3
+local limits, costs, used, live = {}, {}, {}, {}
+local allowed = 1
+for i = 1, #KEYS do
+  local key = KEYS[i]
+  limits[i] = tonumber(ARGV[a]); costs[i] = tonumber(ARGV[a + 1])
+  local m = tonumber(ARGV[a + 2]); a = a + 3
+  for j = 1, m do
+    local s = tonumber(ARGV[a]); local d = tonumber(ARGV[a + 1]); a = a + 2
+    if s >= oldest and redis.call('HEXISTS', key, s) == 1 then redis.call('HINCRBY', key, s, d) end
+  end
+  local h = redis.call('HGETALL', key)
+  local total, slots = 0, {}
+  for j = 1, #h, 2 do
+    local s = tonumber(h[j])
+    if s < oldest then redis.call('HDEL', key, h[j])
+    else local v = tonumber(h[j + 1]); total = total + v; slots[#slots + 1] = {s, v} end
+  end
+  table.sort(slots, function(x, y) return x[1] < y[1] end)
+  if total < 0 then total = 0 end
+  used[i] = total; live[i] = slots
+  if total + costs[i] > limits[i] then allowed = 0 end
+end
+local wait = 0
+if allowed == 1 then
+  for i = 1, #KEYS do
+    redis.call('HINCRBY', KEYS[i], cur, costs[i])
+    redis.call('PEXPIRE', KEYS[i], (nslots + 1) * slot_ms)
+    used[i] = used[i] + costs[i]
+    local s = live[i]
+    if #s == 0 or s[#s][1] ~= cur then s[#s + 1] = {cur, costs[i]} end
+  end
+else
+  for i = 1, #KEYS do
+    local need = used[i] + costs[i] - limits[i]
+    if need > 0 then
+      if costs[i] > limits[i] then wait = -1; break end
+      local freed = 0
+      for _, sv in ipairs(live[i]) do
+        freed = freed + sv[2]
+        if freed >= need then
+          local w = (sv[1] + nslots) * slot_ms - now
+          if w > wait then wait = w end
+          break
+        end
+      end
+    end
+  end
+end
+local out = {allowed, cur, wait}
+for i = 1, #KEYS do
+  local s = live[i]
+  local reset = 0
+  if #s > 0 then reset = (s[#s][1] + nslots) * slot_ms - now end
+  out[#out + 1] = used[i]; out[#out + 1] = reset
+end
+return out
+"""
+
+
+DOWN_BACKOFF_SECONDS = 1.0
+
+
+class RedisWindows:
+    def __init__(self, url: str, window_s: float) -> None:
+        import redis  # only with a Redis URL (the embedded demo runs without it)
+
+        # Short timeouts: a Redis that does not answer must not hold every /v1 request long.
+        self._redis = redis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
+        self._script: Any = self._redis.register_script(SCRIPT)
+        self.down_errors: tuple[type[BaseException], ...] = (
+            redis.exceptions.ConnectionError,
+            redis.exceptions.TimeoutError,
+            redis.exceptions.BusyLoadingError,
+        )
+        self._slot_ms, self._nslots = window_ms(window_s)
+        self._pending: dict[str, dict[int, int]] = {}
+        self._lock = threading.Lock()
+        self._down_until = 0.0
+        self._connection_error = redis.exceptions.ConnectionError
+
+    def decide(self, limits: Sequence[Limit], costs: Sequence[int]) -> Decision:
+        # After a failure, answer "unreachable" at once for a second instead of making every
+        # request wait for a connect timeout against a Redis that is not there.
+        if time.monotonic() < self._down_until:
+            raise self._connection_error("rate-limit Redis unreachable a moment ago")
+        try:
+            return self._decide(limits, costs)
+        except self.down_errors:
+            self._down_until = time.monotonic() + DOWN_BACKOFF_SECONDS
+            raise
+
+    def _decide(self, limits: Sequence[Limit], costs: Sequence[int]) -> Decision:
+        args: list[int] = [self._slot_ms, self._nslots]
+        with self._lock:
+            corrections = [self._pending.pop(limit.store_key, {}) for limit in limits]
+        for limit, cost, fixes in zip(limits, costs, corrections, strict=True):
+            args += [limit.limit, cost, len(fixes)]
+            for slot, delta in fixes.items():
+                args += [slot, delta]
+        out = self._script(keys=[limit.store_key for limit in limits], args=args)
+        allowed, slot, wait = bool(out[0]), int(out[1]), int(out[2])
+        usages = [
+            Usage(limit, int(out[3 + 2 * i]), max(0, int(out[4 + 2 * i])) / 1000)
+            for i, limit in enumerate(limits)
+        ]
+        retry = None if allowed or wait < 0 else wait / 1000
+        return Decision(allowed, slot, usages, list(costs), retry_after_s=retry)
+
+    def correct(self, limit: Limit, slot: int, delta: int) -> None:
+        with self._lock:
+            if len(self._pending) > 10_000:  # keys that stopped calling: drop their corrections
+                self._pending.clear()
+            fixes = self._pending.setdefault(limit.store_key, {})
+            fixes[slot] = fixes.get(slot, 0) + delta
