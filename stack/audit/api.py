@@ -1,4 +1,4 @@
-"""The audit trail's API: GET /api/audit/ (filtered, paginated) and /api/audit/export.csv."""
+"""The audit trail's API: GET /api/audit/ (filtered, paginated) and /api/audit/export/ (CSV)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,17 @@ class AuditEntrySerializer(ModelSerializer[AuditEntry]):
 
     class Meta:
         model = AuditEntry
-        fields = ["id", "timestamp", "actor", "surface", "action", "object_type", "object_id", "object_repr", "changes"]
+        fields = [
+            "id",
+            "timestamp",
+            "actor",
+            "surface",
+            "action",
+            "object_type",
+            "object_id",
+            "object_repr",
+            "changes",
+        ]
         read_only_fields = fields
 
     def get_object_type(self, entry: AuditEntry) -> str:
@@ -64,10 +74,9 @@ class AuditEntryViewSet(viewsets.ReadOnlyModelViewSet[AuditEntry]):
         return audit_entries_from_form(_filters(self.request))
 
     @extend_schema(parameters=_FILTERS, responses={(200, "text/csv"): OpenApiTypes.STR})
-    @action(detail=False, methods=["get"], url_path="export.csv", url_name="export")
+    @action(detail=False, methods=["get"], url_path="export", url_name="export")
     def export(self, request: Request, *args: Any, **kwargs: Any) -> StreamingHttpResponse:
         """The filtered trail as CSV, streamed."""
-        self.check_permissions(request)
         rows = self.filter_queryset(self.get_queryset())
         response = StreamingHttpResponse(audit_csv_rows(rows), content_type="text/csv; charset=utf-8")
         response["Content-Disposition"] = 'attachment; filename="audit-trail.csv"'

@@ -11,7 +11,17 @@ from django.db.models import QuerySet
 from stack.audit.models import AuditEntry
 from stack.audit.selectors import object_type_of
 
-COLUMNS = ["id", "timestamp", "actor", "surface", "action", "object_type", "object_id", "object_repr", "changes"]
+COLUMNS = [
+    "id",
+    "timestamp",
+    "actor",
+    "surface",
+    "action",
+    "object_type",
+    "object_id",
+    "object_repr",
+    "changes",
+]
 
 
 class _Line:

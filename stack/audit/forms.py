@@ -6,7 +6,7 @@ from typing import Any
 
 from django import forms
 
-from stack.audit.context import Surface
+from stack.registry.audit_origin import Surface
 from stack.audit.registration import object_types
 from stack.registry.form_fields import DateTimeField
 
@@ -14,7 +14,9 @@ from stack.registry.form_fields import DateTimeField
 class AuditFilterForm(forms.Form):
     object_type = forms.ChoiceField(required=False, choices=())
     object_id = forms.CharField(required=False, max_length=255, help_text="the object's primary key")
-    actor = forms.CharField(required=False, max_length=150, help_text='a user name, "command:<name>", "task:<name>"')
+    actor = forms.CharField(
+        required=False, max_length=150, help_text='a user name, "command:<name>", "task:<name>"'
+    )
     surface = forms.ChoiceField(required=False, choices=[("", "any"), *Surface.choices])
     since = DateTimeField(required=False, help_text="UTC, inclusive")
     until = DateTimeField(required=False, help_text="UTC, exclusive")

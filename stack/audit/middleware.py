@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from django.http import HttpRequest, HttpResponseBase
 
-from stack.audit import context
+from stack.registry import audit_origin as context
 
 
 class AuditOriginMiddleware:

@@ -14,7 +14,7 @@ from auditlog.models import AbstractLogEntry, LogEntryManager
 from django.conf import settings
 from django.db import models
 
-from stack.audit.context import Surface, current_origin
+from stack.registry.audit_origin import Surface, current_origin
 from stack.registry.models import ImmutableRowError
 
 REFUSED = "the audit trail is append-only"
@@ -33,10 +33,10 @@ class AuditEntryManager(LogEntryManager.from_queryset(AuditEntryQuerySet)):  # t
 
 
 class AuditEntry(AbstractLogEntry):
-    content_type = models.ForeignKey(
+    content_type: models.ForeignKey[Any, Any] = models.ForeignKey(
         "contenttypes.ContentType", on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
     )
-    actor = models.ForeignKey(
+    actor: models.ForeignKey[Any, Any] = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         on_delete=models.DO_NOTHING,
         db_constraint=False,
@@ -45,8 +45,8 @@ class AuditEntry(AbstractLogEntry):
         related_name="+",
     )
     # The user's name, or "command:<name>", "task:<name>", "system".
-    actor_label = models.CharField(max_length=150, db_index=True)
-    surface = models.CharField(max_length=16, choices=Surface.choices)
+    actor_label: models.CharField[str, str] = models.CharField(max_length=150, db_index=True)
+    surface: models.CharField[str, str] = models.CharField(max_length=16, choices=Surface.choices)
 
     objects = AuditEntryManager()
 
@@ -77,5 +77,5 @@ class AuditEntry(AbstractLogEntry):
             self.actor = user
             self.actor_email = user.email or None
             self.actor_label = user.get_username()
-        if request is not None and not self.remote_addr:
+        if request is not None and not getattr(self, "remote_addr", None):
             self.remote_addr = request.META.get("REMOTE_ADDR") or None

@@ -7,7 +7,7 @@ from typing import Any
 
 from celery import signals
 
-from stack.audit import context
+from stack.registry import audit_origin as context
 
 # task id -> the token to reset; a worker runs one task per thread at a time, an eager task
 # runs inside its caller, and both reset in the same context they set.

@@ -13,7 +13,7 @@ from typing import Any
 from auditlog.registry import auditlog
 from django.apps import apps
 
-SECRET = "[secret]"
+MASKED = "[secret]"
 
 # app_label.Model -> django-auditlog register() options.
 TRACKED: dict[str, dict[str, Any]] = {
@@ -24,7 +24,11 @@ TRACKED: dict[str, dict[str, Any]] = {
     "stack.Workflow": {},
     "stack.RoutingPolicyVersion": {},
     "stack.RoutingPolicyEntry": {},
-    "stack.ApiToken": {"mask_fields": ["key_hash"], "exclude_fields": ["last_used_at"], "m2m_fields": {"workflows"}},
+    "stack.ApiToken": {
+        "mask_fields": ["key_hash"],
+        "exclude_fields": ["last_used_at"],
+        "m2m_fields": {"workflows"},
+    },
     "billing.PriceBook": {},
     "billing.Budget": {"mask_fields": ["webhook_secret_encrypted"]},
     "inference.ChaosConfig": {},
@@ -36,7 +40,7 @@ TRACKED: dict[str, dict[str, Any]] = {
 def secret_marker(value: str) -> str:
     """Stands in for a secret in the trail: whether one is set, never any part of it."""
     # The diff turns a missing value into "None" (a new object) before masking.
-    return "" if value in ("", "None") else SECRET
+    return "" if value in ("", "None") else MASKED
 
 
 def register_tracked_models() -> None:

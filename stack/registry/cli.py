@@ -13,7 +13,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from stack.audit.context import Surface, audit_origin
+from stack.registry.audit_origin import Surface, audit_origin
 from stack.registry.errors import DomainError
 
 

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from billing.models import Budget
 from inference.models import ChaosConfig
-from stack.audit.context import Surface, audit_origin
+from stack.registry.audit_origin import Surface, audit_origin
 from stack.audit.models import AuditEntry
 from stack.registry.crypto import encrypt_secret
 from stack.registry.models import ApiToken, Cluster, ImmutableRowError, RoutingPolicyVersion
@@ -61,14 +61,28 @@ def _set(field: str, value: Any) -> Callable[[models.Model], None]:
     return change
 
 
-KINDS: dict[str, Callable[[User], tuple[models.Model, Callable[[models.Model], None], tuple[str, Any, Any]]]] = {
-    "provider": lambda u: (make_provider(region="eu-west-1"), _set("region", "us-east-2"), ("region", "eu-west-1", "us-east-2")),
+KINDS: dict[
+    str, Callable[[User], tuple[models.Model, Callable[[models.Model], None], tuple[str, Any, Any]]]
+] = {
+    "provider": lambda u: (
+        make_provider(region="eu-west-1"),
+        _set("region", "us-east-2"),
+        ("region", "eu-west-1", "us-east-2"),
+    ),
     "cluster": lambda u: (make_cluster(price=None, capacity=2), _set("capacity", 5), ("capacity", 2, 5)),
-    "model": lambda u: (make_model(context_length=128), _set("context_length", 256), ("context_length", 128, 256)),
+    "model": lambda u: (
+        make_model(context_length=128),
+        _set("context_length", 256),
+        ("context_length", 128, 256),
+    ),
     "deployment": lambda u: (make_deployment(enabled=True), _set("enabled", False), ("enabled", True, False)),
     "workflow": lambda u: (make_workflow(owner=u, team="red"), _set("team", "blue"), ("team", "red", "blue")),
     "routing policy version": _policy,
-    "api token": lambda u: (api_token_create(user=u, name="ci")[0], _set("name", "ci-2"), ("name", "ci", "ci-2")),
+    "api token": lambda u: (
+        api_token_create(user=u, name="ci")[0],
+        _set("name", "ci-2"),
+        ("name", "ci", "ci-2"),
+    ),
     "price book": lambda u: (
         make_price(unit_price=Decimal("1.5"), cluster=make_cluster(price=None)),
         _set("note", "renegotiated"),
@@ -84,8 +98,16 @@ KINDS: dict[str, Callable[[User], tuple[models.Model, Callable[[models.Model], N
         _set("error_rate", 0.5),
         ("error_rate", 0.0, 0.5),
     ),
-    "group": lambda u: (Group.objects.create(name="g-kinds"), _set("name", "g-kinds-2"), ("name", "g-kinds", "g-kinds-2")),
-    "user": lambda u: (make_user(username="kinds-user"), _set("is_active", False), ("is_active", True, False)),
+    "group": lambda u: (
+        Group.objects.create(name="g-kinds"),
+        _set("name", "g-kinds-2"),
+        ("name", "g-kinds", "g-kinds-2"),
+    ),
+    "user": lambda u: (
+        make_user(username="kinds-user"),
+        _set("is_active", False),
+        ("is_active", True, False),
+    ),
 }
 
 
@@ -117,7 +139,10 @@ def test_a_membership_change_is_recorded_on_the_user() -> None:
         user.groups.add(group)
         user.groups.remove(group)
     changes = [r.changes["groups"] for r in rows_for(user) if "groups" in (r.changes or {})]
-    assert [(c["operation"], c["objects"]) for c in changes] == [("add", ["operator"]), ("delete", ["operator"])]
+    assert [(c["operation"], c["objects"]) for c in changes] == [
+        ("add", ["operator"]),
+        ("delete", ["operator"]),
+    ]
 
 
 # --- Surfaces --------------------------------------------------------------------------------
@@ -229,7 +254,10 @@ def test_secrets_are_recorded_as_changed_never_by_value() -> None:
         token.key_hash,
     ):
         assert secret not in trail
-    assert [r.changes["credentials_encrypted"] for r in rows_for(provider)[1:]] == [["", "[secret]"], ["[secret]", "[secret]"]]
+    assert [r.changes["credentials_encrypted"] for r in rows_for(provider)[1:]] == [
+        ["", "[secret]"],
+        ["[secret]", "[secret]"],
+    ]
     assert rows_for(budget)[-1].changes["webhook_secret_encrypted"] == ["", "[secret]"]
     assert rows_for(user)[-1].changes["password"] == ["[secret]", "[secret]"]
     assert rows_for(token)[0].changes["key_hash"] == ["", "[secret]"]
@@ -250,7 +278,11 @@ def test_the_trail_cannot_be_updated_or_deleted() -> None:
     with pytest.raises(ImmutableRowError):
         row.delete()
     for sql in ("UPDATE audit_auditentry SET actor_label = 'x'", "DELETE FROM audit_auditentry"):
-        with pytest.raises(DatabaseError, match="append-only"), transaction.atomic(), connection.cursor() as cursor:
+        with (
+            pytest.raises(DatabaseError, match="append-only"),
+            transaction.atomic(),
+            connection.cursor() as cursor,
+        ):
             cursor.execute(sql)
     assert AuditEntry.objects.get(pk=row.pk).actor_label == "system"
 

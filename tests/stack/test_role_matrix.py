@@ -34,8 +34,8 @@ from billing.exports.filters import ExportFilters
 from billing.exports.jobs import export_job_create, export_job_run
 from billing.models import Budget, BudgetAlert, InvoiceImport, PriceBook, UsageRecord
 from inference.models import BatchJob, ChaosConfig, EvalRun, EvalSet
-from stack.audit.models import AuditEntry
 from stack.access import ACCESS, SEPARATELY_GUARDED, Access
+from stack.audit.models import AuditEntry
 from stack.registry.models import FailoverEvent
 from stack.registry.roles import Role
 from tests.factories import (

@@ -1,4 +1,5 @@
-"""Where the change being made comes from: the surface and the actor, carried in a ContextVar.
+"""Where a change comes from, for the audit trail (stack.audit): the surface and the actor,
+carried in a ContextVar. It lives in the registry so that every app's commands can set it.
 
 Entry points set it, each with one ContextVar set and reset and no query (the middleware for
 pages, /api/, /v1 and admin; CheckedCommand and manage.py for commands; Celery's task signals for
