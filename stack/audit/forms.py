@@ -6,8 +6,8 @@ from typing import Any
 
 from django import forms
 
-from stack.registry.audit_origin import Surface
 from stack.audit.registration import object_types
+from stack.registry.audit_origin import Surface
 from stack.registry.form_fields import DateTimeField
 
 

@@ -16,8 +16,8 @@ from django.utils import timezone
 
 from billing.models import Budget
 from inference.models import ChaosConfig
-from stack.registry.audit_origin import Surface, audit_origin
 from stack.audit.models import AuditEntry
+from stack.registry.audit_origin import Surface, audit_origin
 from stack.registry.crypto import encrypt_secret
 from stack.registry.models import ApiToken, Cluster, ImmutableRowError, RoutingPolicyVersion
 from stack.registry.roles import Role
