@@ -18,10 +18,8 @@ class AuditOriginMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponseBase:
-        token = context.enter(
-            context.Origin(surface=context.surface_for_path(request.path_info), label="", request=request)
-        )
+        token = context.enter_request(request)
         try:
             return self.get_response(request)
         finally:
-            context.leave(token)
+            context.leave_request(token)

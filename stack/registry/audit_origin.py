@@ -48,6 +48,9 @@ class Origin:
 
 SYSTEM = Origin(surface=Surface.SYSTEM)
 _origin: ContextVar[Origin | None] = ContextVar("switchyard_audit_origin", default=None)
+# The request being served (pages, /api/, /v1, admin): the middleware sets only this, so a request
+# costs one ContextVar set and reset; its surface and user are worked out when a row is written.
+_request: ContextVar[Any] = ContextVar("switchyard_audit_request", default=None)
 # The whole process's origin for manage.py commands that are not CheckedCommands (Django's own:
 # createsuperuser, changepassword, loaddata). Threads start with an empty context, so this is the
 # fallback, not a ContextVar value that a server thread could inherit.
@@ -65,7 +68,22 @@ def surface_for_path(path: str) -> str:
 
 
 def current_origin() -> Origin:
-    return _origin.get() or _process_origin
+    """The innermost origin: a task or command context, else the request, else the process."""
+    origin = _origin.get()
+    if origin is not None:
+        return origin
+    request = _request.get()
+    if request is not None:
+        return Origin(surface=surface_for_path(request.path_info), label="", request=request)
+    return _process_origin
+
+
+def enter_request(request: Any) -> Token[Any]:
+    return _request.set(request)
+
+
+def leave_request(token: Token[Any]) -> None:
+    _request.reset(token)
 
 
 def enter(origin: Origin) -> Token[Origin | None]:
