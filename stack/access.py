@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from stack.audit.roles import AUDIT_READERS
 from stack.registry.roles import ADMINS, ALL_ROLES, LEDGER_READERS, OPERATORS, Role
 
 # Anyone, logged in or not.
@@ -57,6 +58,7 @@ _REGISTRY = _rw(ALL_ROLES, OPERATORS)
 _READ_ONLY = _rw(ALL_ROLES, NOBODY)
 _OPERATOR_FORMS = _rw(OPERATORS, OPERATORS)  # pages that exist to change something
 _LEDGER = _rw(LEDGER_READERS, NOBODY)  # ledger rows, prices, money: never viewers
+_AUDIT = _rw(AUDIT_READERS, NOBODY)  # the audit trail: auditors and admins only, append-only
 
 ACCESS: dict[str, Access] = {
     # --- Public: the login itself, health for load balancers (detail: admins, see /healthz),
@@ -87,6 +89,8 @@ ACCESS: dict[str, Access] = {
     "job-detail": _READ_ONLY,
     "billing-dashboard": _LEDGER,
     "billing-ledger": _LEDGER,
+    "audit-trail": _AUDIT,
+    "audit-export": _AUDIT,
     "billing-budgets": _LEDGER,
     "billing-budget-new": _OPERATOR_FORMS,
     "billing-budget-edit": _OPERATOR_FORMS,
@@ -128,6 +132,9 @@ ACCESS: dict[str, Access] = {
     "failoverevent-detail": _READ_ONLY,
     "usage-export": _LEDGER,
     "usagerecord-list": _LEDGER,
+    "auditentry-list": _AUDIT,
+    "auditentry-detail": _AUDIT,
+    "auditentry-export": _AUDIT,
     "usagerecord-detail": _LEDGER,
     "pricebook-list": _rw(LEDGER_READERS, ADMINS),
     "pricebook-import-file": _rw(LEDGER_READERS, ADMINS),

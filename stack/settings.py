@@ -88,10 +88,13 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "django_celery_beat",
     "axes",
+    # django-auditlog computes the audit trail's diffs; stack.audit holds the rows (AuditEntry).
+    "auditlog",
     "stack.registry.apps.RegistryConfig",
     "billing.apps.BillingConfig",
     "training.apps.TrainingConfig",
     "inference.apps.InferenceConfig",
+    "stack.audit.apps.AuditConfig",
     "stack.apps.SwitchyardConfig",
 ]
 
@@ -108,6 +111,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # Which surface and user a change of a tracked object comes from (one ContextVar, no query).
+    "stack.audit.middleware.AuditOriginMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Last, as django-axes asks: turns a throttled login into the lockout page (stack.login_throttle).
@@ -390,6 +395,10 @@ OUTBOUND_DNS_CACHE_SECONDS = env_float("SWITCHYARD_OUTBOUND_DNS_CACHE_SECONDS", 
 TRAINING_DATA_ROOTS = env_data_roots("SWITCHYARD_TRAINING_DATA_ROOTS")
 
 # --- REST API ---------------------------------------------------------------------
+# The audit trail (stack.audit): django-auditlog writes AuditEntry rows, diffs as JSON values.
+AUDITLOG_LOGENTRY_MODEL = "audit.AuditEntry"
+AUDITLOG_STORE_JSON_CHANGES = True
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         # Bearer first: its WWW-Authenticate header makes DRF answer 401

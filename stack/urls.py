@@ -11,6 +11,7 @@ from billing import api as billing_api
 from billing.api import UsageExportView
 from inference import api as inference_api
 from stack import views
+from stack.audit import api as audit_api
 from stack.registry import api as registry_api
 from stack.registry.permissions import RolePermission
 from stack.registry.schema import SchemaView
@@ -22,6 +23,7 @@ registry_api.register(router)
 billing_api.register(router)
 training_api.register(router)
 inference_api.register(router)
+audit_api.register(router)
 
 urlpatterns = [
     path("", views.OverviewView.as_view(), name="overview"),
@@ -34,6 +36,7 @@ urlpatterns = [
     path("billing/", include("billing.urls")),
     path("training/", include("training.urls")),
     path("inference/", include("inference.urls")),
+    path("audit/", include("stack.audit.urls")),
     # OpenAI-compatible gateway: `model` names a workflow (inference.gateway).
     path("v1/", include("inference.gateway_urls")),
     path("admin/", admin.site.urls),

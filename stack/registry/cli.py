@@ -13,13 +13,17 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from stack.registry.audit_origin import Surface, audit_origin
 from stack.registry.errors import DomainError
 
 
 class CheckedCommand(BaseCommand):
     def execute(self, *args: Any, **options: Any) -> str | None:
+        name = type(self).__module__.rsplit(".", 1)[-1]
         try:
-            return super().execute(*args, **options)
+            # Changes a command makes are audited as "command:<name>" (stack.audit).
+            with audit_origin(surface=Surface.COMMAND, label=f"command:{name}"):
+                return super().execute(*args, **options)
         except DomainError as exc:
             field = f"{exc.field}: " if exc.field and exc.field not in str(exc) else ""
             raise CommandError(" ".join(f"{field}{exc}".split())) from exc

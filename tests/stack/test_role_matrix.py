@@ -35,6 +35,7 @@ from billing.exports.jobs import export_job_create, export_job_run
 from billing.models import Budget, BudgetAlert, InvoiceImport, PriceBook, UsageRecord
 from inference.models import BatchJob, ChaosConfig, EvalRun, EvalSet
 from stack.access import ACCESS, SEPARATELY_GUARDED, Access
+from stack.audit.models import AuditEntry
 from stack.registry.models import FailoverEvent
 from stack.registry.roles import Role
 from tests.factories import (
@@ -210,6 +211,7 @@ def seeded(db: Any, settings: Any, tmp_path: Path) -> dict[str, Any]:
         "eval-sets": eval_set.pk,
         "eval-runs": eval_run.pk,
         "batch-jobs": batch.pk,
+        "audit": AuditEntry.objects.order_by("pk").first().pk,  # type: ignore[union-attr]
     }
 
 
