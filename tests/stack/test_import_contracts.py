@@ -53,7 +53,7 @@ def test_the_contracts_hold_on_the_tree_as_it_is(tree_copy: Path) -> None:
         ("stack/registry/models.py", "import billing.models", "registry"),
         ("training/engine/model.py", "import django.conf", "pure-engine"),
         ("training/engine/syncer.py", "import training.services", "pure-engine"),
-        ("inference/router.py", "import training.services", "inference"),
+        ("inference/router/entry.py", "import training.services", "inference"),
         ("training/models.py", "import stack.urls", "training"),
         ("storage/objectstore.py", "import stack.registry.models", "pure-storage"),
         ("inference/routing.py", "import inference.models", "pure-routing"),
