@@ -1,6 +1,12 @@
 """Benchmark: DiLoCo runs through Switchyard's orchestration, with and without a cluster failure.
 
 python manage.py bench training --json var/bench-training.json [--outer-steps N] [--keep] [--ddp-only]
+    [--fast-health]
+
+The workers, beat and supervisor run with the shipped health timings (stack/settings.py's
+defaults: heartbeat 5 s, degraded 15 s, down 30 s, supervisor every 3 s), and the JSON says so
+(`health_timings.profile`: "shipped"); `--fast-health` (heartbeat 1 s, down 6 s, supervisor 1 s)
+is a quicker look whose failover figures are labelled "fast" and are not the product's.
 
 Against the configured database, broker and object store it registers three scratch clusters
 (prices 1.00 < 1.50 < 3.00 per accelerator-hour, one learner slot each), starts one
@@ -9,7 +15,8 @@ job twice (2 learners, quorum 1):
 
 1. plain: the learners go to the two cheapest clusters;
 2. failure: once the run has done about a third of the plain run's outer steps, the cheapest
-   cluster's worker is SIGKILLed; it is restarted a third of the plain run's duration later.
+   cluster's worker is SIGKILLed; it is restarted a third of the plain run's duration later
+   (not before the failover was detected).
    The supervisor fails its learner over to the third cluster.
 
 Right before and right after the plain run it trains the same learners with the bare engine for
@@ -28,7 +35,10 @@ sees the same background load on this shared machine as the plain run did, and r
 * goodput_with_failure: tokens merged per wall-second with the failure ÷ without;
 * loss_ratio_with_failure: final eval loss with the failure ÷ without;
 * ddp_loss_ratio: a learner of 2 gloo ranks ÷ 1 rank, eval loss at the same global batch and
-  steps (training.bench_ddp; no workers involved; ``--ddp-only`` runs just this figure).
+  steps (training.bench_ddp; no workers involved);
+* resume_loss_ratio: a learner stopped half-way, checkpointed and resumed in a fresh Learner ÷
+  the same learner uninterrupted, same tokens (training.bench_resume; no workers;
+  ``--ddp-only`` runs just these two figures).
 
 The scratch clusters are marked draining at the end so they take no later work (--keep leaves
 them as they are). Benchmarks measure; tests never assert on these figures.
@@ -61,15 +71,29 @@ from stack.registry.models import Cluster, FailoverEvent, Provider
 from stack.registry.services import cluster_set_draining
 from training.bench_bare import bare_engine_run
 from training.bench_ddp import ddp_bench
+from training.bench_resume import resume_bench
 from training.models import GlobalVersionRecord, LearnerChunk, TrainingLearner, TrainingRun
 from training.services import training_run_create
 
-HEALTH_ENV = {
-    "SWITCHYARD_HEARTBEAT_SECONDS": "1",
-    "SWITCHYARD_DEGRADED_AFTER_SECONDS": "3",
-    "SWITCHYARD_DOWN_AFTER_SECONDS": "6",
-    "SWITCHYARD_HEALTH_CHECK_SECONDS": "1",
-    "SWITCHYARD_TRAINING_SUPERVISE_SECONDS": "1",
+# The health timings the workers, beat and supervisor run with. "shipped" is every default of
+# stack/settings.py (heartbeat 5 s, degraded after 15 s, down after 30 s, health check every
+# 5 s, supervisor every 3 s), set explicitly so the caller's environment cannot change them;
+# "fast" (--fast-health) is for a quick look only and its failover figures are not the product's.
+HEALTH_PROFILES = {
+    "shipped": {
+        "SWITCHYARD_HEARTBEAT_SECONDS": "5",
+        "SWITCHYARD_DEGRADED_AFTER_SECONDS": "15",
+        "SWITCHYARD_DOWN_AFTER_SECONDS": "30",
+        "SWITCHYARD_HEALTH_CHECK_SECONDS": "5",
+        "SWITCHYARD_TRAINING_SUPERVISE_SECONDS": "3",
+    },
+    "fast": {
+        "SWITCHYARD_HEARTBEAT_SECONDS": "1",
+        "SWITCHYARD_DEGRADED_AFTER_SECONDS": "3",
+        "SWITCHYARD_DOWN_AFTER_SECONDS": "6",
+        "SWITCHYARD_HEALTH_CHECK_SECONDS": "1",
+        "SWITCHYARD_TRAINING_SUPERVISE_SECONDS": "1",
+    },
 }
 PRICES = (Decimal("1.00"), Decimal("1.50"), Decimal("3.00"))
 BARE_SECONDS = 20.0
@@ -94,15 +118,16 @@ def bench_config(*, outer_steps: int, region: str) -> dict[str, Any]:
 
 
 class Procs:
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, health: dict[str, str]) -> None:
         self.log_dir = log_dir
+        self.health = health
         self.running: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self, name: str, *args: str) -> None:
         log = (self.log_dir / f"{name}.log").open("ab")
         self.running[name] = subprocess.Popen(  # noqa: S603 (our own manage.py)
             [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), *args],
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **HEALTH_ENV},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **self.health},
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -221,16 +246,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", required=True, help="where to write the figures")
     parser.add_argument("--outer-steps", type=int, default=45)
     parser.add_argument("--keep", action="store_true", help="leave the scratch clusters as they are")
-    parser.add_argument("--ddp-only", action="store_true", help="only ddp_loss_ratio (no workers, no runs)")
+    parser.add_argument(
+        "--ddp-only",
+        action="store_true",
+        help="only ddp_loss_ratio and resume_loss_ratio (no workers, no runs)",
+    )
+    parser.add_argument(
+        "--fast-health",
+        action="store_true",
+        help="heartbeat 1 s, down after 6 s, supervisor every 1 s: a quick run, not the shipped timings",
+    )
     args = parser.parse_args(argv)
+    profile = "fast" if args.fast_health else "shipped"
+    health = {"profile": profile, **HEALTH_PROFILES[profile]}
     if args.ddp_only:
         began = time.monotonic()
-        ddp = ddp_bench(bench_config(outer_steps=args.outer_steps, region="none"))
+        cfg = bench_config(outer_steps=args.outer_steps, region="none")
+        ddp = ddp_bench(cfg)
+        resume = resume_bench(cfg)
         summary = {
             "ddp_loss_ratio": ddp["ddp_loss_ratio"],
+            "resume_loss_ratio": resume["resume_loss_ratio"],
             "bench_seconds": round(time.monotonic() - began, 1),
         }
-        _write(args.json, {"ddp": ddp, "summary": summary})
+        _write(args.json, {"ddp": ddp, "resume": resume, "summary": summary})
         return 0
 
     # The bench may be pointed at a fresh scratch database: bring its schema up to date first.
@@ -240,9 +279,14 @@ def main(argv: list[str] | None = None) -> int:
     tag = uuid.uuid4().hex[:6]
     cfg = bench_config(outer_steps=args.outer_steps, region=f"bench-{tag}")
     clusters = _scratch_clusters(tag)
-    procs = Procs(log_dir)
+    procs = Procs(log_dir, HEALTH_PROFILES[profile])
     began = time.monotonic()
-    out: dict[str, Any] = {"config": cfg, "clusters": [c.slug for c in clusters], "logs": str(log_dir)}
+    out: dict[str, Any] = {
+        "health_timings": health,
+        "config": cfg,
+        "clusters": [c.slug for c in clusters],
+        "logs": str(log_dir),
+    }
     try:
         procs.start("control", "worker", "--control", "--loglevel", "warning")
         procs.start("beat", "beat", "--loglevel", "warning")
@@ -281,7 +325,12 @@ def main(argv: list[str] | None = None) -> int:
         restart_at = time.monotonic() + plain_wall / 3
         restarted = False
         while not TrainingRun.objects.get(pk=failing.pk).is_finished:
-            if not restarted and time.monotonic() >= restart_at:
+            # Back a third of the plain run later, but never before the failure was detected:
+            # with the shipped 30 s down-after, an earlier restart would hide the failure.
+            detected = FailoverEvent.objects.filter(
+                training_run_id=failing.pk, kind=FailoverEvent.Kind.TRAINING
+            ).exists()
+            if not restarted and detected and time.monotonic() >= restart_at:
                 procs.start(
                     f"{victim.slug}-again", "worker", "--cluster", victim.slug, "--loglevel", "warning"
                 )
@@ -296,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         out["ddp"] = ddp_bench(cfg)  # the runs are over: the workers sit idle meanwhile
         print("ddp", json.dumps(out["ddp"]), flush=True)
+        out["resume"] = resume_bench(cfg)
+        print("resume", json.dumps(out["resume"]), flush=True)
         out["failover_events"] = [
             {
                 "subject": e.subject,
@@ -320,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     bare_tokens_per_s = (out["bare_before"]["tokens_per_s"] + out["bare_after"]["tokens_per_s"]) / 2
     first = out["failover_events"][0] if out["failover_events"] else {}
     out["summary"] = {
+        "health_timings": health,
         "orchestration_overhead_ratio": round(out["plain"]["tokens_per_s"] / bare_tokens_per_s, 4),
         "failover_detect_s": first.get("detected_s"),
         "failover_recover_s": first.get("recovered_s"),
@@ -331,6 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "failover_events": len(out["failover_events"]),
         "ddp_loss_ratio": out["ddp"]["ddp_loss_ratio"],
+        "resume_loss_ratio": out["resume"]["resume_loss_ratio"],
         "bench_seconds": round(time.monotonic() - began, 1),
     }
     _write(args.json, out)

@@ -311,8 +311,13 @@ def learner_chunk_execute(
         tau = int(rc.raw["fragments"]["overlap"])
         down_kind = rc.compression_config().down_kind
         how: Adopt = "mix" if alpha > 0 else "rebase"
-        next_check = started + CHECK_SECONDS
-        next_owed_check = started
+        # chunk_seconds is seconds of inner steps: its clock starts once the learner (and its
+        # other ranks, a Python process each that imports torch: seconds on a loaded machine)
+        # can train. Counted from the claim, a learner of several ranks whose start took longer
+        # than chunk_seconds did one step per chunk. Billing still counts from the claim.
+        training_from = time.monotonic()
+        next_check = training_from + CHECK_SECONDS
+        next_owed_check = training_from
         tokens_before = learner_row.tokens
         while True:
             outcome.losses.append(learner.train_step())
@@ -371,7 +376,7 @@ def learner_chunk_execute(
                             slot, transport, outcome, chunk.pk, learner_id, tokens_before + outcome.tokens
                         )
                     break
-            if now - started >= rc.chunk_seconds:
+            if now - training_from >= rc.chunk_seconds:
                 break
         if ranks is not None:
             ranks.finish()  # their sampler positions go into the checkpoint below

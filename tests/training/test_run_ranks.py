@@ -3,6 +3,7 @@ chunk path on 2 gloo ranks, bills the 2 devices it used, and a rank that fails f
 
 from __future__ import annotations
 
+import time
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -77,3 +78,24 @@ def test_a_rank_that_fails_fails_the_chunk_and_the_chunk_bills_its_time(
     assert learner.state == TrainingLearner.State.LOST  # the supervisor re-places it; the chunk is redone
     assert (orchestrator.run_key(ranked_run), 0) not in orchestrator._LEARNERS
     assert not run_checkpoints(ranked_run).list(0)
+
+
+def test_a_chunk_trains_for_chunk_seconds_after_its_ranks_have_started(
+    ranked_run: TrainingRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """chunk_seconds is seconds of inner steps: a rank start slower than a whole chunk (a loaded
+    machine importing torch in the helper) must not leave the chunk one step long."""
+    real = orchestrator.learner_ranks_start
+    chunk_seconds = ranked_run.config["chunk_seconds"]
+
+    def slow(**kwargs: Any) -> Any:
+        time.sleep(chunk_seconds + 0.5)
+        return real(**kwargs)
+
+    monkeypatch.setattr(orchestrator, "learner_ranks_start", slow)
+    learner = TrainingLearner.objects.get(run=ranked_run, index=0)
+    orchestrator.learner_chunk_execute(learner_id=learner.pk, generation=0, seq=0, worker_hostname="w@1")
+    chunk = LearnerChunk.objects.get(learner=learner)
+    assert chunk.error == "" and chunk.steps > 1
+    # Billing still counts the whole chunk, rank start included.
+    assert chunk.accelerator_seconds > Decimal(str(chunk_seconds + 0.5))
