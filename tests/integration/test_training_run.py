@@ -170,7 +170,13 @@ def test_a_sigkilled_cluster_worker_fails_its_learner_over_and_the_run_completes
     dear = make_cluster(slug=f"it-{uuid.uuid4().hex[:8]}", price=Decimal("2.500000"), accelerator_count=2)
     _start(processes, cheap, dear)
     store = tmp_path / "objects"
-    run = training_run_create(config=_config(stop={"outer_steps": 10}), created_by=None, name="it-failover")
+    # Quorum 2: the run cannot finish on the surviving learner alone, so the moved learner must
+    # train on its new cluster (which closes the failover event) before the run completes.
+    run = training_run_create(
+        config=_config(stop={"outer_steps": 10}, learners={"count": 2, "quorum": 2, "batch_size": 8}),
+        created_by=None,
+        name="it-failover",
+    )
 
     def first_chunk_on_cheap() -> bool:
         close_old_connections()
