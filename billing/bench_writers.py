@@ -29,7 +29,7 @@ from django.utils import timezone
 from billing.models import Budget, Unit
 from billing.selectors import PriceResolver
 from billing.services import UsageInput, price_book_publish, usage_record_batch
-from stack.registry.models import Cluster, Provider, Workflow
+from stack.registry.models import Cluster, Provider, Team, Workflow
 
 WRITERS = 8
 TOKEN_UNITS = (Unit.INPUT_TOKENS_1M, Unit.OUTPUT_TOKENS_1M, Unit.CACHED_INPUT_TOKENS_1M,
@@ -51,9 +51,9 @@ def writers_seed(*, clusters: list[Cluster], start: datetime) -> WriterSeed:
     for unit in TOKEN_UNITS:
         price_book_publish(unit=unit, unit_price=Decimal("0.6"), effective_from=start, provider=provider)
     owner = get_user_model().objects.create(username="bench-owner")
+    teams = [Team.objects.create(slug=f"bench-team-{t}", name=f"Bench team {t}") for t in range(4)]
     workflows = [
-        Workflow.objects.create(slug=f"bench-wf-{w}", owner=owner, team=f"bench-team-{w % 4}")
-        for w in range(8)
+        Workflow.objects.create(slug=f"bench-wf-{w}", owner=owner, team=teams[w % 4]) for w in range(8)
     ]
     # Limits far above what the benchmark spends: no threshold alert (and no delivery task) fires.
     for workflow in workflows:
@@ -111,7 +111,7 @@ def _write(
         try:
             provider = Provider.objects.get(pk=seed.provider_id)
             clusters = list(Cluster.objects.filter(pk__in=seed.cluster_ids).select_related("provider"))
-            workflows = list(Workflow.objects.filter(pk__in=seed.workflow_ids))
+            workflows = list(Workflow.objects.select_related("team").filter(pk__in=seed.workflow_ids))
             rng = random.Random(writer)  # noqa: S311 (shapes, not secrets)
             prices = PriceResolver()
             batches = [

@@ -308,7 +308,7 @@ def _priced_row(item: UsageInput, prices: PriceResolver, recorded_at: datetime) 
         "deployment_id": _pk(item.deployment),
         "model_id": _pk(model),
         "workflow_id": _pk(item.workflow),
-        "team": item.team or (item.workflow.team if item.workflow is not None else ""),
+        "team": item.team or (item.workflow.team_slug if item.workflow is not None else ""),
         "quantity": quantity,
         "unit": str(item.unit),
         "unit_price": unit_price,

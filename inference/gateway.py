@@ -127,7 +127,7 @@ def _workflow(slug: str) -> Workflow:
     hit = _workflows.get(slug)
     if hit is not None and hit[1] > now:
         return hit[0]
-    workflow = Workflow.objects.filter(slug=slug).first()
+    workflow = Workflow.objects.select_related("team").filter(slug=slug).first()
     if workflow is None:
         raise GatewayError(
             404,
@@ -545,7 +545,11 @@ def models(request: HttpRequest) -> HttpResponse:
         caller = _caller(request)
     except GatewayError as exc:
         return error_response(exc.status, str(exc), exc.type, exc.code)
-    rows = Workflow.objects.order_by("slug") if caller.may_read else Workflow.objects.none()
+    rows = (
+        Workflow.objects.select_related("team").order_by("slug")
+        if caller.may_read
+        else Workflow.objects.none()
+    )
     if caller.workflow_ids is not None:
         rows = rows.filter(pk__in=caller.workflow_ids)
     data = [
@@ -553,7 +557,7 @@ def models(request: HttpRequest) -> HttpResponse:
             "id": w.slug,
             "object": "model",
             "created": int(w.created_at.timestamp()),
-            "owned_by": w.team or "switchyard",
+            "owned_by": w.team_slug or "switchyard",
         }
         for w in rows
     ]

@@ -13,7 +13,7 @@ from django.db import transaction
 from billing.budgets import budget_save
 from billing.models import Budget, PriceBook, Unit
 from billing.services import price_book_publish
-from stack.registry.models import Cluster, Deployment, Provider, RegisteredModel, Workflow
+from stack.registry.models import Cluster, Deployment, Provider, RegisteredModel, Team, Workflow
 from stack.registry.services import provider_endpoints_allow, workflow_create
 
 # (provider slug, display name, kind, region)
@@ -129,7 +129,7 @@ def demo_stack_seed(*, admin_password: str, now: datetime) -> DemoStack:
             workflow_create(
                 slug="support-triage",
                 owner=admin,
-                team="support",
+                team=Team.objects.get_or_create(slug="support", defaults={"name": "Support"})[0],
                 description="Classify incoming support tickets.",
                 deployments=[remote, local],
             )
@@ -195,7 +195,7 @@ def demo_local_workflow_seed(
             workflow = workflow_create(
                 slug=LOCAL_WORKFLOW,
                 owner=admin,
-                team="platform",
+                team=Team.objects.get_or_create(slug="platform", defaults={"name": "Platform"})[0],
                 description="Chat with the model the demo's DiLoCo run trained (served by serve_model).",
                 deployments=deployments,
             )

@@ -44,7 +44,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models, transaction
 from django.utils import timezone
 
-from stack.registry.models import Cluster, RegisteredModel
+from stack.registry.models import Cluster, RegisteredModel, Team
 
 
 class ProbeJob(models.Model):
@@ -118,6 +118,9 @@ class TrainingRun(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     money_budget = models.DecimalField(max_digits=20, decimal_places=9, null=True, blank=True)
     currency = models.CharField(max_length=3, default="USD")
+    # The team that owns the run (its config's `team`): its members see it, its team budgets
+    # count and stop it, and its chunk bills carry the team. None: a platform run.
+    team = models.ForeignKey(Team, null=True, blank=True, on_delete=models.PROTECT, related_name="training_runs")
     registered_model = models.ForeignKey(
         RegisteredModel, null=True, blank=True, on_delete=models.SET_NULL, related_name="training_runs"
     )

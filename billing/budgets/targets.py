@@ -45,7 +45,7 @@ def spend_target(
     if provider_id is None and cluster is not None:
         provider_id = cluster.provider_id
     if not team and workflow is not None:
-        team = workflow.team
+        team = workflow.team_slug
     return SpendTarget(
         workflow_id=workflow.pk if workflow is not None else None,
         provider_id=provider_id,

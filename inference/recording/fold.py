@@ -156,7 +156,7 @@ def fold_jobs(
         if workflows is None:
             missing = {job.workflow_id for job in jobs} - cache.workflows.keys()
             if missing:
-                cache.workflows.update(Workflow.objects.in_bulk(missing))
+                cache.workflows.update(Workflow.objects.select_related("team").in_bulk(missing))
             workflows = cache.workflows
     items: list[UsageInput] = []
     for job in jobs:

@@ -17,6 +17,8 @@ MASKED = "[secret]"
 
 # app_label.Model -> django-auditlog register() options.
 TRACKED: dict[str, dict[str, Any]] = {
+    "stack.Team": {},
+    "stack.TeamMembership": {},
     "stack.Provider": {"mask_fields": ["credentials_encrypted"]},
     "stack.Cluster": {"exclude_fields": ["last_heartbeat_at"]},
     "stack.RegisteredModel": {},

@@ -29,7 +29,7 @@ from stack.registry.models import (
 from stack.registry.objectstore import store_uri_problem
 from stack.registry.query_params import query_choice
 from stack.registry.roles import ADMINS
-from stack.registry.scoping import scope_refuses
+from stack.registry.scoping import TeamSlugField, scope_refuses, scope_requires_team
 from stack.registry.selectors import workflow_current_policy
 
 # --- Serializers ---------------------------------------------------------------------------
@@ -254,6 +254,8 @@ class PolicyChangeSerializer(RouteInputSerializer):
 
 class WorkflowSerializer(ModelSerializer[Workflow]):
     owner = serializers.CharField(source="owner.get_username", read_only=True)
+    # The owning team, by slug: one the caller may write in (a team-scoped caller must name one).
+    team = TeamSlugField(required=False, allow_null=True)
     current_policy = serializers.SerializerMethodField()
     route = RouteInputSerializer(write_only=True, required=True)
 
@@ -419,14 +421,20 @@ class WorkflowViewSet(viewsets.ModelViewSet[Workflow]):
         scope_refuses(request, "create workflows")  # a new workflow would be outside its reach
         return super().create(request, *args, **kwargs)
 
+    def perform_update(self, serializer: WorkflowSerializer) -> None:  # type: ignore[override]
+        if "team" in serializer.validated_data:  # a team member may not hand it to no team
+            scope_requires_team(self.request, serializer.validated_data["team"])
+        super().perform_update(serializer)
+
     def perform_create(self, serializer: WorkflowSerializer) -> None:  # type: ignore[override]
         data = dict(serializer.validated_data)
         route = data.pop("route")
+        scope_requires_team(self.request, data.get("team"))
         serializer.instance = services.workflow_create(
             slug=data["slug"],
             owner=self.request.user,  # type: ignore[arg-type]
             description=data.get("description", ""),
-            team=data.get("team", ""),
+            team=data.get("team"),
             deployments=route["deployments"],
             strategy=route["strategy"],
             quality_floor=route.get("quality_floor"),

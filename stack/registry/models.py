@@ -1,5 +1,5 @@
-"""The registry: providers, clusters, models, deployments, workflows and their
-routing-policy versions, API tokens, and the one failover log of the stack."""
+"""The registry: teams and their members, providers, clusters, models, deployments, workflows
+and their routing-policy versions, API tokens, and the one failover log of the stack."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from stack.registry.endpoints import deployment_endpoint_problem, endpoint_list_problems, endpoint_url_problem
 from stack.registry.queues import cluster_queue
+from stack.registry.roles import Role
 
 
 class Provider(models.Model):
@@ -224,10 +225,55 @@ class Deployment(models.Model):
                 raise ValidationError({"base_url": problem})
 
 
+class Team(models.Model):
+    """A product team sharing the control panel: it owns workflows, budgets, API keys and
+    training runs; clusters, providers and prices stay shared (stack.registry.teams says who
+    sees what). The slug is what ledger rows and budgets name, so it never changes."""
+
+    slug = models.SlugField(max_length=64, unique=True)
+    name = models.CharField(max_length=100)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    # Limits for every key of this team together, on /v1 (inference.ratelimit); empty means none.
+    rpm_limit = models.PositiveIntegerField(null=True, blank=True, help_text="Requests per minute, all keys")
+    tpm_limit = models.PositiveIntegerField(null=True, blank=True, help_text="Tokens per minute, all keys")
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class TeamMembership(models.Model):
+    """A user's role in one team (viewer, operator, auditor or admin of that team). Global roles
+    (Django groups, stack.registry.roles) hold on every team; a user with only memberships sees
+    only their teams."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="team_memberships"
+    )
+    role = models.CharField(max_length=16, choices=Role.choices)
+    # "sso" rows are rewritten from the identity provider's group claim at each login; "manual"
+    # rows are kept as an admin set them.
+    source = models.CharField(max_length=8, default="manual", choices=[("manual", "Manual"), ("sso", "SSO")])
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["team__slug", "user__username"]
+        constraints = [
+            models.UniqueConstraint(fields=["team", "user"], name="one_membership_per_team_and_user")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.team} ({self.role})"
+
+
 class Workflow(models.Model):
     slug = models.SlugField(max_length=64, unique=True)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="workflows")
-    team = models.CharField(max_length=64, blank=True)
+    # The team that owns it; None: a platform workflow only platform-wide roles see.
+    team = models.ForeignKey(Team, null=True, blank=True, on_delete=models.PROTECT, related_name="workflows")
     description = models.TextField(blank=True)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
     # Limits for every key calling this workflow together, on /v1 (inference.ratelimit); empty
@@ -240,6 +286,11 @@ class Workflow(models.Model):
 
     def __str__(self) -> str:
         return self.slug
+
+    @property
+    def team_slug(self) -> str:
+        """The owning team's slug, as ledger rows and team budgets name it ("" for none)."""
+        return self.team.slug if self.team is not None else ""
 
 
 class ImmutableRowError(Exception):
@@ -360,6 +411,9 @@ class ApiToken(models.Model):
     """A bearer token for the API; only its SHA-256 is stored."""
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    # A team key reaches only its team's workflows and is what the ledger charges per key; None:
+    # a platform key of a platform-wide user.
+    team = models.ForeignKey(Team, null=True, blank=True, on_delete=models.PROTECT, related_name="api_tokens")
     name = models.CharField(max_length=100)
     prefix = models.CharField(max_length=16, unique=True)
     key_hash = models.CharField(max_length=64)

@@ -29,7 +29,8 @@ LEDGER_READERS = frozenset({Role.AUDITOR, Role.OPERATOR, Role.ADMIN})
 COST_READERS = LEDGER_READERS
 
 
-def user_roles(user: User | AnonymousUser) -> frozenset[Role]:
+def global_roles(user: User | AnonymousUser) -> frozenset[Role]:
+    """The roles a user holds on every team (Django groups; a superuser is an admin)."""
     if not user.is_authenticated:
         return frozenset()
     if getattr(user, "is_superuser", False):
@@ -40,6 +41,18 @@ def user_roles(user: User | AnonymousUser) -> frozenset[Role]:
         cached = frozenset(r for r in Role if r.value in names)
         setattr(user, "_switchyard_roles", cached)  # noqa: B010 (per-request cache on the user object)
     return cached
+
+
+def user_roles(user: User | AnonymousUser) -> frozenset[Role]:
+    """The roles a user holds somewhere: its global roles, or, for a user with team memberships
+    only, what those grant in any of its teams. Which rows a role reaches is the teams' rule
+    (stack.registry.teams), applied to every query the caller makes."""
+    roles = global_roles(user)
+    if roles or not user.is_authenticated:
+        return roles
+    from stack.registry.teams import user_team_roles  # the teams module imports this one
+
+    return frozenset().union(*user_team_roles(user).values())
 
 
 def user_has_role(user: User | AnonymousUser, allowed: frozenset[Role]) -> bool:

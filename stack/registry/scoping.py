@@ -1,5 +1,14 @@
-"""A token limited to workflows reaches those workflows' data and nothing else, on every API
-endpoint (the /v1 gateway asks stack.registry.access itself).
+"""A token limited to workflows reaches those workflows' data and nothing else, and a
+team-scoped caller its teams' data and nothing else, on every API endpoint (the /v1 gateway
+asks stack.registry.access itself; who is team-scoped is stack.registry.teams' rule).
+
+Teams: a view whose rows belong to a workflow is scoped to the caller's teams through that
+workflow (`workflow_field` + "__team"); a view whose rows belong to a team otherwise declares
+`team_field` (the lookup to the Team) or `team_scope_queryset(queryset, request)`; a view of
+shared objects (clusters, providers, prices) declares `shared_with_teams = True`, and
+team-scoped callers may read it but never change it. A view that declares none of these is
+closed to team-scoped callers (403): an endpoint added later stays closed until it says how its
+rows belong to a team. Writes need a writing role in the row's own team (403 otherwise).
 
 One rule, applied in three places that every endpoint goes through:
 
@@ -28,25 +37,86 @@ from rest_framework.filters import BaseFilterBackend
 from rest_framework.request import Request
 
 from stack.registry.access import request_workflow_scope
-from stack.registry.models import Workflow
+from stack.registry.models import Team, Workflow
+from stack.registry.roles import OPERATORS, Role
 from stack.registry.selectors import workflows_visible
+from stack.registry.teams import filter_by_team, request_team_scope, request_teams_with_role
 
 LIMITED_TOKEN_MESSAGE = "This API token is limited to workflows"  # noqa: S105 (a message, not a secret)
+TEAM_SCOPED_MESSAGE = "Your roles are in teams; this endpoint is for platform-wide roles"
 M = TypeVar("M", bound=Model)
+
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def request_scope_teams(request: Any, write_roles: frozenset[Role] = OPERATORS) -> frozenset[int] | None:
+    """The teams a request's rows may belong to: those it may read for a safe method, those in
+    which it holds a writing role otherwise. None: every team."""
+    if getattr(request, "method", "GET") in _SAFE_METHODS:
+        return request_team_scope(request)
+    return request_teams_with_role(request, write_roles)
 
 
 def workflows_visible_to(request: Any) -> QuerySet[Workflow]:
-    """The workflows this request may see: every one for any role, only its own for a token
-    limited to workflows, none without a role."""
-    return workflows_visible(user=request.user, workflow_ids=request_workflow_scope(request))
+    """The workflows this request may see: every one for a platform-wide role, its teams' for a
+    team-scoped caller, only its own for a token limited to workflows, none without a role."""
+    return workflows_visible(
+        user=request.user, workflow_ids=request_workflow_scope(request), teams=request_team_scope(request)
+    )
 
 
-def scope_queryset(queryset: QuerySet[M], request: Any, workflow_field: str) -> QuerySet[M]:
-    """`queryset` less the rows of workflows a limited token may not reach."""
+def workflow_team_lookup(workflow_field: str) -> str:
+    """The lookup from a row to its workflow's team."""
+    return "team" if workflow_field == "pk" else f"{workflow_field}__team"
+
+
+def scope_queryset(
+    queryset: QuerySet[M], request: Any, workflow_field: str, *, write_roles: frozenset[Role] = OPERATORS
+) -> QuerySet[M]:
+    """`queryset` less the rows of workflows a limited token may not reach and of teams the
+    caller is not in (for a write: teams in which it may not write)."""
     scope = request_workflow_scope(request)
-    if scope is None:
+    if scope is not None:
+        queryset = queryset.filter(**{f"{workflow_field}__in": scope})
+    return filter_by_team(
+        queryset, request_scope_teams(request, write_roles), workflow_team_lookup(workflow_field)
+    )
+
+
+def team_scope_queryset(
+    queryset: QuerySet[Any], request: Any, view: Any, *, teams: frozenset[int] | None | bool = True
+) -> QuerySet[Any]:
+    """The rows of `queryset` in `teams` (by default the teams the caller may read: the write
+    role is checked per object, RolePermission.has_object_permission) through `view`'s rule.
+    A view's own `team_scope_queryset(queryset, teams)` gets the team ids (never None)."""
+    if teams is True:
+        teams = request_team_scope(request)
+    if teams is None or isinstance(teams, bool):
         return queryset
-    return queryset.filter(**{f"{workflow_field}__in": scope})
+    custom = getattr(view, "team_scope_queryset", None)
+    if custom is not None:
+        return custom(queryset, teams)  # type: ignore[no-any-return]
+    team_field = getattr(view, "team_field", None)
+    if team_field is None and getattr(view, "workflow_field", None) is not None:
+        team_field = workflow_team_lookup(view.workflow_field)
+    if team_field is not None:
+        return filter_by_team(queryset, teams, team_field)
+    if getattr(view, "shared_with_teams", False):
+        return queryset
+    return queryset.none()  # RolePermission refused the request already
+
+
+def view_declares_teams(view: Any) -> bool:
+    """Does this view say how its rows belong to a team (or that they are shared)?"""
+    return any(
+        getattr(view, name, None) is not None
+        for name in ("team_field", "workflow_field", "team_scope_queryset")
+    ) or getattr(view, "shared_with_teams", False)
+
+
+def view_team_owned(view: Any) -> bool:
+    """Do this view's rows belong to teams (so team members may change them)?"""
+    return view_declares_teams(view) and not getattr(view, "shared_with_teams", False)
 
 
 def scope_requires_workflow(request: Any, workflow: Workflow | None, *, field: str = "workflow") -> None:
@@ -74,12 +144,14 @@ def view_refuses_limited_tokens(view: Any) -> bool:
 
 
 class WorkflowScopeFilter(BaseFilterBackend):
-    """Keeps the rows of a limited token's workflows (REST_FRAMEWORK's DEFAULT_FILTER_BACKENDS).
+    """Keeps the rows of a limited token's workflows and of a team-scoped caller's teams
+    (REST_FRAMEWORK's DEFAULT_FILTER_BACKENDS).
 
     A view whose rows name their workflow some other way (an export job's stored filters)
     defines `workflow_scope_queryset(queryset, request)` instead of `workflow_field`."""
 
     def filter_queryset(self, request: Request, queryset: QuerySet[Any], view: Any) -> QuerySet[Any]:
+        queryset = team_scope_queryset(queryset, request, view)
         if request_workflow_scope(request) is None:
             return queryset
         custom = getattr(view, "workflow_scope_queryset", None)
@@ -110,7 +182,8 @@ class _ScopedRelatedField:
                 f"{type(self).__name__} needs the request in its serializer's context "
                 "(view.get_serializer, or context={'request': request})"
             )
-        return scope_queryset(queryset, request, self.workflow_field)
+        write_roles = getattr(self.context.get("view"), "write_roles", OPERATORS)  # type: ignore[attr-defined]
+        return scope_queryset(queryset, request, self.workflow_field, write_roles=frozenset(write_roles))
 
 
 class WorkflowScopedSlugRelatedField(_ScopedRelatedField, serializers.SlugRelatedField):  # type: ignore[type-arg]
@@ -126,3 +199,28 @@ def scoped_workflow_field(**kwargs: Any) -> WorkflowScopedSlugRelatedField:
     return WorkflowScopedSlugRelatedField(
         slug_field="slug", queryset=Workflow.objects.all(), workflow_field="pk", **kwargs
     )
+
+
+class TeamSlugField(serializers.SlugRelatedField):  # type: ignore[type-arg]
+    """A team by slug, among those in which the request may write (every team for a
+    platform-wide caller); another team is "does not exist" (400), as one that does not."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("slug_field", "slug")
+        kwargs.setdefault("queryset", Team.objects.all())
+        super().__init__(**kwargs)
+
+    def get_queryset(self) -> QuerySet[Any]:
+        queryset: QuerySet[Any] = Team.objects.all()
+        request = self.context.get("request")
+        if request is None:
+            raise ImproperlyConfigured("TeamSlugField needs the request in its serializer's context")
+        write_roles = getattr(self.context.get("view"), "write_roles", OPERATORS)
+        teams = request_scope_teams(request, frozenset(write_roles))
+        return queryset if teams is None else queryset.filter(pk__in=teams)
+
+
+def scope_requires_team(request: Any, team: Team | None, *, field: str = "team") -> None:
+    """A team-scoped caller's new object belongs to one of its teams: naming none is a 400."""
+    if team is None and request_team_scope(request) is not None:
+        raise serializers.ValidationError({field: ["Name one of your teams"]})

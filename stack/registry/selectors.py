@@ -2,26 +2,38 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib.auth.models import AnonymousUser, User
 from django.db.models import Prefetch, QuerySet
 from django.http import Http404
 
 from stack.registry.models import Cluster, RoutingPolicyVersion, WorkerHeartbeat, Workflow
 from stack.registry.roles import ALL_ROLES, user_has_role
+from stack.registry.teams import user_team_scope
 
 
 def workflow_current_policy(*, workflow: Workflow) -> RoutingPolicyVersion | None:
     return workflow.policy_versions.order_by("-version").first()
 
 
+_USER_SCOPE: Any = object()  # "the user's own team scope", told apart from None (every team)
+
+
 def workflows_visible(
-    *, user: User | AnonymousUser, workflow_ids: frozenset[int] | None = None
+    *, user: User | AnonymousUser, workflow_ids: frozenset[int] | None = None, teams: Any = _USER_SCOPE
 ) -> QuerySet[Workflow]:
-    """The workflows a caller may see: every one for any role (none without a role), and only
-    `workflow_ids` for a token limited to those (stack.registry.access.token_workflow_scope)."""
+    """The workflows a caller may see: every one for a platform-wide role, its teams' for a
+    team-scoped user (`teams`, by default the user's: stack.registry.teams), none without a
+    role, and only `workflow_ids` for a token limited to those
+    (stack.registry.access.token_workflow_scope)."""
     if not user_has_role(user, ALL_ROLES):
         return Workflow.objects.none()
+    if teams is _USER_SCOPE:
+        teams = user_team_scope(user)
     rows = Workflow.objects.all()
+    if teams is not None:
+        rows = rows.filter(team__in=teams)
     return rows if workflow_ids is None else rows.filter(pk__in=workflow_ids)
 
 

@@ -30,6 +30,7 @@ from stack.registry.models import (
     Provider,
     RoutingPolicyEntry,
     RoutingPolicyVersion,
+    Team,
     WorkerHeartbeat,
     Workflow,
 )
@@ -370,7 +371,7 @@ def workflow_create(
     owner: User,
     deployments: Sequence[Deployment],
     description: str = "",
-    team: str = "",
+    team: Team | None = None,
     strategy: str = RoutingPolicyVersion.Strategy.PRIORITY,
     quality_floor: Decimal | None = None,
     max_cost_per_request: Decimal | None = None,

@@ -1,5 +1,6 @@
 """Move the authorisation version (stack.registry.auth_version) whenever what a token may do
-changes: tokens, their workflows, users, their groups (roles) and the groups themselves."""
+changes: tokens, their workflows, users, their groups (roles) and the groups themselves, team
+memberships, and workflows (a workflow moved to another team leaves its old team's keys)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from django.contrib.auth.models import Group
 from django.db.models.signals import m2m_changed, post_delete, post_save
 
 from stack.registry.auth_version import auth_version_bump
-from stack.registry.models import ApiToken
+from stack.registry.models import ApiToken, TeamMembership, Workflow
 
 _M2M_CHANGES = frozenset({"post_add", "post_remove", "post_clear"})
 
@@ -20,6 +21,11 @@ def _saved(*, created: bool = False, update_fields: frozenset[str] | None = None
         return  # nothing cached can name a row that did not exist
     if update_fields is not None and set(update_fields) <= {"last_login", "last_used_at"}:
         return  # a login's or a token's use stamp: nothing a grant reads
+    auth_version_bump()
+
+
+def _always(**kwargs: Any) -> None:
+    # A new membership widens what its user's existing tokens reach, unlike a new token.
     auth_version_bump()
 
 
@@ -39,6 +45,10 @@ def connect() -> None:
         uid = f"registry-auth-version-{model._meta.label_lower}"
         post_save.connect(_saved, sender=model, dispatch_uid=f"{uid}-save")
         post_delete.connect(_deleted, sender=model, dispatch_uid=f"{uid}-delete")
+    for team_model in (TeamMembership, Workflow):
+        uid = f"registry-auth-version-{team_model._meta.label_lower}"
+        post_save.connect(_always, sender=team_model, dispatch_uid=f"{uid}-save")
+        post_delete.connect(_always, sender=team_model, dispatch_uid=f"{uid}-delete")
     # The through models see both sides: user.groups.add(g) and g.user_set.add(u) alike.
     m2m_changed.connect(_m2m, sender=user_model.groups.through, dispatch_uid="registry-auth-version-groups")
     m2m_changed.connect(_m2m, sender=ApiToken.workflows.through, dispatch_uid="registry-auth-version-tokens")

@@ -16,6 +16,7 @@ from django.db import transaction
 from django.db.models import Max
 
 from stack.registry.errors import DomainError
+from stack.registry.models import Team
 from training import dispatch, selectors
 from training.models import (
     GlobalVersionRecord,
@@ -58,6 +59,11 @@ def training_run_create(*, config: dict[str, Any], created_by: User | None, name
     except RunConfigError as exc:
         errors.update(exc.errors)
         cfg = {}
+    team = None
+    if cfg.get("team"):
+        team = Team.objects.filter(slug=cfg["team"]).first()
+        if team is None:
+            errors.setdefault("team", []).append(f"no team {cfg['team']!r}")
     if not name:
         errors.setdefault("name", []).append("a run needs a name")
     elif len(name) > 128:
@@ -72,6 +78,7 @@ def training_run_create(*, config: dict[str, Any], created_by: User | None, name
             created_by=created_by,
             money_budget=budget,
             currency=cfg["currency"],
+            team=team,
             reason="created",
             # The lineage: start_from was resolved to a model version's id by validation.
             started_from_id=(cfg.get("start_from") or {}).get("model_version"),
