@@ -13,7 +13,15 @@ from rest_framework.test import APIClient
 
 from billing.models import PriceBook, Unit
 from billing.services import price_book_publish, usage_record
-from stack.registry.models import Cluster, Deployment, Provider, RegisteredModel, Workflow
+from stack.registry.models import (
+    Cluster,
+    Deployment,
+    Provider,
+    RegisteredModel,
+    Team,
+    TeamMembership,
+    Workflow,
+)
 from stack.registry.roles import Role
 from stack.registry.services import api_token_create, provider_endpoints_allow, workflow_create
 from training.models import GlobalVersionRecord, LearnerChunk, PlacementDecision, TrainingLearner, TrainingRun
@@ -105,7 +113,25 @@ def make_deployment(**overrides: Any) -> Deployment:
     return Deployment.objects.create(**fields)
 
 
+def make_team(slug: str | None = None, **fields: Any) -> Team:
+    """The team of this slug, made on first use (tests name teams by slug, as the ledger does)."""
+    slug = slug or unique("team")
+    team, _ = Team.objects.get_or_create(slug=slug, defaults={"name": slug.title(), **fields})
+    return team
+
+
+def make_member(user: User, team: Team | str, role: Role | str) -> TeamMembership:
+    """`user` holds `role` in `team` (and no global role unless given one elsewhere)."""
+    team = make_team(team) if isinstance(team, str) else team
+    membership, _ = TeamMembership.objects.update_or_create(
+        team=team, user=user, defaults={"role": str(role)}
+    )
+    return membership
+
+
 def make_workflow(*, owner: User, deployments: list[Deployment] | None = None, **overrides: Any) -> Workflow:
+    if isinstance(overrides.get("team"), str):  # a slug: the team, made on first use
+        overrides["team"] = make_team(overrides["team"])
     return workflow_create(
         slug=overrides.pop("slug", unique("wf")),
         owner=owner,
@@ -128,6 +154,8 @@ def tiny_run_config(**overrides: Any) -> dict[str, Any]:
         "learner_timeout": 10,
         "eval_windows": 8,
     }
+    if overrides.get("team"):  # the run's team must exist: made on first use
+        make_team(overrides["team"])
     cfg.update(overrides)
     return cfg
 

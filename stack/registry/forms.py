@@ -7,7 +7,7 @@ from typing import Any
 from django import forms
 
 from stack.registry.form_fields import IntegerField, model_formfield
-from stack.registry.models import Cluster, Deployment, Provider, RegisteredModel, Workflow
+from stack.registry.models import Cluster, Deployment, Provider, RegisteredModel, Team, Workflow
 from stack.registry.objectstore import store_uri_problem
 from stack.registry.services import RATE_LIMIT_MAX
 
@@ -124,6 +124,9 @@ class WorkflowForm(forms.ModelForm[Workflow]):
         queryset=Deployment.objects.filter(enabled=True),
         help_text="The route, in the order chosen (first is primary).",
     )
+
+    # The owning team, by slug (the pages narrow the choices to the teams the user writes in).
+    team = forms.ModelChoiceField(queryset=Team.objects.all(), to_field_name="slug", required=False)
 
     class Meta:
         model = Workflow

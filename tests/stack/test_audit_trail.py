@@ -25,9 +25,11 @@ from stack.registry.services import api_token_create, provider_set_credentials, 
 from tests.factories import (
     make_cluster,
     make_deployment,
+    make_member,
     make_model,
     make_price,
     make_provider,
+    make_team,
     make_user,
     make_workflow,
 )
@@ -76,7 +78,21 @@ KINDS: dict[
         ("context_length", 128, 256),
     ),
     "deployment": lambda u: (make_deployment(enabled=True), _set("enabled", False), ("enabled", True, False)),
-    "workflow": lambda u: (make_workflow(owner=u, team="red"), _set("team", "blue"), ("team", "red", "blue")),
+    "workflow": lambda u: (
+        make_workflow(owner=u, team="red", description="old"),
+        _set("description", "new"),
+        ("description", "old", "new"),
+    ),
+    "team": lambda u: (
+        make_team("audit-red", name="Red"),
+        _set("name", "Red team"),
+        ("name", "Red", "Red team"),
+    ),
+    "team membership": lambda u: (
+        make_member(u, "audit-blue", Role.VIEWER),
+        _set("role", "operator"),
+        ("role", "viewer", "operator"),
+    ),
     "routing policy version": _policy,
     "api token": lambda u: (
         api_token_create(user=u, name="ci")[0],

@@ -10,7 +10,7 @@ from django.test import Client
 
 from stack.registry.models import ImmutableRowError, RoutingPolicyVersion, Workflow
 from stack.registry.selectors import workflow_current_policy
-from tests.factories import api_client, make_deployment, make_workflow
+from tests.factories import api_client, make_deployment, make_team, make_workflow
 
 pytestmark = pytest.mark.django_db
 
@@ -24,6 +24,7 @@ def _route(workflow: Workflow) -> list[str]:
 def test_creating_a_workflow_makes_policy_v1_with_the_given_order(operator: User) -> None:
     for slug in ("cheap", "fast", "local"):
         make_deployment(slug=slug)
+    make_team("support")
     response = api_client(operator).post(
         "/api/workflows/",
         {

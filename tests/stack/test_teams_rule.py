@@ -1,0 +1,69 @@
+"""The teams rule (stack.registry.teams): who is platform-wide, which teams a team member sees,
+what a team role grants, and how a team key narrows a request."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from stack.registry.roles import OPERATORS, Role, user_roles
+from stack.registry.selectors import workflows_visible
+from stack.registry.services import api_token_create
+from stack.registry.teams import (
+    request_team_scope,
+    request_teams_with_role,
+    user_is_platform_wide,
+    user_team_scope,
+)
+from tests.factories import make_member, make_team, make_user, make_workflow
+
+pytestmark = pytest.mark.django_db
+
+
+def _fresh(user):  # the per-request caches live on the user object
+    return type(user).objects.get(pk=user.pk)
+
+
+def test_a_user_with_a_global_role_sees_every_team_and_a_member_only_its_own() -> None:
+    red, blue = make_team("red"), make_team("blue")
+    platform = make_user(Role.VIEWER)
+    member = make_user()
+    make_member(member, red, Role.OPERATOR)
+    assert user_is_platform_wide(platform) and user_team_scope(platform) is None
+    assert not user_is_platform_wide(member)
+    assert user_team_scope(member) == {red.pk}
+    owner = make_user(Role.ADMIN)
+    mine, theirs = make_workflow(owner=owner, team=red), make_workflow(owner=owner, team=blue)
+    assert set(workflows_visible(user=member)) == {mine}
+    assert set(workflows_visible(user=platform)) == {mine, theirs}
+    assert user_team_scope(make_user()) == frozenset()  # no role anywhere: nothing
+
+
+def test_a_team_admin_is_operator_and_auditor_of_its_team_never_a_platform_admin() -> None:
+    red, blue = make_team("red"), make_team("blue")
+    user = make_user()
+    make_member(user, red, Role.ADMIN)
+    make_member(user, blue, Role.VIEWER)
+    user = _fresh(user)
+    assert user_roles(user) == {Role.OPERATOR, Role.AUDITOR, Role.VIEWER}
+    assert Role.ADMIN not in user_roles(user)
+    request = SimpleNamespace(user=user, auth=None)
+    assert request_teams_with_role(request, OPERATORS) == {red.pk}  # may change red's rows only
+    assert request_team_scope(request) == {red.pk, blue.pk}
+
+
+def test_a_team_key_narrows_its_request_to_its_team_even_for_a_platform_user() -> None:
+    red, blue = make_team("red"), make_team("blue")
+    platform = make_user(Role.OPERATOR)
+    token, _ = api_token_create(user=platform, name="red-key")
+    token.team = red
+    token.save()
+    assert request_team_scope(SimpleNamespace(user=platform, auth=token)) == {red.pk}
+    member = make_user()
+    make_member(member, blue, Role.OPERATOR)
+    member_key, _ = api_token_create(user=member, name="red-key-of-a-blue-member")
+    member_key.team = red
+    member_key.save()
+    # The key's team and the user's teams do not meet: the request reaches nothing.
+    assert request_team_scope(SimpleNamespace(user=_fresh(member), auth=member_key)) == frozenset()
