@@ -227,7 +227,7 @@ def learner_chunk_bill(*, chunk: LearnerChunk, learner: TrainingLearner, occurre
                 at=occurred_at,
                 description=(
                     f"training run #{learner.run_id} learner {learner.index} g{chunk.generation} "
-                    f"chunk {chunk.seq}: {chunk.accelerator_seconds}s × {chunk.accelerators} on {chunk.cluster.slug}"
+                    f"chunk {chunk.seq}: {chunk.accelerator_seconds:.3f}s × {chunk.accelerators} on {chunk.cluster.slug}"
                 )[:200],
             )
     except NoPriceError as exc:
