@@ -4,6 +4,7 @@ and who may scrape it (a bearer token, allowed networks, loopback by default).""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -19,10 +20,10 @@ from billing.rollups import rollups_update
 from inference import breaker
 from inference.adapters.base import ChatMessage, ChatRequest
 from inference.mockprovider import Behaviour, MockProviderServer
-from inference.router import route
+from inference.router import RouteResult, route
 from inference.selectors import route_cache_invalidate
 from stack.metrics import stack_collector
-from stack.registry.models import Cluster
+from stack.registry.models import Cluster, Deployment, Workflow
 from tests.factories import make_cluster, tiny_run_config
 from tests.inference.helpers import priced_deployment, routed_workflow
 from training import orchestrator, services
@@ -88,14 +89,26 @@ def _placed_run() -> TrainingRun:
     return run
 
 
-def test_metrics_show_the_gateway_failover_spend_budget_breaker_queue_cluster_and_training_series(
-    admin_user: User, providers: tuple[MockProviderServer, MockProviderServer]
-) -> None:
-    failing, healthy = providers
+@dataclass
+class Populated:
+    workflow: Workflow
+    primary: Deployment
+    fallback: Deployment
+    result: RouteResult
+    run: TrainingRun
+    learner: TrainingLearner
+
+
+def populate_every_series(owner: User, failing: MockProviderServer, healthy: MockProviderServer) -> Populated:
+    """A request that fails over, under a workflow budget; a training run with one chunk trained;
+    the rollups folded."""
     primary, fallback = priced_deployment(failing), priced_deployment(healthy)
-    workflow = routed_workflow(admin_user, [primary, fallback])
+    workflow = routed_workflow(owner, [primary, fallback])
     Budget.objects.create(
-        name="metrics-budget", scope=Budget.Scope.WORKFLOW, workflow=workflow, limit_amount=Decimal("10")
+        name=f"budget-{workflow.slug}",
+        scope=Budget.Scope.WORKFLOW,
+        workflow=workflow,
+        limit_amount=Decimal("10"),
     )
     result = route(workflow=workflow, request=PING)  # the primary fails, the fallback answers
     assert result.ok and result.deployment_slug == fallback.slug
@@ -105,7 +118,34 @@ def test_metrics_show_the_gateway_failover_spend_budget_breaker_queue_cluster_an
     learner.refresh_from_db()
     assert learner.tokens > 0
     rollups_update()
+    stack_collector.clear()
+    return Populated(workflow, primary, fallback, result, run, learner)
 
+
+def populated_scrape(owner: User) -> dict[str, Any]:
+    """/metrics's samples once every series has something to show (tests/stack/test_docker_compose.py)."""
+    failing = MockProviderServer(Behaviour(status=503)).start()
+    healthy = MockProviderServer(Behaviour()).start()
+    try:
+        populate_every_series(owner, failing, healthy)
+        return _scrape()
+    finally:
+        failing.stop()
+        healthy.stop()
+
+
+def test_metrics_show_the_gateway_failover_spend_budget_breaker_queue_cluster_and_training_series(
+    admin_user: User, providers: tuple[MockProviderServer, MockProviderServer]
+) -> None:
+    done = populate_every_series(admin_user, *providers)
+    workflow, primary, fallback, result, run, learner = (
+        done.workflow,
+        done.primary,
+        done.fallback,
+        done.result,
+        done.run,
+        done.learner,
+    )
     samples = _scrape()
     wf, ok, bad = workflow.slug, fallback.slug, primary.slug
     # Counted on the request path.
@@ -149,9 +189,9 @@ def test_metrics_show_the_gateway_failover_spend_budget_breaker_queue_cluster_an
     assert Decimal(str(spend)) == result.cost
     assert _value(samples, "switchyard_spend_month_to_date", workflow=wf, currency="USD") == spend
     assert (
-        _value(samples, "switchyard_budget_limit", budget="metrics-budget", scope="workflow", target=wf) == 10
+        _value(samples, "switchyard_budget_limit", budget=f"budget-{wf}", scope="workflow", target=wf) == 10
     )
-    remaining = _value(samples, "switchyard_budget_remaining", budget="metrics-budget")
+    remaining = _value(samples, "switchyard_budget_remaining", budget=f"budget-{wf}")
     assert Decimal(str(remaining)) == Decimal("10") - result.cost
     assert _value(samples, "switchyard_queue_depth", queue="control") >= 0
     for cluster in Cluster.objects.filter(status="healthy"):
