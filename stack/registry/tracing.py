@@ -42,6 +42,11 @@ def tracing_wanted(environ: Mapping[str, str]) -> bool:
     exporters = {e.strip().lower() for e in environ.get("OTEL_TRACES_EXPORTER", "otlp").split(",")}
     if "otlp" not in exporters:
         return False
+    if not (
+        environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+        or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
+    ):
+        return False
     protocol = environ.get(
         "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
     )
@@ -49,10 +54,7 @@ def tracing_wanted(environ: Mapping[str, str]) -> bool:
         raise ImproperlyConfigured(
             f"OTEL_EXPORTER_OTLP_PROTOCOL: only http/protobuf is supported, got {protocol!r}"
         )
-    return bool(
-        environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
-        or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
-    )
+    return True
 
 
 def tracing_configure(*, environ: Mapping[str, str] | None = None) -> bool:

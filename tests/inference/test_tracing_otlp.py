@@ -188,3 +188,15 @@ def test_a_task_sent_inside_a_span_joins_that_spans_trace(receiver: OtlpReceiver
     by_name = {s.name: s for _, s in receiver.spans}
     task, parent = by_name["training.syncer_tick"], by_name["publisher"]
     assert task.trace_id == parent.trace_id and task.parent_span_id == parent.span_id
+
+
+def test_an_otlp_protocol_other_than_http_protobuf_stops_the_process_naming_it() -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    from stack.registry.tracing import tracing_wanted
+
+    environ = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
+    with pytest.raises(ImproperlyConfigured, match="OTEL_EXPORTER_OTLP_PROTOCOL"):
+        tracing_wanted(environ)
+    assert not tracing_wanted({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})  # no endpoint: off, whatever else
+    assert not tracing_wanted({**environ, "OTEL_TRACES_EXPORTER": "none"})
