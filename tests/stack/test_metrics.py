@@ -20,7 +20,7 @@ from billing.rollups import rollups_update
 from inference import breaker
 from inference.adapters.base import ChatMessage, ChatRequest
 from inference.mockprovider import Behaviour, MockProviderServer
-from inference.router import RouteResult, route
+from inference.router import RouteResult, route, route_stream
 from inference.selectors import route_cache_invalidate
 from stack.metrics import stack_collector
 from stack.registry.models import Cluster, Deployment, Workflow
@@ -283,3 +283,19 @@ def test_behind_trusted_proxies_the_forwarded_client_address_is_checked(settings
     proxy = {"REMOTE_ADDR": "127.0.0.1"}
     assert Client(**proxy, HTTP_X_FORWARDED_FOR="10.2.3.4").get("/metrics").status_code == 200
     assert Client(**proxy, HTTP_X_FORWARDED_FOR="10.2.3.4, 8.8.8.8").get("/metrics").status_code == 403
+
+
+def test_a_streamed_request_is_counted_once_when_its_stream_ends(
+    admin_user: User, providers: tuple[MockProviderServer, MockProviderServer]
+) -> None:
+    _, healthy = providers
+    deployment = priced_deployment(healthy)
+    workflow = routed_workflow(admin_user, [deployment])
+    stream = route_stream(workflow=workflow, request=PING)
+    before = _scrape().get("switchyard_gateway_requests_total", [])
+    assert not [labels for labels, _ in before if labels["workflow"] == workflow.slug]  # not ended yet
+    assert "".join(chunk.text for chunk in stream)
+    samples = _scrape()
+    labels = {"workflow": workflow.slug, "deployment": deployment.slug}
+    assert _value(samples, "switchyard_gateway_requests_total", **labels, status="succeeded") == 1
+    assert _value(samples, "switchyard_gateway_attempts_total", **labels, outcome="ok") == 1
