@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -53,6 +55,7 @@ from stack.registry.models import Workflow
 from stack.registry.objectstore import default_store
 from stack.registry.queues import CONTROL_QUEUE
 from stack.registry.services import RegistryError
+from stack.registry.tracing import span_attributes, tracer
 from storage.objectstore import ObjectNotFoundError
 
 MAX_LINES = 100_000
@@ -268,6 +271,18 @@ class _Tally:
         }
 
 
+@contextmanager
+def _line_span(job_id: int, line: BatchLine) -> Iterator[None]:
+    """A span per line while tracing is on: the routed request's span nests under it."""
+    spans = tracer()
+    if spans is None:
+        yield
+        return
+    attributes = {"switchyard.batch_job_id": job_id, "switchyard.batch_line": line.number}
+    with spans.start_as_current_span("batch line", attributes=attributes):
+        yield
+
+
 def _run_line(job: BatchJob, line: BatchLine) -> dict[str, Any]:
     record: dict[str, Any] = {"custom_id": line.custom_id, "line": line.number}
     try:
@@ -309,6 +324,7 @@ class _Lease:
 
 def batch_job_execute(*, job_id: int) -> BatchJob | None:
     """Run (or resume) a job under its lease; None when another runner holds it or it is finished."""
+    span_attributes(batch_job_id=job_id)
     token = _claim(job_id)
     if token is None:
         return None
@@ -346,7 +362,8 @@ def _execute(job: BatchJob, lines: list[BatchLine], lease: _Lease) -> BatchJob |
         records = []
         for line in lines[start : start + size]:
             try:
-                record = _run_line(job, line)
+                with _line_span(job_id, line):
+                    record = _run_line(job, line)
             except NoRoute as exc:
                 return _fail(job_id, lease.token, f"no route: {exc}", finished.counters(current))
             records.append(record)

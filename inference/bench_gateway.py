@@ -24,6 +24,13 @@ database, and measures sequential p50/p95 over --requests calls after --warmup:
   same machine load; ratelimit_added_p50_ms is their difference (target <= 0.3 ms, issue 15),
   and ratelimit_check_p50_ms the check alone in this process (four limits: a key's and a
   workflow's RPM and TPM, one script call), which the load of a shared machine blurs less;
+- metrics_added_p50_ms: what the router's Prometheus series (inference.metrics) add to a
+  gateway request: the same requests alternated between this server and a second one started
+  with SWITCHYARD_METRICS=false (gateway_metrics_on_p50_ms, gateway_metrics_off_p50_ms; target
+  <= 0.1 ms, issue 17); router_metrics_added_p50_ms the same for route() in this process;
+  metrics_observe_p50_ms the increments alone for a failover (two attempts) with in-process
+  values, and metrics_observe_multiprocess_p50_ms with the mmapped files gunicorn's workers use
+  (in a child process): a loaded machine blurs these far less than differences of medians;
 - gateway_rps_16: requests per second from 16 concurrent keep-alive clients for --rps-seconds;
 - gateway_cpu_ms_per_request: CPU time over that 16-client block divided by its requests, from
   /proc/<pid>/stat (inference/proc_stat.py), as the sum of _web (the gunicorn master, its
@@ -62,6 +69,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -81,6 +89,7 @@ from billing.models import Unit
 from billing.services import price_book_publish
 from inference.adapters.base import ChatMessage, ChatRequest
 from inference.breaker import breaker_settings, breakers
+from inference.metrics import route_observe
 from inference.mockprovider import Behaviour, MockProviderServer
 from inference.proc_stat import ProcStat, all_processes, ticks_to_ms, tree_cpu_ticks
 from inference.ratelimit import rate_limiter
@@ -309,6 +318,112 @@ def _rps(port: int, token: str, workflow: str, *, clients: int, seconds: float) 
     return sum(counts), sum(errors), time.monotonic() - started
 
 
+def _metrics_cost(
+    on_port: int, off_port: int, auth: dict[str, str], body: dict[str, Any], *, n: int, warmup: int
+) -> dict[str, float]:
+    """The gateway with the router's metrics on (prometheus-client's multiprocess files, as in
+    production) and off (SWITCHYARD_METRICS=false), request by request on two servers of the
+    same configuration, each going first in turn: both see the same machine load."""
+    on = _Client(on_port, "/v1/chat/completions", auth)
+    off = _Client(off_port, "/v1/chat/completions", auth)
+    on_samples: list[float] = []
+    off_samples: list[float] = []
+    for i in range(warmup + n):
+        pairs = [(on, on_samples), (off, off_samples)]
+        for client, samples in pairs if i % 2 else reversed(pairs):
+            t0 = time.perf_counter()
+            status, doc = client.post(body)
+            if status != 200:
+                raise RuntimeError(f"gateway answered {status}: {doc}")
+            if i >= warmup:
+                samples.append(time.perf_counter() - t0)
+    on_p50, _ = _percentiles(on_samples)
+    off_p50, _ = _percentiles(off_samples)
+    return {
+        "gateway_metrics_on_p50_ms": on_p50,
+        "gateway_metrics_off_p50_ms": off_p50,
+        "metrics_added_p50_ms": on_p50 - off_p50,
+    }
+
+
+def observe_cost(*, n: int, warmup: int) -> float:
+    """p50 ms of inference.metrics.route_observe alone for a failover (two attempts, one answered),
+    with whatever value storage this process's prometheus-client chose when it was imported."""
+    from types import SimpleNamespace
+
+    attempts: Any = [
+        SimpleNamespace(entry=SimpleNamespace(slug="bench-a"), outcome="retryable", latency_ms=1.0),
+        SimpleNamespace(
+            entry=SimpleNamespace(slug="bench-b"), outcome="ok", latency_ms=1.0, tokens_in=10, tokens_out=5
+        ),
+    ]
+
+    def observe() -> None:
+        route_observe(workflow="bench", deployment="bench-b", ok=True, latency_ms=2.0, attempts=attempts)
+
+    p50, _ = _measure(observe, n=n, warmup=warmup)
+    return p50
+
+
+def _observe_cost_multiprocess(*, n: int, warmup: int) -> float:
+    """observe_cost in a child process whose prometheus-client writes gunicorn's mmapped files
+    (PROMETHEUS_MULTIPROC_DIR set before it is imported), as a web worker's does."""
+    with tempfile.TemporaryDirectory() as directory:
+        code = (
+            "import django; django.setup()\n"
+            "from prometheus_client import values\n"
+            "assert 'Mmap' in values.ValueClass.__name__, values.ValueClass\n"
+            "from inference.bench_gateway import observe_cost\n"
+            f"print(observe_cost(n={n}, warmup={warmup}))\n"
+        )
+        env = {
+            **os.environ,
+            "PROMETHEUS_MULTIPROC_DIR": directory,
+            "DJANGO_SETTINGS_MODULE": "stack.settings",
+        }
+        done = subprocess.run(  # noqa: S603 (our interpreter, our code)
+            [sys.executable, "-c", code],
+            env=env,
+            cwd=str(Path(settings.BASE_DIR)),
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=300,
+        )
+        return float(done.stdout.strip().splitlines()[-1])
+
+
+def _router_metrics_cost(workflow: Any, ping: ChatRequest, *, n: int, warmup: int) -> dict[str, float]:
+    """In this process: route() with the metrics on and off, alternated; and inference.metrics'
+    route_observe alone, with in-process values and with gunicorn's mmapped files."""
+    on_samples: list[float] = []
+    off_samples: list[float] = []
+    try:
+        for i in range(warmup + n):
+            for enabled, samples in (
+                ((True, on_samples), (False, off_samples))
+                if i % 2
+                else (
+                    (False, off_samples),
+                    (True, on_samples),
+                )
+            ):
+                settings.METRICS_ENABLED = enabled
+                t0 = time.perf_counter()
+                route(workflow=workflow, request=ping)
+                if i >= warmup:
+                    samples.append(time.perf_counter() - t0)
+    finally:
+        settings.METRICS_ENABLED = True
+    on_p50, _ = _percentiles(on_samples)
+    off_p50, _ = _percentiles(off_samples)
+    return {
+        "router_metrics_added_p50_ms": on_p50 - off_p50,
+        "metrics_observe_p50_ms": observe_cost(n=n, warmup=warmup),
+        "metrics_observe_multiprocess_p50_ms": _observe_cost_multiprocess(n=n, warmup=warmup),
+    }
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="manage.py bench gateway", description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", help="also write the figures to this file")
@@ -328,7 +443,7 @@ def main(argv: list[str]) -> int:
     mocks = multiprocessing.get_context("fork").Process(target=_mocks, args=(child,), daemon=True)
     mocks.start()
     ok_port, failing_port = parent.recv()
-    gunicorn = None
+    gunicorn = gunicorn_off = None
     try:
         seeded = _seed(f"http://127.0.0.1:{ok_port}/v1", f"http://127.0.0.1:{failing_port}/v1")
         wfs = seeded["workflows"]
@@ -392,6 +507,13 @@ def main(argv: list[str]) -> int:
         out["recording"] = settings.INFERENCE_RECORDING
         out["ledger_partitions"] = settings.LEDGER_PARTITIONS
         gunicorn = _start_gunicorn(port, env)
+        # The same server with the router's metrics off, for metrics_added_p50_ms.
+        off_port = _free_port()
+        off_env = {
+            **_gunicorn_env(off_port, args.gunicorn_workers, args.gunicorn_threads),
+            "SWITCHYARD_METRICS": "false",
+        }
+        gunicorn_off = _start_gunicorn(off_port, off_env)
         auth = {"Authorization": f"Bearer {seeded['token']}"}
         gateway = _Client(port, "/v1/chat/completions", auth)
 
@@ -434,6 +556,8 @@ def main(argv: list[str]) -> int:
         out["ratelimit_check_p50_ms"], _ = _measure(
             lambda: store.decide(four, [1, 10, 1, 10]), n=n, warmup=warm
         )
+        out.update(_metrics_cost(port, off_port, auth, body, n=n, warmup=warm))
+        out.update(_router_metrics_cost(wfs["ok"], ping, n=n, warmup=warm))
         before = _cpu_snapshot(gunicorn.pid)
         answered, errors, seconds = _rps(
             port, seeded["token"], wfs["ok"].slug, clients=16, seconds=args.rps_seconds
@@ -455,9 +579,10 @@ def main(argv: list[str]) -> int:
             if isinstance(value, float):
                 out[key] = round(value, 3)
     finally:
-        if gunicorn is not None:
-            os.killpg(gunicorn.pid, signal.SIGTERM)
-            gunicorn.wait(timeout=30)
+        for server in (gunicorn, gunicorn_off):
+            if server is not None:
+                os.killpg(server.pid, signal.SIGTERM)
+                server.wait(timeout=30)
         if mocks.pid is not None:
             os.kill(mocks.pid, signal.SIGTERM)
         mocks.join(timeout=10)

@@ -268,6 +268,18 @@ class RedisBreakers:
             return {}
         return {_s(k): _s(v) for k, v in raw.items()}
 
+    def states(self, deployment_ids: Sequence[int]) -> dict[int, str]:
+        """closed / open / half_open per deployment, in one round trip (for /metrics)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for d in deployment_ids:
+            pipe.hget(_key(d), "state")
+        try:
+            values = pipe.execute()
+        except self.down_errors:
+            redis_unreachable("read breakers")
+            return {}
+        return {d: _s(v) if v else CLOSED for d, v in zip(deployment_ids, values, strict=True)}
+
     def latencies(self, deployment_ids: Sequence[int]) -> dict[int, list[float]]:
         pipe = self.redis.pipeline(transaction=False)
         for d in deployment_ids:
@@ -389,6 +401,10 @@ class LocalBreakers:
     def state(self, deployment_id: int) -> dict[str, str]:
         with self._lock:
             return {k: str(v) for k, v in self._h(deployment_id).items()}
+
+    def states(self, deployment_ids: Sequence[int]) -> dict[int, str]:
+        with self._lock:
+            return {d: str(self._state.get(d, {}).get("state", CLOSED)) for d in deployment_ids}
 
     def latencies(self, deployment_ids: Sequence[int]) -> dict[int, list[float]]:
         with self._lock:

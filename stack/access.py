@@ -174,4 +174,5 @@ ACCESS: dict[str, Access] = {
 SEPARATELY_GUARDED: dict[str, str] = {
     "admin/": "Django admin: staff users with Django model permissions",
     "v1/": "OpenAI-compatible gateway: bearer tokens, workflow scope (tests/inference/test_gateway*.py)",
+    "metrics": "Prometheus scrapes: SWITCHYARD_METRICS_TOKEN and/or SWITCHYARD_METRICS_ALLOW_NETWORKS (tests/stack/test_metrics.py)",
 }

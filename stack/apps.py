@@ -11,3 +11,10 @@ class SwitchyardConfig(AppConfig):
     name = "stack"
     label = "switchyard"
     verbose_name = "Switchyard"
+
+    def ready(self) -> None:
+        from stack.registry.tracing import tracing_configure
+
+        # Traces over OTLP when the standard OTEL_* variables name an endpoint; off otherwise.
+        # Each process configures itself (gunicorn loads the app in each worker after the fork).
+        tracing_configure()

@@ -17,3 +17,6 @@ redis_broker.install()
 app = Celery("switchyard")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+# Celery tasks as spans when OTEL_* turns tracing on (a no-op otherwise).
+from stack import celery_tracing  # noqa: E402,F401

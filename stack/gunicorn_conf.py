@@ -22,11 +22,18 @@ Why these values (gunicorn's "Design" and "Settings" pages):
 - max_requests stays off by default: recycling a worker drops its keep-alive connections and
   costs a Django start-up; set SWITCHYARD_WEB_MAX_REQUESTS if a leak ever needs containing
   (a jitter of 10% of it keeps the workers from restarting together).
+- /metrics under several workers: prometheus-client's multiprocess mode. Each worker writes its
+  counters and histograms to files in PROMETHEUS_MULTIPROC_DIR and a scrape of any worker sums
+  them (stack.metrics). The hooks below give the master a fresh directory before it forks (an
+  operator's own directory is emptied of old files: a reused pid would add to a dead worker's
+  values), and tell prometheus-client when a worker exits.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -108,3 +115,37 @@ control_socket_disable = True
 _TMPFS = "/dev/shm"  # noqa: S108
 if os.path.isdir(_TMPFS):
     worker_tmp_dir = _TMPFS
+
+
+# --- Prometheus multiprocess mode (see the docstring) -------------------------------------------
+_MULTIPROC = "PROMETHEUS_MULTIPROC_DIR"
+_made_multiproc_dir = ""
+
+
+def on_starting(server: object) -> None:
+    """Before any worker exists: the directory every worker writes its metric values to."""
+    global _made_multiproc_dir
+    path = os.environ.get(_MULTIPROC, "")
+    if path:
+        os.makedirs(path, exist_ok=True)
+        for name in os.listdir(path):
+            if name.endswith(".db"):
+                os.remove(os.path.join(path, name))
+    else:
+        parent = _TMPFS if os.path.isdir(_TMPFS) else None
+        path = _made_multiproc_dir = tempfile.mkdtemp(prefix="switchyard-metrics-", dir=parent)
+    # Set in the master, so the workers it forks inherit it before Django imports
+    # prometheus-client (which picks its storage from this variable when it is imported).
+    os.environ[_MULTIPROC] = path
+
+
+def child_exit(server: object, worker: object) -> None:
+    """A worker exited: its live gauges go; its counters and histograms stay counted."""
+    from prometheus_client import multiprocess  # installed with the app; gunicorn loads this file first
+
+    multiprocess.mark_process_dead(worker.pid)  # type: ignore[attr-defined]
+
+
+def on_exit(server: object) -> None:
+    if _made_multiproc_dir:
+        shutil.rmtree(_made_multiproc_dir, ignore_errors=True)

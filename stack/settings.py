@@ -369,6 +369,22 @@ INFERENCE_JOURNAL_IDLE_SECONDS = env_float("SWITCHYARD_JOURNAL_IDLE_SECONDS", 2.
 # How long a woken folder waits for more requests before folding them in one transaction.
 INFERENCE_JOURNAL_FOLD_DELAY_SECONDS = env_float("SWITCHYARD_JOURNAL_FOLD_DELAY_SECONDS", 0.05, minimum=0.0)
 
+# --- Metrics and traces (stack.metrics, stack.registry.tracing) ---------------------------
+# The router's counters and histograms (inference.metrics); off only to measure what they cost.
+METRICS_ENABLED = env_bool("SWITCHYARD_METRICS", True)
+# Who may scrape /metrics: a bearer token (compared in constant time) and/or client networks.
+# With neither set, loopback only; with a token and no networks, any address holding the token.
+METRICS_TOKEN = env_str("SWITCHYARD_METRICS_TOKEN", "")
+if METRICS_TOKEN and len(METRICS_TOKEN) < 16:
+    raise ImproperlyConfigured("SWITCHYARD_METRICS_TOKEN must be at least 16 characters")
+METRICS_ALLOW_NETWORKS = env_networks("SWITCHYARD_METRICS_ALLOW_NETWORKS") or (
+    [] if METRICS_TOKEN else ["127.0.0.0/8", "::1/128"]
+)
+# How long a scrape reuses the values read from the database and Redis (spend, budgets,
+# breakers, queues, heartbeats, training): several Prometheus servers or a short scrape
+# interval then cost one read per this many seconds.
+METRICS_CACHE_SECONDS = env_float("SWITCHYARD_METRICS_CACHE_SECONDS", 5.0, minimum=0.0)
+
 # --- Email (budget alerts) --------------------------------------------------------
 # The console backend prints mail in development; point EMAIL_BACKEND at
 # django.core.mail.backends.smtp.EmailBackend (and EMAIL_HOST...) in production.

@@ -12,6 +12,7 @@ from billing.api import UsageExportView
 from inference import api as inference_api
 from stack import views
 from stack.audit import api as audit_api
+from stack.metrics import metrics_view
 from stack.registry import api as registry_api
 from stack.registry.permissions import RolePermission
 from stack.registry.schema import SchemaView
@@ -31,6 +32,8 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("assets/plotly.min.js", views.plotly_js, name="plotly-js"),
     path("healthz", views.healthz, name="healthz"),
+    # Prometheus scrapes: a bearer token and/or allowed networks (stack.metrics), not roles.
+    path("metrics", metrics_view, name="metrics"),
     path("", include("stack.registry.urls")),
     path("jobs/", include(probe_urlpatterns)),
     path("billing/", include("billing.urls")),

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 from django.utils import timezone
 
+from stack.registry.tracing import span_attributes
 from training import services
 from training.models import LearnerChunk, TrainingRun
 from training.run_engines import (
@@ -286,6 +287,8 @@ def learner_chunk_execute(
     if claim is None:
         return
     run, learner_row, chunk = claim.run, claim.learner, claim.chunk
+    # The task's span (when tracing is on) names the run it trains for.
+    span_attributes(training_run_id=run.pk, learner=learner_row.index, generation=generation, seq=seq)
     started = time.monotonic()
     started_at = timezone.now()
     outcome = ChunkOutcome()
@@ -444,6 +447,7 @@ def _syncer_for(run: TrainingRun, engine: RunEngine, transport: ObjectStoreTrans
 
 def syncer_tick_execute(*, run_id: int, token: str) -> None:
     """One syncer tick (the `training.syncer_tick` task): merge, publish, record, maybe finish."""
+    span_attributes(training_run_id=run_id)
     run = services.syncer_tick_claim(run_id=run_id, token=token)
     if run is None:
         return

@@ -7,11 +7,11 @@ from datetime import datetime
 from decimal import Decimal
 from typing import TypedDict
 
-from django.db.models import Count, Q, QuerySet, Sum
+from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, Sum
 
 from billing.budgets import budget_hard_limit_keys, budget_may_spend, spend_target
 from billing.models import Unit
-from billing.selectors import PriceResolver, spend_total, usage_for_subject
+from billing.selectors import PriceResolver, spend_grouped, spend_total, usage_for_subject
 from stack.registry.models import Cluster, FailoverEvent
 from stack.registry.validation import id_parse
 from training.models import (
@@ -261,3 +261,59 @@ def run_has_open_failovers(*, run: TrainingRun) -> bool:
         run_failover_events(run=run).filter(recovered_at__isnull=True).exists()
         or TrainingLearner.objects.filter(Q(run=run) & Q(state=TrainingLearner.State.LOST)).exists()
     )
+
+
+@dataclass(frozen=True)
+class RunMetrics:
+    """A run's figures for /metrics (stack.metrics)."""
+
+    run_id: int
+    name: str
+    state: str
+    tokens: int
+    eval_loss: float | None
+    cost: Decimal
+    currency: str
+
+
+def runs_for_metrics(*, finished_since: datetime) -> list[RunMetrics]:
+    """Runs that are not finished, and those finished since `finished_since` (their last figures
+    stay scrapeable a while): tokens trained (all learners), the newest eval loss of the global
+    parameters, and the cost from the ledger's daily rollups (plus the small unfolded tail)."""
+    finished = [
+        TrainingRun.State.SUCCEEDED,
+        TrainingRun.State.FAILED,
+        TrainingRun.State.CANCELLED,
+        TrainingRun.State.BUDGET_EXHAUSTED,
+    ]
+    tokens = (
+        TrainingLearner.objects.filter(run=OuterRef("pk"))
+        .values("run")
+        .annotate(total=Sum("tokens"))
+        .values("total")
+    )
+    loss = (
+        GlobalVersionRecord.objects.filter(run=OuterRef("pk"), eval_loss__isnull=False)
+        .order_by("-published_at", "-id")
+        .values("eval_loss")[:1]
+    )
+    runs = list(
+        TrainingRun.objects.filter(~Q(state__in=finished) | Q(finished_at__gte=finished_since))
+        .annotate(tokens_total=Subquery(tokens), latest_loss=Subquery(loss))
+        .order_by("pk")
+    )
+    if not runs:
+        return []
+    first_day = min((r.started_at or r.created_at) for r in runs).date()
+    spend = spend_grouped(by=("training_run_id", "currency"), since_day=first_day)
+    out = []
+    for run in runs:
+        cost = spend.get((str(run.pk), run.currency), Decimal(0))
+        # Before the first merge the global parameters are the initial ones (version 0).
+        eval_loss = next(
+            (x for x in (run.final_eval_loss, run.latest_loss, run.initial_eval_loss) if x is not None), None
+        )
+        out.append(
+            RunMetrics(run.pk, run.name, run.state, int(run.tokens_total or 0), eval_loss, cost, run.currency)
+        )
+    return out

@@ -94,3 +94,40 @@ def budget_state(*, budget: Budget, now: datetime | None = None) -> BudgetState 
 def budget_alerts_open() -> QuerySet[BudgetAlert]:
     """Alerts nobody has acknowledged yet, newest first."""
     return BudgetAlert.objects.filter(acknowledged_at__isnull=True).select_related("budget")
+
+
+@dataclass(frozen=True)
+class BudgetStanding:
+    """An active budget's current period as its BudgetPeriod row holds it (for /metrics)."""
+
+    budget: Budget
+    spent: Decimal
+    reserved: Decimal
+
+    @property
+    def remaining(self) -> Decimal:
+        return self.budget.limit_amount - self.spent - self.reserved
+
+
+def budgets_standing(*, now: datetime) -> list[BudgetStanding]:
+    """Every active budget in a current period, read from the period rows the ledger writers
+    keep (two queries, no ledger sum). A period without a row has had no spend recorded under
+    the budget yet: it reads as nothing spent until the first write opens it."""
+    budgets = list(Budget.objects.filter(active=True).select_related("workflow", "provider", "cluster"))
+    starts = {}
+    for budget in budgets:
+        span = budget_period_bounds(budget=budget, at=now)
+        if span is not None:
+            starts[budget.pk] = span[0]
+    periods = {
+        (p.budget_id, p.start): p
+        for p in BudgetPeriod.objects.filter(budget_id__in=starts, start__in=set(starts.values()))
+    }
+    out = []
+    for budget in budgets:
+        if budget.pk not in starts:
+            continue
+        period = periods.get((budget.pk, starts[budget.pk]))
+        spent, reserved = (period.spent, period.reserved) if period is not None else (ZERO, ZERO)
+        out.append(BudgetStanding(budget, spent, reserved))
+    return out

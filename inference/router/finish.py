@@ -8,6 +8,7 @@ from inference.adapters.base import (
     Completion,
 )
 from inference.breaker import breakers, monotonic_now
+from inference.metrics import route_observe
 from inference.models import InferenceAttempt, InferenceRequest
 from inference.recording import inference_request_record
 from inference.router.context import Context
@@ -15,7 +16,9 @@ from inference.router.errors import RouteResult
 from inference.selectors import (
     PlanEntry,
 )
+from inference.tracing import route_trace
 from stack.registry.models import Workflow
+from stack.registry.tracing import tracer
 
 Outcome = InferenceAttempt.Outcome
 
@@ -63,6 +66,32 @@ def finish_request(
         demoted=ctx.demoted,
         inline=ctx.admitted,
     )
+    # Observed once the request is recorded: counters in this process, spans (when tracing is
+    # on) handed to the exporter's background thread.
+    route_observe(
+        workflow=ctx.workflow.slug,
+        deployment=winner.slug if winner else "",
+        ok=winner is not None,
+        latency_ms=latency_ms,
+        attempts=ctx.attempts,
+    )
+    policy_version = ctx.plan.version if ctx.plan.policy_id is not None else None
+    spans = tracer()
+    if spans is not None:
+        route_trace(
+            spans,
+            workflow=ctx.workflow.slug,
+            endpoint=ctx.endpoint,
+            started=ctx.started,
+            attempts=ctx.attempts,
+            winner=winner,
+            completion=completion,
+            request_id=row.pk,
+            cost=row.cost,
+            currency=row.currency,
+            policy_version=policy_version,
+            error=error,
+        )
     return RouteResult(
         ok=winner is not None,
         request_id=row.pk,
@@ -76,7 +105,7 @@ def finish_request(
         error=error,
         status_code=status_code,
         attempts=ctx.attempts,
-        policy_version=ctx.plan.version if ctx.plan.policy_id is not None else None,
+        policy_version=policy_version,
         demoted=ctx.demoted,
         retry_after=retry_after,
     )

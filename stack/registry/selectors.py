@@ -5,10 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.auth.models import AnonymousUser, User
-from django.db.models import Prefetch, QuerySet
+from django.db.models import Count, Prefetch, Q, QuerySet
 from django.http import Http404
 
-from stack.registry.models import Cluster, RoutingPolicyVersion, WorkerHeartbeat, Workflow
+from stack.registry.models import (
+    Cluster,
+    Deployment,
+    FailoverEvent,
+    RoutingPolicyVersion,
+    WorkerHeartbeat,
+    Workflow,
+)
 from stack.registry.roles import ALL_ROLES, user_has_role
 from stack.registry.teams import user_team_scope
 
@@ -51,3 +58,17 @@ def cluster_list_with_workers() -> QuerySet[Cluster]:
     return Cluster.objects.select_related("provider").prefetch_related(
         Prefetch("workers", queryset=WorkerHeartbeat.objects.order_by("hostname"))
     )
+
+
+def failover_event_counts() -> dict[str, tuple[int, int]]:
+    """(events, still open) per failover kind, for /metrics."""
+    rows = (
+        FailoverEvent.objects.values("kind")
+        .annotate(total=Count("id"), open=Count("id", filter=Q(recovered_at__isnull=True)))
+        .order_by()
+    )
+    return {row["kind"]: (row["total"], row["open"]) for row in rows}
+
+
+def deployments_enabled() -> QuerySet[Deployment]:
+    return Deployment.objects.filter(enabled=True).order_by("slug")

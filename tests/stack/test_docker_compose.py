@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import importlib
+import json
+import re
 import shlex
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from django.conf import settings
 from django.core.management import get_commands
@@ -143,3 +146,83 @@ def test_the_web_service_runs_the_one_web_server_configuration() -> None:
         if line.startswith("ExecStart=") and "gunicorn" in line
     ]
     assert units and all(shlex.split(unit)[1:] == WEB_COMMAND[1:] for unit in units), units
+
+
+# --- Prometheus and Grafana ------------------------------------------------------------------
+
+DEPLOY = Path(settings.BASE_DIR) / "deploy"
+DASHBOARD = DEPLOY / "grafana" / "switchyard.json"
+
+
+def _mounted_files(service: dict[str, Any]) -> dict[str, Path]:
+    """A service's bind mounts of files from this repository: path inside -> file here."""
+    mounts = {}
+    for volume in service.get("volumes", []):
+        source, target = volume.split(":")[:2]
+        if source.startswith("./"):
+            mounts[target] = Path(settings.BASE_DIR) / source
+    return mounts
+
+
+def test_prometheus_scrapes_the_web_services_metrics_with_the_token() -> None:
+    compose = _compose()
+    prometheus = compose["services"]["prometheus"]
+    mounts = _mounted_files(prometheus)
+    assert all(path.is_file() for path in mounts.values()), mounts
+    config = yaml.safe_load(mounts["/etc/prometheus/prometheus.yml"].read_text())
+    assert f"--config.file={'/etc/prometheus/prometheus.yml'}" in prometheus["command"]
+    (job,) = config["scrape_configs"]
+    assert job["metrics_path"] == "/metrics"
+    web_port = compose["services"]["web"]["ports"][0].split(":")[-1]
+    assert job["static_configs"][0]["targets"] == [f"web:{web_port}"]
+    # The token reaches Prometheus as a secret file made from the variable the web service reads.
+    assert job["authorization"] == {"type": "Bearer", "credentials_file": "/run/secrets/metrics_token"}
+    assert prometheus["secrets"] == ["metrics_token"]
+    assert compose["secrets"]["metrics_token"] == {"environment": "SWITCHYARD_METRICS_TOKEN"}
+    assert (
+        "${SWITCHYARD_METRICS_TOKEN:?"
+        in compose["services"]["web"]["environment"]["SWITCHYARD_METRICS_TOKEN"]
+    )
+
+
+def test_grafana_is_provisioned_with_the_prometheus_source_and_the_dashboard() -> None:
+    grafana = _compose()["services"]["grafana"]
+    mounts = _mounted_files(grafana)
+    assert all(path.is_file() for path in mounts.values()), mounts
+    assert "${GRAFANA_ADMIN_PASSWORD:?" in grafana["environment"]["GF_SECURITY_ADMIN_PASSWORD"]
+    sources = yaml.safe_load(mounts["/etc/grafana/provisioning/datasources/prometheus.yml"].read_text())
+    (source,) = sources["datasources"]
+    assert source["type"] == "prometheus" and source["url"] == "http://prometheus:9090"
+    providers = yaml.safe_load(mounts["/etc/grafana/provisioning/dashboards/switchyard.yml"].read_text())
+    folder = providers["providers"][0]["options"]["path"]
+    dashboards = {target: path for target, path in mounts.items() if target.startswith(folder + "/")}
+    assert list(dashboards.values()) == [DASHBOARD]
+    assert grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"] in dashboards
+    # Every panel queries that data source.
+    dashboard = json.loads(DASHBOARD.read_text())
+    panels = [p for p in dashboard["panels"] if p["type"] != "row"]
+    assert panels and all(p["datasource"]["uid"] == source["uid"] for p in panels)
+
+
+@pytest.mark.django_db
+def test_the_dashboard_queries_only_series_that_metrics_exports(
+    admin_user: Any, settings: Any, tmp_path: Path
+) -> None:
+    """Every metric name in the dashboard's queries is on /metrics once the stack has served a
+    request with a failover, holds a budget and has trained a chunk."""
+    from tests.stack.test_metrics import populated_scrape
+
+    settings.OBJECT_STORE_URL = f"file://{tmp_path}"
+    exported = set(populated_scrape(admin_user))
+    dashboard = json.loads(DASHBOARD.read_text())
+    queried = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel.get("targets", [])
+        for name in re.findall(r"\bswitchyard_[a-z0-9_]+", target["expr"])
+    }
+    assert queried and queried <= exported, sorted(queried - exported)
+    # And the dashboard shows every series the app exports.
+    families = {re.sub(r"_(total|bucket|count|sum|created)$", "", name) for name in exported}
+    shown = {re.sub(r"_(total|bucket|count|sum|created)$", "", name) for name in queried}
+    assert {f for f in families if f.startswith("switchyard_")} <= shown

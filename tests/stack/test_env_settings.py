@@ -16,6 +16,10 @@ SETTINGS_FILE = Path(__file__).resolve().parents[2] / "stack" / "settings.py"
 # Variables the settings module reads; each settings test starts from none of them.
 SETTINGS_VARIABLES = [
     "SWITCHYARD_ENV",
+    "SWITCHYARD_METRICS",
+    "SWITCHYARD_METRICS_TOKEN",
+    "SWITCHYARD_METRICS_ALLOW_NETWORKS",
+    "SWITCHYARD_METRICS_CACHE_SECONDS",
     "SECRET_KEY",
     "CREDENTIALS_KEY",
     "DEBUG",
@@ -174,6 +178,9 @@ def test_settings_parse_good_urls_from_the_environment(load_settings: Any) -> No
         ("SWITCHYARD_LOGIN_FAILURE_LIMIT", "0"),
         ("SWITCHYARD_LOGIN_COOLOFF_SECONDS", "soon"),
         ("SWITCHYARD_TRUSTED_PROXIES", "-1"),
+        ("SWITCHYARD_METRICS_TOKEN", "short"),
+        ("SWITCHYARD_METRICS_ALLOW_NETWORKS", "10.0.0.0/33"),
+        ("SWITCHYARD_METRICS", "maybe"),
     ],
 )
 def test_settings_refuse_a_bad_value_naming_the_variable(load_settings: Any, name: str, value: str) -> None:
@@ -247,3 +254,15 @@ def test_login_throttling_limits_come_from_the_environment(load_settings: Any) -
 def test_settings_refuse_heartbeat_timings_out_of_order(load_settings: Any) -> None:
     with pytest.raises(ImproperlyConfigured, match="SWITCHYARD_DEGRADED_AFTER_SECONDS"):
         load_settings(SWITCHYARD_DEGRADED_AFTER_SECONDS="60", SWITCHYARD_DOWN_AFTER_SECONDS="30")
+
+
+def test_metrics_are_for_loopback_unless_a_token_or_networks_are_set(load_settings: Any) -> None:
+    """/metrics' default (README, Observability): loopback only; a token opens it to any address
+    holding the token; allowed networks narrow either."""
+    assert load_settings()["METRICS_ALLOW_NETWORKS"] == ["127.0.0.0/8", "::1/128"]
+    with_token = load_settings(SWITCHYARD_METRICS_TOKEN="t" * 32)
+    assert (with_token["METRICS_TOKEN"], with_token["METRICS_ALLOW_NETWORKS"]) == ("t" * 32, [])
+    both = load_settings(
+        SWITCHYARD_METRICS_TOKEN="t" * 32, SWITCHYARD_METRICS_ALLOW_NETWORKS="10.0.0.0/8, fd00::/8"
+    )
+    assert both["METRICS_ALLOW_NETWORKS"] == ["10.0.0.0/8", "fd00::/8"]
