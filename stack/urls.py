@@ -31,6 +31,8 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("assets/plotly.min.js", views.plotly_js, name="plotly-js"),
     path("healthz", views.healthz, name="healthz"),
+    path("teams/", views.TeamListView.as_view(), name="teams"),
+    path("teams/<slug:slug>/", views.TeamDetailView.as_view(), name="team-page"),
     path("", include("stack.registry.urls")),
     path("jobs/", include(probe_urlpatterns)),
     path("billing/", include("billing.urls")),

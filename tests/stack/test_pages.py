@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from billing.models import Unit
 from billing.services import usage_record
-from stack.registry.models import ApiToken, Cluster, Provider, Workflow
+from stack.registry.models import ApiToken, Cluster, Provider, Team, Workflow
 from stack.registry.services import provider_set_credentials
 from tests.factories import make_cluster, make_deployment, make_provider, make_user, make_workflow
 from training.models import ProbeJob
@@ -248,13 +248,15 @@ def test_the_provider_form_stores_replaces_and_clears_credentials(admin_user: Us
 
 def test_a_workflow_made_on_its_page_opens_the_workflow_page(operator: User) -> None:
     deployment = make_deployment(slug="dep-a")
+    Team.objects.create(slug="t", name="T")
     response = _client(operator).post(
         "/workflows/new/",
         {"slug": "made-here", "team": "t", "description": "", "deployments": [deployment.pk]},
     )
     assert response.status_code == 302
     assert response["Location"] == "/workflows/made-here/"
-    assert Workflow.objects.get(slug="made-here").owner == operator
+    made = Workflow.objects.get(slug="made-here")
+    assert made.owner == operator and made.team is not None and made.team.slug == "t"
 
 
 # --- Jobs ------------------------------------------------------------------------------------------
