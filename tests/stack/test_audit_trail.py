@@ -76,7 +76,12 @@ KINDS: dict[
         ("context_length", 128, 256),
     ),
     "deployment": lambda u: (make_deployment(enabled=True), _set("enabled", False), ("enabled", True, False)),
-    "workflow": lambda u: (make_workflow(owner=u, team="red"), _set("team", "blue"), ("team", "red", "blue")),
+    # A plain field change (the team is a foreign key to Team now, so no longer a text field).
+    "workflow": lambda u: (
+        make_workflow(owner=u, description="old"),
+        _set("description", "new"),
+        ("description", "old", "new"),
+    ),
     "routing policy version": _policy,
     "api token": lambda u: (
         api_token_create(user=u, name="ci")[0],
