@@ -13,7 +13,7 @@ from billing.models import Budget, Unit
 from billing.reconciliation import DEFAULT_TOLERANCE, TOLERANCE_DIGITS, TOLERANCE_PLACES
 from billing.selectors import PURPOSE_BY_UNIT
 from stack.registry.form_fields import CurrencyField, DecimalField, IntegerField, model_formfield
-from stack.registry.models import Provider
+from stack.registry.models import Provider, Team, Workflow
 from stack.registry.validation import InputError, int_parse
 
 FORMAT_LABELS = {"csv": "CSV", "jsonl": "JSON Lines", "parquet": "Parquet"}
@@ -61,10 +61,25 @@ class BudgetForm(forms.ModelForm[Budget]):
             "custom_end": "Custom periods only; UTC, exclusive.",
         }
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, writable_teams: frozenset[int] | None = None, **kwargs: Any) -> None:
+        """`writable_teams`: the teams a team-scoped author operates (None: a platform author). Such
+        an author budgets its teams or their workflows only; the other scopes are the platform's."""
         super().__init__(*args, **kwargs)
         if self.instance.pk:
             self.fields["thresholds_text"].initial = ", ".join(str(t) for t in self.instance.thresholds)
+        if writable_teams is not None:
+            for name in ("provider", "cluster", "training_run_id"):
+                del self.fields[name]
+            scope: Any = self.fields["scope"]
+            scope.choices = [(Budget.Scope.TEAM, "Team"), (Budget.Scope.WORKFLOW, "Workflow")]
+            workflow: Any = self.fields["workflow"]
+            workflow.queryset = Workflow.objects.filter(team__in=writable_teams).order_by("slug")
+            slugs = Team.objects.filter(pk__in=writable_teams).order_by("slug").values_list("slug", flat=True)
+            self.fields["team"] = forms.ChoiceField(
+                required=False,
+                choices=[("", "---------"), *((slug, slug) for slug in slugs)],
+                error_messages={"invalid_choice": "no team %(value)s that you operate"},
+            )
 
     def webhook_secret_change(self) -> str | None:
         """'' to clear, a new value to store, None to keep what is stored."""
@@ -99,6 +114,7 @@ class LedgerFilterForm(forms.Form):
     cluster = forms.SlugField(required=False)
     workflow = forms.SlugField(required=False)
     training_run = forms.CharField(required=False, max_length=64)
+    team = forms.SlugField(required=False, max_length=64)
     unit = forms.ChoiceField(required=False, choices=[("", "any"), *Unit.choices])
     currency = CurrencyField(required=False)
     purpose = forms.ChoiceField(

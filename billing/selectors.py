@@ -9,11 +9,12 @@ from decimal import Decimal
 from typing import Any
 
 from django.db import connection
-from django.db.models import Max, QuerySet, Sum
+from django.db.models import Max, Q, QuerySet, Sum
 
 from billing.chain import CHAINED_FIELDS, GENESIS_HASH, chain_hash_values
 from billing.models import (
     LEDGER_PARTITION,
+    Budget,
     DailyRollup,
     LedgerHead,
     PriceBook,
@@ -23,6 +24,7 @@ from billing.models import (
 )
 from billing.rollups import unfolded_rows, with_rollup_dimensions
 from stack.registry.models import Cluster, Deployment, Provider
+from stack.registry.teams import team_slugs
 
 
 class PriceResolver:
@@ -124,6 +126,18 @@ PURPOSE_BY_UNIT = {
 }
 
 
+def budgets_of_teams(*, teams: frozenset[int] | None) -> QuerySet[Budget]:
+    """The budgets of `teams` (team ids; None: every budget): team budgets naming one of their
+    slugs and budgets of their workflows. Provider, cluster and run budgets are the platform's."""
+    rows = Budget.objects.select_related("workflow", "provider", "cluster")
+    if teams is None:
+        return rows
+    return rows.filter(
+        Q(scope=Budget.Scope.TEAM, team__in=team_slugs(teams) or [])
+        | Q(scope=Budget.Scope.WORKFLOW, workflow__team__in=teams)
+    )
+
+
 @dataclass(frozen=True)
 class DailySpend:
     day: date
@@ -146,6 +160,7 @@ def spend_grouped(
     since_day: date,
     until_day: date | None = None,
     measure: str = "amount",
+    teams: frozenset[str] | None = None,
     **filters: Any,
 ) -> dict[tuple[Any, ...], Decimal]:
     """Exact spend summed per `by` (e.g. ("workflow__slug", "currency")) over UTC days.
@@ -154,7 +169,8 @@ def spend_grouped(
     tail after each partition's rollup watermark, small), so it stays fast on a large ledger
     and still shows a job billed a second ago. `filters` apply to both (names
     from SPEND_DIMENSIONS, e.g. provider__slug="aws"). `measure` is "amount"
-    (money) or "quantity" (units used).
+    (money) or "quantity" (units used). `teams` (team slugs) keeps only those teams' spend;
+    None: every team's and the platform's.
     """
     if measure not in ("amount", "quantity"):
         raise ValueError(f"cannot sum {measure!r}")
@@ -168,6 +184,8 @@ def spend_grouped(
             occurred_at__gte=datetime.combine(since_day, time.min, tzinfo=UTC)
         )
     ).filter(**filters)
+    if teams is not None:
+        rollups, tail = rollups.filter(team__in=teams), tail.filter(team__in=teams)
     if until_day is not None:
         rollups = rollups.filter(day__lt=until_day)
         tail = tail.filter(occurred_at__lt=datetime.combine(until_day, time.min, tzinfo=UTC))
@@ -179,9 +197,14 @@ def spend_grouped(
     return totals
 
 
-def spend_per_provider_per_day(*, since_day: date, until_day: date | None = None) -> list[DailySpend]:
-    """Exact spend per (UTC day, provider, currency) from since_day up to until_day (exclusive)."""
-    totals = spend_grouped(by=("day", "provider__slug", "currency"), since_day=since_day, until_day=until_day)
+def spend_per_provider_per_day(
+    *, since_day: date, until_day: date | None = None, teams: frozenset[str] | None = None
+) -> list[DailySpend]:
+    """Exact spend per (UTC day, provider, currency) from since_day up to until_day (exclusive),
+    of `teams` (slugs) only unless None."""
+    totals = spend_grouped(
+        by=("day", "provider__slug", "currency"), since_day=since_day, until_day=until_day, teams=teams
+    )
     return [
         DailySpend(day=day, provider=provider or "(none)", currency=currency, amount=amount)
         for (day, provider, currency), amount in sorted(

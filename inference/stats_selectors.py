@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
 
-from django.db.models import Count, Q, Sum
+from django.db.models import Count, Q, QuerySet, Sum
 from django.utils import timezone
 
 from inference.breaker import breaker_state
@@ -65,33 +65,44 @@ class DeploymentStats:
         return blended_price(self.price.per_1m_input, self.price.per_1m_output)
 
 
-def _latencies(deployment_ids: Iterable[int], since: datetime) -> dict[int, list[float]]:
+def _attempts(teams: frozenset[int] | None) -> QuerySet[InferenceAttempt]:
+    """Attempts of requests to `teams`' workflows (team ids; None: every request)."""
+    rows = InferenceAttempt.objects.all()
+    return rows if teams is None else rows.filter(request__workflow__team__in=teams)
+
+
+def _latencies(
+    deployment_ids: Iterable[int], since: datetime, teams: frozenset[int] | None = None
+) -> dict[int, list[float]]:
     out: dict[int, list[float]] = {}
     for pk in deployment_ids:
         out[pk] = list(
-            InferenceAttempt.objects.filter(
-                deployment_id=pk, outcome=Outcome.OK, request__created_at__gte=since
-            )
+            _attempts(teams)
+            .filter(deployment_id=pk, outcome=Outcome.OK, request__created_at__gte=since)
             .order_by("-id")
             .values_list("latency_ms", flat=True)[:LATENCY_SAMPLE]
         )
     return out
 
 
-def _calls(deployments: Sequence[Deployment], since: datetime) -> dict[int, tuple[int, int]]:
+def _calls(
+    deployments: Sequence[Deployment], since: datetime, teams: frozenset[int] | None = None
+) -> dict[int, tuple[int, int]]:
     rows = (
-        InferenceAttempt.objects.filter(
-            deployment__in=deployments, outcome__in=CALLED, request__created_at__gte=since
-        )
+        _attempts(teams)
+        .filter(deployment__in=deployments, outcome__in=CALLED, request__created_at__gte=since)
         .values("deployment_id")
         .annotate(calls=Count("id"), failures=Count("id", filter=Q(outcome__in=FAILED)))
     )
     return {r["deployment_id"]: (r["calls"], r["failures"]) for r in rows}
 
 
-def _spend(deployments: Sequence[Deployment], since: datetime) -> dict[int, dict[str, Decimal]]:
+def _spend(
+    deployments: Sequence[Deployment], since: datetime, teams: frozenset[int] | None = None
+) -> dict[int, dict[str, Decimal]]:
     rows = (
-        InferenceAttempt.objects.filter(deployment__in=deployments, request__created_at__gte=since)
+        _attempts(teams)
+        .filter(deployment__in=deployments, request__created_at__gte=since)
         .values("deployment_id", "request__currency")
         .annotate(total=Sum("cost"))
     )
@@ -116,19 +127,23 @@ def pareto_frontier(points: Sequence[tuple[Decimal, float]]) -> list[bool]:
 
 
 def deployment_stats(
-    *, deployments: Sequence[Deployment] | None = None, days: int = STATS_DAYS
+    *,
+    deployments: Sequence[Deployment] | None = None,
+    days: int = STATS_DAYS,
+    teams: frozenset[int] | None = None,
 ) -> list[DeploymentStats]:
     """One row per deployment over the last `days`, with the Pareto flag set among those that
-    have both a price and a quality."""
+    have both a price and a quality. Calls, latencies and spend count `teams`' requests only
+    (team ids; None: every request); price and quality are the shared deployment's own."""
     since = timezone.now() - timedelta(days=days)
     if deployments is None:
         deployments = list(
             Deployment.objects.select_related("provider", "model", "hosting_cluster").order_by("slug")
         )
     ids = [d.pk for d in deployments]
-    latencies = _latencies(ids, since)
-    calls = _calls(deployments, since)
-    spend = _spend(deployments, since)
+    latencies = _latencies(ids, since, teams)
+    calls = _calls(deployments, since, teams)
+    spend = _spend(deployments, since, teams)
     stats = []
     for d in deployments:
         lat = latencies.get(d.pk, [])
@@ -184,13 +199,15 @@ def workflow_failovers(*, workflow: Workflow, limit: int = 50) -> list[FailoverE
     )
 
 
-def provider_deployment_stats(*, provider: Provider, days: int = STATS_DAYS) -> list[DeploymentStats]:
+def provider_deployment_stats(
+    *, provider: Provider, days: int = STATS_DAYS, teams: frozenset[int] | None = None
+) -> list[DeploymentStats]:
     deployments = list(
         Deployment.objects.filter(provider=provider)
         .select_related("provider", "model", "hosting_cluster")
         .order_by("slug")
     )
-    return deployment_stats(deployments=deployments, days=days)
+    return deployment_stats(deployments=deployments, days=days, teams=teams)
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.contrib import messages
+from django.core.exceptions import PermissionDenied
 from django.db.models import Count
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
@@ -22,15 +23,16 @@ from inference.stats_selectors import (
     workflow_latency,
 )
 from stack.registry.models import Deployment, Provider, Workflow
-from stack.registry.roles import OPERATORS, can_see_costs, user_has_role
-from stack.registry.selectors import get_workflow_for_user, workflow_current_policy
+from stack.registry.roles import can_see_costs
+from stack.registry.selectors import get_workflow_for_user, workflow_current_policy, workflows_visible
 from stack.registry.services import RegistryError
-from stack.registry.views import RoleRequiredMixin
+from stack.registry.teams import user_may_change_team_object, user_team_scope
+from stack.registry.views import RoleRequiredMixin, require_team_write, shared_writer
 
 
 class InferenceHomeView(RoleRequiredMixin, View):
     def get(self, request: HttpRequest) -> HttpResponse:
-        stats = deployment_stats()
+        stats = deployment_stats(teams=user_team_scope(request.user))
         return render(
             request,
             "inference/home.html",
@@ -38,7 +40,7 @@ class InferenceHomeView(RoleRequiredMixin, View):
                 "stats": stats,
                 # Its x axis is money: drawn only for those who may see costs.
                 "chart": charts.cost_quality_chart(stats) if can_see_costs(request.user) else None,
-                "workflows": Workflow.objects.order_by("slug"),
+                "workflows": workflows_visible(user=request.user).order_by("slug"),
             },
         )
 
@@ -52,8 +54,12 @@ class WorkflowInferenceView(RoleRequiredMixin, View):
     def post(self, request: HttpRequest, slug: str) -> HttpResponse:
         workflow = get_workflow_for_user(slug=slug, user=request.user)
         deployments = self._deployments(workflow)
+        require_team_write(request.user, workflow.team_id)
         if request.POST.get("action") == "eval-run":
             return self._eval_run(request, workflow, deployments)
+        if not shared_writer(request.user):
+            # A drill fails a deployment every team's workflows share: platform operators only.
+            raise PermissionDenied("chaos drills are set by platform operators")
         form = ChaosForm(request.POST, deployments=deployments)
         if form.is_valid():
             deployment = form.cleaned_data["deployment"]
@@ -124,7 +130,7 @@ class WorkflowInferenceView(RoleRequiredMixin, View):
         status: int = 200,
     ) -> HttpResponse:
         chaos = {c.deployment_id: c for c in ChaosConfig.objects.filter(deployment__in=deployments)}
-        stats = deployment_stats(deployments=deployments)
+        stats = deployment_stats(deployments=deployments, teams=user_team_scope(request.user))
         route = [(s, chaos.get(s.deployment.pk)) for s in stats]
         return render(
             request,
@@ -146,7 +152,8 @@ class WorkflowInferenceView(RoleRequiredMixin, View):
                 .order_by("-created_at")[:20],
                 # Batch jobs are created through the API; the page shows their progress.
                 "batch_jobs": BatchJob.objects.filter(workflow=workflow).order_by("-created_at")[:20],
-                "can_write": user_has_role(request.user, OPERATORS),
+                "can_write": user_may_change_team_object(request.user, workflow.team_id),
+                "can_drill": shared_writer(request.user),
             },
             status=status,
         )
@@ -155,7 +162,7 @@ class WorkflowInferenceView(RoleRequiredMixin, View):
 class ProviderInferenceView(RoleRequiredMixin, View):
     def get(self, request: HttpRequest, slug: str) -> HttpResponse:
         provider = get_object_or_404(Provider, slug=slug)
-        stats = provider_deployment_stats(provider=provider)
+        stats = provider_deployment_stats(provider=provider, teams=user_team_scope(request.user))
         return render(
             request,
             "inference/provider.html",

@@ -70,6 +70,10 @@ ACCESS: dict[str, Access] = {
     # --- Pages -----------------------------------------------------------------------------
     "overview": _READ_ONLY,
     "tokens": _rw(ALL_ROLES, ALL_ROLES),  # everyone manages their own tokens
+    "teams": _READ_ONLY,
+    # Members are managed by platform admins and by the team's own admins (a team role; the
+    # view checks it per team: stack.views.TeamDetailView).
+    "team-page": _rw(ALL_ROLES, ADMINS),
     "workflows": _READ_ONLY,
     "workflows-new": _OPERATOR_FORMS,
     "workflow-page": _REGISTRY,  # switching the primary is a write

@@ -14,7 +14,8 @@ from billing.budgets import budget_save
 from billing.models import Budget, PriceBook, Unit
 from billing.services import price_book_publish
 from stack.registry.models import Cluster, Deployment, Provider, RegisteredModel, Team, Workflow
-from stack.registry.services import provider_endpoints_allow, workflow_create
+from stack.registry.roles import Role
+from stack.registry.services import provider_endpoints_allow, team_membership_set, workflow_create
 
 # (provider slug, display name, kind, region)
 PROVIDERS = [
@@ -29,15 +30,36 @@ CLUSTERS = [
 ]
 
 
+# The demo's two teams and a team-scoped operator of each: (team slug, name, user name).
+TEAMS = [("support", "Support", "support-op"), ("platform", "Platform", "platform-op")]
+
+
 @dataclass(frozen=True)
 class DemoStack:
     admin: User
     clusters: list[Cluster]
+    team_users: list[str]  # user names of the team-scoped demo users (they share one password)
 
 
-def demo_stack_seed(*, admin_password: str, now: datetime) -> DemoStack:
+def demo_teams_seed(*, password: str) -> list[str]:
+    """The demo's teams, each with an operator who sees only that team (no global role)."""
+    User = get_user_model()
+    names = []
+    for slug, name, username in TEAMS:
+        team, _ = Team.objects.get_or_create(slug=slug, defaults={"name": name})
+        user, _ = User.objects.get_or_create(username=username, defaults={"email": f"{username}@localhost"})
+        user.set_password(password)
+        user.save()
+        team_membership_set(team=team, user=user, role=Role.OPERATOR)
+        names.append(username)
+    return names
+
+
+def demo_stack_seed(*, admin_password: str, now: datetime, team_password: str | None = None) -> DemoStack:
+    """`team_password`: the password of the team users (the admin's when not given)."""
     User = get_user_model()
     with transaction.atomic():
+        team_users = demo_teams_seed(password=team_password or admin_password)
         admin, _ = User.objects.get_or_create(
             username="admin", defaults={"is_staff": True, "is_superuser": True, "email": "admin@localhost"}
         )
@@ -133,7 +155,18 @@ def demo_stack_seed(*, admin_password: str, now: datetime) -> DemoStack:
                 description="Classify incoming support tickets.",
                 deployments=[remote, local],
             )
-    return DemoStack(admin=admin, clusters=clusters)
+        if not Budget.objects.filter(name="support-monthly").exists():
+            budget_save(
+                budget=Budget(
+                    name="support-monthly",
+                    scope=Budget.Scope.TEAM,
+                    team="support",
+                    period=Budget.Period.MONTHLY,
+                    limit_amount=Decimal("20.00"),
+                    thresholds=[50, 80, 100],
+                )
+            )
+    return DemoStack(admin=admin, clusters=clusters, team_users=team_users)
 
 
 # The local-model drill: two serve_model replicas of the demo run's model, one per demo cluster.

@@ -34,6 +34,8 @@ urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
     # Prometheus scrapes: a bearer token and/or allowed networks (stack.metrics), not roles.
     path("metrics", metrics_view, name="metrics"),
+    path("teams/", views.TeamListView.as_view(), name="teams"),
+    path("teams/<slug:slug>/", views.TeamDetailView.as_view(), name="team-page"),
     path("", include("stack.registry.urls")),
     path("jobs/", include(probe_urlpatterns)),
     path("billing/", include("billing.urls")),

@@ -7,9 +7,13 @@ from decimal import Decimal
 from pathlib import Path
 
 import plotly
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
 from django.db import connection
-from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse
-from django.shortcuts import render
+from django.db.models import Count
+from django.http import FileResponse, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
+from django.shortcuts import get_object_or_404, render
+from django.urls import reverse
 from django.utils import timezone
 from django.views import View
 from django.views.decorators.cache import cache_control
@@ -17,15 +21,19 @@ from django.views.decorators.http import require_safe
 from rest_framework.exceptions import AuthenticationFailed
 
 from billing import charts
-from billing.selectors import DailySpend, spend_per_provider_per_day
+from billing.budgets import budget_state
+from billing.selectors import DailySpend, budgets_of_teams, spend_per_provider_per_day
 from stack.celery import app as celery_app
 from stack.error_reports import redact_credentials
 from stack.registry.authentication import BearerTokenAuthentication
-from stack.registry.models import Cluster, FailoverEvent
+from stack.registry.forms import TeamMemberForm
+from stack.registry.models import ApiToken, Cluster, FailoverEvent, Team, TeamMembership
 from stack.registry.objectstore import object_store_health
-from stack.registry.roles import ADMINS, can_see_costs, user_has_role
+from stack.registry.roles import ADMINS, ALL_ROLES, can_see_costs, user_has_role
 from stack.registry.selectors import cluster_list_with_workers
-from stack.registry.views import RoleRequiredMixin
+from stack.registry.services import RegistryError, team_membership_remove, team_membership_set
+from stack.registry.teams import teams_visible, user_team_admin_of, user_team_scope
+from stack.registry.views import RoleRequiredMixin, team_filter_from_request
 from training.selectors import probe_jobs_recent
 
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
@@ -38,14 +46,17 @@ OVERVIEW_DAYS = 14
 
 class OverviewView(RoleRequiredMixin, View):
     def get(self, request: HttpRequest) -> HttpResponse:
-        context: dict[str, object] = {}
+        team_filter = team_filter_from_request(request)
+        context: dict[str, object] = {"team_filter": team_filter}
         if can_see_costs(request.user):  # a viewer's page has no money (stack.registry.costs)
             now = timezone.now()
             first_day = (now - timedelta(days=OVERVIEW_DAYS - 1)).date()
             days = [first_day + timedelta(days=i) for i in range(OVERVIEW_DAYS)]
-            spend = spend_per_provider_per_day(since_day=first_day)
+            spend = spend_per_provider_per_day(since_day=first_day, teams=team_filter.slugs)
             context["spend_chart"] = charts.spend_per_provider_chart(spend, days)
             context["spend_totals"] = _totals_by_currency(spend)
+        # Failover events name runs and workflows of every team: platform roles only.
+        platform_wide = user_team_scope(request.user) is None
         return render(
             request,
             "stack/overview.html",
@@ -53,8 +64,12 @@ class OverviewView(RoleRequiredMixin, View):
                 **context,
                 "clusters": cluster_list_with_workers(),
                 "jobs": probe_jobs_recent(limit=10),
-                "events": FailoverEvent.objects.select_related("from_cluster", "to_cluster")[:10],
+                "show_events": platform_wide,
+                "events": FailoverEvent.objects.select_related("from_cluster", "to_cluster")[:10]
+                if platform_wide
+                else [],
             },
+            status=team_filter.status,
         )
 
 
@@ -143,3 +158,99 @@ def healthz(request: HttpRequest) -> JsonResponse:
 def plotly_js(request: HttpRequest) -> FileResponse:
     """plotly.js from the installed `plotly` package, so pages need no CDN."""
     return FileResponse(PLOTLY_JS.open("rb"), content_type="application/javascript")
+
+
+# --- Teams ----------------------------------------------------------------------------------------
+
+TEAM_SPEND_DAYS = 30
+
+
+def _may_manage_members(request: HttpRequest, team: Team) -> bool:
+    """Platform admins manage every team's members; a team's admins manage that team's."""
+    user = request.user
+    if user_team_scope(user) is None:
+        return user_has_role(user, ADMINS)
+    return team.pk in user_team_admin_of(user)
+
+
+class TeamListView(RoleRequiredMixin, View):
+    """The caller's teams (every team for a platform role)."""
+
+    def get(self, request: HttpRequest) -> HttpResponse:
+        teams = teams_visible(teams=user_team_scope(request.user)).annotate(
+            members=Count("memberships", distinct=True), workflow_count=Count("workflows", distinct=True)
+        )
+        memberships = TeamMembership.objects.filter(user_id=request.user.pk)  # type: ignore[misc]
+        mine = dict(memberships.values_list("team_id", "role"))
+        rows = [{"team": team, "role": mine.get(team.pk, "")} for team in teams]
+        return render(request, "stack/team_list.html", {"rows": rows})
+
+
+class TeamDetailView(RoleRequiredMixin, View):
+    """A team: members and roles, API keys (never their secrets), budgets with this period's
+    spend, rate limits and spend by day. Its admins (and platform admins) manage members here."""
+
+    # Every member may open it; who may change members is decided per team below.
+    write_roles = ALL_ROLES
+
+    def get(self, request: HttpRequest, slug: str) -> HttpResponse:
+        team = self._team(request, slug)
+        return self._render(request, team, TeamMemberForm())
+
+    def post(self, request: HttpRequest, slug: str) -> HttpResponse:
+        team = self._team(request, slug)
+        if not _may_manage_members(request, team):
+            raise PermissionDenied("only the team's admins manage its members")
+        if "remove" in request.POST:
+            member = get_object_or_404(
+                team.memberships.select_related("user"), user__username=request.POST["remove"]
+            )
+            team_membership_remove(team=team, user=member.user)
+            messages.success(request, f"{member.user.username} left {team.slug}.")
+            return HttpResponseRedirect(reverse("team-page", args=[team.slug]))
+        form = TeamMemberForm(request.POST)
+        if form.is_valid():
+            try:
+                membership = team_membership_set(
+                    team=team, user=form.cleaned_data["username"], role=form.cleaned_data["role"]
+                )
+            except RegistryError as exc:
+                form.add_error(exc.field if exc.field in form.fields else None, str(exc))
+            else:
+                messages.success(request, f"{membership.user.username} is {membership.role} of {team.slug}.")
+                return HttpResponseRedirect(reverse("team-page", args=[team.slug]))
+        return self._render(request, team, form, status=400)
+
+    @staticmethod
+    def _team(request: HttpRequest, slug: str) -> Team:
+        """The team if the caller sees it; 404 otherwise, as for a team that does not exist."""
+        return get_object_or_404(teams_visible(teams=user_team_scope(request.user)), slug=slug)
+
+    def _render(
+        self, request: HttpRequest, team: Team, form: TeamMemberForm, status: int = 200
+    ) -> HttpResponse:
+        context: dict[str, object] = {
+            "team": team,
+            "members": team.memberships.select_related("user").order_by("user__username"),
+            "keys": ApiToken.objects.filter(team=team)
+            .select_related("user")
+            .prefetch_related("workflows")
+            .order_by("revoked_at", "name"),
+            "workflows": team.workflows.order_by("slug"),
+            "form": form,
+            "can_manage": _may_manage_members(request, team),
+        }
+        if can_see_costs(request.user):  # budgets and spend are money (stack.registry.costs)
+            now = timezone.now()
+            first_day = (now - timedelta(days=TEAM_SPEND_DAYS - 1)).date()
+            days = [first_day + timedelta(days=i) for i in range(TEAM_SPEND_DAYS)]
+            spend = spend_per_provider_per_day(since_day=first_day, teams=frozenset({team.slug}))
+            context["spend_chart"] = charts.spend_per_provider_chart(spend, days)
+            context["spend_totals"] = _totals_by_currency(spend)
+            context["budgets"] = [
+                {"budget": budget, "state": budget_state(budget=budget, now=now)}
+                for budget in budgets_of_teams(teams=frozenset({team.pk}))
+            ]
+        response = render(request, "stack/team_detail.html", context, status=status)
+        response["Cache-Control"] = "no-store"
+        return response

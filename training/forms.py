@@ -7,9 +7,10 @@ from typing import Any
 
 import yaml
 from django import forms
+from django.db.models import QuerySet
 
 from stack.registry.form_fields import DecimalField, IntegerField
-from stack.registry.models import Cluster
+from stack.registry.models import Cluster, Team
 from stack.registry.validation import InputError, config_parse
 from training.run_config import MONEY_DECIMAL_PLACES, MONEY_MAX_DIGITS, demo_config
 
@@ -33,6 +34,23 @@ class TrainingRunForm(forms.Form):
         decimal_places=MONEY_DECIMAL_PLACES,
         help_text="Overrides money_budget.",
     )
+    team = forms.ModelChoiceField(
+        queryset=Team.objects.none(),
+        to_field_name="slug",
+        required=False,
+        help_text="The team that owns the run (overrides the config's team).",
+        error_messages={"invalid_choice": "no team %(value)s that you operate"},
+    )
+
+    def __init__(
+        self, *args: Any, teams: QuerySet[Team] | None = None, team_required: bool = False, **kwargs: Any
+    ) -> None:
+        """`teams`: those the author operates; a team-scoped author must pick one of them."""
+        super().__init__(*args, **kwargs)
+        field: Any = self.fields["team"]
+        field.queryset = teams if teams is not None else Team.objects.all()
+        field.required = team_required
+        field.empty_label = None if team_required else "none (a platform run)"
 
     def clean_config(self) -> dict[str, Any]:
         text = self.cleaned_data["config"]
@@ -59,6 +77,9 @@ class TrainingRunForm(forms.Form):
             cfg["stop"] = {"outer_steps": self.cleaned_data["outer_steps"]}
         if self.cleaned_data.get("money_budget") is not None:
             cfg["money_budget"] = str(self.cleaned_data["money_budget"])
+        team = self.cleaned_data.get("team")
+        if team is not None:
+            cfg["team"] = team.slug
         return cfg
 
     def add_config_errors(self, errors: dict[str, list[str]]) -> None:
@@ -67,6 +88,7 @@ class TrainingRunForm(forms.Form):
             "learners.count": "learners",
             "stop.outer_steps": "outer_steps",
             "money_budget": "money_budget",
+            "team": "team",
         }
         for path, messages in errors.items():
             for message in messages:

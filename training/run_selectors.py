@@ -10,6 +10,7 @@ from django.db.models import Sum
 
 from billing.money import ledger_text_or_none
 from stack.registry.costs import without_money
+from stack.registry.teams import filter_by_team
 from training.models import TrainingLearner, TrainingRun, TrainingRunTransition
 from training.selectors import (
     RunProgress,
@@ -30,9 +31,10 @@ class RunRow:
     progress: RunProgress
 
 
-def run_rows(*, limit: int = 100) -> list[RunRow]:
-    """The runs list: each run with the clusters its learners sit on and its progress."""
-    runs = list(training_runs_list()[:limit])
+def run_rows(*, limit: int = 100, teams: frozenset[int] | None = None) -> list[RunRow]:
+    """The runs list: each run with the clusters its learners sit on and its progress; of
+    `teams` only (team ids) unless None."""
+    runs = list(filter_by_team(training_runs_list(), teams, "team")[:limit])
     clusters: dict[int, set[str]] = {}
     for run_id, slug in TrainingLearner.objects.filter(run__in=runs, cluster__isnull=False).values_list(
         "run_id", "cluster__slug"

@@ -7,14 +7,22 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import messages
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views import View
 
 from billing.selectors import usage_for_subject
-from stack.registry.roles import OPERATORS, can_see_costs, user_has_role
-from stack.registry.views import RoleRequiredMixin
+from stack.registry.roles import OPERATORS, can_see_costs
+from stack.registry.teams import (
+    filter_by_team,
+    teams_visible,
+    user_may_change_team_object,
+    user_team_scope,
+    user_teams_with_role,
+)
+from stack.registry.views import RoleRequiredMixin, require_team_write, shared_writer
 from training.charts import charts_shown, loss_curve_chart, run_figures
 from training.forms import ProbeJobForm, TrainingRunForm, example_config_text
 from training.models import ProbeJob, TrainingRun
@@ -39,12 +47,11 @@ from training.services import (
 REFRESH_MS = 3000
 
 
-def _run(pk: int) -> TrainingRun:
+def _run(request: HttpRequest, pk: int) -> TrainingRun:
+    """The run if the caller's teams reach it; 404 otherwise, as for a run that does not exist."""
+    runs = filter_by_team(TrainingRun.objects.all(), user_team_scope(request.user), "team")
     return get_object_or_404(
-        TrainingRun.objects.select_related(
-            "registered_model", "created_by", "started_from__registered_model"
-        ),
-        pk=pk,
+        runs.select_related("registered_model", "created_by", "started_from__registered_model"), pk=pk
     )
 
 
@@ -70,13 +77,16 @@ class RunListView(RoleRequiredMixin, View):
         return render(
             request,
             "training/run_list.html",
-            {"rows": run_rows(), "can_write": user_has_role(request.user, OPERATORS)},
+            {
+                "rows": run_rows(teams=user_team_scope(request.user)),
+                "can_write": user_teams_with_role(request.user, OPERATORS) != frozenset(),
+            },
         )
 
 
 class RunDetailView(RoleRequiredMixin, View):
     def get(self, request: HttpRequest, pk: int) -> HttpResponse:
-        run = _run(pk)
+        run = _run(request, pk)
         costs = can_see_costs(request.user)
         return render(
             request,
@@ -91,7 +101,7 @@ class RunDetailView(RoleRequiredMixin, View):
                 "charts": charts_shown(costs=costs),
                 "initial": _figures_payload(run, costs=costs),
                 "refresh_ms": REFRESH_MS,
-                "can_cancel": user_has_role(request.user, OPERATORS)
+                "can_cancel": user_may_change_team_object(request.user, run.team_id)
                 and run.state not in TrainingRun.FINAL_STATES,
             },
         )
@@ -101,7 +111,7 @@ class RunMetricsView(RoleRequiredMixin, View):
     """The page's figures (and the raw series) for Plotly.react, on the page's session."""
 
     def get(self, request: HttpRequest, pk: int) -> JsonResponse:
-        run = _run(pk)
+        run = _run(request, pk)
         costs = can_see_costs(request.user)
         return JsonResponse(
             {
@@ -113,7 +123,8 @@ class RunMetricsView(RoleRequiredMixin, View):
 
 class RunCancelView(RoleRequiredMixin, View):
     def post(self, request: HttpRequest, pk: int) -> HttpResponse:
-        run = _run(pk)
+        run = _run(request, pk)
+        require_team_write(request.user, run.team_id)
         try:
             training_run_cancel(run=run, reason=request.POST.get("reason", ""), by=request.user)  # type: ignore[arg-type]
         except RunStateError as exc:
@@ -127,12 +138,19 @@ class RunLaunchView(RoleRequiredMixin, View):
     # Only operators may even see the form: it exists to launch.
     read_roles = OPERATORS
 
+    @staticmethod
+    def _teams(request: HttpRequest) -> dict[str, Any]:
+        """The launch form's team choices: the teams the user operates (a team-scoped user must
+        pick one; a platform operator may leave it empty for a platform run)."""
+        writable = user_teams_with_role(request.user, OPERATORS)
+        return {"teams": teams_visible(teams=writable), "team_required": writable is not None}
+
     def get(self, request: HttpRequest) -> HttpResponse:
-        form = TrainingRunForm(initial={"config": example_config_text()})
+        form = TrainingRunForm(initial={"config": example_config_text()}, **self._teams(request))
         return render(request, "training/run_form.html", {"form": form})
 
     def post(self, request: HttpRequest) -> HttpResponse:
-        form = TrainingRunForm(request.POST)
+        form = TrainingRunForm(request.POST, **self._teams(request))
         if form.is_valid():
             try:
                 run = training_run_create(
@@ -153,6 +171,8 @@ class JobListView(RoleRequiredMixin, View):
         return self._render(request, ProbeJobForm())
 
     def post(self, request: HttpRequest) -> HttpResponse:
+        if not shared_writer(request.user):  # a probe runs on a shared cluster: platform operators
+            raise PermissionDenied("probe jobs are dispatched by platform operators")
         form = ProbeJobForm(request.POST)
         if form.is_valid():
             try:
@@ -175,7 +195,7 @@ class JobListView(RoleRequiredMixin, View):
             {
                 "jobs": probe_jobs_recent(limit=100),
                 "form": form,
-                "can_write": user_has_role(request.user, OPERATORS),
+                "can_write": shared_writer(request.user),
             },
             status=status,
         )
@@ -191,9 +211,10 @@ class JobDetailView(RoleRequiredMixin, View):
             {
                 "job": job,
                 "chart": chart,
-                # The job's ledger rows (unit prices, amounts): only for those who may see costs.
+                # The job's ledger rows (unit prices, amounts): only for those who may see costs,
+                # and for platform roles (a probe's spend belongs to no team).
                 "usage": usage_for_subject(subject_type="probe_job", subject_id=str(job.pk))
-                if can_see_costs(request.user)
+                if can_see_costs(request.user) and user_team_scope(request.user) is None
                 else None,
             },
         )

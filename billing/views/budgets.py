@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
@@ -17,7 +21,9 @@ from billing.budgets import (
 )
 from billing.forms import BudgetForm
 from billing.models import Budget, BudgetAlert
-from stack.registry.roles import LEDGER_READERS, OPERATORS, user_has_role
+from billing.selectors import budgets_of_teams
+from stack.registry.roles import LEDGER_READERS, OPERATORS
+from stack.registry.teams import user_team_scope, user_teams_with_role
 from stack.registry.views import RoleRequiredMixin
 
 
@@ -26,37 +32,62 @@ class BudgetListView(RoleRequiredMixin, View):
     write_roles = OPERATORS
 
     def get(self, request: HttpRequest) -> HttpResponse:
-        budgets = Budget.objects.select_related("workflow", "provider", "cluster")
+        budgets = budgets_of_teams(teams=user_team_scope(request.user))
+        writable = set(budgets_writable(request.user).values_list("pk", flat=True))
         rows = []
         for budget in budgets:
             state = budget_state(budget=budget)
             bar = min(state.percent, 100) if state is not None else 0
-            rows.append({"budget": budget, "state": state, "bar": f"{bar}", "target": budget.target_label()})
+            rows.append(
+                {"budget": budget, "state": state, "bar": f"{bar}", "target": budget.target_label(),
+                 "writable": budget.pk in writable}
+            )  # fmt: skip
+        alerts = list(budget_alerts_open().filter(budget__in=budgets)[:50])
+        for alert in alerts:
+            alert.writable = alert.budget_id in writable  # type: ignore[attr-defined]
         return render(
             request,
             "billing/budget_list.html",
             {
                 "rows": rows,
-                "alerts": budget_alerts_open()[:50],
-                "can_write": user_has_role(request.user, OPERATORS),
+                "alerts": alerts,
+                "can_write": user_teams_with_role(request.user, OPERATORS) != frozenset(),
             },
         )
+
+
+def budgets_writable(user: Any) -> QuerySet[Budget]:
+    """The budgets `user` may change: every one for a platform operator, its operated teams' ones
+    for a team-scoped user."""
+    return budgets_of_teams(teams=user_teams_with_role(user, OPERATORS))
+
+
+def _budget_for_write(request: HttpRequest, pk: int) -> Budget:
+    """The budget to change: 404 when the caller cannot see it, 403 when it sees but may not change it."""
+    budget = get_object_or_404(budgets_of_teams(teams=user_team_scope(request.user)), pk=pk)
+    if not budgets_writable(request.user).filter(pk=pk).exists():
+        raise PermissionDenied("your role in this budget's team does not allow this")
+    return budget
 
 
 class BudgetFormView(RoleRequiredMixin, View):
     read_roles = OPERATORS
     write_roles = OPERATORS
 
-    def _budget(self, pk: int | None) -> Budget:
-        return get_object_or_404(Budget, pk=pk) if pk is not None else Budget()
+    def _budget(self, request: HttpRequest, pk: int | None) -> Budget:
+        return _budget_for_write(request, pk) if pk is not None else Budget()
+
+    def _form(self, request: HttpRequest, budget: Budget, data: Any = None) -> BudgetForm:
+        writable = user_teams_with_role(request.user, OPERATORS)
+        return BudgetForm(data, instance=budget, writable_teams=writable)
 
     def get(self, request: HttpRequest, pk: int | None = None) -> HttpResponse:
-        budget = self._budget(pk)
-        return self._render(request, BudgetForm(instance=budget), budget)
+        budget = self._budget(request, pk)
+        return self._render(request, self._form(request, budget), budget)
 
     def post(self, request: HttpRequest, pk: int | None = None) -> HttpResponse:
-        budget = self._budget(pk)
-        form = BudgetForm(request.POST, instance=budget)
+        budget = self._budget(request, pk)
+        form = self._form(request, budget, request.POST)
         if form.is_valid():
             budget = form.save(commit=False)
             budget.thresholds = form.cleaned_data["thresholds"]
@@ -97,6 +128,8 @@ class BudgetAlertAcknowledgeView(RoleRequiredMixin, View):
     write_roles = OPERATORS
 
     def post(self, request: HttpRequest, pk: int) -> HttpResponse:
-        alert = budget_alert_acknowledge(alert=get_object_or_404(BudgetAlert, pk=pk))
+        alert = get_object_or_404(BudgetAlert.objects.select_related("budget"), pk=pk)
+        _budget_for_write(request, alert.budget_id)
+        alert = budget_alert_acknowledge(alert=alert)
         messages.success(request, f"Alert acknowledged: {alert}.")
         return HttpResponseRedirect(reverse("billing-budgets"))

@@ -18,12 +18,19 @@ from billing import charts
 from billing.budgets import budget_state
 from billing.exports import ExportFilters, export_queryset
 from billing.forms import LedgerFilterForm
-from billing.models import Budget, Unit, UsageRecord
-from billing.selectors import PURPOSE_BY_UNIT, price_in_force, spend_grouped, spend_per_provider_per_day
+from billing.models import Unit, UsageRecord
+from billing.selectors import (
+    PURPOSE_BY_UNIT,
+    budgets_of_teams,
+    price_in_force,
+    spend_grouped,
+    spend_per_provider_per_day,
+)
 from billing.selfhosted import self_hosted_cost
 from stack.registry.models import Deployment, FailoverEvent
 from stack.registry.roles import LEDGER_READERS
-from stack.registry.views import RoleRequiredMixin
+from stack.registry.teams import team_slugs, user_team_scope
+from stack.registry.views import RoleRequiredMixin, team_filter_from_request
 
 CHART_DAYS = 30
 TOP = 10
@@ -33,10 +40,12 @@ def _ledger_link(**filters: Any) -> str:
     return "/billing/ledger/?" + urlencode({k: v for k, v in filters.items() if v not in (None, "")})
 
 
-def _ranked(totals: dict[tuple[Any, ...], Decimal], link_field: str, since: date) -> list[dict[str, Any]]:
+def _ranked(
+    totals: dict[tuple[Any, ...], Decimal], link_field: str, since: date, team: str = ""
+) -> list[dict[str, Any]]:
     rows = [
         {"name": name, "currency": currency, "amount": amount,
-         "link": _ledger_link(since=since.isoformat(), **{link_field: name})}
+         "link": _ledger_link(since=since.isoformat(), team=team, **{link_field: name})}
         for (name, currency), amount in totals.items()
         if name
     ]  # fmt: skip
@@ -51,67 +60,71 @@ class BillingDashboardView(RoleRequiredMixin, View):
         month_start = now.date().replace(day=1)
         first_day = now.date() - timedelta(days=CHART_DAYS - 1)
         days = [first_day + timedelta(days=i) for i in range(CHART_DAYS)]
-        daily = spend_per_provider_per_day(since_day=first_day)
+        # Every figure below is of the teams picked (?team=), a team-scoped user's own by default.
+        pick = team_filter_from_request(request)
+        slugs, team = pick.slugs, pick.picked
+        daily = spend_per_provider_per_day(since_day=first_day, teams=slugs)
 
         split: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
-        for (unit, currency), amount in spend_grouped(by=("unit", "currency"), since_day=month_start).items():
+        by_unit = spend_grouped(by=("unit", "currency"), since_day=month_start, teams=slugs)
+        for (unit, currency), amount in by_unit.items():
             split[(PURPOSE_BY_UNIT.get(unit, "other"), currency)] += amount
-        mtd = spend_grouped(by=("currency",), since_day=month_start)
-        failover = (
-            FailoverEvent.objects.filter(
-                detected_at__gte=datetime.combine(month_start, time.min, tzinfo=UTC), extra_cost__gt=0
+        mtd = spend_grouped(by=("currency",), since_day=month_start, teams=slugs)
+        failover: Any = []
+        if slugs is None:  # a failover's extra cost belongs to no one team
+            failover = (
+                FailoverEvent.objects.filter(
+                    detected_at__gte=datetime.combine(month_start, time.min, tzinfo=UTC), extra_cost__gt=0
+                )
+                .values("kind", "currency")
+                .annotate(total=Sum("extra_cost"))
+                .order_by("kind")
             )
-            .values("kind", "currency")
-            .annotate(total=Sum("extra_cost"))
-            .order_by("kind")
-        )
         budgets = [
             state
-            for state in (budget_state(budget=b, now=now) for b in Budget.objects.filter(active=True))
+            for state in (
+                budget_state(budget=b, now=now)
+                for b in budgets_of_teams(teams=pick.teams).filter(active=True)
+            )
             if state is not None
         ]
+
+        def ranked(dimension: str, link_field: str) -> list[dict[str, Any]]:
+            totals = spend_grouped(by=(dimension, "currency"), since_day=month_start, teams=slugs)
+            return _ranked(totals, link_field, month_start, team)
+
         return render(
             request,
             "billing/dashboard.html",
             {
+                "team_filter": pick,
                 "month_start": month_start,
                 "chart": charts.spend_per_provider_chart(daily, days),
-                "chart_link": _ledger_link(since=first_day.isoformat()),
+                "chart_link": _ledger_link(since=first_day.isoformat(), team=team),
                 "month_to_date": [
                     {
                         "currency": c,
                         "amount": a,
-                        "link": _ledger_link(since=month_start.isoformat(), currency=c),
+                        "link": _ledger_link(since=month_start.isoformat(), currency=c, team=team),
                     }
                     for (c,), a in sorted(mtd.items())
                 ],
                 "budgets": budgets,
-                "top_workflows": _ranked(
-                    spend_grouped(by=("workflow__slug", "currency"), since_day=month_start),
-                    "workflow",
-                    month_start,
-                ),
-                "top_runs": _ranked(
-                    spend_grouped(by=("training_run_id", "currency"), since_day=month_start),
-                    "training_run",
-                    month_start,
-                ),
-                "top_clusters": _ranked(
-                    spend_grouped(by=("cluster__slug", "currency"), since_day=month_start),
-                    "cluster",
-                    month_start,
-                ),
+                "top_workflows": ranked("workflow__slug", "workflow"),
+                "top_runs": ranked("training_run_id", "training_run"),
+                "top_clusters": ranked("cluster__slug", "cluster"),
                 "split": [
                     {"purpose": purpose, "currency": currency, "amount": amount}
                     for (purpose, currency), amount in sorted(split.items())
                 ],
                 "split_links": {
-                    purpose: _ledger_link(since=month_start.isoformat(), purpose=purpose)
+                    purpose: _ledger_link(since=month_start.isoformat(), purpose=purpose, team=team)
                     for purpose in set(PURPOSE_BY_UNIT.values())
                 },
                 "failover_costs": list(failover),
                 "token_prices": _token_prices(since_day=first_day, now=now),
             },
+            status=pick.status,
         )
 
 
@@ -166,6 +179,7 @@ class LedgerRowsView(RoleRequiredMixin, View):
                     cluster=f["cluster"],
                     workflow=f["workflow"],
                     training_run=f["training_run"],
+                    team=f["team"],
                     unit=f["unit"],
                 )
             ).select_related("provider", "cluster", "deployment", "workflow", "price_book")
@@ -175,6 +189,10 @@ class LedgerRowsView(RoleRequiredMixin, View):
                 rows = rows.filter(unit__in=[u for u, p in PURPOSE_BY_UNIT.items() if p == f["purpose"]])
             if f["before"]:
                 rows = rows.filter(pk__lt=f["before"])
+        # A team-scoped caller reads its teams' rows only, whatever the filters say.
+        slugs = team_slugs(user_team_scope(request.user))
+        if slugs is not None:
+            rows = rows.filter(team__in=slugs)
         # Newest first by id: ids are drawn in append order across every partition, while
         # sequences repeat from one partition to the next and cannot page a merged ledger.
         page = list(rows.order_by("-pk")[: PAGE_ROWS + 1])

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from django import forms
+from django.db.models import QuerySet
 from django.http import (
     Http404,
     HttpRequest,
@@ -26,7 +30,16 @@ from billing.exports import (
 from billing.forms import ExportPageForm
 from billing.models import ExportJob
 from stack.registry.roles import LEDGER_READERS
+from stack.registry.teams import team_slugs, user_team_scope
 from stack.registry.views import RoleRequiredMixin
+
+
+def export_jobs_visible(request: HttpRequest) -> QuerySet[ExportJob]:
+    """Export jobs the caller may see: all for a platform role, those of one of its teams (the
+    job's `team` filter) for a team-scoped user."""
+    jobs = ExportJob.objects.select_related("created_by")
+    slugs = team_slugs(user_team_scope(request.user))
+    return jobs if slugs is None else jobs.filter(filters__team__in=sorted(slugs))
 
 
 class ExportPageView(RoleRequiredMixin, View):
@@ -35,10 +48,22 @@ class ExportPageView(RoleRequiredMixin, View):
     read_roles = write_roles = LEDGER_READERS
 
     def get(self, request: HttpRequest) -> HttpResponse:
-        return self._page(request, ExportPageForm())
+        return self._page(request, self._form(request))
+
+    @staticmethod
+    def _form(request: HttpRequest, data: Any = None) -> ExportPageForm:
+        form = ExportPageForm(data)
+        slugs = team_slugs(user_team_scope(request.user))
+        if slugs is not None:
+            # A team-scoped caller exports one of its teams' rows, never the whole ledger.
+            form.fields["team"] = forms.ChoiceField(
+                choices=[(slug, slug) for slug in sorted(slugs)],
+                error_messages={"invalid_choice": "no team %(value)s that you can see"},
+            )
+        return form
 
     def post(self, request: HttpRequest) -> HttpResponseBase:
-        form = ExportPageForm(request.POST)
+        form = self._form(request, request.POST)
         if not form.is_valid():
             return self._page(request, form, status=400)
         if request.POST.get("action") == "job":
@@ -47,7 +72,7 @@ class ExportPageView(RoleRequiredMixin, View):
         return export_response(filters=form.filters(), fmt=form.cleaned_data["format"])
 
     def _page(self, request: HttpRequest, form: ExportPageForm, status: int = 200) -> HttpResponse:
-        jobs = ExportJob.objects.select_related("created_by")[:20]
+        jobs = export_jobs_visible(request)[:20]
         return render(request, "billing/export.html", {"form": form, "jobs": jobs}, status=status)
 
 
@@ -55,7 +80,7 @@ class ExportJobPageView(RoleRequiredMixin, View):
     read_roles = LEDGER_READERS
 
     def get(self, request: HttpRequest, pk: int) -> HttpResponse:
-        job = get_object_or_404(ExportJob.objects.select_related("created_by"), pk=pk)
+        job = get_object_or_404(export_jobs_visible(request), pk=pk)
         files = [
             {
                 "name": name,
@@ -87,7 +112,7 @@ class ExportJobFileView(RoleRequiredMixin, View):
     read_roles = LEDGER_READERS
 
     def get(self, request: HttpRequest, pk: int, name: str) -> StreamingHttpResponse:
-        job = get_object_or_404(ExportJob, pk=pk)
+        job = get_object_or_404(export_jobs_visible(request), pk=pk)
         try:
             chunks = export_job_file_chunks(job=job, name=name)
         except LookupError:  # not one of the job's files, or gone from the store

@@ -10,8 +10,8 @@ from django.views import View
 
 from billing.forms import PriceImportForm
 from billing.price_import import FileImportError, RowError, price_book_listing, price_import_upload
-from stack.registry.roles import ADMINS, LEDGER_READERS, user_has_role
-from stack.registry.views import RoleRequiredMixin
+from stack.registry.roles import ADMINS, LEDGER_READERS
+from stack.registry.views import RoleRequiredMixin, shared_writer
 
 
 class PriceListView(RoleRequiredMixin, View):
@@ -52,7 +52,7 @@ class PriceListView(RoleRequiredMixin, View):
                 "targets": price_book_listing(),
                 "form": form,
                 "errors": errors or [],
-                "can_write": user_has_role(request.user, self.write_roles),
+                "can_write": shared_writer(request.user, self.write_roles),
             },
             status=status,
         )

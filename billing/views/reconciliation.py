@@ -28,6 +28,7 @@ from stack.registry.views import RoleRequiredMixin
 
 
 class ReconciliationListView(RoleRequiredMixin, View):
+    platform_only = True  # a provider's invoice covers every team
     read_roles = LEDGER_READERS
     write_roles = LEDGER_READERS
 
@@ -67,6 +68,7 @@ class ReconciliationListView(RoleRequiredMixin, View):
 
 
 class ReconciliationDetailView(RoleRequiredMixin, View):
+    platform_only = True
     read_roles = LEDGER_READERS
 
     def get(self, request: HttpRequest, pk: int) -> HttpResponse:

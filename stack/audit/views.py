@@ -19,6 +19,7 @@ class AuditTrailView(RoleRequiredMixin, View):
     """Recorded changes, newest first, 100 a page."""
 
     read_roles = AUDIT_READERS
+    platform_only = True  # the trail records every team's changes
 
     def get(self, request: HttpRequest) -> HttpResponse:
         form = AuditFilterForm(request.GET or None)
@@ -51,6 +52,7 @@ class AuditExportView(RoleRequiredMixin, View):
     """The filtered trail as a CSV download, streamed."""
 
     read_roles = AUDIT_READERS
+    platform_only = True  # the trail records every team's changes
 
     def get(self, request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
         form = AuditFilterForm(request.GET)

@@ -5,10 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from django import forms
+from django.contrib.auth.models import User
+from django.db.models import QuerySet
 
 from stack.registry.form_fields import IntegerField, model_formfield
 from stack.registry.models import Cluster, Deployment, Provider, RegisteredModel, Team, Workflow
 from stack.registry.objectstore import store_uri_problem
+from stack.registry.roles import Role
 from stack.registry.services import RATE_LIMIT_MAX
 
 
@@ -133,6 +136,16 @@ class WorkflowForm(forms.ModelForm[Workflow]):
         fields = ["slug", "team", "description", "rpm_limit", "tpm_limit"]
         formfield_callback = model_formfield
 
+    def __init__(self, *args: Any, teams: QuerySet[Team], team_required: bool, **kwargs: Any) -> None:
+        """`teams`: those the author may create workflows in; a team-scoped author must pick one."""
+        super().__init__(*args, **kwargs)
+        field: Any = self.fields["team"]  # a ModelChoiceField
+        field.queryset = teams
+        field.to_field_name = "slug"
+        field.required = team_required
+        field.empty_label = None if team_required else "none (a platform workflow)"
+        field.error_messages["invalid_choice"] = "no team %(value)s in which you may create workflows"
+
 
 class SwitchPrimaryForm(forms.Form):
     deployment = forms.ModelChoiceField(queryset=Deployment.objects.filter(enabled=True))
@@ -154,3 +167,34 @@ class ApiTokenLimitsForm(forms.Form):
 class ApiTokenForm(ApiTokenLimitsForm):
     name = forms.CharField(max_length=100)
     field_order = ["name", "rpm_limit", "tpm_limit", "rate_limit_fail_closed"]
+
+
+class TeamFilterForm(forms.Form):
+    """`?team=slug` on the dashboards: one of the teams the caller sees; empty: all of them."""
+
+    team = forms.ModelChoiceField(
+        queryset=Team.objects.none(),
+        to_field_name="slug",
+        required=False,
+        empty_label="all my teams",
+        error_messages={"invalid_choice": "no team %(value)s that you can see"},
+    )
+
+    def __init__(self, *args: Any, teams: QuerySet[Team], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        field: Any = self.fields["team"]  # a ModelChoiceField
+        field.queryset = teams
+
+
+class TeamMemberForm(forms.Form):
+    """Add a member to a team or change a member's role (a team admin's or platform admin's form)."""
+
+    username = forms.CharField(max_length=150)
+    role = forms.ChoiceField(choices=Role.choices)
+
+    def clean_username(self) -> User:
+        name: str = self.cleaned_data["username"]
+        user = User.objects.filter(username=name, is_active=True).first()
+        if user is None:
+            raise forms.ValidationError(f"no active user {name}")
+        return user

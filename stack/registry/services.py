@@ -31,9 +31,11 @@ from stack.registry.models import (
     RoutingPolicyEntry,
     RoutingPolicyVersion,
     Team,
+    TeamMembership,
     WorkerHeartbeat,
     Workflow,
 )
+from stack.registry.roles import Role
 from stack.registry.selectors import workflow_current_policy
 from stack.registry.validation import text_problem
 
@@ -42,6 +44,26 @@ logger = logging.getLogger(__name__)
 
 class RegistryError(DomainError, ValueError):
     """A registry change that is not allowed; the message is shown to the user."""
+
+
+# --- Teams ----------------------------------------------------------------------
+
+
+def team_membership_set(*, team: Team, user: User, role: str) -> TeamMembership:
+    """Make `user` a member of `team` with `role`, or change the role of a member. A row set
+    here is a manual one (a later single-sign-on login does not rewrite it)."""
+    if role not in Role.values:
+        raise RegistryError(f"unknown role {role!r}; one of {', '.join(Role.values)}", field="role")
+    membership, _ = TeamMembership.objects.update_or_create(
+        team=team, user=user, defaults={"role": role, "source": "manual"}
+    )
+    return membership
+
+
+def team_membership_remove(*, team: Team, user: User) -> bool:
+    """Take `user` out of `team`; False when they were not a member."""
+    deleted, _ = TeamMembership.objects.filter(team=team, user=user).delete()
+    return deleted > 0
 
 
 # --- Providers ------------------------------------------------------------------

@@ -136,3 +136,15 @@ def filter_by_team(
 def user_has_any_role(user: User | AnonymousUser) -> bool:
     """A global role or at least one membership: enough to sign in to the pages."""
     return bool(global_roles(user) & ALL_ROLES) or bool(user_team_roles(user))
+
+
+def user_may_change_team_object(
+    user: User | AnonymousUser, team_id: int | None, allowed: frozenset[Role] = OPERATORS
+) -> bool:
+    """May this user change an object of team `team_id` (None: a platform object)? A global role
+    in `allowed` (or admin) changes any; a team-scoped user needs one of `allowed` in that very
+    team, and never changes a platform object."""
+    teams = user_teams_with_role(user, allowed)
+    if teams is None:
+        return True
+    return team_id is not None and team_id in teams

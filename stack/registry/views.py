@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from django.contrib import messages
@@ -26,19 +27,32 @@ from stack.registry.forms import (
     ProviderForm,
     RegisteredModelForm,
     SwitchPrimaryForm,
+    TeamFilterForm,
     WorkflowForm,
 )
 from stack.registry.models import ApiToken, Cluster, Deployment, Provider, RegisteredModel, Workflow
 from stack.registry.roles import ALL_ROLES, OPERATORS, Role, user_has_role, user_roles
-from stack.registry.selectors import get_workflow_for_user, workflow_current_policy
+from stack.registry.selectors import get_workflow_for_user, workflow_current_policy, workflows_visible
+from stack.registry.teams import (
+    team_slugs,
+    teams_visible,
+    user_may_change_team_object,
+    user_team_scope,
+    user_teams_with_role,
+)
 from stack.registry.validation import id_parse
 
 
 class RoleRequiredMixin(LoginRequiredMixin):
-    """Pages: every role may look; `write_roles` may change things (POST)."""
+    """Pages: every role may look; `write_roles` may change things (POST).
+
+    A team member passes the role check with what its teams grant; the page then shows only its
+    teams' rows (stack.registry.teams). `platform_only` pages (the audit trail, reconciliation,
+    forms that change shared objects) answer 403 to team-scoped users."""
 
     read_roles: frozenset[Role] = ALL_ROLES
     write_roles: frozenset[Role] = OPERATORS
+    platform_only = False
 
     def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
         if not request.user.is_authenticated:
@@ -46,12 +60,51 @@ class RoleRequiredMixin(LoginRequiredMixin):
         allowed = self.read_roles if request.method in ("GET", "HEAD") else self.write_roles
         if not user_has_role(request.user, allowed):
             raise PermissionDenied("your role does not allow this")
+        if self.platform_only and user_team_scope(request.user) is not None:
+            raise PermissionDenied("this page is for platform roles")
         return super().dispatch(request, *args, **kwargs)
 
     def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
         context: dict[str, Any] = super().get_context_data(**kwargs)  # type: ignore[misc]
         context["can_write"] = user_has_role(self.request.user, self.write_roles)  # type: ignore[attr-defined]
         return context
+
+
+def require_team_write(user: Any, team_id: int | None, allowed: frozenset[Role] = OPERATORS) -> None:
+    """403 unless `user` may change an object of team `team_id` (stack.registry.teams)."""
+    if not user_may_change_team_object(user, team_id, allowed):
+        raise PermissionDenied("your role in this object's team does not allow this")
+
+
+def shared_writer(user: Any, allowed: frozenset[Role] = OPERATORS) -> bool:
+    """May `user` change shared objects (clusters, providers, models, deployments, prices)?
+    Platform roles only: a team role never reaches what every team shares."""
+    return user_team_scope(user) is None and user_has_role(user, allowed)
+
+
+@dataclass(frozen=True)
+class TeamFilter:
+    """The `?team=` selector of a dashboard, validated: `slugs` is what ledger rows are filtered
+    by (None: every team's and the platform's), `status` 400 when the choice was refused."""
+
+    form: TeamFilterForm
+    teams: frozenset[int] | None
+    slugs: frozenset[str] | None
+    status: int
+    picked: str = ""  # the slug chosen with ?team=, for links to the rows behind a figure
+
+
+def team_filter_from_request(request: HttpRequest) -> TeamFilter:
+    """The teams a dashboard shows: the one picked with ?team= among those the caller sees, else
+    all the caller's (a team-scoped user never sees more than its teams). An unknown or hidden
+    team is a form error and the page shows the default."""
+    scope = user_team_scope(request.user)
+    bound = "team" in request.GET
+    form = TeamFilterForm(request.GET if bound else None, teams=teams_visible(teams=scope))
+    if bound and form.is_valid() and form.cleaned_data.get("team") is not None:
+        team = form.cleaned_data["team"]
+        return TeamFilter(form, frozenset({team.pk}), frozenset({team.slug}), 200, team.slug)
+    return TeamFilter(form, scope, team_slugs(scope), 400 if bound and not form.is_valid() else 200)
 
 
 # --- Registry: generic list and form pages ---------------------------------------------
@@ -67,8 +120,15 @@ class RegistryListView(RoleRequiredMixin, ListView[Any]):
     # rows link to a page every role may read.
     link_needs_write = True
 
+    def get_queryset(self) -> Any:
+        if self.model is Workflow:  # a team's workflows; the rest of the registry is shared
+            return workflows_visible(user=self.request.user).select_related("owner", "team")
+        return super().get_queryset()
+
     def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
         context = super().get_context_data(**kwargs)
+        if self.model is not Workflow:
+            context["can_write"] = shared_writer(self.request.user, self.write_roles)
         context["title"] = self.title
         context["headings"] = [h for _, h in self.columns]
         show_links = bool(self.edit_url_name) and (context["can_write"] or not self.link_needs_write)
@@ -95,6 +155,7 @@ class RegistryFormMixin(RoleRequiredMixin):
     title = ""
     success_url_name = ""
     read_roles = OPERATORS  # the form pages exist to change things
+    platform_only = True  # shared objects; the workflow form says otherwise
 
     def get_success_url(self) -> str:
         return reverse(self.success_url_name)
@@ -152,6 +213,14 @@ class WorkflowCreateView(RegistryCreateView):
     form_class = WorkflowForm
     title = "New workflow"
     success_url_name = "workflows"
+    platform_only = False  # a team operator creates workflows in its teams
+
+    def get_form_kwargs(self) -> dict[str, Any]:
+        kwargs = super().get_form_kwargs()
+        writable = user_teams_with_role(self.request.user, OPERATORS)
+        kwargs["teams"] = teams_visible(teams=writable)
+        kwargs["team_required"] = writable is not None  # a team-scoped author names a team
+        return kwargs
 
     def form_valid(self, form: WorkflowForm) -> HttpResponse:  # type: ignore[override]
         try:
@@ -177,6 +246,7 @@ class WorkflowDetailView(RoleRequiredMixin, View):
 
     def post(self, request: HttpRequest, slug: str) -> HttpResponse:
         workflow = get_workflow_for_user(slug=slug, user=request.user)
+        require_team_write(request.user, workflow.team_id)
         form = SwitchPrimaryForm(request.POST)
         if form.is_valid():
             try:
@@ -208,7 +278,7 @@ class WorkflowDetailView(RoleRequiredMixin, View):
                 "policy": workflow_current_policy(workflow=workflow),
                 "versions": versions,
                 "form": form,
-                "can_write": user_has_role(request.user, OPERATORS),
+                "can_write": user_may_change_team_object(request.user, workflow.team_id),
             },
             status=status,
         )

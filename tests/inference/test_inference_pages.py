@@ -17,7 +17,7 @@ from inference.quality import eval_set_create
 from inference.router import route
 from inference.services import quality_record_create
 from inference.stats_selectors import deployment_stats, pareto_frontier, percentile
-from stack.registry.models import FailoverEvent
+from stack.registry.models import FailoverEvent, Team, Workflow
 from tests.factories import make_cluster, make_deployment
 from tests.inference.helpers import priced_deployment, routed_workflow
 
@@ -252,3 +252,15 @@ def test_workflow_page_lists_the_workflows_batch_jobs_with_progress(
     assert [j.pk for j in response.context["batch_jobs"]] == [job.pk]
     body = response.content.decode()
     assert "batches/in.jsonl" in body and "<td>running</td><td>4</td><td>1</td><td>10</td>" in body
+
+
+def test_stats_for_a_team_count_only_its_workflows_requests(traffic: dict[str, Any]) -> None:
+    owner, other = Team.objects.create(slug="owners", name="O"), Team.objects.create(slug="others", name="X")
+    Workflow.objects.filter(pk=traffic["workflow"].pk).update(team=owner)
+    mine = {s.deployment.slug: s for s in deployment_stats(teams=frozenset({owner.pk}))}
+    theirs = {s.deployment.slug: s for s in deployment_stats(teams=frozenset({other.pk}))}
+    assert mine["pages-good"].calls == 3 and sum(mine["pages-good"].spend.values()) > 0
+    assert theirs["pages-good"].calls == 0 and theirs["pages-good"].spend == {}
+    assert theirs["pages-good"].p50_ms is None
+    # Price and quality are the shared deployment's own, the same for every team.
+    assert theirs["pages-good"].quality == mine["pages-good"].quality

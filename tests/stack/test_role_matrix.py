@@ -36,7 +36,7 @@ from billing.models import Budget, BudgetAlert, InvoiceImport, PriceBook, UsageR
 from inference.models import BatchJob, ChaosConfig, EvalRun, EvalSet
 from stack.access import ACCESS, SEPARATELY_GUARDED, Access
 from stack.audit.models import AuditEntry
-from stack.registry.models import FailoverEvent
+from stack.registry.models import FailoverEvent, Team
 from stack.registry.roles import Role
 from tests.factories import (
     api_client,
@@ -192,6 +192,7 @@ def seeded(db: Any, settings: Any, tmp_path: Path) -> dict[str, Any]:
         "models": deployment.model.slug,
         "deployments": deployment.slug,
         "workflows": workflow.slug,
+        "teams": Team.objects.get_or_create(slug="matrix-team", defaults={"name": "Matrix"})[0].slug,
         "chaos": deployment.slug,
         "jobs": probe.pk,
         "probe-jobs": probe.pk,

@@ -74,7 +74,8 @@ class Command(BaseCommand):
                 raise CommandError(f"{host}:{port} is already in use; stop what runs there or pass --port")
         started = time.monotonic()
         password = os.environ.get("DEMO_ADMIN_PASSWORD") or secrets.token_urlsafe(12)
-        stack = demo_stack_seed(admin_password=password, now=timezone.now())
+        team_password = os.environ.get("DEMO_TEAM_PASSWORD") or secrets.token_urlsafe(12)
+        stack = demo_stack_seed(admin_password=password, now=timezone.now(), team_password=team_password)
         log_dir = Path(settings.VAR_DIR) / "demo-logs"
         log_dir.mkdir(parents=True, exist_ok=True)
         manage = [sys.executable, str(Path(settings.BASE_DIR) / "manage.py")]
@@ -115,13 +116,15 @@ class Command(BaseCommand):
             self._wait_jobs([j.pk for j in jobs], supervisor, deadline=started + options["timeout"])
             with transaction.atomic():
                 run = training_run_create(
-                    config=demo_config(),
+                    config={**demo_config(), "team": "platform"},  # the platform team's run
                     created_by=stack.admin,
                     name=f"demo-diloco-{timezone.now():%H%M%S}",
                 )
             self.stdout.write("")
             self.stdout.write(self.style.SUCCESS(f"Switchyard is running at {base}/"))
             self.stdout.write(f"  log in as: admin / {password}")
+            for username in stack.team_users:
+                self.stdout.write(f"  or, seeing one team only: {username} / {team_password}")
             self.stdout.write(
                 f"  training:  {base}/training/{run.pk}/  (DiLoCo run #{run.pk} across both clusters)"
             )
