@@ -65,6 +65,9 @@ else:
 CREDENTIALS_KEY = env_str("CREDENTIALS_KEY", "")
 # HMAC key for export manifests; empty: derived from SECRET_KEY (HKDF).
 EXPORT_SIGNING_KEY = env_str("EXPORT_SIGNING_KEY", "")
+# The FOCUS BillingAccountId and BillingAccountName of cost exports: this installation.
+FOCUS_BILLING_ACCOUNT_ID = env_str("FOCUS_BILLING_ACCOUNT_ID", "switchyard")
+FOCUS_BILLING_ACCOUNT_NAME = env_str("FOCUS_BILLING_ACCOUNT_NAME", "Switchyard")
 
 DEBUG = env_bool("DEBUG", default=not PRODUCTION)
 if PRODUCTION:

@@ -9,7 +9,6 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
@@ -20,24 +19,11 @@ from billing.exports import ExportFilters, export_job_create, export_job_run
 from billing.models import ExportJob, LedgerHead, Unit
 from billing.services import UsageInput, usage_record_batch
 from stack.celery import app as celery_app
-from stack.registry.objectstore import object_store_ensure_bucket
 from tests.factories import api_client, make_cluster, make_price, make_provider, unique
 
 pytestmark = pytest.mark.django_db
 DAY = datetime(2026, 5, 4, 9, tzinfo=UTC)
 FILES = ["manifest.json", "usage.csv", "usage.jsonl", "usage.parquet"]
-
-
-@pytest.fixture
-def s3_store(s3_server: str, settings: Any) -> Any:
-    """OBJECT_STORE_URL on a fresh bucket of the loopback S3 endpoint; returns a boto3 client."""
-    bucket = unique("exports")
-    settings.OBJECT_STORE_URL = f"s3://{bucket}/switchyard"
-    settings.OBJECT_STORE_ENDPOINT_URL = s3_server
-    object_store_ensure_bucket()
-    client = boto3.client("s3", endpoint_url=s3_server)
-    client.bucket = bucket  # for the tests' own reads
-    return client
 
 
 @pytest.fixture
