@@ -47,10 +47,13 @@ def _sql_tag_source(field: str) -> str:
 
 
 def _sql_tags() -> str:
-    """billing.focus.focus_tags() in SQL: empty values left out (jsonb's key order and spacing
-    differ from Python's json.dumps; the JSON is the same)."""
-    pairs = ", ".join(f"'{tag}', nullif(({_sql_tag_source(field)})::text, '')" for tag, field in TAG_FIELDS)
-    return f"jsonb_strip_nulls(jsonb_build_object({pairs}))::text"
+    """billing.focus.focus_tags() in SQL: keys sorted as in Python, empty values left out. Text
+    built with concat_ws (which skips NULLs): jsonb_build_object here halved the COPY rows/s."""
+    pairs = ", ".join(
+        f"""'"{tag}":' || to_json(nullif(({_sql_tag_source(field)})::text, ''))::text"""
+        for tag, field in sorted(TAG_FIELDS)
+    )
+    return f"'{{' || concat_ws(',', {pairs}) || '}}'"
 
 
 def postgres_csv_chunks(filters: ExportFilters) -> Iterator[bytes]:
@@ -59,8 +62,8 @@ def postgres_csv_chunks(filters: ExportFilters) -> Iterator[bytes]:
     Several times faster than formatting rows in Python, in constant memory:
     the server streams the CSV and we pass its chunks on. Same columns, values
     and order as csv_chunks(export_rows(...)); the text differs only where CSV
-    and JSON allow it (PostgreSQL quotes an empty string as "", and writes Tags
-    with jsonb's key order and spacing).
+    and JSON allow it (PostgreSQL quotes an empty string as "", and writes
+    non-ASCII in Tags as itself rather than as \\u escapes).
     """
     period_start = (
         "CASE WHEN u.unit = 'accelerator_hour' "
