@@ -16,7 +16,7 @@ import pytest
 from django.conf import settings
 from django.contrib.auth.models import User
 
-from billing.exports import ExportFilters, export_job_create, export_job_run
+from billing.exports import ExportFilters, export_job_create, export_job_run, export_stream
 from billing.models import Unit, UsageRecord
 from billing.services import UsageInput, usage_record_batch, usage_reverse
 from tests.factories import make_cluster, make_deployment, make_price, make_provider, make_workflow, unique
@@ -148,7 +148,9 @@ def test_an_export_with_reversal_rows_passes_the_focus_1_2_validator(
         str(r.reverses_id) for r in UsageRecord.objects.filter(reverses__isnull=False)
     }
 
-    for name in ("usage.csv", "usage.parquet"):
+    # And the CSV streamed over /api/usage-export/ (written by PostgreSQL's COPY here).
+    (tmp_path / "streamed.csv").write_bytes(b"".join(export_stream(filters=ExportFilters(), fmt="csv")))
+    for name in ("usage.csv", "usage.parquet", "streamed.csv"):
         problems, passed = _focus_validate(tmp_path / name, tmp_path)
         assert {rule: message for rule, message in problems.items() if rule not in VALIDATOR_GAPS} == {}, name
         assert passed > 150, (name, passed)  # the rules did run: every mandatory column's checks pass

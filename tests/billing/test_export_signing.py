@@ -251,3 +251,14 @@ def test_the_development_key_is_made_once_under_var_and_production_refuses_to_si
         ImproperlyConfigured, match="EXPORT_ED25519_KEY is not an unencrypted PEM private key"
     ):
         export_signing_private_key()
+
+
+def test_the_readme_shows_the_verification_script_as_it_is() -> None:
+    readme = (Path(django_settings.BASE_DIR) / "README.md").read_text()
+    section = readme[readme.index("### Exports: FOCUS 1.2 columns and verification") :]
+    block = section[section.index("```python\n") + len("```python\n") :]
+    block = block[: block.index("```")]
+    script = SCRIPT.read_text()
+    missing = [line for line in block.splitlines() if line.strip() and line not in script]
+    assert missing == []
+    assert len(block.splitlines()) >= 15
