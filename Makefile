@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # The stamp is named after the lock file's hash, so a changed lock reinstalls.
 STAMP := $(VENV)/.installed-$(shell sha256sum requirements.txt | cut -c1-16)
 
-.PHONY: install demo test lint typecheck pytest browser fmt bench-diloco clean
+.PHONY: install demo test lint typecheck pytest browser fmt bench-diloco clean focus-validator
 
 install: $(STAMP)
 
@@ -14,6 +14,21 @@ $(STAMP): requirements.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
 	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+# The FinOps focus-validator needs Python >= 3.12 and numpy < 2: its own venv, from its own lock.
+FOCUS_VENV := .venv-focus
+FOCUS_STAMP := $(FOCUS_VENV)/.installed-$(shell sha256sum requirements-focus.txt | cut -c1-16)
+FOCUS_PYTHON ?= $(shell for p in python3.12 $(HOME)/.pyenv/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
+	if $$p -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1; then echo $$p; break; fi; done)
+
+focus-validator: $(FOCUS_STAMP)
+
+$(FOCUS_STAMP): requirements-focus.txt
+	@if [ -z "$(FOCUS_PYTHON)" ]; then echo "focus-validator needs Python 3.12: install it or set FOCUS_PYTHON" >&2; exit 1; fi
+	@test -x $(FOCUS_VENV)/bin/python || $(FOCUS_PYTHON) -m venv $(FOCUS_VENV)
+	$(FOCUS_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-focus.txt
+	@rm -f $(FOCUS_VENV)/.installed-*
 	@touch $@
 
 demo: install
@@ -44,7 +59,7 @@ browser:
 	  exit 1; \
 	fi
 
-pytest: install
+pytest: install focus-validator
 	$(PY) -m pytest
 
 fmt: install
@@ -55,4 +70,4 @@ bench-diloco: install
 	$(PY) manage.py bench diloco --quick --json var/bench-diloco.json
 
 clean:
-	rm -rf $(VENV) var
+	rm -rf $(VENV) $(FOCUS_VENV) var

@@ -67,6 +67,8 @@ ACCESS: dict[str, Access] = {
     "logout": _rw(PUBLIC, PUBLIC),
     "healthz": _rw(PUBLIC, NOBODY),
     "plotly-js": _rw(PUBLIC, NOBODY),
+    # The public keys that verify export manifests: public keys, for auditors without an account.
+    "export-public-keys": _rw(PUBLIC, NOBODY),
     # --- Pages -----------------------------------------------------------------------------
     "overview": _READ_ONLY,
     "tokens": _rw(ALL_ROLES, ALL_ROLES),  # everyone manages their own tokens

@@ -63,8 +63,17 @@ else:
 # Key for credentials at rest; defaults to one derived from SECRET_KEY
 # (see stack.registry.crypto). Set it separately to rotate SECRET_KEY independently.
 CREDENTIALS_KEY = env_str("CREDENTIALS_KEY", "")
-# HMAC key for export manifests; empty: derived from SECRET_KEY (HKDF).
+# HMAC key that signed export manifests before Ed25519 (still checks those); empty: derived from SECRET_KEY.
 EXPORT_SIGNING_KEY = env_str("EXPORT_SIGNING_KEY", "")
+# The Ed25519 key that signs export manifests: PEM text, or a PEM file's path. Neither: outside
+# production a key made once under var/ (billing.exports.signing); in production, signing refuses.
+EXPORT_ED25519_KEY = env_str("EXPORT_ED25519_KEY", "")
+EXPORT_ED25519_KEY_FILE = env_str("EXPORT_ED25519_KEY_FILE", "")
+# Paths of PEM public keys that signed earlier exports (after a rotation), comma-separated.
+EXPORT_RETIRED_PUBLIC_KEYS = env_list("EXPORT_RETIRED_PUBLIC_KEYS", [])
+# The FOCUS BillingAccountId and BillingAccountName of cost exports: this installation.
+FOCUS_BILLING_ACCOUNT_ID = env_str("FOCUS_BILLING_ACCOUNT_ID", "switchyard")
+FOCUS_BILLING_ACCOUNT_NAME = env_str("FOCUS_BILLING_ACCOUNT_NAME", "Switchyard")
 
 DEBUG = env_bool("DEBUG", default=not PRODUCTION)
 if PRODUCTION:

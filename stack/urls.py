@@ -9,6 +9,7 @@ from rest_framework.routers import DefaultRouter
 
 from billing import api as billing_api
 from billing.api import UsageExportView
+from billing.views.exports import export_public_keys_view
 from inference import api as inference_api
 from stack import views
 from stack.audit import api as audit_api
@@ -36,6 +37,8 @@ urlpatterns = [
     path("metrics", metrics_view, name="metrics"),
     path("teams/", views.TeamListView.as_view(), name="teams"),
     path("teams/<slug:slug>/", views.TeamDetailView.as_view(), name="team-page"),
+    # The public keys that verify export manifests (no login: they are public).
+    path(".well-known/switchyard-export-keys.json", export_public_keys_view, name="export-public-keys"),
     path("", include("stack.registry.urls")),
     path("jobs/", include(probe_urlpatterns)),
     path("billing/", include("billing.urls")),

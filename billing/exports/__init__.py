@@ -17,12 +17,14 @@ Choices worth knowing:
   manifest names each partition's head (sequence and hash) and the span of its
   rows in the export; each row carries x_Partition, x_Sequence, x_PrevHash and
   x_RowHash, so an auditor can follow every chain offline.
-- The manifest is signed with HMAC-SHA256 under settings.EXPORT_SIGNING_KEY, or
-  a key derived from SECRET_KEY with HKDF (info b"switchyard-export-manifest").
+- The manifest is signed with Ed25519 (billing.exports.signing): its signature names the
+  key id, and the public keys (current and retired) verify it without any secret.
+  Manifests written before were signed with HMAC-SHA256 under settings.EXPORT_SIGNING_KEY
+  (or a key derived from SECRET_KEY with HKDF); the server still checks those.
 
 The modules, lowest first: columns (the shape), filters (which rows), rows (ledger
 rows as export rows), postgres (the COPY path), writers (CSV, JSON Lines, Parquet),
-manifest (files plus a signed manifest), verify (checking a download), jobs (export
+signing (Ed25519 keys), manifest (files plus a signed manifest), verify (checking a download), jobs (export
 jobs in the object store). Import from here; the split is this package's own business.
 """
 
@@ -66,11 +68,21 @@ from billing.exports.manifest import (
     MANIFEST_VERSION,
     export_signing_key,
     export_write_files,
+    manifest_body,
     manifest_bytes,
     manifest_sign,
+    manifest_signature_check,
     manifest_signature_ok,
 )
 from billing.exports.rows import ChainSpan, ExportSummary, export_rows
+from billing.exports.signing import (
+    ExportPublicKey,
+    export_key_id,
+    export_public_keys,
+    export_public_keys_json,
+    export_signing_private_key,
+    public_keys_from_pem_files,
+)
 from billing.exports.verify import ExportCheck, export_verify
 from billing.exports.writers import (
     csv_chunks,
@@ -102,6 +114,7 @@ __all__ = [
     "ExportFilterError",
     "ExportFilterForm",
     "ExportFilters",
+    "ExportPublicKey",
     "ExportSummary",
     "Row",
     "csv_chunks",
@@ -113,16 +126,23 @@ __all__ = [
     "export_job_prefix",
     "export_job_run",
     "export_job_run_task",
+    "export_key_id",
     "export_parquet_tempfile",
+    "export_public_keys",
+    "export_public_keys_json",
     "export_queryset",
     "export_rows",
     "export_signing_key",
+    "export_signing_private_key",
     "export_stream",
     "export_verify",
     "export_write_files",
     "jsonl_chunks",
+    "manifest_body",
     "manifest_bytes",
     "manifest_sign",
+    "manifest_signature_check",
     "manifest_signature_ok",
     "parquet_write",
+    "public_keys_from_pem_files",
 ]

@@ -15,19 +15,46 @@ CONTENT_TYPES = {
 }
 MANIFEST_NAME = "manifest.json"
 
+# FOCUS 1.2's CostAndUsage columns: every mandatory one, and the conditional ones that apply to a
+# ledger of metered usage priced from published price books (usage measurement, unit pricing,
+# resources with types, regions, tags). billing.focus says how each value is chosen.
 FOCUS_COLUMNS = (
     "BilledCost",
     "EffectiveCost",
+    "ListCost",
+    "ContractedCost",
     "ListUnitPrice",
     "PricingQuantity",
     "PricingUnit",
+    "ConsumedQuantity",
+    "ConsumedUnit",
     "ChargePeriodStart",
     "ChargePeriodEnd",
+    "BillingPeriodStart",
+    "BillingPeriodEnd",
+    "ChargeCategory",
+    "ChargeClass",
+    "ChargeDescription",
+    "ChargeFrequency",
+    "BillingAccountId",
+    "BillingAccountName",
     "BillingCurrency",
+    "InvoiceId",
     "ProviderName",
+    "PublisherName",
+    "InvoiceIssuerName",
+    "ServiceCategory",
+    "ServiceSubcategory",
     "ServiceName",
     "ResourceId",
+    "ResourceName",
     "ResourceType",
+    "RegionId",
+    "RegionName",
+    "SkuId",
+    "SkuPriceId",
+    "SkuMeter",
+    "SkuPriceDetails",
     "Tags",
 )
 SWITCHYARD_COLUMNS = (
@@ -41,11 +68,31 @@ SWITCHYARD_COLUMNS = (
     "x_PrevHash",
     "x_Unit",
     "x_IdempotencyKey",
+    # The exact time the ledger recorded (FOCUS times are whole seconds) and, on a reversal
+    # (ChargeClass "Correction"), the x_UsageRecordId it cancels.
+    "x_OccurredAt",
+    "x_Reverses",
 )
 COLUMNS = FOCUS_COLUMNS + SWITCHYARD_COLUMNS
-DECIMAL_COLUMNS = frozenset({"BilledCost", "EffectiveCost", "ListUnitPrice", "PricingQuantity"})
-TIME_COLUMNS = frozenset({"ChargePeriodStart", "ChargePeriodEnd"})
-INT_COLUMNS = frozenset({"x_UsageRecordId", "x_Sequence", "x_PriceBookId", "x_PriceBookVersion"})
+DECIMAL_COLUMNS = frozenset(
+    {
+        "BilledCost",
+        "EffectiveCost",
+        "ListCost",
+        "ContractedCost",
+        "ListUnitPrice",
+        "PricingQuantity",
+        "ConsumedQuantity",
+    }
+)
+# FOCUS DateTimeFormat: whole seconds, "2026-05-04T09:00:00Z"; x_OccurredAt keeps microseconds.
+FOCUS_TIME_COLUMNS = frozenset(
+    {"ChargePeriodStart", "ChargePeriodEnd", "BillingPeriodStart", "BillingPeriodEnd"}
+)
+TIME_COLUMNS = FOCUS_TIME_COLUMNS | {"x_OccurredAt"}
+INT_COLUMNS = frozenset(
+    {"x_UsageRecordId", "x_Sequence", "x_PriceBookId", "x_PriceBookVersion", "x_Reverses"}
+)
 # Positions in a Row of the values a manifest summarises (and of Tags, spliced into JSON Lines).
 COST = COLUMNS.index("BilledCost")
 CURRENCY = COLUMNS.index("BillingCurrency")
@@ -67,3 +114,8 @@ def iso_text(value: datetime) -> str:
     """A time as UTC text with always six fractional digits: one fixed-width format for every row
     (and PostgreSQL's COPY path writes the very same text, see billing.exports.postgres)."""
     return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def focus_time_text(value: datetime) -> str:
+    """A FOCUS time as text: UTC, whole seconds (FOCUS's DateTimeFormat has no fraction)."""
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,4 +1,5 @@
-"""Signed manifests: writing an export's files with one, and the HMAC key that signs it."""
+"""Signed manifests: writing an export's files with one (Ed25519), and checking a signature
+(Ed25519 with a public key; HMAC-SHA256 for manifests written before, with the server's key)."""
 
 from __future__ import annotations
 
@@ -19,15 +20,24 @@ from billing.chain import GENESIS_HASH
 from billing.exports.columns import COLUMNS, FILE_NAMES, MANIFEST_NAME, iso_text
 from billing.exports.filters import ExportFilters, export_formats_clean
 from billing.exports.rows import ExportSummary, export_rows, rows_counted
+from billing.exports.signing import (
+    ALGORITHM,
+    ExportPublicKey,
+    ed25519_check,
+    ed25519_sign,
+    export_public_keys,
+)
 from billing.exports.writers import write_format
 from billing.models import UsageRecord
 
 # 2: rows of every partition merged by time, an x_Partition column, per-partition chain
 # spans ("partitions") and the pinned heads ("heads") instead of one chain's first/last row.
-MANIFEST_VERSION = 2
+# 3: FOCUS 1.2 columns; signed with Ed25519 (signature: algorithm, key_id, value) instead of HMAC.
+MANIFEST_VERSION = 3
 
 
 def export_signing_key() -> bytes:
+    """The HMAC key of manifests written before Ed25519 signing (version 2 and older)."""
     configured: str = getattr(settings, "EXPORT_SIGNING_KEY", "")
     if configured:
         return configured.encode()
@@ -37,22 +47,44 @@ def export_signing_key() -> bytes:
     )
 
 
-def _manifest_body(manifest: Mapping[str, Any]) -> bytes:
+def manifest_body(manifest: Mapping[str, Any]) -> bytes:
+    """The signed bytes: the manifest without its signature, as canonical JSON (sorted keys, no
+    spaces, ASCII), which scripts/verify_export.py rebuilds with the standard library alone."""
     unsigned = {k: v for k, v in manifest.items() if k != "signature"}
     return json.dumps(unsigned, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
 def manifest_sign(manifest: Mapping[str, Any]) -> dict[str, Any]:
-    digest = hmac.new(export_signing_key(), _manifest_body(manifest), hashlib.sha256).hexdigest()
-    return {**manifest, "signature": {"algorithm": "HMAC-SHA256", "value": digest}}
+    return {**manifest, "signature": ed25519_sign(manifest_body(manifest))}
+
+
+def manifest_signature_check(
+    manifest: Mapping[str, Any], *, public_keys: list[ExportPublicKey] | None = None
+) -> tuple[bool, str]:
+    """(ok, why). Ed25519 with `public_keys` (default: the current and retired keys); an older
+    HMAC-SHA256 manifest with the server's HMAC key (it cannot be checked with a public key)."""
+    signature = manifest.get("signature")
+    if not isinstance(signature, dict):
+        return False, "the manifest is not signed"
+    algorithm = signature.get("algorithm")
+    if algorithm == ALGORITHM:
+        keys = export_public_keys() if public_keys is None else public_keys
+        return ed25519_check(manifest_body(manifest), signature, keys)
+    if algorithm == "HMAC-SHA256":
+        if public_keys is not None:
+            return (
+                False,
+                "HMAC-SHA256 (an export from before Ed25519) needs the server's key, not a public key",
+            )
+        expected = hmac.new(export_signing_key(), manifest_body(manifest), hashlib.sha256).hexdigest()
+        if hmac.compare_digest(expected, str(signature.get("value", ""))):
+            return True, "HMAC-SHA256 matches (an export from before Ed25519 signing)"
+        return False, "HMAC-SHA256 does not match: the manifest was changed or signed with another key"
+    return False, f"unknown signature algorithm {algorithm!r}"
 
 
 def manifest_signature_ok(manifest: Mapping[str, Any]) -> bool:
-    signature = manifest.get("signature")
-    if not isinstance(signature, dict) or signature.get("algorithm") != "HMAC-SHA256":
-        return False
-    expected = hmac.new(export_signing_key(), _manifest_body(manifest), hashlib.sha256).hexdigest()
-    return hmac.compare_digest(expected, str(signature.get("value", "")))
+    return manifest_signature_check(manifest)[0]
 
 
 def manifest_bytes(manifest: Mapping[str, Any]) -> bytes:

@@ -7,18 +7,10 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
-from billing.exports.columns import (
-    COLUMNS,
-    COST,
-    CURRENCY,
-    PARQUET_BATCH_ROWS,
-    PARTITION,
-    PREV_HASH,
-    ROW_HASH,
-    SEQUENCE,
-)
-from billing.exports.manifest import file_digest, manifest_signature_ok
+from billing.exports.columns import COLUMNS, PARQUET_BATCH_ROWS
+from billing.exports.manifest import file_digest, manifest_signature_check
 from billing.exports.rows import ExportSummary
+from billing.exports.signing import ExportPublicKey
 from billing.exports.writers import parquet_schema
 from stack.registry.validation import json_parse
 
@@ -33,26 +25,38 @@ class ExportCheck:
         return f"{self.name}: {'ok' if self.ok else 'MISMATCH'}: {self.detail}"
 
 
-def _tally_csv(path: Path) -> ExportSummary:
+def _tally_csv(path: Path, columns: tuple[str, ...]) -> ExportSummary:
     summary = ExportSummary()
     with path.open(newline="", encoding="utf-8") as fh:
         reader = csv.reader(fh)
         header = next(reader, None)
-        if header is None or tuple(header) != COLUMNS:
-            raise ValueError("the header is not the export's column set")
+        if header is None or tuple(header) != columns:
+            raise ValueError("the header is not the manifest's column set")
+        # By name: an export written before the FOCUS 1.2 columns verifies with its own columns.
+        cost, currency, partition, sequence, row_hash, prev_hash = (
+            columns.index(name)
+            for name in (
+                "BilledCost",
+                "BillingCurrency",
+                "x_Partition",
+                "x_Sequence",
+                "x_RowHash",
+                "x_PrevHash",
+            )
+        )
         for cells in reader:
             summary.add(
-                cost=Decimal(cells[COST]),
-                currency=cells[CURRENCY],
-                partition=cells[PARTITION],
-                sequence=int(cells[SEQUENCE]),
-                row_hash=cells[ROW_HASH],
-                prev_hash=cells[PREV_HASH],
+                cost=Decimal(cells[cost]),
+                currency=cells[currency],
+                partition=cells[partition],
+                sequence=int(cells[sequence]),
+                row_hash=cells[row_hash],
+                prev_hash=cells[prev_hash],
             )
     return summary
 
 
-def _tally_jsonl(path: Path) -> ExportSummary:
+def _tally_jsonl(path: Path, columns: tuple[str, ...]) -> ExportSummary:
     summary = ExportSummary()
     with path.open(encoding="utf-8") as fh:
         for line in fh:
@@ -72,7 +76,7 @@ def _tally_jsonl(path: Path) -> ExportSummary:
     return summary
 
 
-def _tally_parquet(path: Path) -> ExportSummary:
+def _tally_parquet(path: Path, columns: tuple[str, ...]) -> ExportSummary:
     import pyarrow.parquet as pq  # lazily: only checking a Parquet file needs it
 
     summary = ExportSummary()
@@ -99,9 +103,12 @@ def _tally_parquet(path: Path) -> ExportSummary:
 _TALLIES = {"csv": _tally_csv, "jsonl": _tally_jsonl, "parquet": _tally_parquet}
 
 
-def export_verify(*, manifest_path: Path, directory: Path | None = None) -> list[ExportCheck]:
-    """Check a downloaded export against its manifest: signature, each file's sha256 and
-    size, then each file re-read to recount rows and re-sum totals per currency."""
+def export_verify(
+    *, manifest_path: Path, directory: Path | None = None, public_keys: list[ExportPublicKey] | None = None
+) -> list[ExportCheck]:
+    """Check a downloaded export against its manifest: signature (with `public_keys`, default the
+    current and retired keys), each file's sha256 and size, then each file re-read to recount
+    rows and re-sum totals per currency."""
     directory = directory or manifest_path.parent
     try:
         manifest = json_parse(manifest_path.read_bytes())
@@ -109,15 +116,9 @@ def export_verify(*, manifest_path: Path, directory: Path | None = None) -> list
         return [ExportCheck(manifest_path.name, False, f"cannot read the manifest: {exc}")]
     if not isinstance(manifest, dict) or not isinstance(manifest.get("files", {}), dict):
         return [ExportCheck(manifest_path.name, False, "not an export manifest (a JSON object with files)")]
-    checks = [
-        ExportCheck(
-            "signature",
-            manifest_signature_ok(manifest),
-            "HMAC-SHA256 matches"
-            if manifest_signature_ok(manifest)
-            else "HMAC-SHA256 does not match: the manifest was changed or signed with another key",
-        )
-    ]
+    signed, why = manifest_signature_check(manifest, public_keys=public_keys)
+    checks = [ExportCheck("signature", signed, why)]
+    columns = tuple(manifest.get("columns") or COLUMNS)
     expected = {k: manifest.get(k) for k in ExportSummary().as_json()}
     for name, meta in sorted(manifest.get("files", {}).items()):
         if not isinstance(meta, dict) or "/" in name or name in ("", ".", ".."):
@@ -140,7 +141,7 @@ def export_verify(*, manifest_path: Path, directory: Path | None = None) -> list
         else:
             checks.append(ExportCheck(name, True, f"sha256 and size ({size} bytes) match"))
         try:
-            summary = _TALLIES[meta["format"]](path)
+            summary = _TALLIES[meta["format"]](path, columns)
             tally = summary.as_json()
         except (KeyError, ValueError, TypeError, InvalidOperation, IndexError, OSError, csv.Error) as exc:
             checks.append(

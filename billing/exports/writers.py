@@ -6,7 +6,7 @@ import csv
 import io
 import json
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from billing.exports.columns import (
     CHUNK_ROWS,
     COLUMNS,
     DECIMAL_COLUMNS,
+    FOCUS_TIME_COLUMNS,
     INT_COLUMNS,
     PARQUET_BATCH_ROWS,
     PARQUET_PRECISION,
@@ -23,6 +24,7 @@ from billing.exports.columns import (
     TAGS,
     TIME_COLUMNS,
     Row,
+    focus_time_text,
     iso_text,
 )
 from billing.exports.filters import ExportFilters
@@ -31,18 +33,26 @@ from billing.exports.rows import export_rows
 from billing.money import ledger_text
 
 
+def _cell_formatter(name: str) -> Callable[[Any], Any]:
+    if name in DECIMAL_COLUMNS:
+        return ledger_text
+    if name in FOCUS_TIME_COLUMNS:
+        return focus_time_text
+    if name in TIME_COLUMNS:
+        return iso_text
+    return _as_is
+
+
+def _as_is(value: Any) -> Any:
+    return value
+
+
+_FORMATTERS = tuple(_cell_formatter(name) for name in COLUMNS)
+
+
 def _text_cells(row: Row) -> list[Any]:
-    cost, effective, price, quantity, pricing_unit, start, end = row[:7]
-    return [
-        ledger_text(cost),
-        ledger_text(effective),
-        ledger_text(price),
-        ledger_text(quantity),
-        pricing_unit,
-        iso_text(start),
-        iso_text(end),
-        *row[7:],
-    ]
+    """A row's cells as text: exact 9-place decimals, FOCUS times to the second, None kept (empty in CSV)."""
+    return [value if value is None else fmt(value) for fmt, value in zip(_FORMATTERS, row, strict=True)]
 
 
 def csv_chunks(rows: Iterable[Row], *, rows_per_chunk: int = CHUNK_ROWS) -> Iterator[bytes]:

@@ -12,11 +12,13 @@ from django.http import (
     HttpResponse,
     HttpResponseBase,
     HttpResponseRedirect,
+    JsonResponse,
     StreamingHttpResponse,
 )
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.views import View
+from django.views.decorators.http import require_GET
 
 from billing.downloads import attachment, export_response
 from billing.exports import (
@@ -26,6 +28,7 @@ from billing.exports import (
     export_job_create,
     export_job_file_chunks,
     export_job_file_names,
+    export_public_keys_json,
 )
 from billing.forms import ExportPageForm
 from billing.models import ExportJob
@@ -121,3 +124,11 @@ class ExportJobFileView(RoleRequiredMixin, View):
         response = StreamingHttpResponse(chunks, content_type=CONTENT_TYPES[fmt])
         response["Content-Disposition"] = attachment(f"switchyard-export-{pk}-{name}")
         return response
+
+
+@require_GET
+def export_public_keys_view(request: HttpRequest) -> JsonResponse:
+    """GET /.well-known/switchyard-export-keys.json: the Ed25519 public keys (current and retired)
+    that check export manifests. Public on purpose, like any public key: an auditor without an
+    account fetches them to verify a download."""
+    return JsonResponse(export_public_keys_json())

@@ -9,35 +9,23 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 from django.test import Client
 from rest_framework.test import APIClient
 
-from billing.exports import ExportFilters, export_job_create, export_job_run
+from billing.exports import ExportFilters, export_job_create, export_job_run, export_public_keys
 from billing.models import ExportJob, LedgerHead, Unit
 from billing.services import UsageInput, usage_record_batch
 from stack.celery import app as celery_app
-from stack.registry.objectstore import object_store_ensure_bucket
 from tests.factories import api_client, make_cluster, make_price, make_provider, unique
 
 pytestmark = pytest.mark.django_db
 DAY = datetime(2026, 5, 4, 9, tzinfo=UTC)
 FILES = ["manifest.json", "usage.csv", "usage.jsonl", "usage.parquet"]
-
-
-@pytest.fixture
-def s3_store(s3_server: str, settings: Any) -> Any:
-    """OBJECT_STORE_URL on a fresh bucket of the loopback S3 endpoint; returns a boto3 client."""
-    bucket = unique("exports")
-    settings.OBJECT_STORE_URL = f"s3://{bucket}/switchyard"
-    settings.OBJECT_STORE_ENDPOINT_URL = s3_server
-    object_store_ensure_bucket()
-    client = boto3.client("s3", endpoint_url=s3_server)
-    client.bucket = bucket  # for the tests' own reads
-    return client
 
 
 @pytest.fixture
@@ -66,6 +54,11 @@ def billed() -> None:
             for i in range(24)
         ]
     )  # fmt: skip
+
+
+def _another_key_pem() -> str:
+    key = Ed25519PrivateKey.generate()
+    return key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()).decode()
 
 
 def _download(client: Client, job: ExportJob, directory: Path) -> None:
@@ -107,7 +100,8 @@ def test_an_export_job_writes_files_and_a_signed_manifest_to_s3_that_verify_acce
     head = LedgerHead.objects.get(partition="main")
     assert manifest["heads"] == {"main": {"sequence": 24, "hash": head.last_hash}}
     assert manifest["filters"]["start"] == "2026-05-04T00:00:00.000000Z"
-    assert manifest["signature"]["algorithm"] == "HMAC-SHA256"
+    assert manifest["signature"]["algorithm"] == "Ed25519"
+    assert manifest["signature"]["key_id"] == export_public_keys()[0].key_id
     assert set(manifest["files"]) == {"usage.csv", "usage.jsonl", "usage.parquet"}
 
     detail = api_client(auditor).get(f"/api/export-jobs/{job.pk}/").json()
@@ -153,13 +147,14 @@ def test_verify_names_the_file_when_one_byte_changes_and_the_signature_when_it_i
     manifest["totals"]["USD"] = "0.000000000"  # a doctored total the files no longer match
     manifest_path.write_text(json.dumps(manifest))
     with pytest.raises(
-        CommandError, match=r"^export does not match its manifest: signature: HMAC-SHA256 does not"
+        CommandError,
+        match=r"^export does not match its manifest: signature: Ed25519 signature does not match",
     ):
         _verify(tmp_path)
     manifest_path.write_text(json.dumps(job.manifest))
     _verify(tmp_path)
-    settings.EXPORT_SIGNING_KEY = "another key"
-    with pytest.raises(CommandError, match="signature"):
+    settings.EXPORT_ED25519_KEY = _another_key_pem()
+    with pytest.raises(CommandError, match="signature: signed by key .* which is not among the public keys"):
         _verify(tmp_path)
 
 

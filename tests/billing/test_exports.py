@@ -185,8 +185,8 @@ def test_each_format_round_trips_exact_decimals(ledger: Ledger, tmp_path: Path) 
     # A tiny inference charge survives to the last of its nine decimal places.
     tokens = next(r for r in from_jsonl if r["x_Unit"] == Unit.OUTPUT_TOKENS_1M)
     assert tokens["BilledCost"] == "0.000074074"
-    assert tokens["Tags"] == {"subject": "inference_request:0", "team": "search", "training_run": None,
-                              "workflow": "chat"}  # fmt: skip
+    # FOCUS Tags: keys with values only (no training run here, so no training_run key).
+    assert tokens["Tags"] == {"subject": "inference_request:0", "team": "search", "workflow": "chat"}
     assert (tokens["ServiceName"], tokens["ResourceId"], tokens["ResourceType"]) == (
         "Model inference",
         "chat-dep",
@@ -195,9 +195,10 @@ def test_each_format_round_trips_exact_decimals(ledger: Ledger, tmp_path: Path) 
     # Accelerator-hours: the charge period ends when the work was billed and lasts its hours.
     hours = next(r for r in from_jsonl if r["x_Unit"] == Unit.ACCELERATOR_HOUR and r["x_Sequence"] == 2)
     assert (hours["ChargePeriodStart"], hours["ChargePeriodEnd"]) == (
-        "2026-05-04T09:40:00.000001Z",
-        "2026-05-04T10:00:00.000000Z",
+        "2026-05-04T09:40:00Z",  # FOCUS times are whole seconds: the start rounds down
+        "2026-05-04T10:00:00Z",
     )
+    assert hours["x_OccurredAt"] == "2026-05-04T10:00:00.000000Z"
     # Merged by time: occurred_at, then partition and sequence.
     in_time_order = sorted(records.values(), key=lambda r: (r.occurred_at, r.partition, r.sequence))
     assert [r["x_Sequence"] for r in from_parquet] == [r.sequence for r in in_time_order]
