@@ -189,22 +189,25 @@ AUTHENTICATION_BACKENDS = [
 # Off unless a client id is given; then every other value must be set and valid, or the process
 # stops at start. The provider's URLs are a trust boundary (env_identity_provider_url): https,
 # or http to a loopback host outside production.
+
+
+def _idp_url(name: str) -> str:
+    return env_identity_provider_url(name, allow_loopback_http=not PRODUCTION)
+
+
 OIDC_RP_CLIENT_ID = env_str("OIDC_RP_CLIENT_ID", "").strip()
 OIDC_ENABLED = bool(OIDC_RP_CLIENT_ID)
 if OIDC_ENABLED:
     OIDC_RP_CLIENT_SECRET = env_str("OIDC_RP_CLIENT_SECRET")
     if not OIDC_RP_CLIENT_SECRET.strip():
         raise ImproperlyConfigured("OIDC_RP_CLIENT_SECRET must be set when OIDC_RP_CLIENT_ID is")
-    _op_url_kwargs = {"allow_loopback_http": not PRODUCTION}
     # mozilla-django-oidc does not check the ID token's issuer or audience; the backend
     # (stack.registry.sso) checks both against these.
-    OIDC_OP_ISSUER = env_identity_provider_url("OIDC_OP_ISSUER", **_op_url_kwargs).rstrip("/")
-    OIDC_OP_AUTHORIZATION_ENDPOINT = env_identity_provider_url(
-        "OIDC_OP_AUTHORIZATION_ENDPOINT", **_op_url_kwargs
-    )
-    OIDC_OP_TOKEN_ENDPOINT = env_identity_provider_url("OIDC_OP_TOKEN_ENDPOINT", **_op_url_kwargs)
-    OIDC_OP_USER_ENDPOINT = env_identity_provider_url("OIDC_OP_USER_ENDPOINT", **_op_url_kwargs)
-    OIDC_OP_JWKS_ENDPOINT = env_identity_provider_url("OIDC_OP_JWKS_ENDPOINT", **_op_url_kwargs)
+    OIDC_OP_ISSUER = _idp_url("OIDC_OP_ISSUER").rstrip("/")
+    OIDC_OP_AUTHORIZATION_ENDPOINT = _idp_url("OIDC_OP_AUTHORIZATION_ENDPOINT")
+    OIDC_OP_TOKEN_ENDPOINT = _idp_url("OIDC_OP_TOKEN_ENDPOINT")
+    OIDC_OP_USER_ENDPOINT = _idp_url("OIDC_OP_USER_ENDPOINT")
+    OIDC_OP_JWKS_ENDPOINT = _idp_url("OIDC_OP_JWKS_ENDPOINT")
     # Asymmetric signatures only: HS256 would make the client secret the token-signing key.
     OIDC_RP_SIGN_ALGO = env_str("OIDC_RP_SIGN_ALGO", "RS256")
     if OIDC_RP_SIGN_ALGO not in {"RS256", "RS384", "RS512", "ES256", "ES384", "ES512"}:
