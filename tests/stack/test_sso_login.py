@@ -33,8 +33,9 @@ from django.contrib.auth.models import User
 from django.contrib.sessions.models import Session
 
 from stack.audit.models import AuditEntry
-from stack.registry.models import SsoIdentity, Team, TeamMembership
+from stack.registry.models import SsoIdentity, TeamMembership
 from stack.registry.roles import Role
+from tests.factories import make_member, make_team
 from tests.integration.processes import session_database_url, wait_until
 
 pytestmark = pytest.mark.integration
@@ -230,8 +231,7 @@ def test_an_oidc_login_lands_in_the_team_of_its_group_claim_and_a_later_login_dr
     sso: tuple[Provider, Switchyard],
 ) -> None:
     provider, web = sso
-    red = Team.objects.create(slug="red", name="Red")
-    blue = Team.objects.create(slug="blue", name="Blue")
+    red, blue = make_team("red"), make_team("blue")
     provider.set_accounts(
         {
             "alice": {
@@ -267,7 +267,7 @@ def test_an_oidc_login_lands_in_the_team_of_its_group_claim_and_a_later_login_dr
     assert alice.pk not in logged_in_user_ids()
 
     # An admin adds alice to blue by hand; the provider drops her red group.
-    TeamMembership.objects.create(team=blue, user=alice, role=Role.VIEWER, source="manual")
+    make_member(alice, blue, Role.VIEWER)
     provider.set_accounts(
         {"alice": {"preferred_username": "alice", "email": "alice@example.com", "groups": ["staff"]}}
     )

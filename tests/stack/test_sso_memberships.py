@@ -20,7 +20,7 @@ from stack.registry.services import (
     sso_username_from_claims,
     team_memberships_sync_from_claims,
 )
-from tests.factories import make_user
+from tests.factories import make_member, make_team, make_user
 
 pytestmark = pytest.mark.django_db
 
@@ -33,7 +33,7 @@ def memberships(user: User) -> dict[str, tuple[str, str]]:
 
 @pytest.fixture
 def teams() -> dict[str, Team]:
-    return {slug: Team.objects.create(slug=slug, name=slug.title()) for slug in ("red", "blue", "green")}
+    return {slug: make_team(slug) for slug in ("red", "blue", "green")}
 
 
 def test_a_group_naming_a_team_and_role_makes_an_sso_membership(teams: dict[str, Team]) -> None:
@@ -81,7 +81,7 @@ def test_a_group_dropped_from_the_claim_removes_its_sso_membership_and_keeps_man
     teams: dict[str, Team],
 ) -> None:
     user = make_user()
-    TeamMembership.objects.create(team=teams["green"], user=user, role=Role.AUDITOR, source="manual")
+    make_member(user, teams["green"], Role.AUDITOR)
     team_memberships_sync_from_claims(user=user, groups=["switchyard:red:operator", "switchyard:blue:viewer"])
     sync = team_memberships_sync_from_claims(user=user, groups=["switchyard:red:viewer"])
     assert memberships(user) == {"red": ("viewer", "sso"), "green": ("auditor", "manual")}
@@ -91,7 +91,7 @@ def test_a_group_dropped_from_the_claim_removes_its_sso_membership_and_keeps_man
 
 def test_a_manual_membership_is_not_changed_by_the_claim(teams: dict[str, Team]) -> None:
     user = make_user()
-    TeamMembership.objects.create(team=teams["red"], user=user, role=Role.VIEWER, source="manual")
+    make_member(user, teams["red"], Role.VIEWER)
     team_memberships_sync_from_claims(user=user, groups=["switchyard:red:admin"])
     assert memberships(user) == {"red": ("viewer", "manual")}
 
