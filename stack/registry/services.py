@@ -630,11 +630,11 @@ def team_memberships_sync_from_claims(*, user: User, groups: object) -> Membersh
     changed: list[tuple[str, str]] = []
     removed: list[str] = []
     with transaction.atomic():
-        # Locked: two logins of one user at once must not both create the same membership.
-        held = {
-            m.team.slug: m
-            for m in TeamMembership.objects.select_for_update().select_related("team").filter(user=user)
-        }
+        # The user's row is locked first: two logins of one user at once run one after the
+        # other, so they cannot both create the same membership (locking the memberships alone
+        # would not stop that when there are none yet).
+        list(User.objects.select_for_update().filter(pk=user.pk).values_list("pk", flat=True))
+        held = {m.team.slug: m for m in TeamMembership.objects.select_related("team").filter(user=user)}
         for slug, membership in sorted(held.items()):
             if membership.source != "sso":
                 continue
