@@ -14,9 +14,11 @@ import logging
 import re
 from typing import Any
 
+import requests
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.exceptions import SuspiciousOperation
+from django.http import HttpRequest
 from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 
 from stack.registry.audit_origin import Surface, audit_origin
@@ -26,6 +28,19 @@ logger = logging.getLogger(__name__)
 
 
 class SwitchyardOIDCBackend(OIDCAuthenticationBackend):  # type: ignore[misc]
+    def authenticate(self, request: HttpRequest | None, **kwargs: Any) -> User | None:
+        # A refused token or an unreachable provider is a failed login (the callback sends the
+        # browser back to the login page with a message), not an error page.
+        try:
+            user: User | None = super().authenticate(request, **kwargs)
+        except SuspiciousOperation as error:
+            logger.warning("SSO: login refused: %s", error)
+            return None
+        except requests.RequestException as error:
+            logger.warning("SSO: the identity provider did not answer as expected: %s", error)
+            return None
+        return user
+
     def verify_token(self, token: str, **kwargs: Any) -> dict[str, Any]:
         payload: dict[str, Any] = super().verify_token(token, **kwargs)
         # The library checks the signature and the nonce only (pyjwt with verify_aud off).

@@ -124,7 +124,9 @@ def _node() -> str:
 class Switchyard:
     """gunicorn serving stack.wsgi on the test database, with SSO configured from `provider`."""
 
-    def __init__(self, tmp_path: Path, *, port: int, provider: Provider, client_secret: str) -> None:
+    def __init__(
+        self, tmp_path: Path, *, port: int, provider: Provider, client_secret: str, issuer: str | None = None
+    ) -> None:
         self.url = f"http://127.0.0.1:{port}"
         self.log = tmp_path / "gunicorn.log"
         found = provider.discovery
@@ -137,7 +139,7 @@ class Switchyard:
             "SWITCHYARD_WEB_WORKERS": "1",
             "OIDC_RP_CLIENT_ID": CLIENT_ID,
             "OIDC_RP_CLIENT_SECRET": client_secret,
-            "OIDC_OP_ISSUER": found["issuer"],
+            "OIDC_OP_ISSUER": issuer or found["issuer"],
             "OIDC_OP_AUTHORIZATION_ENDPOINT": found["authorization_endpoint"],
             "OIDC_OP_TOKEN_ENDPOINT": found["token_endpoint"],
             "OIDC_OP_USER_ENDPOINT": found["userinfo_endpoint"],
@@ -160,14 +162,19 @@ class Switchyard:
 
 
 @pytest.fixture
-def sso(transactional_db: Any, tmp_path: Path) -> Iterator[tuple[Provider, Switchyard]]:
+def sso(
+    transactional_db: Any, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[tuple[Provider, Switchyard]]:
+    """The provider and Switchyard; `@pytest.mark.parametrize("sso", [ISSUER], indirect=True)`
+    configures Switchyard with another issuer than the provider's."""
     web_port = _free_port()
     secret = secrets.token_urlsafe(24)
     provider = Provider(
         tmp_path, redirect_uri=f"http://127.0.0.1:{web_port}/oidc/callback/", client_secret=secret
     )
     try:
-        web = Switchyard(tmp_path, port=web_port, provider=provider, client_secret=secret)
+        issuer = getattr(request, "param", None)
+        web = Switchyard(tmp_path, port=web_port, provider=provider, client_secret=secret, issuer=issuer)
         try:
             yield provider, web
         finally:
@@ -298,3 +305,17 @@ def test_an_oidc_login_whose_name_belongs_to_a_local_account_is_refused(
     assert 'id="sso-failed"' in landed.text
     assert local.pk not in logged_in_user_ids()
     assert not SsoIdentity.objects.exists()
+
+
+@pytest.mark.parametrize("sso", ["http://127.0.0.1:9/another-issuer"], indirect=True)
+def test_an_id_token_from_another_issuer_than_the_configured_one_is_refused(
+    sso: tuple[Provider, Switchyard],
+) -> None:
+    provider, web = sso
+    provider.set_accounts({"alice": {"preferred_username": "alice", "groups": ["switchyard:red:operator"]}})
+
+    landed = sso_login(requests.Session(), web=web, provider=provider, login="alice")
+
+    assert landed.url.startswith(f"{web.url}/login/?sso=failed"), landed.url
+    assert not User.objects.filter(username="alice").exists()
+    assert "issued by another provider" in web.log.read_text()
