@@ -292,7 +292,7 @@ def test_an_oidc_login_lands_in_the_team_of_its_group_claim_and_a_later_login_dr
     ).exists()
 
 
-def test_an_oidc_login_whose_name_belongs_to_a_local_account_is_refused(
+def test_an_oidc_login_whose_name_belongs_to_a_local_account_is_refused_and_its_password_still_works(
     sso: tuple[Provider, Switchyard],
 ) -> None:
     provider, web = sso
@@ -305,6 +305,18 @@ def test_an_oidc_login_whose_name_belongs_to_a_local_account_is_refused(
     assert 'id="sso-failed"' in landed.text
     assert local.pk not in logged_in_user_ids()
     assert not SsoIdentity.objects.exists()
+
+    # The password form beside the SSO link still logs the local account in.
+    browser = requests.Session()
+    browser.get(f"{web.url}/login/", timeout=10)
+    form = {
+        "username": "root",
+        "password": "a-local-password-1",
+        "csrfmiddlewaretoken": browser.cookies["csrftoken"],
+    }
+    landed = browser.post(f"{web.url}/login/", data=form, timeout=10)
+    assert landed.url == f"{web.url}/", landed.url
+    assert local.pk in logged_in_user_ids()
 
 
 @pytest.mark.parametrize("sso", ["http://127.0.0.1:9/another-issuer"], indirect=True)
