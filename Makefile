@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # The stamp is named after the lock file's hash, so a changed lock reinstalls.
 STAMP := $(VENV)/.installed-$(shell sha256sum requirements.txt | cut -c1-16)
 
-.PHONY: install demo test lint typecheck pytest browser fmt bench-diloco clean focus-validator
+.PHONY: install demo test lint typecheck pytest browser oidc-provider fmt bench-diloco clean focus-validator
 
 install: $(STAMP)
 
@@ -59,7 +59,17 @@ browser:
 	  exit 1; \
 	fi
 
-pytest: install focus-validator
+# The SSO test's OpenID provider (tests/oidc_provider, run by node): its npm packages, as locked.
+OIDC_PROVIDER_STAMP := tests/oidc_provider/node_modules/.package-lock.json
+
+oidc-provider: $(OIDC_PROVIDER_STAMP)
+
+$(OIDC_PROVIDER_STAMP): tests/oidc_provider/package-lock.json
+	@command -v npm >/dev/null 2>&1 || { echo "The SSO test needs node and npm (Debian: 'sudo apt-get install nodejs npm')" >&2; exit 1; }
+	npm ci --prefix tests/oidc_provider --no-audit --no-fund --loglevel=error
+	@touch $@
+
+pytest: install focus-validator oidc-provider
 	$(PY) -m pytest
 
 fmt: install

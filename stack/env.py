@@ -134,3 +134,47 @@ def env_data_roots(name: str, *, environ: Mapping[str, str] | None = None) -> li
         else:
             raise ImproperlyConfigured(f"{name}: {item!r} must be file:///absolute/dir or s3://bucket/prefix")
     return roots
+
+
+_LOOPBACK_NAMES = {"localhost"}
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() in _LOOPBACK_NAMES or host.lower().endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def env_identity_provider_url(
+    name: str, *, allow_loopback_http: bool, environ: Mapping[str, str] | None = None
+) -> str:
+    """An OpenID provider's issuer or endpoint URL (required): https, or plain http to a loopback
+    host when `allow_loopback_http` (development and tests run a provider on 127.0.0.1).
+
+    These URLs are a trust boundary: the token endpoint receives the client secret and the JWKS
+    endpoint decides which signatures are believed, so anything but a plain https URL (user
+    info in it, a fragment, no host, http to another machine) stops the process at start."""
+    value = env_str(name, environ=environ).strip()
+    parsed = urlparse(value)
+    try:
+        host = parsed.hostname or ""
+        parsed.port  # noqa: B018 (raises ValueError on a port that is not a number)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}: {value!r} is not a URL") from None
+    if not host or parsed.username is not None or parsed.password is not None or parsed.fragment:
+        raise ImproperlyConfigured(
+            f"{name} must be an https:// URL with a host and no user or fragment; got {value!r}"
+        )
+    if any(ch.isspace() or ord(ch) < 0x20 for ch in value):
+        raise ImproperlyConfigured(f"{name} must not contain spaces or control characters")
+    if parsed.scheme == "https":
+        return value
+    if parsed.scheme == "http" and allow_loopback_http and _is_loopback(host):
+        return value
+    where = (
+        "https://, or http:// to a loopback host outside production" if allow_loopback_http else "https://"
+    )
+    raise ImproperlyConfigured(f"{name} must start with {where}; got {value!r}")

@@ -22,6 +22,7 @@ from stack.env import (
     env_bool,
     env_data_roots,
     env_float,
+    env_identity_provider_url,
     env_int,
     env_list,
     env_networks,
@@ -192,6 +193,52 @@ AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
+
+# --- Single sign-on (OpenID Connect, mozilla-django-oidc; README "SSO") ---------------
+# Off unless a client id is given; then every other value must be set and valid, or the process
+# stops at start. The provider's URLs are a trust boundary (env_identity_provider_url): https,
+# or http to a loopback host outside production.
+
+
+def _idp_url(name: str) -> str:
+    return env_identity_provider_url(name, allow_loopback_http=not PRODUCTION)
+
+
+OIDC_RP_CLIENT_ID = env_str("OIDC_RP_CLIENT_ID", "").strip()
+OIDC_ENABLED = bool(OIDC_RP_CLIENT_ID)
+if OIDC_ENABLED:
+    OIDC_RP_CLIENT_SECRET = env_str("OIDC_RP_CLIENT_SECRET")
+    if not OIDC_RP_CLIENT_SECRET.strip():
+        raise ImproperlyConfigured("OIDC_RP_CLIENT_SECRET must be set when OIDC_RP_CLIENT_ID is")
+    # mozilla-django-oidc does not check the ID token's issuer or audience; the backend
+    # (stack.registry.sso) checks both against these.
+    OIDC_OP_ISSUER = _idp_url("OIDC_OP_ISSUER").rstrip("/")
+    OIDC_OP_AUTHORIZATION_ENDPOINT = _idp_url("OIDC_OP_AUTHORIZATION_ENDPOINT")
+    OIDC_OP_TOKEN_ENDPOINT = _idp_url("OIDC_OP_TOKEN_ENDPOINT")
+    OIDC_OP_USER_ENDPOINT = _idp_url("OIDC_OP_USER_ENDPOINT")
+    OIDC_OP_JWKS_ENDPOINT = _idp_url("OIDC_OP_JWKS_ENDPOINT")
+    # Asymmetric signatures only: HS256 would make the client secret the token-signing key.
+    OIDC_RP_SIGN_ALGO = env_str("OIDC_RP_SIGN_ALGO", "RS256")
+    if OIDC_RP_SIGN_ALGO not in {"RS256", "RS384", "RS512", "ES256", "ES384", "ES512"}:
+        raise ImproperlyConfigured(
+            f"OIDC_RP_SIGN_ALGO must be RS256/384/512 or ES256/384/512; got {OIDC_RP_SIGN_ALGO!r}"
+        )
+    # Add "groups" where the provider releases the group claim under that scope.
+    OIDC_RP_SCOPES = env_str("OIDC_RP_SCOPES", "openid email profile")
+    if "openid" not in OIDC_RP_SCOPES.split():
+        raise ImproperlyConfigured(f"OIDC_RP_SCOPES must include openid; got {OIDC_RP_SCOPES!r}")
+    OIDC_USE_PKCE = True
+    OIDC_PKCE_CODE_CHALLENGE_METHOD = "S256"
+    OIDC_TIMEOUT = env_float("OIDC_TIMEOUT_SECONDS", 10.0, minimum=0.1)
+    OIDC_CREATE_USER = True
+    # A refused login (bad claims, a username taken by a local account) lands on the login page.
+    LOGIN_REDIRECT_URL_FAILURE = "/login/?sso=failed"
+    AUTHENTICATION_BACKENDS.append("stack.registry.sso.SwitchyardOIDCBackend")
+# The claim listing the user's groups; "switchyard:<team-slug>:<role>" entries become team
+# memberships (stack.registry.services.team_memberships_sync_from_claims).
+SWITCHYARD_OIDC_GROUPS_CLAIM = env_str("SWITCHYARD_OIDC_GROUPS_CLAIM", "groups").strip()
+if not SWITCHYARD_OIDC_GROUPS_CLAIM:
+    raise ImproperlyConfigured("SWITCHYARD_OIDC_GROUPS_CLAIM must name a claim")
 
 # --- Login throttling (django-axes) ------------------------------------------------
 # Failed logins are counted per (username, client address) pair, not per username or per

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
@@ -29,7 +30,11 @@ audit_api.register(router)
 
 urlpatterns = [
     path("", views.OverviewView.as_view(), name="overview"),
-    path("login/", auth_views.LoginView.as_view(), name="login"),
+    path(
+        "login/",
+        auth_views.LoginView.as_view(extra_context={"sso_enabled": settings.OIDC_ENABLED}),
+        name="login",
+    ),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("assets/plotly.min.js", views.plotly_js, name="plotly-js"),
     path("healthz", views.healthz, name="healthz"),
@@ -54,3 +59,6 @@ urlpatterns = [
     path("api/usage-export/", UsageExportView.as_view(), name="usage-export"),
     path("api/", include(router.urls)),
 ]
+if settings.OIDC_ENABLED:
+    # Single sign-on (stack.registry.sso): /oidc/authenticate/ starts it, /oidc/callback/ ends it.
+    urlpatterns.append(path("oidc/", include("mozilla_django_oidc.urls")))

@@ -269,6 +269,27 @@ class TeamMembership(models.Model):
         return f"{self.user} in {self.team} ({self.role})"
 
 
+class SsoIdentity(models.Model):
+    """Which identity at which OpenID provider a user is: (issuer, subject) as the ID token
+    names them. Logins find their user through this row, never by username or email, so an
+    account at the provider cannot take over a local account that happens to share a name."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="sso_identity"
+    )
+    issuer = models.CharField(max_length=255)
+    subject = models.CharField(max_length=255)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["issuer", "subject"], name="one_user_per_sso_identity")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.subject} at {self.issuer}"
+
+
 class Workflow(models.Model):
     slug = models.SlugField(max_length=64, unique=True)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="workflows")
