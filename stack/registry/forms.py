@@ -6,8 +6,9 @@ from typing import Any
 
 from django import forms
 
+from stack.registry.failover_codes import FailoverCode
 from stack.registry.form_fields import IntegerField, model_formfield
-from stack.registry.models import Cluster, Deployment, Provider, RegisteredModel, Workflow
+from stack.registry.models import Cluster, Deployment, FailoverEvent, Provider, RegisteredModel, Workflow
 from stack.registry.objectstore import store_uri_problem
 from stack.registry.services import RATE_LIMIT_MAX
 
@@ -151,3 +152,10 @@ class ApiTokenLimitsForm(forms.Form):
 class ApiTokenForm(ApiTokenLimitsForm):
     name = forms.CharField(max_length=100)
     field_order = ["name", "rpm_limit", "tpm_limit", "rate_limit_fail_closed"]
+
+
+class FailoverFilterForm(forms.Form):
+    """The failover list's filters (GET): a kind and a code of the taxonomy, each optional."""
+
+    kind = forms.ChoiceField(choices=[("", "any kind"), *FailoverEvent.Kind.choices], required=False)
+    code = forms.ChoiceField(choices=[("", "any code"), *FailoverCode.choices], required=False)

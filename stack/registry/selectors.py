@@ -6,7 +6,7 @@ from django.contrib.auth.models import AnonymousUser, User
 from django.db.models import Prefetch, QuerySet
 from django.http import Http404
 
-from stack.registry.models import Cluster, RoutingPolicyVersion, WorkerHeartbeat, Workflow
+from stack.registry.models import Cluster, FailoverEvent, RoutingPolicyVersion, WorkerHeartbeat, Workflow
 from stack.registry.roles import ALL_ROLES, user_has_role
 
 
@@ -39,3 +39,15 @@ def cluster_list_with_workers() -> QuerySet[Cluster]:
     return Cluster.objects.select_related("provider").prefetch_related(
         Prefetch("workers", queryset=WorkerHeartbeat.objects.order_by("hostname"))
     )
+
+
+def failover_events(*, kind: str | None = None, code: str | None = None) -> QuerySet[FailoverEvent]:
+    """Failover events, newest first, optionally of one kind and one code (failover_code_idx)."""
+    events = FailoverEvent.objects.select_related(
+        "from_provider", "to_provider", "from_cluster", "to_cluster", "from_deployment", "to_deployment"
+    )
+    if kind:
+        events = events.filter(kind=kind)
+    if code:
+        events = events.filter(code=code)
+    return events.order_by("-detected_at", "-id")
