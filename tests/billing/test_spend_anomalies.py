@@ -173,3 +173,13 @@ def test_the_daily_digest_goes_once_per_team_and_day_to_the_channels_that_take_i
         alert_delivery_send(delivery_id=d.pk)
     assert sorted(s.path for s in receiver.seen) == ["/all", "/all", "/ml"]
     assert everyone.deliveries.count() == 2
+
+
+def test_the_detector_and_the_digest_are_declared_on_the_control_queue(settings: Any) -> None:
+    from billing.tasks import spend_anomalies_detect_task, spend_digest_send_task
+
+    entries = {e["task"]: e for e in settings.CELERY_BEAT_SCHEDULE.values()}
+    for name in ("billing.spend_anomalies_detect", "billing.spend_digest_send"):
+        assert entries[name]["options"]["queue"] == "control"
+    assert spend_anomalies_detect_task.name == "billing.spend_anomalies_detect"
+    assert spend_digest_send_task() == 0  # nothing spent yesterday: no digest

@@ -17,6 +17,7 @@ from inference.adapters.openai_compat import OpenAICompatibleAdapter
 from inference.breaker import breaker_state
 from inference.mockprovider import MockProviderServer
 from inference.recording import journal_fold_all
+from inference.recording.fold import breaker_transition_record
 from inference.router import route
 from stack.registry.failover_codes import FailoverCode
 from stack.registry.models import FailoverEvent
@@ -145,3 +146,17 @@ def test_with_the_journal_a_transition_is_written_by_the_fold_not_by_the_request
     assert journal_fold_all() == 3
     assert _breaker_events() == [(FailoverCode.CIRCUIT_OPEN, primary.pk)]
     assert journal_fold_all() == 0 and len(_breaker_events()) == 1  # folded once
+
+
+@pytest.mark.django_db
+def test_a_transition_no_request_carries_is_recorded_by_the_recorder_thread_path(
+    mock_provider: Callable[..., MockProviderServer],
+) -> None:
+    deployment = priced_deployment(mock_provider())
+    breaker_transition_record(deployment_id=deployment.pk, transition="closed", cause="")
+    event = FailoverEvent.objects.get()
+    assert (event.code, event.from_deployment_id, event.kind) == (
+        "circuit_closed",
+        deployment.pk,
+        "inference",
+    )
