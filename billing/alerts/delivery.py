@@ -59,8 +59,8 @@ def alert_delivery_send(*, delivery_id: int) -> None:
             .filter(pk=delivery_id)
             .first()
         )
-        if delivery is None or delivery.sent_at is not None or delivery.status.endswith("(not retried)"):
-            return
+        if delivery is None or delivery.sent_at is not None or "not retried" in delivery.status:
+            return  # sent, or refused for good (the outbound policy, a 4xx): sending again won't help
         body, headers = _body(delivery)
         try:
             answer = http_post(

@@ -154,6 +154,29 @@ def test_a_repeat_within_the_quiet_period_is_counted_not_sent_and_after_it_alert
     assert AlertDelivery.objects.filter(channel=channel, dedup_key="budget:7").count() == 2
 
 
+def test_a_refused_delivery_is_final_and_an_internal_name_never_reached(
+    receiver: CaptureServer, settings: Any
+) -> None:
+    _channel(AlertChannel.Kind.SLACK, f"{receiver.url}/s")
+    receiver.status = 404
+    (gone,) = alert_raise(kind=AlertKind.BUDGET, dedup_key="a", message=MESSAGE, now=timezone.now())
+    alert_delivery_send(delivery_id=gone.pk)
+    alert_delivery_send(delivery_id=gone.pk)  # refused for good: not sent again
+    assert len(receiver.seen) == 1
+    gone.refresh_from_db()
+    assert gone.sent_at is None and gone.status == "HTTP 404 (refused; not retried)"
+    # A host name that resolves to loopback passes the entry check (names are checked on use)
+    # and is refused by the outbound guard when sent, once the admin's allowance is gone.
+    AlertChannel.objects.all().delete()
+    _channel(AlertChannel.Kind.WEBHOOK, f"http://localhost:{receiver.port}/hook")
+    settings.OUTBOUND_ALLOW_NETWORKS = []
+    outbound.decisions_clear()
+    (refused,) = alert_raise(kind=AlertKind.BUDGET, dedup_key="b", message=MESSAGE, now=timezone.now())
+    alert_delivery_send(delivery_id=refused.pk)
+    refused.refresh_from_db()
+    assert refused.status == "refused by the outbound policy (not retried)" and len(receiver.seen) == 1
+
+
 def test_a_channel_gets_only_the_kinds_it_subscribed_to(receiver: CaptureServer) -> None:
     _channel(AlertChannel.Kind.SLACK, f"{receiver.url}/s", budget_alerts=False)
     assert alert_raise(kind=AlertKind.BUDGET, dedup_key="k", message=MESSAGE, now=timezone.now()) == []
