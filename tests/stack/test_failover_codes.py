@@ -150,3 +150,14 @@ def test_the_migration_codes_old_events_from_their_reasons_and_leaves_the_rest_o
     executor.migrate([AFTER])
     codes = dict(FailoverEvent.objects.filter(pk__in=ids).values_list("pk", "code"))
     assert [codes[pk] for pk in ids] == [expected for *_, expected in old]
+
+
+@pytest.mark.django_db
+def test_the_billing_dashboard_sums_failover_cost_per_code_linking_to_the_filtered_list(auditor: User) -> None:
+    _events()
+    page = _page(auditor).get("/billing/")
+    assert page.status_code == 200
+    assert [(f["kind"], f["code"], f["total"]) for f in page.context["failover_costs"]] == [
+        ("inference", "http_429", Decimal("0.25"))
+    ]
+    assert 'href="/failovers/?kind=inference&amp;code=http_429"' in page.content.decode()
