@@ -153,7 +153,9 @@ def test_the_migration_codes_old_events_from_their_reasons_and_leaves_the_rest_o
 
 
 @pytest.mark.django_db
-def test_the_billing_dashboard_sums_failover_cost_per_code_linking_to_the_filtered_list(auditor: User) -> None:
+def test_the_billing_dashboard_sums_failover_cost_per_code_linking_to_the_filtered_list(
+    auditor: User,
+) -> None:
     _events()
     page = _page(auditor).get("/billing/")
     assert page.status_code == 200
