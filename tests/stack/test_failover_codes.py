@@ -105,8 +105,8 @@ def test_the_csv_export_follows_the_filter_and_shows_money_only_to_roles_that_se
         assert ("extra_cost" in rows[0]) is has_cost
 
 
-BEFORE = ("stack", "0009_failover_code")
-AFTER = ("stack", "0010_failover_codes_from_reasons")
+BEFORE = ("stack", "0011_failover_code")
+AFTER = ("stack", "0012_failover_codes_from_reasons")
 
 
 @pytest.fixture

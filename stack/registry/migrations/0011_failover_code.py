@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('stack', '0008_rate_limits'),
+        ('stack', '0010_sso_identity'),
     ]
 
     operations = [

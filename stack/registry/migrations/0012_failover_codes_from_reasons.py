@@ -69,7 +69,7 @@ def forwards(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("stack", "0009_failover_code")]
+    dependencies = [("stack", "0011_failover_code")]
 
-    # Backwards: the column goes with 0009's reversal; nothing to undo here.
+    # Backwards: the column goes with 0011's reversal; nothing to undo here.
     operations = [migrations.RunPython(forwards, migrations.RunPython.noop)]
