@@ -5,7 +5,7 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
-from billing.models import PriceBook, UsageRecord
+from billing.models import AlertChannel, AlertDelivery, PriceBook, SpendAnomaly, UsageRecord
 from billing.selectors import price_book_next_version
 
 
@@ -52,3 +52,21 @@ class UsageRecordAdmin(admin.ModelAdmin[UsageRecord]):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+@admin.register(AlertChannel)
+class AlertChannelAdmin(admin.ModelAdmin[AlertChannel]):
+    # URL and secret are encrypted and not editable here: the channel page validates them.
+    list_display = ["name", "kind", "url_host", "budget_alerts", "anomaly_alerts", "daily_digest", "active"]
+    readonly_fields = ["url_host"]
+
+
+@admin.register(AlertDelivery)
+class AlertDeliveryAdmin(admin.ModelAdmin[AlertDelivery]):
+    list_display = ["created_at", "channel", "kind", "dedup_key", "status", "repeats"]
+    list_filter = ["kind", "channel"]
+
+
+@admin.register(SpendAnomaly)
+class SpendAnomalyAdmin(admin.ModelAdmin[SpendAnomaly]):
+    list_display = ["day", "dimension", "target_label", "rate", "threshold", "currency"]

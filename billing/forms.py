@@ -9,7 +9,7 @@ from django import forms
 
 from billing.budgets import budget_errors
 from billing.exports import FORMATS, ExportFilterForm
-from billing.models import Budget, Unit
+from billing.models import AlertChannel, Budget, Unit
 from billing.reconciliation import DEFAULT_TOLERANCE, TOLERANCE_DIGITS, TOLERANCE_PLACES
 from billing.selectors import PURPOSE_BY_UNIT
 from stack.registry.form_fields import CurrencyField, DecimalField, IntegerField, model_formfield
@@ -143,3 +143,43 @@ class InvoiceUploadForm(forms.Form):
         initial=DEFAULT_TOLERANCE,
     )
     file = forms.FileField(help_text="AWS CUR, CUR 2.0 or FOCUS columns; see the docs")
+
+
+class AlertChannelForm(forms.ModelForm[AlertChannel]):
+    """An alert channel. Its URL and secret are write-only: empty keeps the stored value."""
+
+    url = forms.CharField(
+        label="Webhook URL",
+        required=False,
+        strip=True,
+        max_length=2000,
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "off"}),
+        help_text="Stored encrypted and never shown (Slack's and Teams' URLs are their credential). "
+        "Leave empty to keep the current one.",
+    )
+    secret = forms.CharField(
+        required=False,
+        strip=False,
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
+        help_text="Signed webhooks only: the HMAC key. Write-only; leave empty to keep the current one.",
+    )
+
+    class Meta:
+        model = AlertChannel
+        fields = [
+            "name",
+            "kind",
+            "budget_alerts",
+            "anomaly_alerts",
+            "daily_digest",
+            "digest_team",
+            "quiet_period_seconds",
+            "active",
+        ]
+        formfield_callback = model_formfield
+
+    def url_change(self) -> str | None:
+        return self.cleaned_data.get("url") or None
+
+    def secret_change(self) -> str | None:
+        return self.cleaned_data.get("secret") or None

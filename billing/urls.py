@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import URLPattern, path
 
-from billing.views import budgets, dashboard, exports, prices, reconciliation
+from billing.views import alerts, budgets, dashboard, exports, prices, reconciliation
 
 urlpatterns: list[URLPattern] = [
     path("", dashboard.BillingDashboardView.as_view(), name="billing-dashboard"),
@@ -17,6 +17,15 @@ urlpatterns: list[URLPattern] = [
         budgets.BudgetAlertAcknowledgeView.as_view(),
         name="billing-budget-alert-ack",
     ),
+    path("alert-channels/", alerts.AlertChannelListView.as_view(), name="billing-alert-channels"),
+    path("alert-channels/new/", alerts.AlertChannelFormView.as_view(), name="billing-alert-channel-new"),
+    path(
+        "alert-channels/<int:pk>/edit/",
+        alerts.AlertChannelFormView.as_view(),
+        name="billing-alert-channel-edit",
+    ),
+    path("anomalies/", alerts.SpendAnomalyListView.as_view(), name="billing-anomalies"),
+    path("anomalies/<int:pk>/", alerts.SpendAnomalyDetailView.as_view(), name="billing-anomaly"),
     path("prices/", prices.PriceListView.as_view(), name="billing-prices"),
     path(
         "reconciliation/",

@@ -465,7 +465,15 @@ class _SuccessRecorder:
         while True:
             deployment_id, latency_ms, now, cfg = q.get()
             try:
-                self.store.record(deployment_id, ok=True, latency_ms=latency_ms, now=now, cfg=cfg)
+                _, transition = self.store.record(
+                    deployment_id, ok=True, latency_ms=latency_ms, now=now, cfg=cfg
+                )
+                if transition:
+                    # Rare: a call begun before the circuit opened answered while it was half
+                    # open. No request carries this transition, so this thread records it.
+                    from inference.recording.fold import breaker_transition_record  # noqa: PLC0415 (ORM)
+
+                    breaker_transition_record(deployment_id=deployment_id, transition=transition, cause="")
             except Exception:  # noqa: BLE001 (a lost sample must not kill the recorder)
                 logger.warning("could not record a success for deployment %s", deployment_id, exc_info=True)
 
@@ -473,18 +481,20 @@ class _SuccessRecorder:
 _recorder: _SuccessRecorder | None = None
 
 
-def record_success(deployment_id: int, *, latency_ms: float, probe: bool, cfg: BreakerSettings) -> None:
+def record_success(deployment_id: int, *, latency_ms: float, probe: bool, cfg: BreakerSettings) -> str:
     """Count a successful call: at once for a half-open probe (it closes the circuit), in the
-    background otherwise (see _SuccessRecorder)."""
+    background otherwise (see _SuccessRecorder). Returns the transition it caused ("closed"),
+    or "" (always "" in the background: the recorder thread records its own)."""
     global _recorder
     store = breakers()
     now = monotonic_now()
     if probe or not isinstance(store, RedisBreakers):
-        store.record(deployment_id, ok=True, latency_ms=latency_ms, now=now, cfg=cfg)
-        return
+        _, transition = store.record(deployment_id, ok=True, latency_ms=latency_ms, now=now, cfg=cfg)
+        return transition
     if _recorder is None or _recorder.store is not store:
         _recorder = _SuccessRecorder(store)
     _recorder.put(deployment_id, latency_ms, now, cfg)
+    return ""
 
 
 def monotonic_now() -> float:

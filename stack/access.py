@@ -71,6 +71,7 @@ ACCESS: dict[str, Access] = {
     "export-public-keys": _rw(PUBLIC, NOBODY),
     # --- Pages -----------------------------------------------------------------------------
     "overview": _READ_ONLY,
+    "failovers": _READ_ONLY,  # failover events by kind and code (money only for cost readers)
     "tokens": _rw(ALL_ROLES, ALL_ROLES),  # everyone manages their own tokens
     "teams": _READ_ONLY,
     # Members are managed by platform admins and by the team's own admins (a team role; the
@@ -101,6 +102,11 @@ ACCESS: dict[str, Access] = {
     "billing-budget-new": _OPERATOR_FORMS,
     "billing-budget-edit": _OPERATOR_FORMS,
     "billing-budget-alert-ack": _OPERATOR_FORMS,
+    "billing-alert-channels": _LEDGER,
+    "billing-alert-channel-new": _OPERATOR_FORMS,  # a webhook URL is a trust boundary
+    "billing-alert-channel-edit": _OPERATOR_FORMS,
+    "billing-anomalies": _LEDGER,
+    "billing-anomaly": _LEDGER,
     "billing-prices": _rw(LEDGER_READERS, ADMINS),
     "billing-reconciliation": _rw(LEDGER_READERS, LEDGER_READERS),  # importing an invoice
     "billing-reconciliation-detail": _LEDGER,

@@ -12,10 +12,12 @@ from __future__ import annotations
 import os
 import secrets
 from datetime import timedelta
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 import dj_database_url
 import django_stubs_ext
+from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
 
 from stack.env import (
@@ -391,6 +393,18 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": env_float("SWITCHYARD_JOURNAL_FOLD_SECONDS", 10.0, minimum=0.5),
         "options": {"queue": "control", "expires": 30},
     },
+    # Spend anomalies per provider, workflow and cluster, from the rollups (billing.alerts).
+    "billing-spend-anomalies": {
+        "task": "billing.spend_anomalies_detect",
+        "schedule": env_float("SWITCHYARD_ANOMALY_SECONDS", 900.0, minimum=10.0),
+        "options": {"queue": "control", "expires": 600},
+    },
+    # Yesterday's spend digest per team, shortly after the UTC day closed and the rollups caught up.
+    "billing-spend-digest": {
+        "task": "billing.spend_digest_send",
+        "schedule": crontab(minute=15, hour=env_int("SWITCHYARD_DIGEST_HOUR_UTC", 0, minimum=0)),
+        "options": {"queue": "control", "expires": 3600},
+    },
     # Batch inference jobs whose worker died (stale lease) are re-queued and resume.
     "inference-batch-jobs-resume": {
         "task": "inference.batch_jobs_resume",
@@ -440,6 +454,23 @@ METRICS_ALLOW_NETWORKS = env_networks("SWITCHYARD_METRICS_ALLOW_NETWORKS") or (
 # breakers, queues, heartbeats, training): several Prometheus servers or a short scrape
 # interval then cost one read per this many seconds.
 METRICS_CACHE_SECONDS = env_float("SWITCHYARD_METRICS_CACHE_SECONDS", 5.0, minimum=0.0)
+
+# --- Alerts (billing.alerts) -------------------------------------------------------
+# Where links in Slack, Teams and webhook alerts point (e.g. https://switchyard.example.com);
+# empty: alerts carry no link.
+SWITCHYARD_PUBLIC_URL = env_str("SWITCHYARD_PUBLIC_URL", "")
+# A spend anomaly must exceed its baseline median by at least this much per day (in the ledger's
+# currency), so a target that spends cents is not called anomalous for a few more cents.
+ANOMALY_MIN_AMOUNT = env_str("SWITCHYARD_ANOMALY_MIN_AMOUNT", "1.00")
+try:
+    if Decimal(ANOMALY_MIN_AMOUNT) < 0:
+        raise InvalidOperation
+except InvalidOperation:
+    raise ImproperlyConfigured(
+        f"SWITCHYARD_ANOMALY_MIN_AMOUNT must be a non-negative decimal; got {ANOMALY_MIN_AMOUNT!r}"
+    ) from None
+if not 0 <= env_int("SWITCHYARD_DIGEST_HOUR_UTC", 0) <= 23:
+    raise ImproperlyConfigured("SWITCHYARD_DIGEST_HOUR_UTC must be an hour of the day, 0 to 23")
 
 # --- Email (budget alerts) --------------------------------------------------------
 # The console backend prints mail in development; point EMAIL_BACKEND at

@@ -142,6 +142,7 @@ class RunClusterCostSerializer(ResponseSerializer):
 
 class RunFailoverSerializer(ResponseSerializer):
     id = serializers.IntegerField()
+    code = serializers.CharField(help_text="the failover code (stack.registry.failover_codes)")
     subject = serializers.CharField()
     reason = serializers.CharField()
     from_cluster = serializers.CharField(allow_null=True)
@@ -341,6 +342,7 @@ class TrainingRunDetailSerializer(TrainingRunSerializer):
         return [
             {
                 "id": f.pk,
+                "code": f.code,
                 "subject": f.subject,
                 "reason": f.reason,
                 "from_cluster": f.from_cluster.slug if f.from_cluster else None,

@@ -9,13 +9,14 @@ from decimal import Decimal
 
 from django.db import connection, transaction
 from django.db.models import F
+from django.urls import reverse
 from django.utils import timezone
 
 from billing.budgets.delivery import budget_alert_deliver_task
 from billing.budgets.periods import ZERO, budget_period_bounds, budget_period_open
 from billing.budgets.state import HUNDRED
 from billing.budgets.targets import budgets_by_key, spend_target_of_row
-from billing.models import Budget, BudgetAlert, BudgetPeriod, UsageRecord
+from billing.models import AlertKind, Budget, BudgetAlert, BudgetPeriod, UsageRecord
 
 
 def budget_record_spend(*, rows: Sequence[UsageRecord]) -> list[BudgetAlert]:
@@ -122,7 +123,39 @@ def _raise_alerts(
             created.append(alert)
             if budget.email_to or budget.webhook_url:
                 _enqueue_delivery(alert.pk)
+            _raise_on_channels(alert=alert, now=now)
     return created
+
+
+def _raise_on_channels(*, alert: BudgetAlert, now: datetime) -> None:
+    """The alert channels' copy (Slack, Teams, signed webhooks). The key is the budget and its
+    period: thresholds crossed in quick succession (one incident) raise one alert per quiet
+    period, the later ones counted as its repeats."""
+    # Imported here: billing.alerts' delivery module imports this package's delivery helpers.
+    from billing.alerts.raising import AlertMessage, alert_raise  # noqa: PLC0415
+
+    budget = alert.budget
+    hard = (
+        " It is a hard limit: new spending under it is refused."
+        if budget.hard_limit and alert.threshold_percent >= 100
+        else ""
+    )
+    alert_raise(
+        kind=AlertKind.BUDGET,
+        dedup_key=f"budget:{budget.pk}:{alert.period_start.isoformat()}",
+        message=AlertMessage(
+            title=f"Budget {budget.name} reached {alert.threshold_percent}%",
+            text=f"{budget.target_label()} has spent {alert.spent} of its {alert.limit_amount} {budget.currency} limit.{hard}",
+            facts=[
+                ("Spent", f"{alert.spent} {budget.currency}"),
+                ("Limit", f"{alert.limit_amount} {budget.currency}"),
+                ("Threshold", f"{alert.threshold_percent}%"),
+                ("Period start", f"{alert.period_start:%Y-%m-%d %H:%M} UTC"),
+            ],
+            path=reverse("billing-budgets"),
+        ),
+        now=now,
+    )
 
 
 def _enqueue_delivery(alert_id: int) -> None:

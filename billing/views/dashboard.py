@@ -76,9 +76,10 @@ class BillingDashboardView(RoleRequiredMixin, View):
                 FailoverEvent.objects.filter(
                     detected_at__gte=datetime.combine(month_start, time.min, tzinfo=UTC), extra_cost__gt=0
                 )
-                .values("kind", "currency")
+                # Per kind and cause: what each failover code cost this month.
+                .values("kind", "code", "currency")
                 .annotate(total=Sum("extra_cost"))
-                .order_by("kind")
+                .order_by("kind", "code")
             )
         budgets = [
             state

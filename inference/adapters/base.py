@@ -14,6 +14,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from stack.registry.failover_codes import FailoverCode, failover_code_for_status
+
 
 @dataclass(frozen=True)
 class ChatMessage:
@@ -188,7 +190,10 @@ CLIENT_ERROR_STATUSES = frozenset({400, 413, 422})
 class ProviderError(Exception):
     """A failed call; `retryable` says whether another try (here or elsewhere) may succeed, and
     `client_error` whether the request itself was refused (see CLIENT_ERROR_STATUSES).
-    `retry_after` is the provider's own wait in seconds (a 429's Retry-After), when it said one."""
+    `retry_after` is the provider's own wait in seconds (a 429's Retry-After), when it said one.
+    `code` is the failover code of the cause (stack.registry.failover_codes): the adapter names
+    it where it knows (a timeout, a broken connection, an unreadable answer), else it follows
+    from the HTTP status."""
 
     def __init__(
         self,
@@ -197,12 +202,14 @@ class ProviderError(Exception):
         retryable: bool,
         status_code: int | None = None,
         retry_after: float | None = None,
+        code: FailoverCode | None = None,
     ) -> None:
         super().__init__(message)
         self.status_code = status_code
         self.retry_after = retry_after
         self.client_error = status_code in CLIENT_ERROR_STATUSES
         self.retryable = retryable and not self.client_error
+        self.code: str = code if code is not None else failover_code_for_status(status_code)
 
 
 def classify_status(status: int) -> bool:

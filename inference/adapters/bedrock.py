@@ -41,6 +41,7 @@ from inference.adapters.converse_mapping import (
     chat_answer,
     converse_request,
 )
+from stack.registry.failover_codes import FailoverCode
 from stack.registry.outbound import PRIVATE_ALLOWED, PUBLIC_ONLY, OutboundRefused, botocore_guard
 
 logger = logging.getLogger(__name__)
@@ -172,11 +173,13 @@ def _map_error(exc: Exception, slug: str) -> ProviderError:
             f"HTTP 400: {slug} (Bedrock Converse): {exc}"[:1000], retryable=False, status_code=400
         )
     if isinstance(exc, OutboundRefused):
-        return ProviderError(f"{slug}: {exc}", retryable=False)
+        return ProviderError(f"{slug}: {exc}", retryable=False, code=FailoverCode.ENDPOINT_REFUSED)
     if isinstance(exc, ReadTimeoutError):
-        return ProviderError(f"{slug}: timed out", retryable=True)
+        return ProviderError(f"{slug}: timed out", retryable=True, code=FailoverCode.TIMEOUT)
     if isinstance(exc, BotoConnectionError | OSError):
-        return ProviderError(f"{slug}: cannot connect: {exc}", retryable=True)
+        return ProviderError(
+            f"{slug}: cannot connect: {exc}", retryable=True, code=FailoverCode.CONNECTION_ERROR
+        )
     logger.warning("bedrock %s failed: %s", slug, exc)
     return ProviderError(f"{slug}: {type(exc).__name__}", retryable=True)
 
@@ -215,7 +218,11 @@ class BedrockAdapter:
                 provider_model=target.provider_model_id,
             )
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
-            raise ProviderError(f"malformed Converse answer from {target.slug}", retryable=True) from exc
+            raise ProviderError(
+                f"malformed Converse answer from {target.slug}",
+                retryable=True,
+                code=FailoverCode.MALFORMED_RESPONSE,
+            ) from exc
 
     def embed(self, target: Target, request: EmbeddingRequest, *, timeout: float) -> Completion:
         # Bedrock's embedding models answer InvokeModel in per-model formats, not Converse.
@@ -247,7 +254,9 @@ class BedrockAdapter:
                     chunk = mapper.event(event)
                 except (KeyError, TypeError, AttributeError, ValueError) as exc:
                     raise ProviderError(
-                        f"malformed ConverseStream event from {target.slug}", retryable=True
+                        f"malformed ConverseStream event from {target.slug}",
+                        retryable=True,
+                        code=FailoverCode.MALFORMED_RESPONSE,
                     ) from exc
                 if chunk is not None:
                     yield chunk

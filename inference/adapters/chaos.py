@@ -21,6 +21,7 @@ from inference.adapters.base import (
     Target,
     classify_status,
 )
+from stack.registry.failover_codes import FailoverCode
 
 _rng = random.Random()  # noqa: S311 (fault injection, not security)
 
@@ -38,7 +39,9 @@ class ChaosAdapter:
             if latency >= timeout:
                 time.sleep(max(timeout, 0.0))
                 raise ProviderError(
-                    f"chaos: {target.slug} timed out (latency {latency * 1000:.0f} ms)", retryable=True
+                    f"chaos: {target.slug} timed out (latency {latency * 1000:.0f} ms)",
+                    retryable=True,
+                    code=FailoverCode.TIMEOUT,
                 )
             time.sleep(latency)
         if _rng.random() < float(cfg.get("error_rate") or 0.0):
@@ -51,7 +54,10 @@ class ChaosAdapter:
             )
         if _rng.random() < float(cfg.get("malformed_rate") or 0.0):
             raise ProviderError(
-                f"chaos: malformed answer from {target.slug}", retryable=True, status_code=200
+                f"chaos: malformed answer from {target.slug}",
+                retryable=True,
+                status_code=200,
+                code=FailoverCode.MALFORMED_RESPONSE,
             )
 
     def complete(self, target: Target, request: InferenceInput, *, timeout: float) -> Completion:

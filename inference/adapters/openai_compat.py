@@ -34,6 +34,7 @@ from inference.adapters.base import (
     Target,
     classify_status,
 )
+from stack.registry.failover_codes import FailoverCode
 from stack.registry.outbound import PRIVATE_ALLOWED, PUBLIC_ONLY, OutboundRefused, guarded_connection
 
 logger = logging.getLogger(__name__)
@@ -54,7 +55,9 @@ def _connections() -> dict[ConnKey, http.client.HTTPConnection]:
 def _key(base_url: str, allow_private: bool) -> ConnKey:
     parts = urlsplit(base_url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ProviderError(f"base URL {base_url!r} is not http(s)", retryable=False)
+        raise ProviderError(
+            f"base URL {base_url!r} is not http(s)", retryable=False, code=FailoverCode.ENDPOINT_REFUSED
+        )
     port = parts.port or (443 if parts.scheme == "https" else 80)
     return parts.scheme, parts.hostname, port, allow_private
 
@@ -126,22 +129,32 @@ def request_json(
             return conn.getresponse(), key
         except OutboundRefused as exc:
             _drop(key)
-            raise ProviderError(str(exc), retryable=False) from exc
+            raise ProviderError(str(exc), retryable=False, code=FailoverCode.ENDPOINT_REFUSED) from exc
         except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
             _drop(key)
             if fresh:
-                raise ProviderError(f"connection to {host}:{port} failed: {exc}", retryable=True) from exc
+                raise ProviderError(
+                    f"connection to {host}:{port} failed: {exc}",
+                    retryable=True,
+                    code=FailoverCode.CONNECTION_ERROR,
+                ) from exc
             # A kept-alive connection the server had closed: reopen once.
             continue
         except TimeoutError as exc:
             _drop(key)
             raise ProviderError(
-                f"timed out after {timeout:.2f}s calling {host}:{port}", retryable=True
+                f"timed out after {timeout:.2f}s calling {host}:{port}",
+                retryable=True,
+                code=FailoverCode.TIMEOUT,
             ) from exc
         except (OSError, http.client.HTTPException) as exc:
             _drop(key)
-            raise ProviderError(f"cannot reach {host}:{port}: {exc}", retryable=True) from exc
-    raise ProviderError(f"connection to {host}:{port} keeps closing", retryable=True)
+            raise ProviderError(
+                f"cannot reach {host}:{port}: {exc}", retryable=True, code=FailoverCode.CONNECTION_ERROR
+            ) from exc
+    raise ProviderError(
+        f"connection to {host}:{port} keeps closing", retryable=True, code=FailoverCode.CONNECTION_ERROR
+    )
 
 
 def _read_all(resp: http.client.HTTPResponse, key: ConnKey) -> bytes:
@@ -149,10 +162,14 @@ def _read_all(resp: http.client.HTTPResponse, key: ConnKey) -> bytes:
         data = resp.read()
     except TimeoutError as exc:
         _drop(key)
-        raise ProviderError("timed out reading the answer", retryable=True) from exc
+        raise ProviderError(
+            "timed out reading the answer", retryable=True, code=FailoverCode.TIMEOUT
+        ) from exc
     except (OSError, http.client.HTTPException) as exc:
         _drop(key)
-        raise ProviderError(f"connection broke while reading: {exc}", retryable=True) from exc
+        raise ProviderError(
+            f"connection broke while reading: {exc}", retryable=True, code=FailoverCode.CONNECTION_ERROR
+        ) from exc
     if resp.will_close:
         _drop(key)
     return data
@@ -299,7 +316,10 @@ class OpenAICompatibleAdapter:
             # logged, never passed on (see _status_error).
             logger.warning("malformed answer from %s: %r", target.slug, data[:2000])
             raise ProviderError(
-                f"malformed answer from {target.slug}", retryable=True, status_code=resp.status
+                f"malformed answer from {target.slug}",
+                retryable=True,
+                status_code=resp.status,
+                code=FailoverCode.MALFORMED_RESPONSE,
             ) from exc
 
     def embed(self, target: Target, request: EmbeddingRequest, *, timeout: float) -> Completion:
@@ -334,7 +354,10 @@ class OpenAICompatibleAdapter:
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             logger.warning("malformed embeddings answer from %s: %r", target.slug, data[:2000])
             raise ProviderError(
-                f"malformed embeddings answer from {target.slug}", retryable=True, status_code=resp.status
+                f"malformed embeddings answer from {target.slug}",
+                retryable=True,
+                status_code=resp.status,
+                code=FailoverCode.MALFORMED_RESPONSE,
             ) from exc
 
     def stream(self, target: Target, request: InferenceInput, *, timeout: float) -> Iterator[StreamChunk]:
@@ -368,14 +391,26 @@ class OpenAICompatibleAdapter:
                 try:
                     doc = json.loads(payload)
                 except ValueError as exc:
-                    raise ProviderError(f"malformed stream event from {target.slug}", retryable=True) from exc
+                    raise ProviderError(
+                        f"malformed stream event from {target.slug}",
+                        retryable=True,
+                        code=FailoverCode.MALFORMED_RESPONSE,
+                    ) from exc
                 if not isinstance(doc, dict):
-                    raise ProviderError(f"malformed stream event from {target.slug}", retryable=True)
+                    raise ProviderError(
+                        f"malformed stream event from {target.slug}",
+                        retryable=True,
+                        code=FailoverCode.MALFORMED_RESPONSE,
+                    )
                 # One chunk per event, the event itself in `raw`: the gateway passes it on whole.
                 text, finish_now = "", None
                 for choice in doc.get("choices") or []:
                     if not isinstance(choice, dict):
-                        raise ProviderError(f"malformed stream event from {target.slug}", retryable=True)
+                        raise ProviderError(
+                            f"malformed stream event from {target.slug}",
+                            retryable=True,
+                            code=FailoverCode.MALFORMED_RESPONSE,
+                        )
                     if choice.get("index", 0) == 0:
                         text = _text_of(choice, chat)
                         finish_now = choice.get("finish_reason") or None
@@ -389,6 +424,7 @@ class OpenAICompatibleAdapter:
                     yield StreamChunk(text=text, finish_reason=finish_now, raw=doc)
         except (TimeoutError, OSError, http.client.HTTPException) as exc:
             _drop(key)
-            raise ProviderError(f"stream from {target.slug} broke: {exc}", retryable=True) from exc
+            code = FailoverCode.TIMEOUT if isinstance(exc, TimeoutError) else FailoverCode.CONNECTION_ERROR
+            raise ProviderError(f"stream from {target.slug} broke: {exc}", retryable=True, code=code) from exc
         if resp.will_close:
             _drop(key)

@@ -17,6 +17,7 @@ from inference.adapters.base import (
 from inference.adapters.bedrock import BedrockAdapter
 from inference.adapters.chaos import ChaosAdapter
 from inference.adapters.openai_compat import OpenAICompatibleAdapter
+from stack.registry.failover_codes import FailoverCode
 
 _openai = OpenAICompatibleAdapter()
 _bedrock = BedrockAdapter()
@@ -30,13 +31,19 @@ class RefusedAdapter:
     kind = "refused"
 
     def complete(self, target: Target, request: InferenceInput, *, timeout: float) -> Completion:
-        raise ProviderError(f"{target.slug}: {target.refused}", retryable=False)
+        raise ProviderError(
+            f"{target.slug}: {target.refused}", retryable=False, code=FailoverCode.ENDPOINT_REFUSED
+        )
 
     def stream(self, target: Target, request: InferenceInput, *, timeout: float) -> Iterator[StreamChunk]:
-        raise ProviderError(f"{target.slug}: {target.refused}", retryable=False)
+        raise ProviderError(
+            f"{target.slug}: {target.refused}", retryable=False, code=FailoverCode.ENDPOINT_REFUSED
+        )
 
     def embed(self, target: Target, request: EmbeddingRequest, *, timeout: float) -> Completion:
-        raise ProviderError(f"{target.slug}: {target.refused}", retryable=False)
+        raise ProviderError(
+            f"{target.slug}: {target.refused}", retryable=False, code=FailoverCode.ENDPOINT_REFUSED
+        )
 
 
 _refused = RefusedAdapter()

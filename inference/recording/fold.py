@@ -14,6 +14,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.db import connection
+from django.utils import timezone
 
 from billing.selectors import PriceResolver
 from billing.services import UsageInput, usage_record_batch
@@ -21,6 +22,7 @@ from inference.breaker import breakers
 from inference.models import InferenceAttempt, InferenceRequest
 from inference.recording.attempts import UNIT_SUFFIX, Outcome
 from inference.selectors import fold_cache
+from stack.registry.failover_codes import FailoverCode, failover_code_for_status
 from stack.registry.models import Deployment, FailoverEvent, Workflow
 from stack.registry.services import failover_event_record
 
@@ -39,6 +41,9 @@ class FoldAttempt:
     tokens_out: int
     error: str
     started_at: float  # perf_counter of the call's start (only differences are used)
+    # The failed call's failover code; entries journaled before codes existed have none, and
+    # their code follows from the status (FoldAttempt(*values) takes either length).
+    code: str = ""
 
     @property
     def called(self) -> bool:
@@ -60,6 +65,8 @@ class FoldJob:
     winner_id: int | None = None
     policy_version: int | None = None
     quality_floor: float | None = None
+    # Circuit transitions the request's calls caused: (deployment id, opened/closed, cause code).
+    breaker: list[tuple[int, str, str]] = field(default_factory=list)
 
     def journal(self) -> dict[str, Any]:
         """The journal entry (JSON) kept on the request row until the job is folded."""
@@ -76,6 +83,7 @@ class FoldJob:
                     a.tokens_out,
                     a.error,
                     a.started_at,
+                    a.code,
                 ]  # fmt: skip
                 for a in self.attempts
             ],
@@ -85,6 +93,7 @@ class FoldJob:
             "winner": self.winner_id,
             "policy_version": self.policy_version,
             "quality_floor": self.quality_floor,
+            "breaker": [list(t) for t in self.breaker],
         }
 
     @classmethod
@@ -112,6 +121,8 @@ class FoldJob:
             winner_id=doc["winner"],
             policy_version=doc["policy_version"],
             quality_floor=doc["quality_floor"],
+            # Entries journaled before transitions were recorded have none.
+            breaker=[(int(d), str(t), str(c)) for d, t, c in doc.get("breaker", [])],
         )
 
 
@@ -209,6 +220,7 @@ def _failover_events(
         source, target = deployments[failed.deployment_id], deployments[following.deployment_id]
         failover_event_record(
             kind=FailoverEvent.Kind.INFERENCE,
+            code=failed.code or failover_code_for_status(failed.status_code),
             reason=f"{source.slug} → {target.slug}: {failed.error}",
             detected_at=job.created_at,
             from_deployment=source,
@@ -224,12 +236,21 @@ def _failover_events(
                 "outcome": failed.outcome,
             },
         )
+    for deployment_id, transition, cause in job.breaker:
+        _breaker_event(
+            deployments[deployment_id],
+            transition=transition,
+            cause=cause,
+            at=job.created_at,
+            details={"workflow": workflow.slug, "request": job.request_id},
+        )
     for deployment_id, score in job.demoted:
         if breakers().claim_once(f"demoted:{workflow.pk}:{deployment_id}", ttl_s=DEMOTION_EVENT_TTL_S):
             demoted = deployments[deployment_id]
             floor = job.quality_floor if job.quality_floor is not None else 0.0
             failover_event_record(
                 kind=FailoverEvent.Kind.INFERENCE,
+                code=FailoverCode.QUALITY_DEMOTION,
                 reason=(
                     f"quality demotion: {demoted.slug} rolling score {score:.3f} "
                     f"below the floor {floor:.3f} of {workflow.slug}"
@@ -240,6 +261,34 @@ def _failover_events(
                 subject=f"workflow:{workflow.slug}",
                 details={"workflow": workflow.slug, "score": score, "floor": floor, "demotion": True},
             )
+
+
+def _breaker_event(
+    deployment: Deployment, *, transition: str, cause: str, at: datetime, details: dict[str, Any]
+) -> None:
+    if transition == "opened":
+        code = FailoverCode.CIRCUIT_OPEN
+        why = f" after {cause}" if cause else ""
+        reason = f"circuit of {deployment.slug} opened{why}: calls skip it until a probe succeeds"
+    else:
+        code = FailoverCode.CIRCUIT_CLOSED
+        reason = f"circuit of {deployment.slug} closed: its half-open probe succeeded"
+    failover_event_record(
+        kind=FailoverEvent.Kind.INFERENCE,
+        code=code,
+        reason=reason,
+        detected_at=at,
+        from_deployment=deployment,
+        subject=f"deployment:{deployment.slug}",
+        details={**details, "transition": transition, "cause": cause},
+    )
+
+
+def breaker_transition_record(*, deployment_id: int, transition: str, cause: str) -> None:
+    """A circuit transition no request carries (see inference.breaker._SuccessRecorder)."""
+    deployment = Deployment.objects.select_related("provider").filter(pk=deployment_id).first()
+    if deployment is not None:
+        _breaker_event(deployment, transition=transition, cause=cause, at=timezone.now(), details={})
 
 
 # Plain INSERTs for the hot tables: the ORM's statement building costs several times the round

@@ -46,6 +46,7 @@ def error_attempt(
         latency_ms=(now - started) * 1000.0,
         error=str(exc)[:1000] + (" [client error]" if client_error else ""),
         started_at=started,
+        code=exc.code,
     )
 
 
@@ -193,21 +194,25 @@ def attempt_calls(ctx: Context, stack: ExitStack, *, stream: bool) -> Iterator[A
                     # deployment would take it, and it says nothing about this one's health, so
                     # its breaker does not count it (nor does a failover event follow).
                     if state == Peek.HALF_OPEN:
-                        store.record(
+                        _, transition = store.record(
                             entry.deployment_id,
                             ok=True,
                             latency_ms=attempt.latency_ms,
                             now=monotonic_now(),
                             cfg=cfg,
                         )
+                        if transition:
+                            ctx.breaker_transitions.append((entry.deployment_id, transition, ""))
                     return
-                store.record(
+                _, transition = store.record(
                     entry.deployment_id,
                     ok=False,
                     latency_ms=attempt.latency_ms,
                     now=monotonic_now(),
                     cfg=cfg,
                 )
+                if transition:
+                    ctx.breaker_transitions.append((entry.deployment_id, transition, attempt.code))
                 if exc.retry_after is not None and exc.retryable:
                     # The provider said how long to stay away (429/503 Retry-After): every
                     # process skips this deployment for that long (capped), and the route
@@ -238,5 +243,7 @@ def ok_attempt(
         started_at=started,
     )
     ctx.attempts.append(attempt)
-    record_success(entry.deployment_id, latency_ms=latency, probe=probe, cfg=breaker_settings())
+    transition = record_success(entry.deployment_id, latency_ms=latency, probe=probe, cfg=breaker_settings())
+    if transition:
+        ctx.breaker_transitions.append((entry.deployment_id, transition, ""))
     return attempt

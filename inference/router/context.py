@@ -77,6 +77,11 @@ class Context:
     # A hard budget's admission is held: the spend must reach the ledger before it is released,
     # so the request is recorded inline rather than journaled (inference.recording).
     admitted: bool = False
+    # Circuit transitions this request's calls caused: (deployment id, "opened"/"closed", the
+    # failover code of the call that decided it). Recorded as failover events with the request
+    # (by its fold, so the journal keeps them off the answer's path), once per transition: the
+    # breaker script hands a transition to exactly one caller.
+    breaker_transitions: list[tuple[int, str, str]] = field(default_factory=list)
     deployment: Deployment | None = None  # a one-deployment call: route(deployment=...)
 
 

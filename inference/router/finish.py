@@ -65,6 +65,7 @@ def finish_request(
         response_text=completion.text if (completion is not None and client_request_id) else "",
         demoted=ctx.demoted,
         inline=ctx.admitted,
+        breaker_transitions=ctx.breaker_transitions,
     )
     # Observed once the request is recorded: counters in this process, spans (when tracing is
     # on) handed to the exporter's background thread.

@@ -17,6 +17,7 @@ from rest_framework.routers import BaseRouter
 from stack.registry import services
 from stack.registry.api_fields import DateTimeField, DecimalField, ModelSerializer
 from stack.registry.endpoints import deployment_endpoint_problem, endpoint_list_problems, endpoint_url_problem
+from stack.registry.failover_codes import FailoverCode
 from stack.registry.models import (
     Cluster,
     Deployment,
@@ -330,6 +331,7 @@ class FailoverEventSerializer(ModelSerializer[FailoverEvent]):
         fields = [
             "id",
             "kind",
+            "code",
             "subject",
             "from_provider",
             "to_provider",
@@ -490,13 +492,14 @@ class WorkflowViewSet(viewsets.ModelViewSet[Workflow]):
 @extend_schema_view(
     list=extend_schema(
         parameters=[
-            OpenApiParameter("kind", str, enum=FailoverEvent.Kind.values, description="only this kind")
+            OpenApiParameter("kind", str, enum=FailoverEvent.Kind.values, description="only this kind"),
+            OpenApiParameter("code", str, enum=FailoverCode.values, description="only this failover code"),
         ]
     )
 )
 class FailoverEventViewSet(viewsets.ReadOnlyModelViewSet[FailoverEvent]):
     serializer_class = FailoverEventSerializer
-    query_params_known = ("kind",)
+    query_params_known = ("kind", "code")
 
     def get_queryset(self) -> QuerySet[FailoverEvent]:
         events = FailoverEvent.objects.select_related(
@@ -510,6 +513,9 @@ class FailoverEventViewSet(viewsets.ReadOnlyModelViewSet[FailoverEvent]):
         kind = query_choice(self.request, "kind", FailoverEvent.Kind.values)
         if kind is not None:
             events = events.filter(kind=kind)
+        code = query_choice(self.request, "code", FailoverCode.values)
+        if code is not None:
+            events = events.filter(code=code)
         return events
 
 

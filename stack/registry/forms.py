@@ -8,8 +8,17 @@ from django import forms
 from django.contrib.auth.models import User
 from django.db.models import QuerySet
 
+from stack.registry.failover_codes import FailoverCode
 from stack.registry.form_fields import IntegerField, model_formfield
-from stack.registry.models import Cluster, Deployment, Provider, RegisteredModel, Team, Workflow
+from stack.registry.models import (
+    Cluster,
+    Deployment,
+    FailoverEvent,
+    Provider,
+    RegisteredModel,
+    Team,
+    Workflow,
+)
 from stack.registry.objectstore import store_uri_problem
 from stack.registry.roles import Role
 from stack.registry.services import RATE_LIMIT_MAX
@@ -198,3 +207,10 @@ class TeamMemberForm(forms.Form):
         if user is None:
             raise forms.ValidationError(f"no active user {name}")
         return user
+
+
+class FailoverFilterForm(forms.Form):
+    """The failover list's filters (GET): a kind and a code of the taxonomy, each optional."""
+
+    kind = forms.ChoiceField(choices=[("", "any kind"), *FailoverEvent.Kind.choices], required=False)
+    code = forms.ChoiceField(choices=[("", "any code"), *FailoverCode.choices], required=False)

@@ -13,6 +13,7 @@ from django.db import models
 from django.utils import timezone
 
 from stack.registry.endpoints import deployment_endpoint_problem, endpoint_list_problems, endpoint_url_problem
+from stack.registry.failover_codes import FailoverCode
 from stack.registry.queues import cluster_queue
 from stack.registry.roles import Role
 
@@ -383,6 +384,9 @@ class FailoverEvent(models.Model):
         INFERENCE = "inference", "Inference"
 
     kind = models.CharField(max_length=16, choices=Kind.choices)
+    # What caused it, from the shared taxonomy (stack.registry.failover_codes); `reason` is the
+    # sentence a person reads, `code` what pages, the API, exports and alerts filter on.
+    code = models.CharField(max_length=24, choices=FailoverCode.choices, default=FailoverCode.OTHER)
     from_provider = models.ForeignKey(
         Provider, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
@@ -422,6 +426,8 @@ class FailoverEvent(models.Model):
             models.Index(fields=["kind", "from_cluster", "recovered_at"], name="failover_open_idx"),
             # A training run's timeline lists its failovers.
             models.Index(fields=["training_run_id", "detected_at"], name="failover_run_idx"),
+            # The failover lists filtered by code (?code=), newest first.
+            models.Index(fields=["code", "detected_at"], name="failover_code_idx"),
         ]
 
     def __str__(self) -> str:

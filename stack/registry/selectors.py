@@ -72,3 +72,15 @@ def failover_event_counts() -> dict[str, tuple[int, int]]:
 
 def deployments_enabled() -> QuerySet[Deployment]:
     return Deployment.objects.filter(enabled=True).order_by("slug")
+
+
+def failover_events(*, kind: str | None = None, code: str | None = None) -> QuerySet[FailoverEvent]:
+    """Failover events, newest first, optionally of one kind and one code (failover_code_idx)."""
+    events = FailoverEvent.objects.select_related(
+        "from_provider", "to_provider", "from_cluster", "to_cluster", "from_deployment", "to_deployment"
+    )
+    if kind:
+        events = events.filter(kind=kind)
+    if code:
+        events = events.filter(code=code)
+    return events.order_by("-detected_at", "-id")

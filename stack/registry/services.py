@@ -24,6 +24,7 @@ from stack.registry.auth_version import auth_version_bump
 from stack.registry.crypto import encrypt_secret
 from stack.registry.endpoints import endpoint_under, endpoint_url_problem
 from stack.registry.errors import DomainError
+from stack.registry.failover_codes import FailoverCode
 from stack.registry.models import (
     ApiToken,
     Cluster,
@@ -113,6 +114,7 @@ def provider_endpoints_allow(
 def failover_event_record(
     *,
     kind: FailoverEvent.Kind,
+    code: FailoverCode | str,
     reason: str,
     detected_at: datetime,
     from_provider: Provider | None = None,
@@ -142,8 +144,11 @@ def failover_event_record(
         to_provider = to_deployment.provider
     if time_lost is None and recovered_at is not None:
         time_lost = recovered_at - detected_at
+    if code not in FailoverCode.values:
+        raise ValueError(f"unknown failover code {code!r}")
     return FailoverEvent.objects.create(
         kind=kind,
+        code=code,
         reason=reason[:500],
         detected_at=detected_at,
         recovered_at=recovered_at,
@@ -258,6 +263,7 @@ def cluster_health_check(*, now: datetime | None = None) -> list[HealthTransitio
                 silent = "never" if last is None else f"{(now - last).total_seconds():.0f}s"
                 failover_event_record(
                     kind=FailoverEvent.Kind.CLUSTER_HEALTH,
+                    code=FailoverCode.HEARTBEAT_TIMEOUT,
                     reason=f"{old} → down: no worker heartbeat for {silent}",
                     detected_at=now,
                     from_cluster=cluster,

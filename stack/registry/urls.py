@@ -9,6 +9,7 @@ from stack.registry.models import Workflow
 
 urlpatterns: list[URLPattern] = [
     path("tokens/", views.TokenView.as_view(), name="tokens"),
+    path("failovers/", views.FailoverEventListView.as_view(), name="failovers"),
     path(
         "workflows/",
         views.RegistryListView.as_view(

@@ -99,7 +99,7 @@ def test_retryable_error_fails_over_and_records_the_event(
         503,
     )
     assert event.from_provider_id == primary.provider_id and event.time_lost is not None
-    assert event.subject == f"inference-request:{result.request_id}"
+    assert event.subject == f"inference-request:{result.request_id}" and event.code == "http_5xx"
     assert failing.behaviour.total_calls() == 1  # moved on at once, no retry of the primary
 
 
@@ -133,6 +133,8 @@ def test_failing_everywhere_is_recorded_with_every_attempt_and_retried_with_back
     assert outcomes == [(da.pk, 502), (db.pk, 429), (da.pk, 502), (db.pk, 429)]
     # Each failed call that led to another is an event; the last one led nowhere.
     assert FailoverEvent.objects.count() == 3
+    codes = list(FailoverEvent.objects.order_by("id").values_list("code", flat=True))
+    assert codes == ["http_5xx", "http_429", "http_5xx"]
     assert UsageRecord.objects.count() == 0
     assert a.behaviour.total_calls() == 2 and b.behaviour.total_calls() == 2
 
@@ -192,6 +194,7 @@ def test_quality_demotion_skips_with_one_event(
     assert first.attempts[0].outcome == Outcome.SKIPPED_QUALITY
     events = FailoverEvent.objects.filter(from_deployment=weak)
     assert events.count() == 1 and "quality demotion" in events.get().reason
+    assert events.get().code == "quality_demotion"
     # Its quality recovers above the floor: it serves again.
     for _ in range(30):
         quality_record_create(deployment=weak, workflow=workflow, source="eval", score=1)

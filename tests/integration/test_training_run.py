@@ -202,6 +202,8 @@ def test_a_sigkilled_cluster_worker_fails_its_learner_over_and_the_run_completes
     assert len(events) == 1
     event = events[0]
     assert event.kind == FailoverEvent.Kind.TRAINING
+    # SIGKILLed: its cluster falls silent (heartbeat_timeout) or the learner stops reporting first.
+    assert event.code in {"heartbeat_timeout", "worker_lost"}
     assert event.subject == f"training-run:{done.pk}/learner:0"
     assert event.from_cluster_id == cheap.pk and event.to_cluster_id == dear.pk
     assert event.recovered_at is not None and event.recovered_at >= event.detected_at

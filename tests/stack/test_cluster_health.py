@@ -75,7 +75,7 @@ def test_a_silent_cluster_turns_degraded_then_down_with_exactly_one_event(last_b
     assert (cluster.status, cluster.status_changed_at) == (Cluster.Status.DOWN, down_at)
 
     event = FailoverEvent.objects.get()
-    assert event.kind == FailoverEvent.Kind.CLUSTER_HEALTH
+    assert event.kind == FailoverEvent.Kind.CLUSTER_HEALTH and event.code == "heartbeat_timeout"
     assert event.from_cluster == cluster
     assert event.from_provider == cluster.provider
     assert event.to_cluster is None

@@ -32,10 +32,19 @@ from rest_framework.test import APIClient
 from billing.exports.columns import MANIFEST_NAME
 from billing.exports.filters import ExportFilters
 from billing.exports.jobs import export_job_create, export_job_run
-from billing.models import Budget, BudgetAlert, InvoiceImport, PriceBook, UsageRecord
+from billing.models import (
+    AlertChannel,
+    Budget,
+    BudgetAlert,
+    InvoiceImport,
+    PriceBook,
+    SpendAnomaly,
+    UsageRecord,
+)
 from inference.models import BatchJob, ChaosConfig, EvalRun, EvalSet
 from stack.access import ACCESS, SEPARATELY_GUARDED, Access
 from stack.audit.models import AuditEntry
+from stack.registry.crypto import encrypt_secret
 from stack.registry.models import FailoverEvent, Team
 from stack.registry.roles import Role
 from tests.factories import (
@@ -186,7 +195,19 @@ def seeded(db: Any, settings: Any, tmp_path: Path) -> dict[str, Any]:
     eval_set = EvalSet.objects.create(workflow=workflow, name="matrix")
     eval_run = EvalRun.objects.create(eval_set=eval_set, deployment=deployment)
     batch = BatchJob.objects.create(workflow=workflow, input_uri="in/x.jsonl", created_by=owner)
+    channel = AlertChannel.objects.create(
+        name="matrix", kind=AlertChannel.Kind.SLACK, url_encrypted=encrypt_secret("https://hooks.example.com/x"),
+        url_host="hooks.example.com",
+    )  # fmt: skip
+    anomaly = SpendAnomaly.objects.create(
+        dimension=SpendAnomaly.Dimension.PROVIDER, target_id=provider.pk, target_label=provider.slug,
+        day=date(2026, 1, 15), currency="USD", spent_so_far=Decimal("5"), rate=Decimal("40"),
+        median=Decimal("12"), mad=Decimal("1"), threshold=Decimal("17.19"),
+        baseline=[["2026-01-14", "12"]], detected_at=timezone.now(),
+    )  # fmt: skip
     return {
+        "alert-channels": channel.pk,
+        "anomalies": anomaly.pk,
         "providers": provider.slug,
         "clusters": cluster.slug,
         "models": deployment.model.slug,

@@ -10,6 +10,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
 
+from stack.registry.failover_codes import FailoverCode
 from stack.registry.models import FailoverEvent
 from stack.registry.services import failover_event_record
 from tests.factories import api_client, fabricate_run
@@ -70,6 +71,7 @@ def test_detail_gives_transitions_learners_placements_and_ledger_cost_to_the_cen
     run = fabricate_run()
     failover_event_record(
         kind=FailoverEvent.Kind.TRAINING,
+        code=FailoverCode.HEARTBEAT_TIMEOUT,
         subject=f"training-run:{run.pk}/learner:1",
         reason="cluster down",
         detected_at=timezone.now(),

@@ -54,6 +54,7 @@ def test_a_learner_on_a_down_cluster_moves_to_the_cheapest_healthy_cluster(tmp_p
     assert rejected[a.slug] == "status down" and rejected[b.slug] == "no free capacity"
     event = FailoverEvent.objects.get(training_run_id=run.pk)
     assert event.kind == "training" and event.subject == f"training-run:{run.pk}/learner:0"
+    assert event.code == "heartbeat_timeout"  # its cluster went down: no worker heartbeat
     assert event.from_cluster_id == a.pk and event.to_cluster_id == spare_cheap.pk
     assert event.recovered_at is None and event.tokens_lost is not None
     run.refresh_from_db()
@@ -102,6 +103,8 @@ def test_a_silent_learner_is_lost_after_its_timeout(tmp_path: Path) -> None:
     assert counts["failovers"] == 2
     reasons = set(FailoverEvent.objects.filter(training_run_id=run.pk).values_list("reason", flat=True))
     assert all("no report for" in r for r in reasons)
+    codes = set(FailoverEvent.objects.filter(training_run_id=run.pk).values_list("code", flat=True))
+    assert codes == {"worker_lost"}
 
 
 @pytest.mark.django_db
@@ -168,6 +171,7 @@ def test_a_learner_that_fails_on_every_cluster_fails_the_run_instead_of_moving_f
     # One loss episode, one event: it stays open because the learner never trained again.
     event = FailoverEvent.objects.get(training_run_id=run.pk)
     assert event.recovered_at is None and "chunk 0 failed: LookupError" in event.reason
+    assert event.code == "chunk_failed"
     assert PlacementDecision.objects.filter(run=run, learner_index=0, reason="failover").count() == 2
 
 

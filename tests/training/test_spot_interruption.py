@@ -125,6 +125,7 @@ def test_an_interrupted_learner_pushes_its_delta_stops_and_is_re_placed_losing_n
     assert decision.reason == "failover" and rejected[spot.slug] == "status draining"
     event = FailoverEvent.objects.get(training_run_id=run.pk)
     assert event.kind == "training" and "interrupted: cluster" in event.reason
+    assert event.code == "preemption"
     assert (event.from_cluster_id, event.to_cluster_id) == (spot.pk, spare.pk)
     assert event.tokens_lost == 0 and event.extra_cost == 0
     run.refresh_from_db()
@@ -159,3 +160,4 @@ def test_a_learner_whose_chunk_has_not_started_leaves_the_interrupted_cluster_at
     assert (learner.state, learner.generation, learner.cluster_id) == ("placed", 1, spare.pk)
     event = FailoverEvent.objects.get(training_run_id=run.pk)
     assert "(spot interruption notice)" in event.reason and event.tokens_lost == 0
+    assert event.code == "preemption"

@@ -15,13 +15,14 @@ from django.utils import timezone
 from billing.models import Unit
 from billing.selectors import price_in_force
 from billing.services import SECONDS_PER_HOUR
+from stack.registry.failover_codes import FailoverCode
 from stack.registry.models import Cluster, FailoverEvent, WorkerHeartbeat
 from stack.registry.services import failover_event_record
 from training import dispatch, selectors
 from training.models import LearnerChunk, PlacementDecision, TrainingLearner, TrainingRun
 from training.placement import Constraints, place
 from training.run_config import RunConfig
-from training.services.chunks import cluster_interruption_reason, learner_chunk_bill
+from training.services.chunks import INTERRUPTED, cluster_interruption_reason, learner_chunk_bill
 from training.services.placing import placement_decision_record
 from training.services.runs import training_run_budget_exhaust, transition_quietly
 from training.services.syncer import SYNCER_STALE_SECONDS, syncer_restart
@@ -58,9 +59,11 @@ def training_runs_supervise(*, now: datetime | None = None) -> dict[str, int]:
             training_run_budget_exhaust(run=run, why=refusal)
             continue
         for learner in TrainingLearner.objects.filter(run=run).select_related("cluster"):
-            reason = _lost_reason(learner=learner, rc=rc, now=now)
+            code, reason = _lost_reason(learner=learner, rc=rc, now=now)
             if reason:
-                counts["failovers"] += learner_failover(learner_id=learner.pk, reason=reason, now=now)
+                counts["failovers"] += learner_failover(
+                    learner_id=learner.pk, reason=reason, now=now, code=code
+                )
         run.refresh_from_db()
         why = _no_cluster_within_budget(run=run, rc=rc, now=now)
         if why:
@@ -74,25 +77,57 @@ def training_runs_supervise(*, now: datetime | None = None) -> dict[str, int]:
     return counts
 
 
-def _lost_reason(*, learner: TrainingLearner, rc: RunConfig, now: datetime) -> str:
+def _lost_reason(*, learner: TrainingLearner, rc: RunConfig, now: datetime) -> tuple[FailoverCode, str]:
+    """(failover code, reason) of a learner that must move; reason "" while it may stay."""
     if learner.state == TrainingLearner.State.LOST:
-        return learner.last_error or "lost"
+        reason = learner.last_error or "lost"
+        return lost_learner_code(reason), reason
     if learner.state not in (TrainingLearner.State.PLACED, TrainingLearner.State.RUNNING):
-        return ""
+        return FailoverCode.OTHER, ""
     cluster = learner.cluster
     inflight = selectors.learner_inflight_chunk(learner=learner)
     if cluster is not None and cluster.status in (Cluster.Status.DOWN, Cluster.Status.DRAINING):
         if inflight is not None and _stopping_for_interruption(cluster=cluster, now=now):
-            return ""  # its chunk is pushing its delta and stopping: let it finish, then move it
-        return cluster_interruption_reason(cluster) or f"cluster {cluster.slug} is {cluster.status}"
+            return FailoverCode.PREEMPTION, ""  # its chunk is pushing its delta and stopping
+        interrupted = cluster_interruption_reason(cluster)
+        if interrupted:
+            return FailoverCode.PREEMPTION, interrupted
+        code = (
+            FailoverCode.CLUSTER_DRAINING
+            if cluster.status == Cluster.Status.DRAINING
+            else FailoverCode.HEARTBEAT_TIMEOUT
+        )
+        return code, f"cluster {cluster.slug} is {cluster.status}"
     marks = [learner.state_changed_at, learner.last_report_at]
     if inflight is not None:
         marks += [inflight.started_at, inflight.progress_at]
     last = max(m for m in marks if m is not None)
     silent = (now - last).total_seconds()
     if silent > rc.learner_timeout:
-        return f"no report for {silent:.0f}s (learner_timeout {rc.learner_timeout:.0f}s)"
-    return ""
+        return (
+            FailoverCode.WORKER_LOST,
+            f"no report for {silent:.0f}s (learner_timeout {rc.learner_timeout:.0f}s)",
+        )
+    return FailoverCode.OTHER, ""
+
+
+def lost_learner_code(reason: str) -> FailoverCode:
+    """The code of a learner already marked lost, from the reason training's own code wrote
+    (training.services.chunks: an interruption, a failed chunk, or a cluster budget refusal)."""
+    if reason.startswith(INTERRUPTED):
+        return FailoverCode.PREEMPTION
+    if reason.startswith("chunk ") and " failed: " in reason:
+        return FailoverCode.CHUNK_FAILED
+    if reason.startswith("cluster ") and "budget" in reason:
+        return FailoverCode.BUDGET_EXHAUSTED
+    # A learner lost by an earlier supervision keeps that supervision's reason (_lost_reason).
+    if reason.startswith("no report for "):
+        return FailoverCode.WORKER_LOST
+    if reason.startswith("cluster ") and reason.endswith(f" is {Cluster.Status.DOWN}"):
+        return FailoverCode.HEARTBEAT_TIMEOUT
+    if reason.startswith("cluster ") and reason.endswith(f" is {Cluster.Status.DRAINING}"):
+        return FailoverCode.CLUSTER_DRAINING
+    return FailoverCode.OTHER
 
 
 def _stopping_for_interruption(*, cluster: Cluster, now: datetime) -> bool:
@@ -141,7 +176,9 @@ def _failover_constraints(rc: RunConfig) -> Constraints:
     )
 
 
-def learner_failover(*, learner_id: int, reason: str, now: datetime) -> int:
+def learner_failover(
+    *, learner_id: int, reason: str, now: datetime, code: FailoverCode = FailoverCode.OTHER
+) -> int:
     """Record a lost learner and re-place it on the cheapest healthy cluster with room.
 
     One FailoverEvent per loss episode: from the first loss until the learner trains again
@@ -189,6 +226,7 @@ def learner_failover(*, learner_id: int, reason: str, now: datetime) -> int:
         if event is None and from_cluster is not None:
             event = failover_event_record(
                 kind=FailoverEvent.Kind.TRAINING,
+                code=code,
                 reason=f"learner {learner.index}: {reason}"
                 + ("" if to_cluster else f"; not re-placed yet: {'; '.join(result.problems)}"),
                 detected_at=now,

@@ -1,0 +1,104 @@
+"""Sending one AlertDelivery to its channel, at most once, retried on transient failures.
+
+Slack and Teams webhooks authenticate by their secret URL; the generic webhook is signed like a
+budget's (X-Switchyard-Signature: HMAC-SHA256 of the body with the channel's secret). Every URL
+goes through the outbound guard (stack.registry.outbound): no loopback, private, link-local or
+metadata address unless an admin listed its network, and redirects are not followed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from celery import shared_task
+from django.db import transaction
+from django.utils import timezone
+
+from billing.alerts.formats import generic_body, slack_body, teams_body
+from billing.budgets.delivery import SIGNATURE_HEADER, WEBHOOK_TIMEOUT_S, budget_webhook_signature
+from billing.budgets.errors import AlertDeliveryError
+from billing.models import AlertChannel, AlertDelivery
+from stack.registry.crypto import decrypt_secret
+from stack.registry.outbound import PUBLIC_ONLY, OutboundRefused, http_post
+
+logger = logging.getLogger(__name__)
+
+
+def _body(delivery: AlertDelivery) -> tuple[bytes, dict[str, str]]:
+    channel = delivery.channel
+    headers = {"Content-Type": "application/json"}
+    if channel.kind == AlertChannel.Kind.SLACK:
+        doc = slack_body(message=delivery.message)
+    elif channel.kind == AlertChannel.Kind.TEAMS:
+        doc = teams_body(message=delivery.message)
+    else:
+        doc = generic_body(
+            message=delivery.message,
+            kind=delivery.kind,
+            dedup_key=delivery.dedup_key,
+            delivery_id=delivery.pk,
+            at=delivery.created_at.isoformat(),
+        )
+    body = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+    if channel.kind == AlertChannel.Kind.WEBHOOK:
+        headers[SIGNATURE_HEADER] = budget_webhook_signature(
+            secret=decrypt_secret(channel.secret_encrypted), body=body
+        )
+    return body, headers
+
+
+def alert_delivery_send(*, delivery_id: int) -> None:
+    """Send one delivery; a re-run after it was sent (or refused for good) does nothing.
+    Raises AlertDeliveryError on a transient failure (unreachable, 5xx, 429) to be retried."""
+    failure = ""
+    with transaction.atomic():
+        delivery = (
+            AlertDelivery.objects.select_for_update(of=("self",))
+            .select_related("channel")
+            .filter(pk=delivery_id)
+            .first()
+        )
+        if delivery is None or delivery.sent_at is not None or "not retried" in delivery.status:
+            return  # sent, or refused for good (the outbound policy, a 4xx): sending again won't help
+        body, headers = _body(delivery)
+        try:
+            answer = http_post(
+                decrypt_secret(delivery.channel.url_encrypted),
+                body=body,
+                headers=headers,
+                timeout=WEBHOOK_TIMEOUT_S,
+                policy=PUBLIC_ONLY,
+            )
+        except OutboundRefused:
+            delivery.status = "refused by the outbound policy (not retried)"
+        except OSError as exc:
+            failure = f"{type(exc).__name__}"
+            delivery.status = failure[:200]
+        else:
+            if 200 <= answer.status < 300:
+                delivery.sent_at = timezone.now()
+                delivery.status = f"HTTP {answer.status}"
+            elif answer.status >= 500 or answer.status == 429:
+                failure = f"HTTP {answer.status}"
+                delivery.status = failure
+            else:
+                delivery.status = f"HTTP {answer.status} (refused; not retried)"
+        delivery.save(update_fields=["sent_at", "status"])
+    if failure:
+        logger.warning("alert delivery %s: %s", delivery_id, failure)
+        raise AlertDeliveryError(f"alert delivery {delivery_id}: {failure}")
+
+
+@shared_task(
+    name="billing.alert_delivery_send",
+    ignore_result=True,
+    # Only transient failures, with exponential backoff capped at 10 minutes, 8 times (as budgets).
+    autoretry_for=(AlertDeliveryError,),
+    retry_backoff=True,
+    retry_backoff_max=600,
+    retry_jitter=True,
+    max_retries=8,
+)
+def alert_delivery_send_task(delivery_id: int) -> None:
+    alert_delivery_send(delivery_id=delivery_id)
