@@ -8,7 +8,7 @@ Two kinds of series:
   stack/gunicorn_conf.py) and a scrape of any worker sums them all;
 - read at scrape time from the database and Redis (`StackCollector`): spend today and this month
   per provider, workflow and team (the ledger's daily rollups), budgets' limit, spend and what
-  remains (their current period rows), breaker state per deployment, failover events per kind,
+  remains (their current period rows), breaker state per deployment, failover events per kind and code,
   Celery queue depth per queue, each cluster's heartbeat age and status, and live training
   runs' tokens, eval loss and cost. These reads are shared across scrapes for
   SWITCHYARD_METRICS_CACHE_SECONDS, so several Prometheus servers cost one read per period.
@@ -130,14 +130,16 @@ def _breakers(families: list[Metric]) -> None:
 
 def _failovers(families: list[Metric]) -> None:
     total = CounterMetricFamily(
-        "switchyard_failover_events", "Failover events recorded, per kind.", labels=["kind"]
+        "switchyard_failover_events", "Failover events recorded, per kind and code.", labels=["kind", "code"]
     )
     still_open = GaugeMetricFamily(
-        "switchyard_failover_events_open", "Failover events not recovered yet, per kind.", labels=["kind"]
+        "switchyard_failover_events_open",
+        "Failover events not recovered yet, per kind and code.",
+        labels=["kind", "code"],
     )
-    for kind, (events, open_events) in sorted(failover_event_counts().items()):
-        total.add_metric([kind], events)
-        still_open.add_metric([kind], open_events)
+    for (kind, code), (events, open_events) in sorted(failover_event_counts().items()):
+        total.add_metric([kind, code], events)
+        still_open.add_metric([kind, code], open_events)
     families += [total, still_open]
 
 

@@ -60,14 +60,14 @@ def cluster_list_with_workers() -> QuerySet[Cluster]:
     )
 
 
-def failover_event_counts() -> dict[str, tuple[int, int]]:
-    """(events, still open) per failover kind, for /metrics."""
+def failover_event_counts() -> dict[tuple[str, str], tuple[int, int]]:
+    """(events, still open) per failover kind and code, for /metrics."""
     rows = (
-        FailoverEvent.objects.values("kind")
+        FailoverEvent.objects.values("kind", "code")
         .annotate(total=Count("id"), open=Count("id", filter=Q(recovered_at__isnull=True)))
         .order_by()
     )
-    return {row["kind"]: (row["total"], row["open"]) for row in rows}
+    return {(row["kind"], row["code"]): (row["total"], row["open"]) for row in rows}
 
 
 def deployments_enabled() -> QuerySet[Deployment]:

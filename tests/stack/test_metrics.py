@@ -181,7 +181,7 @@ def test_metrics_show_the_gateway_failover_spend_budget_breaker_queue_cluster_an
     assert _value(samples, "switchyard_gateway_tokens_total", workflow=wf, deployment=ok, type="input") == 12
     assert _value(samples, "switchyard_gateway_tokens_total", workflow=wf, deployment=ok, type="output") == 7
     # Read at scrape time.
-    assert _value(samples, "switchyard_failover_events_total", kind="inference") == 1
+    assert _value(samples, "switchyard_failover_events_total", kind="inference", code="http_5xx") == 1
     assert _value(samples, "switchyard_breaker_state", deployment=bad) == 0  # one failure: still closed
     spend = _value(
         samples, "switchyard_spend_today", workflow=wf, provider=fallback.provider.slug, currency="USD"
