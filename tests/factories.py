@@ -13,7 +13,15 @@ from rest_framework.test import APIClient
 
 from billing.models import PriceBook, Unit
 from billing.services import price_book_publish, usage_record
-from stack.registry.models import Cluster, Deployment, Provider, RegisteredModel, Workflow
+from stack.registry.models import (
+    Cluster,
+    Deployment,
+    Provider,
+    RegisteredModel,
+    Team,
+    TeamMembership,
+    Workflow,
+)
 from stack.registry.roles import Role
 from stack.registry.services import api_token_create, provider_endpoints_allow, workflow_create
 from training.models import GlobalVersionRecord, LearnerChunk, PlacementDecision, TrainingLearner, TrainingRun
@@ -105,7 +113,23 @@ def make_deployment(**overrides: Any) -> Deployment:
     return Deployment.objects.create(**fields)
 
 
+def make_team(slug: str | None = None, **overrides: Any) -> Team:
+    """A team (the one with this slug if it exists already)."""
+    slug = slug or unique("team")
+    return Team.objects.get_or_create(slug=slug, defaults={"name": slug.title(), **overrides})[0]
+
+
+def make_member(team: Team, role: Role, *, user: User | None = None) -> User:
+    """A user (a new one with no global role by default) holding `role` in `team`."""
+    user = user or make_user()
+    TeamMembership.objects.update_or_create(team=team, user=user, defaults={"role": role})
+    return user
+
+
 def make_workflow(*, owner: User, deployments: list[Deployment] | None = None, **overrides: Any) -> Workflow:
+    if isinstance(overrides.get("team"), str):
+        # Tests name the owning team by slug, as the ledger does.
+        overrides["team"] = make_team(overrides["team"]) if overrides["team"] else None
     return workflow_create(
         slug=overrides.pop("slug", unique("wf")),
         owner=owner,

@@ -42,6 +42,8 @@ from tests.factories import (
     api_client,
     fabricate_run,
     make_deployment,
+    make_member,
+    make_team,
     make_user,
     make_workflow,
 )
@@ -186,7 +188,11 @@ def seeded(db: Any, settings: Any, tmp_path: Path) -> dict[str, Any]:
     eval_set = EvalSet.objects.create(workflow=workflow, name="matrix")
     eval_run = EvalRun.objects.create(eval_set=eval_set, deployment=deployment)
     batch = BatchJob.objects.create(workflow=workflow, input_uri="in/x.jsonl", created_by=owner)
+    team = make_team("matrix")
+    make_member(team, Role.VIEWER, user=make_user(username="matrix-member"))
     return {
+        "teams": team.slug,
+        "members": "matrix-member",
         "providers": provider.slug,
         "clusters": cluster.slug,
         "models": deployment.model.slug,

@@ -21,6 +21,7 @@ from training import dispatch, selectors
 from training.models import (
     GlobalVersionRecord,
     InvalidTransition,
+    ModelVersion,
     TrainingLearner,
     TrainingRun,
     TrainingRunTransition,
@@ -47,8 +48,14 @@ def transition_quietly(run: TrainingRun, new: str, *, reason: str) -> bool:
     return True
 
 
-def training_run_create(*, config: dict[str, Any], created_by: User | None, name: str) -> TrainingRun:
+def training_run_create(
+    *, config: dict[str, Any], created_by: User | None, name: str, teams: frozenset[int] | None = None
+) -> TrainingRun:
     """Validate `config`, create the run in `pending` and dispatch placement after commit.
+
+    `teams`: the teams the caller may launch runs in (None: any, or none). A caller limited to
+    teams names one of them as the config's `team`, and starts from model versions of its teams'
+    runs only; another team reads as one that does not exist.
 
     Raises RunConfigError (field → messages) before anything is written or dispatched.
     """
@@ -61,9 +68,18 @@ def training_run_create(*, config: dict[str, Any], created_by: User | None, name
         cfg = {}
     team = None
     if cfg.get("team"):
-        team = Team.objects.filter(slug=cfg["team"]).first()
+        candidates = Team.objects.all() if teams is None else Team.objects.filter(pk__in=teams)
+        team = candidates.filter(slug=cfg["team"]).first()
         if team is None:
             errors.setdefault("team", []).append(f"no team {cfg['team']!r}")
+    elif teams is not None and cfg:
+        errors.setdefault("team", []).append("Name one of your teams")
+    source_id = (cfg.get("start_from") or {}).get("model_version")
+    if teams is not None and source_id is not None:
+        source_team = ModelVersion.objects.filter(pk=source_id).values_list("run__team", flat=True).first()
+        if source_team not in teams:
+            label = (cfg.get("start_from") or {}).get("label") or source_id
+            errors.setdefault("start_from.model_version", []).append(f"no model version {label!r}")
     if not name:
         errors.setdefault("name", []).append("a run needs a name")
     elif len(name) > 128:
