@@ -76,7 +76,11 @@ KINDS: dict[
         ("context_length", 128, 256),
     ),
     "deployment": lambda u: (make_deployment(enabled=True), _set("enabled", False), ("enabled", True, False)),
-    "workflow": lambda u: (make_workflow(owner=u, team="red"), _set("team", "blue"), ("team", "red", "blue")),
+    "workflow": lambda u: (
+        make_workflow(owner=u, description="red"),
+        _set("description", "blue"),
+        ("description", "red", "blue"),
+    ),
     "routing policy version": _policy,
     "api token": lambda u: (
         api_token_create(user=u, name="ci")[0],

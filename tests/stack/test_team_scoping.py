@@ -168,6 +168,7 @@ def world(db: Any, settings: Any, tmp_path: Any) -> dict[str, Any]:
         provider=cluster.provider,
         limit_amount=Decimal("9"),
     )
+    export_job_create(created_by=platform, filters=ExportFilters(), formats=["csv"])  # every row
     return {
         "alpha": alpha,
         "bravo": bravo,
