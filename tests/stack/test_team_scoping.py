@@ -38,12 +38,13 @@ from tests.factories import (
     make_cluster,
     make_deployment,
     make_member,
+    make_model,
     make_team,
     make_user,
     make_workflow,
     tiny_run_config,
 )
-from training.models import TrainingRun
+from training.models import ModelVersion, TrainingRun
 
 MARKER = "bravo"
 
@@ -551,3 +552,26 @@ def test_no_list_shows_a_team_a_member_any_row_of_team_b(world: dict[str, Any], 
         b"".join(response.streaming_content) if getattr(response, "streaming", False) else response.content
     ).decode(errors="replace")
     assert MARKER not in body, f"{url} shows team B's rows to a member of team A"
+
+
+def test_a_team_member_cannot_start_a_run_from_another_teams_model_version(world: dict[str, Any]) -> None:
+    bravo_run = world["bravo"].run
+    TrainingRun.objects.filter(pk=bravo_run.pk).update(config=tiny_run_config(team=MARKER))
+    version = ModelVersion.objects.create(
+        registered_model=make_model(),
+        number=1,
+        run=bravo_run,
+        key="final",
+        global_version=3,
+        final=True,
+        artifact_uri="file:///nowhere/model.pt",
+        layout=ModelVersion.Layout.SWITCHYARD,
+    )
+    config = tiny_run_config(team="alpha", start_from={"model_version": version.pk})
+    response = api_client(world["operator"]).post(
+        "/api/training-runs/", {"name": "r", "config": config}, format="json"
+    )
+    assert response.status_code == 400
+    assert list(response.json()) == ["start_from.model_version"]
+    assert response.json()["start_from.model_version"][0].startswith(f"no model version {version.pk}")
+    assert TrainingRun.objects.count() == 2

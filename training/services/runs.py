@@ -21,7 +21,6 @@ from training import dispatch, selectors
 from training.models import (
     GlobalVersionRecord,
     InvalidTransition,
-    ModelVersion,
     TrainingLearner,
     TrainingRun,
     TrainingRunTransition,
@@ -60,6 +59,8 @@ def training_run_create(
     Raises RunConfigError (field → messages) before anything is written or dispatched.
     """
     name = (name or "").strip()
+    if teams is not None:
+        _start_from_check(config, teams)
     errors: dict[str, list[str]] = {}
     try:
         cfg = run_config_validate(config)
@@ -74,12 +75,6 @@ def training_run_create(
             errors.setdefault("team", []).append(f"no team {cfg['team']!r}")
     elif teams is not None and cfg:
         errors.setdefault("team", []).append("Name one of your teams")
-    source_id = (cfg.get("start_from") or {}).get("model_version")
-    if teams is not None and source_id is not None:
-        source_team = ModelVersion.objects.filter(pk=source_id).values_list("run__team", flat=True).first()
-        if source_team not in teams:
-            label = (cfg.get("start_from") or {}).get("label") or source_id
-            errors.setdefault("start_from.model_version", []).append(f"no model version {label!r}")
     if not name:
         errors.setdefault("name", []).append("a run needs a name")
     elif len(name) > 128:
@@ -105,6 +100,25 @@ def training_run_create(
         run_id = run.pk
         transaction.on_commit(lambda: dispatch.training_run_place_enqueue(run_id=run_id))
     return run
+
+
+def _start_from_check(config: Any, teams: frozenset[int]) -> None:
+    """A caller limited to `teams` starts from its teams' model versions only: another team's
+    reads as one that does not exist, before validation reads the version's config (its
+    architecture would show in the messages)."""
+    start = config.get("start_from") if isinstance(config, dict) else None
+    if not isinstance(start, dict):
+        return
+    ref = start.get("model_version")
+    version = selectors.model_version_lookup(ref)
+    if version is not None and version.run.team_id not in teams:
+        raise RunConfigError(
+            {
+                "start_from.model_version": [
+                    f"no model version {ref!r}: give <model slug>@<number> or a model version id"
+                ]
+            }
+        )
 
 
 def training_run_cancel(*, run: TrainingRun, reason: str, by: User | None) -> TrainingRun:
