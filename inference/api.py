@@ -46,6 +46,7 @@ from stack.registry.models import Deployment, Workflow
 from stack.registry.roles import ALL_ROLES, OPERATORS
 from stack.registry.scoping import (
     WorkflowScopedPrimaryKeyRelatedField,
+    scope_requires_team_workflow,
     scope_requires_workflow,
     scoped_workflow_field,
 )
@@ -90,6 +91,9 @@ _DEPLOYMENT_SLUG = OpenApiParameter("slug", str, OpenApiParameter.PATH, descript
 class ChaosViewSet(viewsets.ViewSet):
     lookup_field = "slug"
     serializer_class = ChaosSerializer
+    # A deployment's faults hit every team's workflows that route to it: team members read the
+    # drill settings, platform operators change them.
+    shared_with_teams = True
 
     def list(self, request: Request) -> Response:
         configs = {c.deployment_id: c for c in ChaosConfig.objects.all()}
@@ -282,8 +286,9 @@ class FeedbackSerializer(serializers.Serializer[Any]):
                 {"deployment": ["give request_id, or deployment (and workflow)"]}
             )
         if request is None:
-            # A score for a bare deployment moves its quality for every workflow.
+            # A score for a bare deployment moves its quality for every workflow (every team's).
             scope_requires_workflow(self.context["request"], attrs.get("workflow"))
+            scope_requires_team_workflow(self.context["request"], attrs.get("workflow"))
         if request is not None:
             for name, value in (("deployment", request.deployment), ("workflow", request.workflow)):
                 given = attrs.get(name)

@@ -178,6 +178,13 @@ ACCESS: dict[str, Access] = {
     "batch-job-list": _REGISTRY,
     "batch-job-detail": _READ_ONLY,
     "batch-job-cancel": _REGISTRY,
+    # Teams: every role reads the teams it is in (a platform-wide role: all) and their members;
+    # of the global roles only admins change them. A team's own admins also change its name,
+    # limits and members (a team role, proved by tests/stack/test_teams_api.py).
+    "team-list": _rw(ALL_ROLES, ADMINS),
+    "team-detail": _rw(ALL_ROLES, ADMINS),
+    "team-members": _rw(ALL_ROLES, ADMINS),
+    "team-member": _rw(ALL_ROLES, ADMINS),
 }
 
 # URL prefixes with an access model of their own, proved by their own tests rather than by

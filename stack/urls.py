@@ -6,7 +6,7 @@ from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
-from rest_framework.routers import DefaultRouter
+from rest_framework.routers import APIRootView, DefaultRouter
 
 from billing import api as billing_api
 from billing.api import UsageExportView
@@ -21,7 +21,18 @@ from stack.registry.schema import SchemaView
 from training import api as training_api
 from training.urls import probe_urlpatterns
 
-router = DefaultRouter()
+
+class _APIRootView(APIRootView):
+    """The list of endpoints: no team's rows, so team members read it as well."""
+
+    shared_with_teams = True
+
+
+class _Router(DefaultRouter):
+    APIRootView = _APIRootView
+
+
+router = _Router()
 registry_api.register(router)
 billing_api.register(router)
 training_api.register(router)

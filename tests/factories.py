@@ -116,22 +116,21 @@ def make_deployment(**overrides: Any) -> Deployment:
 def make_team(slug: str | None = None, **fields: Any) -> Team:
     """The team of this slug, made on first use (tests name teams by slug, as the ledger does)."""
     slug = slug or unique("team")
-    team, _ = Team.objects.get_or_create(slug=slug, defaults={"name": slug.title(), **fields})
-    return team
+    return Team.objects.get_or_create(slug=slug, defaults={"name": slug.title(), **fields})[0]
 
 
-def make_member(user: User, team: Team | str, role: Role | str) -> TeamMembership:
-    """`user` holds `role` in `team` (and no global role unless given one elsewhere)."""
+def make_member(team: Team | str, role: Role | str, *, user: User | None = None) -> User:
+    """A user (a new one with no global role by default) holding `role` in `team`."""
     team = make_team(team) if isinstance(team, str) else team
-    membership, _ = TeamMembership.objects.update_or_create(
-        team=team, user=user, defaults={"role": str(role)}
-    )
-    return membership
+    user = user or make_user()
+    TeamMembership.objects.update_or_create(team=team, user=user, defaults={"role": str(role)})
+    return user
 
 
 def make_workflow(*, owner: User, deployments: list[Deployment] | None = None, **overrides: Any) -> Workflow:
-    if isinstance(overrides.get("team"), str):  # a slug: the team, made on first use
-        overrides["team"] = make_team(overrides["team"])
+    if isinstance(overrides.get("team"), str):
+        # Tests name the owning team by slug, as the ledger does.
+        overrides["team"] = make_team(overrides["team"]) if overrides["team"] else None
     return workflow_create(
         slug=overrides.pop("slug", unique("wf")),
         owner=owner,

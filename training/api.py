@@ -16,6 +16,7 @@ from billing.money import ledger_text_or_none
 from stack.registry.api_fields import JSONField, ModelSerializer, ResponseSerializer
 from stack.registry.models import Cluster
 from stack.registry.roles import can_see_costs
+from stack.registry.scoping import request_scope_teams
 from training.models import ProbeJob, TrainingRun
 from training.run_config import RunConfigError
 from training.run_selectors import run_learners, run_metrics_payload, run_transitions
@@ -68,6 +69,9 @@ class ProbeJobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet[Pro
     """Short torch jobs dispatched to a cluster's queue."""
 
     serializer_class = ProbeJobSerializer
+    # A probe measures a shared cluster (as its heartbeats do): every team reads the results,
+    # platform operators launch probes (their accelerator time is billed to no team).
+    shared_with_teams = True
     queryset = ProbeJob.objects.select_related("cluster", "created_by")
 
 
@@ -191,6 +195,9 @@ class TrainingRunSerializer(ModelSerializer[TrainingRun]):
     registered_model: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
         slug_field="slug", read_only=True, allow_null=True
     )
+    team: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True, allow_null=True, help_text="the owning team (the config's team)"
+    )
     progress = serializers.SerializerMethodField()
 
     class Meta:
@@ -198,6 +205,7 @@ class TrainingRunSerializer(ModelSerializer[TrainingRun]):
         fields = [
             "id",
             "name",
+            "team",
             "state",
             "reason",
             "state_changed_at",
@@ -361,8 +369,11 @@ class TrainingRunViewSet(viewsets.ReadOnlyModelViewSet[TrainingRun]):
     """Multi-cluster DiLoCo training runs: viewers read; operators launch and cancel."""
 
     queryset = TrainingRun.objects.select_related(
-        "created_by", "registered_model", "started_from__registered_model"
+        "created_by", "registered_model", "started_from__registered_model", "team"
     ).order_by("-created_at")
+    # A run, and all that hangs off it in its detail and metrics (learners, chunks, placements,
+    # checkpoints, model versions, failovers, costs), belongs to the run's team.
+    team_field = "team"
 
     def get_serializer_class(self) -> type[serializers.BaseSerializer[Any]]:
         if self.action == "create":
@@ -382,6 +393,8 @@ class TrainingRunViewSet(viewsets.ReadOnlyModelViewSet[TrainingRun]):
                 config=data.validated_data["config"],
                 created_by=request.user,  # type: ignore[arg-type]
                 name=data.validated_data["name"],
+                # A team-scoped caller launches runs in the teams where it may write only.
+                teams=request_scope_teams(request),
             )
         except RunConfigError as exc:
             raise ValidationError(exc.errors) from exc

@@ -12,9 +12,9 @@ class TrainingConfig(AppConfig):
         # The tasks register in every process, so that training.dispatch's sends by name find them:
         # with task_always_eager they then run in place, as `task.apply_async` does.
         # Billing's budgets name runs by id but may not import training: they ask the registry,
-        # which learns here how to tell whether a run exists.
+        # which learns here how to tell whether a run exists and which team owns it.
         from stack.registry.subjects import subject_kind_register
         from training import tasks  # noqa: F401
-        from training.selectors import training_run_exists
+        from training.selectors import training_run_exists, training_runs_of_teams
 
-        subject_kind_register("training_run", exists=training_run_exists)
+        subject_kind_register("training_run", exists=training_run_exists, in_teams=training_runs_of_teams)

@@ -43,6 +43,11 @@ def training_run_exists(subject_id: str) -> bool:
     return run_id is not None and TrainingRun.objects.filter(pk=run_id).exists()
 
 
+def training_runs_of_teams(teams: frozenset[int]) -> QuerySet[TrainingRun]:
+    """The runs these teams own (for budgets and failover events, which name runs by id)."""
+    return TrainingRun.objects.filter(team__in=teams)
+
+
 def training_runs_live() -> QuerySet[TrainingRun]:
     return TrainingRun.objects.filter(state__in=[TrainingRun.State.RUNNING, TrainingRun.State.RECOVERING])
 

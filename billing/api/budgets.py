@@ -18,13 +18,15 @@ from billing.budgets import (
     budget_errors,
     budget_save,
     budget_state,
+    budget_team_errors,
+    budgets_of_teams,
 )
 from billing.models import Budget, BudgetAlert
 from billing.money import CENT, ledger_text
 from stack.registry.api_fields import IntegerField, ModelSerializer, ResponseSerializer
 from stack.registry.models import Cluster, Provider
 from stack.registry.roles import LEDGER_READERS, OPERATORS
-from stack.registry.scoping import scope_requires_workflow, scoped_workflow_field
+from stack.registry.scoping import request_scope_teams, scope_requires_workflow, scoped_workflow_field
 from stack.registry.validation import id_parse
 
 
@@ -129,6 +131,15 @@ class BudgetSerializer(ModelSerializer[Budget]):
             self.context["request"],
             values.get("workflow") if values.get("scope") == Budget.Scope.WORKFLOW else None,
         )
+        # A team-scoped caller keeps the budgets of its teams (where it may write): another
+        # team's target reads as one that does not exist; provider and cluster budgets are
+        # the platform's.
+        write_roles = frozenset(getattr(self.context.get("view"), "write_roles", OPERATORS))
+        team_errors = budget_team_errors(
+            values=values, teams=request_scope_teams(self.context["request"], write_roles)
+        )
+        if team_errors:
+            raise serializers.ValidationError(team_errors)
         secret = attrs.get("webhook_secret")
         has_secret = bool(secret) if secret is not None else bool(values.get("webhook_secret_encrypted"))
         errors = budget_errors(values=values, has_secret=has_secret)
@@ -160,6 +171,10 @@ class BudgetViewSet(viewsets.ModelViewSet[Budget]):
     write_roles = OPERATORS
     queryset = Budget.objects.select_related("workflow", "provider", "cluster")
     workflow_field = "workflow"
+
+    def team_scope_queryset(self, queryset: QuerySet[Budget], teams: frozenset[int]) -> QuerySet[Budget]:
+        """Workflow, team and training-run budgets of the caller's teams (billing.budgets.teams)."""
+        return queryset.filter(budgets_of_teams(teams))
 
 
 class BudgetAlertSerializer(ModelSerializer[BudgetAlert]):
@@ -200,6 +215,12 @@ class BudgetAlertViewSet(viewsets.ReadOnlyModelViewSet[BudgetAlert]):
     write_roles = OPERATORS
     query_params_known = ("open", "budget")
     workflow_field = "budget__workflow"
+
+    def team_scope_queryset(
+        self, queryset: QuerySet[BudgetAlert], teams: frozenset[int]
+    ) -> QuerySet[BudgetAlert]:
+        """The alerts of the budgets the caller's teams own."""
+        return queryset.filter(budgets_of_teams(teams, prefix="budget__"))
 
     def get_queryset(self) -> QuerySet[BudgetAlert]:
         alerts = BudgetAlert.objects.select_related("budget")

@@ -28,8 +28,10 @@ from billing.exports import (
 )
 from billing.models import ExportJob, Unit
 from stack.registry.api_fields import ModelSerializer, RefuseUnknownFields, ResponseSerializer
-from stack.registry.roles import LEDGER_READERS
+from stack.registry.models import Workflow
+from stack.registry.roles import LEDGER_READERS, Role
 from stack.registry.scoping import LIMITED_TOKEN_MESSAGE, visible_workflow_slugs
+from stack.registry.teams import request_teams_with_role, team_slugs
 
 
 class _FormatIsAFilter(DefaultContentNegotiation):
@@ -92,20 +94,42 @@ class UsageExportView(APIView):
             errors.update(exc.errors)
         if errors:
             return Response(errors, status=status.HTTP_400_BAD_REQUEST)
-        return export_response(filters=filters, fmt=fmt)
+        return export_response(filters=_scoped(request, filters, self.read_roles), fmt=fmt)
 
 
-def _scope_errors(request: Request, filters: ExportFilters) -> dict[str, list[str]]:
+def _ledger_teams(request: Request, roles: frozenset[Role]) -> frozenset[int] | None:
+    """The teams whose ledger rows this request may export: those where it holds one of
+    `roles` (a viewer of a team reads none of its money); None: every row."""
+    return request_teams_with_role(request, roles)
+
+
+def _scope_errors(
+    request: Request, filters: ExportFilters, roles: frozenset[Role] = LEDGER_READERS
+) -> dict[str, list[str]]:
     """A token limited to workflows exports the rows of one of its workflows, named in the
-    filters; another workflow reads as one that does not exist."""
+    filters; a team-scoped caller the rows of its teams, and a team or workflow filter naming
+    another team's reads as one that does not exist."""
+    errors: dict[str, list[str]] = {}
+    teams = _ledger_teams(request, roles)
+    if teams is not None:
+        if filters.team and filters.team not in (team_slugs(teams) or ()):
+            errors["team"] = [f"no team {filters.team}"]
+        if filters.workflow and not Workflow.objects.filter(slug=filters.workflow, team__in=teams).exists():
+            errors["workflow"] = [f"no workflow with slug {filters.workflow}"]
     slugs = visible_workflow_slugs(request)
     if slugs is None:
-        return {}
+        return errors
     if not filters.workflow:
-        return {"workflow": [f"{LIMITED_TOKEN_MESSAGE}: name one of them"]}
-    if filters.workflow not in slugs:
-        return {"workflow": [f"no workflow with slug {filters.workflow}"]}
-    return {}
+        errors["workflow"] = [f"{LIMITED_TOKEN_MESSAGE}: name one of them"]
+    elif filters.workflow not in slugs:
+        errors["workflow"] = [f"no workflow with slug {filters.workflow}"]
+    return errors
+
+
+def _scoped(request: Request, filters: ExportFilters, roles: frozenset[Role]) -> ExportFilters:
+    """`filters` limited to the rows of the caller's teams (for both writers: the Python rows
+    and PostgreSQL's COPY read ExportFilters.teams)."""
+    return filters.for_teams(team_slugs(_ledger_teams(request, roles)))
 
 
 # The schema of ExportJobSerializer.get_files (documentation only).
@@ -184,9 +208,11 @@ class ExportJobSerializer(RefuseUnknownFields, ModelSerializer[ExportJob]):
         return reverse("billing-export-job", args=[job.pk])
 
     def create(self, validated_data: dict[str, Any]) -> ExportJob:
+        request = self.context["request"]
+        roles = frozenset(getattr(self.context.get("view"), "write_roles", LEDGER_READERS))
         return export_job_create(
-            created_by=self.context["request"].user,
-            filters=validated_data.get("filters") or ExportFilters(),
+            created_by=request.user,
+            filters=_scoped(request, validated_data.get("filters") or ExportFilters(), roles),
             formats=validated_data["formats"],
         )
 
@@ -197,6 +223,14 @@ class ExportJobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet[Ex
     serializer_class = ExportJobSerializer
     read_roles = write_roles = LEDGER_READERS
     queryset = ExportJob.objects.select_related("created_by")
+
+    def team_scope_queryset(
+        self, queryset: QuerySet[ExportJob], teams: frozenset[int]
+    ) -> QuerySet[ExportJob]:
+        """A team-scoped caller sees the jobs limited to its teams' rows (the teams stored in
+        the job's filters, all of them among the caller's); a job of every row is the
+        platform's."""
+        return queryset.filter(filters__teams__contained_by=sorted(team_slugs(teams) or ()))
 
     def workflow_scope_queryset(self, queryset: QuerySet[ExportJob], request: Request) -> QuerySet[ExportJob]:
         """A token limited to workflows sees the exports of those workflows (WorkflowScopeFilter)."""

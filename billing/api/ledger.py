@@ -11,6 +11,7 @@ from rest_framework import serializers, viewsets
 from billing.models import UsageRecord
 from stack.registry.api_fields import ModelSerializer
 from stack.registry.roles import LEDGER_READERS
+from stack.registry.teams import team_slugs
 
 
 class UsageRecordSerializer(ModelSerializer[UsageRecord]):
@@ -78,6 +79,14 @@ class UsageRecordViewSet(viewsets.ReadOnlyModelViewSet[UsageRecord]):
     read_roles = LEDGER_READERS
     workflow_field = "workflow"  # a token limited to workflows reads their rows only
     query_params_known = ("subject_type", "subject_id", "unit", "provider", "cluster", "workflow")
+
+    def team_scope_queryset(
+        self, queryset: QuerySet[UsageRecord], teams: frozenset[int]
+    ) -> QuerySet[UsageRecord]:
+        """A row belongs to the team it names (its slug, as billed: a workflow's, or a training
+        run's for its chunks); a row that names none (a probe job, a platform workflow) is the
+        platform's."""
+        return queryset.filter(team__in=sorted(team_slugs(teams) or ()))
 
     def get_queryset(self) -> QuerySet[UsageRecord]:
         rows = UsageRecord.objects.select_related(

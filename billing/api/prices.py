@@ -89,6 +89,7 @@ class PriceBookViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet[Pr
     serializer_class = PriceBookSerializer
     read_roles = LEDGER_READERS
     write_roles = ADMINS
+    shared_with_teams = True  # one price list for every team; platform admins publish it
     queryset = PriceBook.objects.select_related("provider", "cluster", "deployment")
 
     @extend_schema(

@@ -216,6 +216,8 @@ class InvoiceImportViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSe
     serializer_class = InvoiceImportSerializer
     read_roles = LEDGER_READERS
     write_roles = LEDGER_READERS
+    # A provider's invoice covers every team's usage: platform-wide roles only.
+    platform_only = True
     queryset = invoice_imports()
     query_params_known = ("day", "resource", "service")  # the rows action's cell
 

@@ -27,9 +27,10 @@ while other writers run (admit first in its own transaction, as
 
 The modules, lowest first: errors, targets (which budgets a spend falls under),
 periods (bounds and running-total rows), state (reads and forecast), writes
-(saving budgets, acknowledging alerts), delivery (email and webhook, and its
-Celery task), ledger_hook (called by the ledger writer), admission (hard
-limits). Import from here; the split is this package's own business.
+(saving budgets, acknowledging alerts), teams (which budgets a team owns),
+delivery (email and webhook, and its Celery task), ledger_hook (called by the
+ledger writer), admission (hard limits). Import from here; the split is this
+package's own business.
 """
 
 from __future__ import annotations
@@ -61,10 +62,12 @@ from billing.budgets.state import (
     budget_state,
 )
 from billing.budgets.targets import SpendTarget, budget_hard_limit_keys, budgets_for_target, spend_target
+from billing.budgets.teams import PLATFORM_SCOPES, budget_team_errors, budgets_of_teams
 from billing.budgets.writes import budget_alert_acknowledge, budget_errors, budget_save
 
 __all__ = [
     "HUNDRED",
+    "PLATFORM_SCOPES",
     "SIGNATURE_HEADER",
     "WEBHOOK_TIMEOUT_S",
     "ZERO",
@@ -91,7 +94,9 @@ __all__ = [
     "budget_save",
     "budget_settle",
     "budget_state",
+    "budget_team_errors",
     "budget_webhook_signature",
     "budgets_for_target",
+    "budgets_of_teams",
     "spend_target",
 ]

@@ -16,6 +16,7 @@ from billing.budgets.errors import BudgetInvalid
 from billing.budgets.periods import ZERO
 from billing.models import Budget, BudgetAlert, BudgetPeriod
 from stack.registry.crypto import encrypt_secret
+from stack.registry.models import Team
 from stack.registry.outbound import PUBLIC_ONLY, url_literal_refusal
 from stack.registry.subjects import subject_exists
 from stack.registry.validation import id_parse
@@ -32,6 +33,10 @@ def budget_errors(*, values: Mapping[str, Any], has_secret: bool) -> dict[str, l
         for other in Budget.SCOPE_FIELDS.values():
             if other != needed and values.get(other) not in (None, ""):
                 errors[other].append(f"leave empty: the budget's scope is {scope}")
+    team = values.get("team")
+    if scope == Budget.Scope.TEAM and team not in (None, "") and not Team.objects.filter(slug=team).exists():
+        # The ledger names teams by slug: a misspelt one would never count anything.
+        errors["team"].append(f"no team {str(team)[:64]}")
     run_id = values.get("training_run_id")
     if scope == Budget.Scope.TRAINING_RUN and run_id not in (None, ""):
         if id_parse(str(run_id)) is None:

@@ -52,6 +52,10 @@ class ExportFilters:
     # The snapshot: each partition's head sequence when the export started, as sorted
     # (partition, sequence) pairs. Later appends, and partitions begun later, are not in it.
     through: tuple[tuple[str, int], ...] | None = None
+    # The teams (slugs) whose rows a team-scoped caller may export, sorted; None: every row.
+    # Set by the caller's scope, never by a query parameter, and stored with a job so that the
+    # job exports what its creator could read.
+    teams: tuple[str, ...] | None = None
 
     def as_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {}
@@ -63,6 +67,8 @@ class ExportFilters:
                 data[name] = value
         if self.through is not None:
             data["through"] = dict(self.through)
+        if self.teams is not None:
+            data["teams"] = list(self.teams)
         return data
 
     @classmethod
@@ -79,7 +85,18 @@ class ExportFilters:
         if through is None and data.get("through_sequence") is not None:
             # A job stored before partitions were merged: one partition, one head.
             through = {data.get("partition") or "main": data["through_sequence"]}
-        return cls(**values, through=_through(through) if through is not None else None)
+        teams = data.get("teams")
+        return cls(
+            **values,
+            through=_through(through) if through is not None else None,
+            teams=tuple(sorted(str(t) for t in teams)) if teams is not None else None,
+        )
+
+    def for_teams(self, slugs: Iterable[str] | None) -> ExportFilters:
+        """These filters limited to the rows of the teams named by `slugs` (None: unchanged)."""
+        if slugs is None:
+            return self
+        return replace(self, teams=tuple(sorted(set(slugs))))
 
     def pinned(self) -> ExportFilters:
         """These filters with every partition's head fixed, so the export cannot change under us.
@@ -225,6 +242,8 @@ def export_queryset(*, filters: ExportFilters) -> QuerySet[UsageRecord]:
             rows = rows.filter(**{f"{name}__slug": getattr(filters, name)})
     if filters.team:
         rows = rows.filter(team=filters.team)
+    if filters.teams is not None:
+        rows = rows.filter(team__in=filters.teams)
     if filters.training_run:
         rows = rows.filter(subject_type="training_run", subject_id=filters.training_run)
     if filters.unit:

@@ -177,6 +177,9 @@ def postgres_csv_chunks(filters: ExportFilters) -> Iterator[bytes]:
         if value not in (None, ""):
             where.append(condition)
             params.append(value)
+    if filters.teams is not None:
+        where.append("u.team = ANY(%s)")
+        params.append(list(filters.teams))
     if filters.training_run:
         where.append("u.subject_type = 'training_run' AND u.subject_id = %s")
         params.append(filters.training_run)

@@ -65,6 +65,10 @@ class AuditEntryViewSet(viewsets.ReadOnlyModelViewSet[AuditEntry]):
     serializer_class = AuditEntrySerializer
     read_roles = AUDIT_READERS
     query_params_known = FILTER_NAMES
+    # Platform auditors only: an entry names its object by type and primary key, and most types
+    # (users, groups, providers, prices, a deleted workflow's routes) have no team to filter by
+    # reliably, so a team's members read their changes on the objects themselves.
+    platform_only = True
 
     def get_queryset(self) -> QuerySet[AuditEntry]:
         # The trail is not workflow-shaped: a token limited to workflows may not read it.

@@ -6,7 +6,7 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field, extend_schema_view
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
@@ -32,6 +32,8 @@ from stack.registry.query_params import query_choice
 from stack.registry.roles import ADMINS
 from stack.registry.scoping import TeamSlugField, scope_refuses, scope_requires_team
 from stack.registry.selectors import workflow_current_policy
+from stack.registry.subjects import subject_rows_in_teams
+from stack.registry.team_api import TeamViewSet
 
 # --- Serializers ---------------------------------------------------------------------------
 
@@ -360,12 +362,14 @@ class ProviderViewSet(viewsets.ModelViewSet[Provider]):
     serializer_class = ProviderSerializer
     lookup_field = "slug"
     write_roles = ADMINS  # credentials live here
+    shared_with_teams = True  # every team routes through them; platform admins change them
 
 
 class ClusterViewSet(viewsets.ModelViewSet[Cluster]):
     queryset = Cluster.objects.select_related("provider")
     serializer_class = ClusterSerializer
     lookup_field = "slug"
+    shared_with_teams = True  # every team's runs are placed on them; platform admins drain them
 
     @extend_schema(request=None, responses=ClusterSerializer)
     @action(detail=True, methods=["post"])
@@ -399,12 +403,14 @@ class RegisteredModelViewSet(viewsets.ModelViewSet[RegisteredModel]):
     queryset = RegisteredModel.objects.all()
     serializer_class = RegisteredModelSerializer
     lookup_field = "slug"
+    shared_with_teams = True
 
 
 class DeploymentViewSet(viewsets.ModelViewSet[Deployment]):
     queryset = Deployment.objects.select_related("model", "provider")
     serializer_class = DeploymentSerializer
     lookup_field = "slug"
+    shared_with_teams = True  # any team's workflow may route to any deployment
 
 
 @extend_schema_view(
@@ -501,6 +507,19 @@ class FailoverEventViewSet(viewsets.ReadOnlyModelViewSet[FailoverEvent]):
     serializer_class = FailoverEventSerializer
     query_params_known = ("kind", "code")
 
+    def team_scope_queryset(
+        self, queryset: QuerySet[FailoverEvent], teams: frozenset[int]
+    ) -> QuerySet[FailoverEvent]:
+        """An inference failover belongs to its workflow's team (the fold names the workflow by
+        slug in its details), a training failover to its run's team. A cluster's health events
+        name neither: they are the platform's, as the cluster's heartbeats are."""
+        slugs = list(Workflow.objects.filter(team__in=teams).values_list("slug", flat=True))
+        owned = Q(kind=FailoverEvent.Kind.INFERENCE, details__workflow__in=slugs)
+        runs = subject_rows_in_teams("training_run", teams)
+        if runs is not None:
+            owned |= Q(training_run_id__in=runs.values("pk"))
+        return queryset.filter(owned)
+
     def get_queryset(self) -> QuerySet[FailoverEvent]:
         events = FailoverEvent.objects.select_related(
             "from_provider",
@@ -527,3 +546,4 @@ def register(router: BaseRouter) -> None:
     router.register("deployments", DeploymentViewSet)
     router.register("workflows", WorkflowViewSet)
     router.register("failover-events", FailoverEventViewSet, basename="failoverevent")
+    router.register("teams", TeamViewSet)

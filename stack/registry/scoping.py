@@ -4,11 +4,15 @@ asks stack.registry.access itself; who is team-scoped is stack.registry.teams' r
 
 Teams: a view whose rows belong to a workflow is scoped to the caller's teams through that
 workflow (`workflow_field` + "__team"); a view whose rows belong to a team otherwise declares
-`team_field` (the lookup to the Team) or `team_scope_queryset(queryset, request)`; a view of
+`team_field` (the lookup to the Team) or `team_scope_queryset(queryset, teams)`; a view of
 shared objects (clusters, providers, prices) declares `shared_with_teams = True`, and
-team-scoped callers may read it but never change it. A view that declares none of these is
-closed to team-scoped callers (403): an endpoint added later stays closed until it says how its
-rows belong to a team. Writes need a writing role in the row's own team (403 otherwise).
+team-scoped callers may read it but never change it; a view for platform-wide roles only (the
+audit trail, invoice reconciliation) says so with `platform_only = True`. A view that declares
+none of these is closed to team-scoped callers (403) like a platform-only one: an endpoint added
+later stays closed until it says how its rows belong to a team (tests/stack/test_team_scoping.py
+walks every /api/ route for a declaration). A caller reads a team's rows when its role in that
+team is one of the view's `read_roles` (a viewer of team B reads no ledger rows of B, even as
+an operator of team A), and writes need a writing role in the row's own team (403 otherwise).
 
 One rule, applied in three places that every endpoint goes through:
 
@@ -38,7 +42,7 @@ from rest_framework.request import Request
 
 from stack.registry.access import request_workflow_scope
 from stack.registry.models import Team, Workflow
-from stack.registry.roles import OPERATORS, Role
+from stack.registry.roles import ALL_ROLES, OPERATORS, Role
 from stack.registry.selectors import workflows_visible
 from stack.registry.teams import filter_by_team, request_team_scope, request_teams_with_role
 
@@ -86,11 +90,12 @@ def scope_queryset(
 def team_scope_queryset(
     queryset: QuerySet[Any], request: Any, view: Any, *, teams: frozenset[int] | None | bool = True
 ) -> QuerySet[Any]:
-    """The rows of `queryset` in `teams` (by default the teams the caller may read: the write
-    role is checked per object, RolePermission.has_object_permission) through `view`'s rule.
+    """The rows of `queryset` in `teams` (by default the teams in which the caller holds one of
+    the view's read roles: the write role is checked per object,
+    RolePermission.has_object_permission) through `view`'s rule.
     A view's own `team_scope_queryset(queryset, teams)` gets the team ids (never None)."""
     if teams is True:
-        teams = request_team_scope(request)
+        teams = request_teams_with_role(request, frozenset(getattr(view, "read_roles", ALL_ROLES)))
     if teams is None or isinstance(teams, bool):
         return queryset
     custom = getattr(view, "team_scope_queryset", None)
@@ -107,11 +112,28 @@ def team_scope_queryset(
 
 
 def view_declares_teams(view: Any) -> bool:
-    """Does this view say how its rows belong to a team (or that they are shared)?"""
+    """Does this view say how its rows belong to a team (or that they are shared)? A
+    platform-only view does not, whatever else it declares."""
+    if getattr(view, "platform_only", False):
+        return False
     return any(
         getattr(view, name, None) is not None
         for name in ("team_field", "workflow_field", "team_scope_queryset")
     ) or getattr(view, "shared_with_teams", False)
+
+
+def view_team_rule(view: Any) -> str | None:
+    """How this view's rows belong to teams, as it declares it: "team_scope_queryset",
+    "team_field", "workflow_field", "shared" or "platform_only"; None: it says nothing (and is
+    closed to team-scoped callers all the same)."""
+    for name in ("team_scope_queryset", "team_field", "workflow_field"):
+        if getattr(view, name, None) is not None:
+            return name
+    if getattr(view, "shared_with_teams", False):
+        return "shared"
+    if getattr(view, "platform_only", False):
+        return "platform_only"
+    return None
 
 
 def view_team_owned(view: Any) -> bool:
@@ -123,6 +145,13 @@ def scope_requires_workflow(request: Any, workflow: Workflow | None, *, field: s
     """A limited token may only act on one of its workflows: naming none is a 400."""
     if workflow is None and request_workflow_scope(request) is not None:
         raise serializers.ValidationError({field: [f"{LIMITED_TOKEN_MESSAGE}: name one of them"]})
+
+
+def scope_requires_team_workflow(request: Any, workflow: Workflow | None, *, field: str = "workflow") -> None:
+    """A team-scoped caller acts on its teams' workflows: an input that may name no workflow at
+    all (feedback on a bare deployment moves its quality for every team) needs one (400)."""
+    if workflow is None and request_team_scope(request) is not None:
+        raise serializers.ValidationError({field: ["Name one of your teams' workflows"]})
 
 
 def scope_refuses(request: Any, what: str) -> None:

@@ -110,6 +110,14 @@ def request_write_team_scope(request: Any, write_roles: frozenset[Role] = OPERAT
     return request_teams_with_role(request, write_roles)
 
 
+def request_team_admin_of(request: Any) -> frozenset[int] | None:
+    """The teams whose settings and members this request may manage: every team (None) for a
+    platform admin, else those its user administers, narrowed to its key's team for a team key."""
+    if Role.ADMIN in global_roles(request.user):
+        return _narrow_to_token(request, None)
+    return _narrow_to_token(request, user_team_admin_of(request.user))
+
+
 def teams_visible(*, teams: frozenset[int] | None) -> QuerySet[Team]:
     rows = Team.objects.all()
     return rows if teams is None else rows.filter(pk__in=teams)

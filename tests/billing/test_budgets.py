@@ -29,7 +29,7 @@ from billing.models import Budget, BudgetAlert, BudgetPeriod, Unit, UsageRecord
 from billing.services import usage_record, usage_reverse
 from stack.registry.crypto import decrypt_secret
 from stack.registry.models import Cluster
-from tests.factories import api_client, make_cluster, make_price, make_workflow
+from tests.factories import api_client, make_cluster, make_price, make_team, make_workflow
 from training.models import ProbeJob, TrainingRun
 from training.services import DispatchError, probe_job_create
 
@@ -377,6 +377,7 @@ def test_operators_create_budgets_over_the_api_and_the_webhook_secret_is_write_o
 def test_the_api_answers_400_with_field_messages_when_the_scope_and_its_field_disagree(
     operator: User, cluster: Cluster
 ) -> None:
+    make_team("ml")
     client = api_client(operator)
     missing = client.post("/api/budgets/", {"name": "x", "scope": "team", "limit_amount": "5"}, format="json")
     assert missing.status_code == 400
@@ -416,6 +417,7 @@ def test_the_api_answers_400_with_field_messages_when_the_scope_and_its_field_di
 def test_budgets_are_read_by_auditors_but_not_viewers_and_written_by_operators_only(
     operator: User, auditor: User, viewer: User
 ) -> None:
+    make_team("ml")
     budget = _budget(scope=Budget.Scope.TEAM, team="ml")
     assert api_client(auditor).get("/api/budgets/").status_code == 200
     assert api_client(viewer).get("/api/budgets/").status_code == 403
@@ -474,6 +476,7 @@ def test_the_budgets_page_shows_month_to_date_against_the_limit_a_bar_a_forecast
 
 
 def test_the_budget_form_shows_field_errors_and_saves_a_valid_budget(operator: User, viewer: User) -> None:
+    make_team("ml")
     client = Client()
     client.force_login(operator)
     bad = client.post(

@@ -19,13 +19,12 @@ from inference.models import ChaosConfig
 from stack.audit.models import AuditEntry
 from stack.registry.audit_origin import Surface, audit_origin
 from stack.registry.crypto import encrypt_secret
-from stack.registry.models import ApiToken, Cluster, ImmutableRowError, RoutingPolicyVersion
+from stack.registry.models import ApiToken, Cluster, ImmutableRowError, RoutingPolicyVersion, TeamMembership
 from stack.registry.roles import Role
 from stack.registry.services import api_token_create, provider_set_credentials, workflow_policy_change
 from tests.factories import (
     make_cluster,
     make_deployment,
-    make_member,
     make_model,
     make_price,
     make_provider,
@@ -89,7 +88,7 @@ KINDS: dict[
         ("name", "Red", "Red team"),
     ),
     "team membership": lambda u: (
-        make_member(u, "audit-blue", Role.VIEWER),
+        TeamMembership.objects.create(team=make_team("audit-blue"), user=u, role=Role.VIEWER),
         _set("role", "operator"),
         ("role", "viewer", "operator"),
     ),

@@ -45,12 +45,14 @@ from inference.models import BatchJob, ChaosConfig, EvalRun, EvalSet
 from stack.access import ACCESS, SEPARATELY_GUARDED, Access
 from stack.audit.models import AuditEntry
 from stack.registry.crypto import encrypt_secret
-from stack.registry.models import FailoverEvent, Team
+from stack.registry.models import FailoverEvent
 from stack.registry.roles import Role
 from tests.factories import (
     api_client,
     fabricate_run,
     make_deployment,
+    make_member,
+    make_team,
     make_user,
     make_workflow,
 )
@@ -205,7 +207,11 @@ def seeded(db: Any, settings: Any, tmp_path: Path) -> dict[str, Any]:
         median=Decimal("12"), mad=Decimal("1"), threshold=Decimal("17.19"),
         baseline=[["2026-01-14", "12"]], detected_at=timezone.now(),
     )  # fmt: skip
+    team = make_team("matrix")
+    make_member(team, Role.VIEWER, user=make_user(username="matrix-member"))
     return {
+        "teams": team.slug,
+        "members": "matrix-member",
         "alert-channels": channel.pk,
         "anomalies": anomaly.pk,
         "providers": provider.slug,
@@ -213,7 +219,6 @@ def seeded(db: Any, settings: Any, tmp_path: Path) -> dict[str, Any]:
         "models": deployment.model.slug,
         "deployments": deployment.slug,
         "workflows": workflow.slug,
-        "teams": Team.objects.get_or_create(slug="matrix-team", defaults={"name": "Matrix"})[0].slug,
         "chaos": deployment.slug,
         "jobs": probe.pk,
         "probe-jobs": probe.pk,

@@ -274,7 +274,7 @@ def test_an_oidc_login_lands_in_the_team_of_its_group_claim_and_a_later_login_dr
     assert alice.pk not in logged_in_user_ids()
 
     # An admin adds alice to blue by hand; the provider drops her red group.
-    make_member(alice, blue, Role.VIEWER)
+    make_member(blue, Role.VIEWER, user=alice)
     provider.set_accounts(
         {"alice": {"preferred_username": "alice", "email": "alice@example.com", "groups": ["staff"]}}
     )

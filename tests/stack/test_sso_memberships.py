@@ -81,7 +81,7 @@ def test_a_group_dropped_from_the_claim_removes_its_sso_membership_and_keeps_man
     teams: dict[str, Team],
 ) -> None:
     user = make_user()
-    make_member(user, teams["green"], Role.AUDITOR)
+    make_member(teams["green"], Role.AUDITOR, user=user)
     team_memberships_sync_from_claims(user=user, groups=["switchyard:red:operator", "switchyard:blue:viewer"])
     sync = team_memberships_sync_from_claims(user=user, groups=["switchyard:red:viewer"])
     assert memberships(user) == {"red": ("viewer", "sso"), "green": ("auditor", "manual")}
@@ -91,7 +91,7 @@ def test_a_group_dropped_from_the_claim_removes_its_sso_membership_and_keeps_man
 
 def test_a_manual_membership_is_not_changed_by_the_claim(teams: dict[str, Team]) -> None:
     user = make_user()
-    make_member(user, teams["red"], Role.VIEWER)
+    make_member(teams["red"], Role.VIEWER, user=user)
     team_memberships_sync_from_claims(user=user, groups=["switchyard:red:admin"])
     assert memberships(user) == {"red": ("viewer", "manual")}
 

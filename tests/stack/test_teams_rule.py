@@ -29,7 +29,7 @@ def test_a_user_with_a_global_role_sees_every_team_and_a_member_only_its_own() -
     red, blue = make_team("red"), make_team("blue")
     platform = make_user(Role.VIEWER)
     member = make_user()
-    make_member(member, red, Role.OPERATOR)
+    make_member(red, Role.OPERATOR, user=member)
     assert user_is_platform_wide(platform) and user_team_scope(platform) is None
     assert not user_is_platform_wide(member)
     assert user_team_scope(member) == {red.pk}
@@ -43,8 +43,8 @@ def test_a_user_with_a_global_role_sees_every_team_and_a_member_only_its_own() -
 def test_a_team_admin_is_operator_and_auditor_of_its_team_never_a_platform_admin() -> None:
     red, blue = make_team("red"), make_team("blue")
     user = make_user()
-    make_member(user, red, Role.ADMIN)
-    make_member(user, blue, Role.VIEWER)
+    make_member(red, Role.ADMIN, user=user)
+    make_member(blue, Role.VIEWER, user=user)
     user = _fresh(user)
     assert user_roles(user) == {Role.OPERATOR, Role.AUDITOR, Role.VIEWER}
     assert Role.ADMIN not in user_roles(user)
@@ -61,7 +61,7 @@ def test_a_team_key_narrows_its_request_to_its_team_even_for_a_platform_user() -
     token.save()
     assert request_team_scope(SimpleNamespace(user=platform, auth=token)) == {red.pk}
     member = make_user()
-    make_member(member, blue, Role.OPERATOR)
+    make_member(blue, Role.OPERATOR, user=member)
     member_key, _ = api_token_create(user=member, name="red-key-of-a-blue-member")
     member_key.team = red
     member_key.save()

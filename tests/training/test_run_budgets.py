@@ -15,7 +15,7 @@ from billing.budgets import budget_save
 from billing.models import Budget, Unit, UsageRecord
 from billing.services import usage_record
 from stack.registry.models import Cluster, FailoverEvent
-from tests.factories import make_cluster, tiny_run_config
+from tests.factories import make_cluster, make_team, tiny_run_config
 from training import orchestrator, services
 from training.models import LearnerChunk, PlacementDecision, TrainingLearner, TrainingRun
 
@@ -74,6 +74,7 @@ def test_placement_skips_a_cluster_whose_own_or_providers_hard_budget_is_spent(t
 @pytest.mark.django_db
 def test_a_spent_team_budget_leaves_no_cluster_and_the_run_fails_naming_it(tmp_path: Path) -> None:
     a, b = _cluster("1.0"), _cluster("2.0")
+    make_team("vision"), make_team("speech")
     _hard_budget("vision-cap", "1", scope=Budget.Scope.TEAM, team="vision")
     _spend(a, "1", team="vision")
 
@@ -123,6 +124,7 @@ def test_a_spent_cluster_budget_stops_new_chunks_there_and_the_learner_moves(tmp
 @pytest.mark.django_db
 def test_a_spent_team_budget_stops_a_running_run_naming_the_budget(tmp_path: Path) -> None:
     _cluster("36.0"), _cluster("72.0")
+    make_team("vision")
     _hard_budget("vision-cap", "0.001", scope=Budget.Scope.TEAM, team="vision")
     run = _start(team="vision")
     learner = TrainingLearner.objects.get(run=run, index=0)

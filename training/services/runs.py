@@ -47,12 +47,20 @@ def transition_quietly(run: TrainingRun, new: str, *, reason: str) -> bool:
     return True
 
 
-def training_run_create(*, config: dict[str, Any], created_by: User | None, name: str) -> TrainingRun:
+def training_run_create(
+    *, config: dict[str, Any], created_by: User | None, name: str, teams: frozenset[int] | None = None
+) -> TrainingRun:
     """Validate `config`, create the run in `pending` and dispatch placement after commit.
+
+    `teams`: the teams the caller may launch runs in (None: any, or none). A caller limited to
+    teams names one of them as the config's `team`, and starts from model versions of its teams'
+    runs only; another team reads as one that does not exist.
 
     Raises RunConfigError (field → messages) before anything is written or dispatched.
     """
     name = (name or "").strip()
+    if teams is not None:
+        _start_from_check(config, teams)
     errors: dict[str, list[str]] = {}
     try:
         cfg = run_config_validate(config)
@@ -61,9 +69,12 @@ def training_run_create(*, config: dict[str, Any], created_by: User | None, name
         cfg = {}
     team = None
     if cfg.get("team"):
-        team = Team.objects.filter(slug=cfg["team"]).first()
+        candidates = Team.objects.all() if teams is None else Team.objects.filter(pk__in=teams)
+        team = candidates.filter(slug=cfg["team"]).first()
         if team is None:
             errors.setdefault("team", []).append(f"no team {cfg['team']!r}")
+    elif teams is not None and cfg:
+        errors.setdefault("team", []).append("Name one of your teams")
     if not name:
         errors.setdefault("name", []).append("a run needs a name")
     elif len(name) > 128:
@@ -89,6 +100,25 @@ def training_run_create(*, config: dict[str, Any], created_by: User | None, name
         run_id = run.pk
         transaction.on_commit(lambda: dispatch.training_run_place_enqueue(run_id=run_id))
     return run
+
+
+def _start_from_check(config: Any, teams: frozenset[int]) -> None:
+    """A caller limited to `teams` starts from its teams' model versions only: another team's
+    reads as one that does not exist, before validation reads the version's config (its
+    architecture would show in the messages)."""
+    start = config.get("start_from") if isinstance(config, dict) else None
+    if not isinstance(start, dict):
+        return
+    ref = start.get("model_version")
+    version = selectors.model_version_lookup(ref)
+    if version is not None and version.run.team_id not in teams:
+        raise RunConfigError(
+            {
+                "start_from.model_version": [
+                    f"no model version {ref!r}: give <model slug>@<number> or a model version id"
+                ]
+            }
+        )
 
 
 def training_run_cancel(*, run: TrainingRun, reason: str, by: User | None) -> TrainingRun:
