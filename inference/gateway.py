@@ -27,10 +27,12 @@ import math
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC
 from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
 from django.db import transaction
+from django.utils import timezone
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -108,6 +110,13 @@ def _caller(request: HttpRequest) -> TokenGrant:
         raise GatewayError(
             401, "Invalid or revoked API key", type_="invalid_request_error", code="invalid_api_key"
         )
+    if grant.expires_at is not None and grant.expired(timezone.now()):
+        raise GatewayError(
+            401,
+            f"This API key expired at {grant.expires_at.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC",
+            type_="invalid_request_error",
+            code="expired_api_key",
+        )
     return grant
 
 
@@ -121,22 +130,31 @@ def gateway_caches_clear() -> None:
         _workflows.clear()
 
 
-def _workflow(slug: str) -> Workflow:
-    """The workflow named by `model` (its row is cached briefly: who may call it is not)."""
+def _not_found(slug: str) -> GatewayError:
+    return GatewayError(
+        404,
+        f"The model (workflow) {slug!r} does not exist",
+        type_="invalid_request_error",
+        code="model_not_found",
+    )
+
+
+def _workflow(slug: str, caller: TokenGrant) -> Workflow:
+    """The workflow named by `model` (its row is cached briefly: who may call it is not). Another
+    team's workflow answers as an unknown one: a team key learns nothing of other teams."""
     now = time.monotonic()
     hit = _workflows.get(slug)
     if hit is not None and hit[1] > now:
-        return hit[0]
-    workflow = Workflow.objects.select_related("team").filter(slug=slug).first()
-    if workflow is None:
-        raise GatewayError(
-            404,
-            f"The model (workflow) {slug!r} does not exist",
-            type_="invalid_request_error",
-            code="model_not_found",
-        )
-    with _cache_lock:
-        _workflows[slug] = (workflow, now + WORKFLOW_CACHE_SECONDS)
+        workflow = hit[0]
+    else:
+        found = Workflow.objects.select_related("team").filter(slug=slug).first()
+        if found is None:
+            raise _not_found(slug)
+        workflow = found
+        with _cache_lock:
+            _workflows[slug] = (workflow, now + WORKFLOW_CACHE_SECONDS)
+    if not caller.reaches_team(workflow.team_id):
+        raise _not_found(slug)
     return workflow
 
 
@@ -320,7 +338,7 @@ def _complete_checked(
         parsed = parse(_body(request))
         key = _idempotency_key(request)
         assert parsed.model is not None  # noqa: S101 (required by the parser)
-        workflow = _workflow(parsed.model)
+        workflow = _workflow(parsed.model, caller)
         _authorize(caller, workflow)
         # The caller's key, in the caller's and the workflow's namespace (inference.idempotency).
         client_request_id = (
@@ -343,7 +361,11 @@ def _complete_checked(
                 limits=limits,
             )
         result = route(
-            workflow=workflow, request=payload, endpoint=endpoint, client_request_id=client_request_id
+            workflow=workflow,
+            request=payload,
+            endpoint=endpoint,
+            client_request_id=client_request_id,
+            api_key_id=caller.token_id,
         )
     except _REFUSALS as exc:
         return _refusal(exc)
@@ -390,7 +412,7 @@ def _stream_response(
     include_usage: bool,
     limits: RateCheck,
 ) -> HttpResponse | StreamingHttpResponse:
-    routed = route_stream(workflow=workflow, request=payload, endpoint=endpoint)
+    routed = route_stream(workflow=workflow, request=payload, endpoint=endpoint, api_key_id=caller.token_id)
     if not routed.ok:
         assert routed.result is not None  # noqa: S101 (route_stream records a failure at once)
         limits.settle(0)
@@ -519,12 +541,14 @@ def _embeddings_checked(request: HttpRequest, limits: RateCheck) -> HttpResponse
         caller = _caller(request)
         parsed = embedding_request_parse(_body(request))
         assert parsed.model is not None  # noqa: S101 (required by the parser)
-        workflow = _workflow(parsed.model)
+        workflow = _workflow(parsed.model, caller)
         _authorize(caller, workflow)
         # The same estimate as a prompt's: characters / 4 (nothing is generated).
         tokens = sum(len(text) for text in parsed.request.texts) // 4 + 1
         limits.check(caller=caller, workflow=workflow, tokens=tokens)
-        result = route(workflow=workflow, request=parsed.request, endpoint=Endpoint.EMBEDDING)
+        result = route(
+            workflow=workflow, request=parsed.request, endpoint=Endpoint.EMBEDDING, api_key_id=caller.token_id
+        )
     except _REFUSALS as exc:
         return _refusal(exc)
     limits.settle(_tokens_used(result))
@@ -552,6 +576,8 @@ def models(request: HttpRequest) -> HttpResponse:
     )
     if caller.workflow_ids is not None:
         rows = rows.filter(pk__in=caller.workflow_ids)
+    if caller.team_id is not None:
+        rows = rows.filter(team_id=caller.team_id)
     data = [
         {
             "id": w.slug,

@@ -1,8 +1,8 @@
 """Rate limits on /v1: requests and tokens per minute, per API key and per workflow.
 
 A request is checked after its key, body and workflow are, before it is routed: every limit
-that applies (the key's RPM and TPM, the workflow's RPM and TPM; a team's would be two more
-`Limit`s with scope "team") is decided at once, all or nothing, in one Redis script call
+that applies (the key's RPM and TPM, its team's RPM and TPM, counting every key of the team
+together, and the workflow's RPM and TPM) is decided at once, all or nothing, in one Redis script call
 (inference.ratelimit_redis); a key and a workflow without limits cost nothing. Tokens are
 counted before the call with the router's estimate (prompt characters / 4 + max_tokens,
 inference.router.context.context_tokens) and corrected with the usage the provider reported
@@ -85,8 +85,11 @@ def request_limits(caller: TokenGrant, workflow: Workflow) -> list[Limit]:
     limits = []
     for scope, ident, rpm, tpm in (
         ("key", caller.token_id, caller.rpm_limit, caller.tpm_limit),
+        ("team", caller.team_id, caller.team_rpm_limit, caller.team_tpm_limit),
         ("workflow", workflow.pk, workflow.rpm_limit, workflow.tpm_limit),
     ):
+        if ident is None:
+            continue
         if rpm is not None:
             limits.append(Limit(scope, ident, REQUESTS, rpm))
         if tpm is not None:

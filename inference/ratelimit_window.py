@@ -31,7 +31,7 @@ TOKENS = "tokens"
 class Limit:
     """One limit that applies to a request: who it counts (`scope`, `ident`), what, how many."""
 
-    scope: str  # "key" or "workflow" (a "team" scope is one more value, nothing else changes)
+    scope: str  # "key", "team" or "workflow"
     ident: int
     unit: str  # REQUESTS or TOKENS
     limit: int

@@ -13,7 +13,7 @@ from rest_framework.test import APIClient
 
 from billing.models import PriceBook, Unit
 from billing.services import price_book_publish, usage_record
-from stack.registry.models import Cluster, Deployment, Provider, RegisteredModel, Workflow
+from stack.registry.models import Cluster, Deployment, Provider, RegisteredModel, Team, Workflow
 from stack.registry.roles import Role
 from stack.registry.services import api_token_create, provider_endpoints_allow, workflow_create
 from training.models import GlobalVersionRecord, LearnerChunk, PlacementDecision, TrainingLearner, TrainingRun
@@ -105,7 +105,16 @@ def make_deployment(**overrides: Any) -> Deployment:
     return Deployment.objects.create(**fields)
 
 
+def make_team(slug: str | None = None, **fields: Any) -> Team:
+    """The team with this slug (created when missing)."""
+    slug = slug or unique("team")
+    team, _ = Team.objects.get_or_create(slug=slug, defaults={"name": slug, **fields})
+    return team
+
+
 def make_workflow(*, owner: User, deployments: list[Deployment] | None = None, **overrides: Any) -> Workflow:
+    if isinstance(overrides.get("team"), str):  # a team named by its slug, as ledger rows name it
+        overrides["team"] = make_team(overrides["team"])
     return workflow_create(
         slug=overrides.pop("slug", unique("wf")),
         owner=owner,

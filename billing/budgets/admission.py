@@ -50,6 +50,7 @@ def budget_admit(
     cluster: Cluster | None = None,
     team: str = "",
     training_run_id: str = "",
+    api_key_id: int | None = None,
     currency: str = "USD",
 ) -> Admission:
     """Ask "may I spend about `estimate`?" of every hard-limit budget the spend falls under.
@@ -63,7 +64,12 @@ def budget_admit(
     if not isinstance(estimate, Decimal) or estimate < 0:
         raise ValueError("estimate must be a non-negative Decimal")
     target = spend_target(
-        workflow=workflow, provider=provider, cluster=cluster, team=team, training_run_id=training_run_id
+        workflow=workflow,
+        provider=provider,
+        cluster=cluster,
+        team=team,
+        training_run_id=training_run_id,
+        api_key_id=api_key_id,
     )
     now = timezone.now()
     hard: list[tuple[Budget, datetime, datetime]] = []
@@ -134,6 +140,7 @@ def budget_admission(
     cluster: Cluster | None = None,
     team: str = "",
     training_run_id: str = "",
+    api_key_id: int | None = None,
     currency: str = "USD",
 ) -> Iterator[Admission]:
     """`with budget_admission(estimate=..., workflow=wf): call; usage_record(...)` — admit, then settle.
@@ -148,6 +155,7 @@ def budget_admission(
         cluster=cluster,
         team=team,
         training_run_id=training_run_id,
+        api_key_id=api_key_id,
         currency=currency,
     )
     try:
@@ -163,10 +171,16 @@ def budget_may_spend(
     cluster: Cluster | None = None,
     team: str = "",
     training_run_id: str = "",
+    api_key_id: int | None = None,
 ) -> tuple[bool, str]:
     """Read-only: (False, why) when a hard-limit budget of this spend is spent, else (True, "")."""
     target = spend_target(
-        workflow=workflow, provider=provider, cluster=cluster, team=team, training_run_id=training_run_id
+        workflow=workflow,
+        provider=provider,
+        cluster=cluster,
+        team=team,
+        training_run_id=training_run_id,
+        api_key_id=api_key_id,
     )
     now = timezone.now()
     for budget in budgets_for_target(target=target):

@@ -20,6 +20,7 @@ class SpendTarget:
     cluster_id: int | None = None
     team: str = ""
     training_run_id: str = ""
+    api_key_id: int | None = None
 
     def keys(self) -> list[tuple[str, str]]:
         """One (scope, target) key per dimension the spend has; a budget covers the spend when
@@ -39,6 +40,7 @@ def spend_target(
     cluster: Cluster | None = None,
     team: str = "",
     training_run_id: str = "",
+    api_key_id: int | None = None,
 ) -> SpendTarget:
     """The target of a spend about to happen, filled in as the ledger will fill in its row."""
     provider_id = provider.pk if provider is not None else None
@@ -52,6 +54,7 @@ def spend_target(
         cluster_id=cluster.pk if cluster is not None else None,
         team=team,
         training_run_id=training_run_id,
+        api_key_id=api_key_id,
     )
 
 
@@ -63,6 +66,7 @@ def spend_target_of_row(row: UsageRecord) -> SpendTarget:
         cluster_id=row.cluster_id,
         team=row.team,
         training_run_id=row.subject_id if row.subject_type == "training_run" else "",
+        api_key_id=row.api_key_id,
     )
 
 
@@ -70,7 +74,7 @@ def budget_scope_filter(budget: Budget) -> Q:
     """The ledger rows a budget counts (before period and currency)."""
     if budget.scope == Budget.Scope.TRAINING_RUN:
         return Q(subject_type="training_run", subject_id=budget.training_run_id)
-    # The ledger row names workflow, provider, cluster and team as the budget does.
+    # The ledger row names workflow, provider, cluster, team and API key as the budget does.
     attname = Budget.scope_attname(budget.scope)
     return Q(**{attname: getattr(budget, attname)})
 
@@ -98,6 +102,6 @@ def budget_hard_limit_keys() -> frozenset[tuple[str, str]]:
     return frozenset(
         budget.target_key()
         for budget in Budget.objects.filter(active=True, hard_limit=True).only(
-            "scope", "workflow_id", "provider_id", "cluster_id", "team", "training_run_id"
+            "scope", "workflow_id", "provider_id", "cluster_id", "team", "training_run_id", "api_key_id"
         )
     )

@@ -60,6 +60,7 @@ class FoldJob:
     winner_id: int | None = None
     policy_version: int | None = None
     quality_floor: float | None = None
+    api_key_id: int | None = None  # the request's API key: its ledger rows name it
 
     def journal(self) -> dict[str, Any]:
         """The journal entry (JSON) kept on the request row until the job is folded."""
@@ -85,6 +86,8 @@ class FoldJob:
             "winner": self.winner_id,
             "policy_version": self.policy_version,
             "quality_floor": self.quality_floor,
+            # Optional: entries journaled before keys were recorded have none (no key).
+            "api_key": self.api_key_id,
         }
 
     @classmethod
@@ -112,6 +115,7 @@ class FoldJob:
             winner_id=doc["winner"],
             policy_version=doc["policy_version"],
             quality_floor=doc["quality_floor"],
+            api_key_id=doc.get("api_key"),
         )
 
 
@@ -174,6 +178,7 @@ def fold_jobs(
                     subject_id=str(job.request_id),
                     deployment=deployment,
                     workflow=workflow,
+                    api_key_id=job.api_key_id,
                     description=f"{workflow.slug} via {deployment.slug}",
                 )
             )

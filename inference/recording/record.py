@@ -37,6 +37,7 @@ def inference_request_record(
     response_text: str = "",
     demoted: Sequence[tuple[PlanEntry, float]] = (),
     inline: bool = False,
+    api_key_id: int | None = None,
 ) -> InferenceRequest:
     """Record one routed request durably; returns its row (whose `cost` the answer reports).
 
@@ -117,6 +118,7 @@ def inference_request_record(
         winner_id=winner.deployment_id if winner is not None else None,
         policy_version=plan.version if plan.policy_id is not None else None,
         quality_floor=plan.policy.quality_floor,
+        api_key_id=api_key_id,
     )
     if not (inline or settings.INFERENCE_RECORDING == "inline" or connection.in_atomic_block):
         # One statement in autocommit: the row and its journal entry are durable (committed)

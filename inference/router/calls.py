@@ -147,6 +147,7 @@ def attempt_calls(ctx: Context, stack: ExitStack, *, stream: bool) -> Iterator[A
                             estimate=cost_estimate(entry, ctx.request),
                             workflow=ctx.workflow,
                             provider=entry.deployment.provider,
+                            api_key_id=ctx.api_key_id,
                             currency=entry.currency,
                         )
                     )

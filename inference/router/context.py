@@ -58,7 +58,9 @@ def needs_admission(ctx: Context, entry: PlanEntry) -> bool:
     hard = ctx.plan.hard_budget_keys
     if not hard:
         return False
-    keys = spend_target(workflow=ctx.workflow, provider=entry.deployment.provider).keys()
+    keys = spend_target(
+        workflow=ctx.workflow, provider=entry.deployment.provider, api_key_id=ctx.api_key_id
+    ).keys()
     return any(key in hard for key in keys)
 
 
@@ -78,6 +80,9 @@ class Context:
     # so the request is recorded inline rather than journaled (inference.recording).
     admitted: bool = False
     deployment: Deployment | None = None  # a one-deployment call: route(deployment=...)
+    # The API key the request came with (gateway, batch job, eval run): its budgets apply and
+    # the ledger rows name it.
+    api_key_id: int | None = None
 
 
 def prepare(
@@ -87,6 +92,7 @@ def prepare(
     deadline_s: float | None,
     *,
     deployment: Deployment | None = None,
+    api_key_id: int | None = None,
 ) -> Context:
     started = time.perf_counter()
     if deployment is not None:
@@ -111,6 +117,7 @@ def prepare(
         started=started,
         deadline=started + deadline_s,
         deployment=deployment,
+        api_key_id=api_key_id,
     )
 
 

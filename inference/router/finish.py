@@ -62,6 +62,7 @@ def finish_request(
         response_text=completion.text if (completion is not None and client_request_id) else "",
         demoted=ctx.demoted,
         inline=ctx.admitted,
+        api_key_id=ctx.api_key_id,
     )
     return RouteResult(
         ok=winner is not None,

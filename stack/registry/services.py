@@ -495,7 +495,12 @@ def api_token_authenticate(*, raw: str) -> ApiToken | None:
     _, prefix, secret = parts
     if not _TOKEN_ID.fullmatch(prefix):  # never look up text no token can have (NUL: a DataError)
         return None
-    token = ApiToken.objects.select_related("user").filter(prefix=prefix, revoked_at__isnull=True).first()
+    # An expired token is returned (callers answer 401 saying so: ApiToken.expired).
+    token = (
+        ApiToken.objects.select_related("user", "team")
+        .filter(prefix=prefix, revoked_at__isnull=True)
+        .first()
+    )
     if token is None or not hmac.compare_digest(token.key_hash, _hash_secret(secret)):
         return None
     now = timezone.now()
