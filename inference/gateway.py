@@ -32,8 +32,8 @@ from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
 from django.db import transaction
-from django.utils import timezone
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
 from billing.budgets import BudgetExhausted

@@ -10,7 +10,7 @@ from rest_framework.routers import DefaultRouter
 from billing import api as billing_api
 from billing.api import UsageExportView
 from inference import api as inference_api
-from stack import views
+from stack import keys_page, views
 from stack.audit import api as audit_api
 from stack.registry import api as registry_api
 from stack.registry.permissions import RolePermission
@@ -31,6 +31,7 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("assets/plotly.min.js", views.plotly_js, name="plotly-js"),
     path("healthz", views.healthz, name="healthz"),
+    path("tokens/", keys_page.TokenView.as_view(), name="tokens"),
     path("", include("stack.registry.urls")),
     path("jobs/", include(probe_urlpatterns)),
     path("billing/", include("billing.urls")),

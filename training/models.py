@@ -120,7 +120,9 @@ class TrainingRun(models.Model):
     currency = models.CharField(max_length=3, default="USD")
     # The team that owns the run (its config's `team`): its members see it, its team budgets
     # count and stop it, and its chunk bills carry the team. None: a platform run.
-    team = models.ForeignKey(Team, null=True, blank=True, on_delete=models.PROTECT, related_name="training_runs")
+    team = models.ForeignKey(
+        Team, null=True, blank=True, on_delete=models.PROTECT, related_name="training_runs"
+    )
     registered_model = models.ForeignKey(
         RegisteredModel, null=True, blank=True, on_delete=models.SET_NULL, related_name="training_runs"
     )

@@ -146,8 +146,3 @@ class ApiTokenLimitsForm(forms.Form):
     rate_limit_fail_closed = forms.BooleanField(
         required=False, label="Refuse calls (503) while the rate limits cannot be checked"
     )
-
-
-class ApiTokenForm(ApiTokenLimitsForm):
-    name = forms.CharField(max_length=100)
-    field_order = ["name", "rpm_limit", "tpm_limit", "rate_limit_fail_closed"]
