@@ -41,6 +41,9 @@ SWITCHYARD_COLUMNS = (
     "x_PrevHash",
     "x_Unit",
     "x_IdempotencyKey",
+    # The API key whose request caused the row, by its public prefix; empty for none. (FOCUS
+    # Tags could carry it too: billing.exports.rows builds them.)
+    "x_ApiKey",
 )
 COLUMNS = FOCUS_COLUMNS + SWITCHYARD_COLUMNS
 DECIMAL_COLUMNS = frozenset({"BilledCost", "EffectiveCost", "ListUnitPrice", "PricingQuantity"})

@@ -70,6 +70,7 @@ def postgres_csv_chunks(filters: ExportFilters) -> Iterator[bytes]:
         "x_PrevHash": "u.prev_hash",
         "x_Unit": "u.unit",
         "x_IdempotencyKey": "u.idempotency_key",
+        "x_ApiKey": "coalesce(k.prefix, '')",
     }
     select = ", ".join(f'{expressions[name]} AS "{name}"' for name in COLUMNS)
     where: list[str] = []
@@ -82,6 +83,7 @@ def postgres_csv_chunks(filters: ExportFilters) -> Iterator[bytes]:
         ("c.slug = %s", filters.cluster),
         ("w.slug = %s", filters.workflow),
         ("u.team = %s", filters.team),
+        ("k.prefix = %s", filters.api_key),
         ("u.unit = %s", filters.unit),
     ):
         if value not in (None, ""):
@@ -105,6 +107,7 @@ def postgres_csv_chunks(filters: ExportFilters) -> Iterator[bytes]:
         "LEFT JOIN stack_cluster c ON c.id = u.cluster_id "
         "LEFT JOIN stack_deployment d ON d.id = u.deployment_id "
         "LEFT JOIN stack_workflow w ON w.id = u.workflow_id "
+        "LEFT JOIN stack_apitoken k ON k.id = u.api_key_id "
         f"WHERE {' AND '.join(where) or 'true'} ORDER BY u.occurred_at, u.partition, u.sequence) "
         "TO STDOUT WITH (FORMAT csv, HEADER true)"
     )

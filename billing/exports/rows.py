@@ -42,6 +42,7 @@ _SOURCE_FIELDS = (
     "cluster__slug",
     "deployment__slug",
     "workflow__slug",
+    "api_key__prefix",
 )
 
 
@@ -75,6 +76,7 @@ def export_rows(*, filters: ExportFilters, chunk_size: int = CHUNK_ROWS) -> Iter
         cluster_slug,
         deployment_slug,
         workflow_slug,
+        api_key_prefix,
     ) in source:
         key = (unit, cluster_slug, deployment_slug)
         resource = resources.get(key)
@@ -125,6 +127,7 @@ def export_rows(*, filters: ExportFilters, chunk_size: int = CHUNK_ROWS) -> Iter
             prev_hash,
             unit,
             idempotency_key,
+            api_key_prefix or "",
         )
 
 
