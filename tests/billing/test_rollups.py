@@ -11,10 +11,10 @@ import pytest
 from django.core.management import call_command
 from django.db.models import Sum
 
-from billing.models import DailyRollup, RollupWatermark, Unit, UsageRecord
 from billing.exports.columns import COLUMNS
 from billing.exports.filters import ExportFilterError, export_filters_parse
 from billing.exports.rows import export_rows
+from billing.models import DailyRollup, RollupWatermark, Unit, UsageRecord
 from billing.rollups import DIMENSIONS, rollups_rebuild, rollups_update
 from billing.selectors import spend_grouped
 from billing.services import UsageInput, usage_record_batch, usage_reverse
