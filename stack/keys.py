@@ -20,7 +20,7 @@ from billing.budgets import BudgetInvalid, budget_save
 from billing.models import Budget
 from stack.registry.errors import MultiFieldError
 from stack.registry.models import ApiToken, Team, Workflow
-from stack.registry.services import RegistryError, api_token_create
+from stack.registry.services import api_token_create
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ def api_key_issue(
         saved = None
         if budget is not None:
             if budget.limit_amount is None or budget.limit_amount < 0:
-                raise RegistryError("a budget is a non-negative amount", field="budget_limit_amount")
+                raise MultiFieldError({"budget_limit_amount": ["a budget is a non-negative amount"]})
             row = Budget(
                 # Unique names: the prefix is unique, the key's name need not be.
                 name=f"key {token.prefix} ({token.name})"[:100],

@@ -19,9 +19,9 @@ from inference import batch, tasks
 from inference.batch_selectors import batch_job_progress
 from inference.mockprovider import MockProviderServer
 from inference.models import BatchJob, InferenceRequest
+from stack.keys import KeyBudget, api_key_issue
 from stack.registry.objectstore import default_store
 from stack.registry.services import RegistryError
-from stack.keys import KeyBudget, api_key_issue
 from tests.factories import api_client, make_team
 from tests.inference.helpers import priced_deployment, routed_workflow
 
