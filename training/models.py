@@ -169,8 +169,9 @@ class TrainingRun(models.Model):
     def team_slug(self) -> str:
         """The slug its ledger rows and team budgets name: the owning team's (the config's
         `team` for a run stored before runs had a team row)."""
-        if self.team_id is not None:
-            return self.team.slug
+        team = self.team
+        if team is not None:
+            return team.slug
         return str((self.config or {}).get("team") or "")
 
     @property

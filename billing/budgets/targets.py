@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Any
 
 from django.db.models import Q
 
@@ -87,12 +90,41 @@ def budgets_by_key(budgets: list[Budget]) -> dict[tuple[str, str], list[Budget]]
     return index
 
 
-def budgets_for_target(*, target: SpendTarget) -> list[Budget]:
-    """The active budgets a spend with these dimensions counts against, by id."""
+# The active budgets, indexed, kept this long per process: admission on /v1 asks on every call
+# that a hard budget covers. A budget saved here clears it at once (budget_cache_clear, on
+# Budget's post_save/post_delete); another process sees the change within this many seconds.
+BUDGET_CACHE_SECONDS = 1.0
+_index_cache: tuple[float, dict[tuple[str, str], list[Budget]]] | None = None
+_index_lock = threading.Lock()
+
+
+def budget_cache_clear(**kwargs: Any) -> None:
+    global _index_cache
+    with _index_lock:
+        _index_cache = None
+
+
+def _active_index() -> dict[tuple[str, str], list[Budget]]:
+    global _index_cache
+    now = time.monotonic()
+    hit = _index_cache
+    if hit is not None and now - hit[0] < BUDGET_CACHE_SECONDS:
+        return hit[1]
+    index = budgets_by_key(list(Budget.objects.filter(active=True).order_by("pk")))
+    with _index_lock:
+        _index_cache = (now, index)
+    return index
+
+
+def budgets_for_target(*, target: SpendTarget, cached: bool = False) -> list[Budget]:
+    """The active budgets a spend with these dimensions counts against, by id. `cached`: from
+    this process's copy (at most BUDGET_CACHE_SECONDS old), for the hot admission path."""
     keys = target.keys()
     if not keys:
         return []
-    index = budgets_by_key(list(Budget.objects.filter(active=True).order_by("pk")))
+    index = (
+        _active_index() if cached else budgets_by_key(list(Budget.objects.filter(active=True).order_by("pk")))
+    )
     return sorted((b for key in keys for b in index.get(key, [])), key=lambda b: b.pk)
 
 
