@@ -49,10 +49,10 @@ from inference.openai_request import (
     error_document,
     json_document,
 )
-from inference.ratelimit import RateCheck, RateLimited
+from inference.ratelimit import RateCheck, RateLimited, StaleGrant, version_check, version_folded
 from inference.router import CapabilityMissing, CostLimitExceeded, NoRoute, RouteResult, route, route_stream
 from inference.router.context import context_tokens
-from stack.registry.access import TokenGrant, grant_cache_clear, grant_for_raw_token
+from stack.registry.access import TokenGrant, cached_grant_unverified, grant_cache_clear, grant_for_raw_token
 from stack.registry.models import Workflow
 
 # A workflow's row (its slug and id) is cached this long; who may call it is checked every time.
@@ -92,9 +92,7 @@ def _invalid(exc: InvalidRequest) -> HttpResponse:
 # --- Authentication and scope ------------------------------------------------------------------------
 
 
-def _caller(request: HttpRequest) -> TokenGrant:
-    """What the bearer token may do (stack.registry.access: cached per process while the
-    authorisation version stands, so a revocation counts from the next request)."""
+def _raw_token(request: HttpRequest) -> str:
     header = request.META.get("HTTP_AUTHORIZATION", "")
     scheme, _, raw = header.partition(" ")
     raw = raw.strip()
@@ -105,11 +103,37 @@ def _caller(request: HttpRequest) -> TokenGrant:
             type_="invalid_request_error",
             code="invalid_api_key",
         )
-    grant = grant_for_raw_token(raw)
+    return raw
+
+
+def _caller(request: HttpRequest) -> TokenGrant:
+    """What the bearer token may do (stack.registry.access: cached per process while the
+    authorisation version stands, so a revocation counts from the next request)."""
+    grant = grant_for_raw_token(_raw_token(request))
     if grant is None:
         raise GatewayError(
             401, "Invalid or revoked API key", type_="invalid_request_error", code="invalid_api_key"
         )
+    _not_expired(grant)
+    return grant
+
+
+def _caller_deferred(request: HttpRequest) -> tuple[TokenGrant, bytes | None]:
+    """The caller's grant, and the authorisation version still to check it against (None: it
+    was checked). A cached grant is taken without the version GET: the rate-limit script call
+    reads the version (RateCheck.check(verify=...)), so a request costs one Redis round trip
+    for both; a moved version starts the request over (StaleGrant)."""
+    raw = _raw_token(request)
+    cached = cached_grant_unverified(raw) if version_folded() else None
+    if cached is None:
+        return _caller(request), None
+    if cached.grant.expires_at is not None and cached.grant.expired(timezone.now()):
+        version_check(cached.version)  # an expiry changed since: start over
+    _not_expired(cached.grant)
+    return cached.grant, cached.version
+
+
+def _not_expired(grant: TokenGrant) -> None:
     if grant.expires_at is not None and grant.expired(timezone.now()):
         raise GatewayError(
             401,
@@ -117,7 +141,6 @@ def _caller(request: HttpRequest) -> TokenGrant:
             type_="invalid_request_error",
             code="expired_api_key",
         )
-    return grant
 
 
 _workflows: dict[str, tuple[Workflow, float]] = {}
@@ -324,15 +347,24 @@ def _synthesized(result: RouteResult, c: Completion, model: str, *, chat: bool) 
 def _complete(request: HttpRequest, *, chat: bool) -> HttpResponse | StreamingHttpResponse:
     if request.method != "POST":
         return _method_not_allowed("POST")
-    limits = RateCheck()
-    return limits.stamp(_complete_checked(request, chat=chat, limits=limits))
+    try:
+        limits = RateCheck()
+        return limits.stamp(_complete_checked(request, chat=chat, limits=limits, fresh=False))
+    except StaleGrant:
+        # The cached grant was older than the authorisation version: once more, read afresh.
+        limits = RateCheck()
+        return limits.stamp(_complete_checked(request, chat=chat, limits=limits, fresh=True))
 
 
 def _complete_checked(
-    request: HttpRequest, *, chat: bool, limits: RateCheck
+    request: HttpRequest, *, chat: bool, limits: RateCheck, fresh: bool
 ) -> HttpResponse | StreamingHttpResponse:
+    verify: bytes | None = None  # a cached grant not checked against the version yet
     try:
-        caller = _caller(request)
+        if fresh:
+            caller = _caller(request)
+        else:
+            caller, verify = _caller_deferred(request)
         # The whole request is checked before the workflow is looked up or a provider called.
         parse = chat_request_parse if chat else completion_request_parse
         parsed = parse(_body(request))
@@ -348,7 +380,11 @@ def _complete_checked(
         )
         payload: InferenceInput = parsed.request
         # Before routing: a refused request reaches no provider and the ledger records nothing.
-        limits.check(caller=caller, workflow=workflow, tokens=context_tokens(payload))
+        # (With `verify`, the same Redis call checks the grant's version: StaleGrant if it moved.)
+        try:
+            limits.check(caller=caller, workflow=workflow, tokens=context_tokens(payload), verify=verify)
+        finally:
+            verify = None
         endpoint = Endpoint.CHAT if chat else Endpoint.COMPLETION
         if parsed.stream:
             return _stream_response(
@@ -368,6 +404,10 @@ def _complete_checked(
             api_key_id=caller.token_id,
         )
     except _REFUSALS as exc:
+        if verify is not None:
+            # Refused before the rate-limit call checked the grant: check it now, so a changed
+            # authorisation answers as it should (a revoked key: 401, not this refusal).
+            version_check(verify)
         return _refusal(exc)
     limits.settle(_tokens_used(result))
     if not result.ok or result.completion is None:
