@@ -8,7 +8,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('inference', '0003_request_journal'),
-        ('stack', '0010_token_expiry'),
+        ('stack', '0013_token_expiry'),
     ]
 
     operations = [

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('stack', '0009_teams'),
+        ('stack', '0012_failover_codes_from_reasons'),
     ]
 
     operations = [

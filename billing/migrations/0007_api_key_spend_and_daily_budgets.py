@@ -7,8 +7,8 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('billing', '0005_reasoning_tokens_unit'),
-        ('stack', '0010_token_expiry'),
+        ('billing', '0006_alert_channels_and_spend_anomalies'),
+        ('stack', '0013_token_expiry'),
     ]
 
     operations = [
