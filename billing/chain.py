@@ -10,6 +10,11 @@ in SQL (billing.selectors.ledger_verify checks a million rows there in one
 query): the CHAINED_FIELDS in this order, joined by U+001F (unit separator);
 NULL as \\N; text with backslash and U+001F escaped; decimals with exactly 9
 places and no negative zero; times as UTC `YYYY-MM-DDTHH:MM:SS.ffffffZ`.
+
+Fields added after rows were written (OPTIONAL_CHAINED_FIELDS) are hashed only when set, as
+U+001F, the field's tag, "=", its value, after the fixed fields: a row written before the field
+existed (or without a value for it) hashes exactly as it did, so old chains still verify, and a
+value set on a row is covered (removing it changes the hash).
 Pure functions: no Django imports (billing.money is pure too), so the same code
 verifies exports offline.
 """
@@ -50,6 +55,13 @@ CHAINED_FIELDS = (
     "reverses_id",
     "idempotency_key",
 )
+
+
+# Added later; hashed only when not NULL (see the module docstring), in this order.
+OPTIONAL_CHAINED_FIELDS = ("api_key_id",)
+# The tag each is written with (short: it is in every hashed row that has it).
+OPTIONAL_TAGS = {"api_key_id": "k"}
+ALL_CHAINED_FIELDS = CHAINED_FIELDS + OPTIONAL_CHAINED_FIELDS
 
 
 def canonical_value(value: Any) -> str:
@@ -98,16 +110,27 @@ _CONVERTERS: tuple[Callable[[Any], str], ...] = tuple(
 )
 
 
+_FIXED = len(CHAINED_FIELDS)
+
+
 def canonical_text(values: Sequence[Any]) -> str:
-    """The canonical text of a row given its CHAINED_FIELDS values in order."""
-    return SEPARATOR.join([convert(value) for convert, value in zip(_CONVERTERS, values, strict=True)])
+    """The canonical text of a row given its CHAINED_FIELDS values in order, optionally followed
+    by its OPTIONAL_CHAINED_FIELDS values (ALL_CHAINED_FIELDS order)."""
+    fixed, extra = values[:_FIXED], values[_FIXED:]
+    text = SEPARATOR.join([convert(value) for convert, value in zip(_CONVERTERS, fixed, strict=True)])
+    for name, value in zip(OPTIONAL_CHAINED_FIELDS, extra, strict=False):
+        if value is not None:
+            text += f"{SEPARATOR}{OPTIONAL_TAGS[name]}={canonical_value(value)}"
+    return text
 
 
 def chain_hash_values(values: Sequence[Any], prev_hash: str) -> str:
-    """row_hash for CHAINED_FIELDS values given in order."""
+    """row_hash for CHAINED_FIELDS values given in order (then any OPTIONAL_CHAINED_FIELDS)."""
     return hashlib.sha256(f"{prev_hash}\n{canonical_text(values)}".encode()).hexdigest()
 
 
 def chain_hash(row: Mapping[str, Any], prev_hash: str) -> str:
-    """row_hash for a mapping holding (at least) every CHAINED_FIELDS name."""
-    return chain_hash_values([row[name] for name in CHAINED_FIELDS], prev_hash)
+    """row_hash for a mapping holding (at least) every CHAINED_FIELDS name; an optional field
+    missing from it counts as not set."""
+    values = [row[name] for name in CHAINED_FIELDS] + [row.get(name) for name in OPTIONAL_CHAINED_FIELDS]
+    return chain_hash_values(values, prev_hash)

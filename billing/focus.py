@@ -96,6 +96,7 @@ CHARGE_FREQUENCY = "Usage-Based"
 TAG_FIELDS: tuple[tuple[str, str], ...] = (
     ("team", "team"),
     ("workflow", "workflow__slug"),
+    ("api_key", "api_key__prefix"),
     ("subject", "subject"),
     ("training_run", "training_run"),
 )

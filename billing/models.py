@@ -10,7 +10,15 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
 
-from stack.registry.models import Cluster, Deployment, ImmutableRowError, Provider, RegisteredModel, Workflow
+from stack.registry.models import (
+    ApiToken,
+    Cluster,
+    Deployment,
+    ImmutableRowError,
+    Provider,
+    RegisteredModel,
+    Workflow,
+)
 
 # The ledger partition writers append to unless told otherwise: its own hash chain, head row
 # and rollup watermark. Migrations keep the literal "main": they are history and never change.
@@ -126,6 +134,12 @@ class UsageRecord(models.Model):
     model = models.ForeignKey(RegisteredModel, null=True, on_delete=models.PROTECT, related_name="+")
     workflow = models.ForeignKey(Workflow, null=True, on_delete=models.PROTECT, related_name="+")
     team = models.CharField(max_length=64, blank=True)
+    # The API key whose request caused the spend (gateway, batch job, eval run); None for work no
+    # key asked for (training, probes). No database constraint and nothing done on delete: an
+    # append-only row keeps the id it was written with, whatever happens to the key later.
+    api_key = models.ForeignKey(
+        ApiToken, null=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
+    )
     quantity = models.DecimalField(max_digits=24, decimal_places=9)
     unit = models.CharField(max_length=32, choices=Unit.choices)
     unit_price = models.DecimalField(max_digits=24, decimal_places=9)
@@ -188,6 +202,9 @@ class DailyRollup(models.Model):
     workflow = models.ForeignKey(Workflow, null=True, on_delete=models.PROTECT, related_name="+")
     training_run_id = models.CharField(max_length=64, blank=True)
     team = models.CharField(max_length=64, blank=True)
+    api_key = models.ForeignKey(
+        ApiToken, null=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
+    )
     unit = models.CharField(max_length=32, choices=Unit.choices)
     currency = models.CharField(max_length=3)
     # All the dimensions above in one string: a portable unique key (NULL ids
@@ -228,19 +245,22 @@ class Budget(models.Model):
         CLUSTER = "cluster", "Cluster"
         TEAM = "team", "Team"
         TRAINING_RUN = "training_run", "Training run"
+        API_KEY = "api_key", "API key"
 
     class Period(models.TextChoices):
+        DAILY = "daily", "Daily"
         MONTHLY = "monthly", "Monthly"
         WEEKLY = "weekly", "Weekly"
         CUSTOM = "custom", "Custom"
 
-    # The field naming what a budget covers, per scope; a budget leaves the other four empty.
+    # The field naming what a budget covers, per scope; a budget leaves the others empty.
     SCOPE_FIELDS: ClassVar[dict[str, str]] = {
         Scope.WORKFLOW: "workflow",
         Scope.PROVIDER: "provider",
         Scope.CLUSTER: "cluster",
         Scope.TEAM: "team",
         Scope.TRAINING_RUN: "training_run_id",
+        Scope.API_KEY: "api_key",
     }
 
     name = models.CharField(max_length=100, unique=True)
@@ -256,6 +276,9 @@ class Budget(models.Model):
     )
     team = models.CharField(max_length=64, blank=True)
     training_run_id = models.CharField(max_length=64, blank=True)
+    api_key = models.ForeignKey(
+        ApiToken, null=True, blank=True, on_delete=models.CASCADE, related_name="budgets"
+    )
     period = models.CharField(max_length=16, choices=Period.choices, default=Period.MONTHLY)
     custom_start = models.DateTimeField(null=True, blank=True)
     custom_end = models.DateTimeField(null=True, blank=True)

@@ -34,11 +34,20 @@ DIMENSIONS = (
     "team",
     "unit",
     "currency",
+    "api_key_id",
 )
+# Added after rollups were written: in the key only when set, so a rollup row of spend no key
+# caused keeps the key it always had (an incremental fold after the upgrade adds to it).
+_LATER_DIMENSIONS = ("api_key_id",)
 
 
 def rollup_dims_key(values: dict[str, Any]) -> str:
-    text = "|".join("" if values[d] is None else str(values[d]) for d in DIMENSIONS)
+    text = "|".join(
+        "" if values[d] is None else str(values[d]) for d in DIMENSIONS if d not in _LATER_DIMENSIONS
+    )
+    for d in _LATER_DIMENSIONS:
+        if values[d] is not None:
+            text += f"|{d}={values[d]}"
     return hashlib.sha256(text.encode()).hexdigest()
 
 

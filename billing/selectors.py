@@ -11,7 +11,14 @@ from typing import Any
 from django.db import connection
 from django.db.models import Max, Q, QuerySet, Sum
 
-from billing.chain import CHAINED_FIELDS, GENESIS_HASH, chain_hash_values
+from billing.chain import (
+    ALL_CHAINED_FIELDS,
+    CHAINED_FIELDS,
+    GENESIS_HASH,
+    OPTIONAL_CHAINED_FIELDS,
+    OPTIONAL_TAGS,
+    chain_hash_values,
+)
 from billing.models import (
     LEDGER_PARTITION,
     Budget,
@@ -150,7 +157,7 @@ class DailySpend:
 # annotated ledger tail.
 SPEND_DIMENSIONS = frozenset(
     {"day", "provider__slug", "cluster__slug", "deployment__slug", "deployment_id", "workflow__slug", "training_run_id",
-     "team", "unit", "currency"}
+     "team", "unit", "currency", "api_key_id", "api_key__prefix"}
 )  # fmt: skip
 
 
@@ -271,6 +278,8 @@ def _sql_canonical(field: str) -> str:
 def _verify_in_postgres(partition: str) -> tuple[int, tuple[int, int, int, str] | None, str]:
     """(rows, the first bad row as (id, sequence, position, kind) or None, the last row hash)."""
     canonical = " || chr(31) || ".join(_sql_canonical(f) for f in CHAINED_FIELDS)
+    for name in OPTIONAL_CHAINED_FIELDS:  # billing.chain: only when set, tagged (ids only so far)
+        canonical += f" || coalesce(chr(31) || '{OPTIONAL_TAGS[name]}=' || {name}::text, '')"
     sql = f"""
         WITH chain AS (
             SELECT id, sequence, prev_hash, row_hash,
@@ -345,7 +354,7 @@ def _check_head(partition: str, checked: int, last_hash: str) -> LedgerVerificat
 
 
 def _verify_in_python(partition: str, chunk_size: int) -> LedgerVerification:
-    columns = ("id", "sequence", "prev_hash", "row_hash", *CHAINED_FIELDS)
+    columns = ("id", "sequence", "prev_hash", "row_hash", *ALL_CHAINED_FIELDS)
     rows = (
         UsageRecord.objects.filter(partition=partition)
         .order_by("sequence")

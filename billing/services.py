@@ -14,7 +14,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from billing.budgets import budget_record_spend
-from billing.chain import CHAINED_FIELDS, GENESIS_HASH, chain_hash_values
+from billing.chain import ALL_CHAINED_FIELDS, GENESIS_HASH, chain_hash_values
 from billing.models import LEDGER_PARTITION, LedgerHead, PriceBook, PriceSource, Unit, UsageRecord
 from billing.money import LEDGER_QUANTUM
 from billing.selectors import PriceResolver, price_book_next_version
@@ -52,6 +52,8 @@ class UsageInput:
     model: RegisteredModel | None = None
     workflow: Workflow | None = None
     team: str = ""
+    # The API key whose request caused the spend (ApiToken id); None when no key asked for it.
+    api_key_id: int | None = None
     description: str = ""
     # Reversals only: the row being cancelled (its price is reused).
     reverses: UsageRecord | None = None
@@ -71,6 +73,7 @@ def usage_record(
     model: RegisteredModel | None = None,
     workflow: Workflow | None = None,
     team: str = "",
+    api_key_id: int | None = None,
     description: str = "",
 ) -> UsageRecord:
     """Price and append one usage record; idempotent on `idempotency_key`.
@@ -92,6 +95,7 @@ def usage_record(
         model=model,
         workflow=workflow,
         team=team,
+        api_key_id=api_key_id,
         description=description,
     )
     return usage_record_batch(items=[item])[0]
@@ -202,7 +206,7 @@ def _append(
             row.partition = partition
             row.sequence = head.last_sequence
             row.prev_hash = head.last_hash
-            row.row_hash = chain_hash_values([getattr(row, f) for f in CHAINED_FIELDS], row.prev_hash)
+            row.row_hash = chain_hash_values([getattr(row, f) for f in ALL_CHAINED_FIELDS], row.prev_hash)
             head.last_hash = row.row_hash
             new_rows.append(row)
             by_key[item.idempotency_key] = row
@@ -309,6 +313,7 @@ def _priced_row(item: UsageInput, prices: PriceResolver, recorded_at: datetime) 
         "model_id": _pk(model),
         "workflow_id": _pk(item.workflow),
         "team": item.team or (item.workflow.team_slug if item.workflow is not None else ""),
+        "api_key_id": item.api_key_id,
         "quantity": quantity,
         "unit": str(item.unit),
         "unit_price": unit_price,
@@ -344,6 +349,7 @@ def usage_reverse(*, record: UsageRecord, reason: str, occurred_at: datetime) ->
         model=record.model,
         workflow=record.workflow,
         team=record.team,
+        api_key_id=record.api_key_id,
         description=f"reversal: {reason}",
         reverses=record,
     )

@@ -41,6 +41,7 @@ from inference.models import (
     QualityRecord,
 )
 from inference.services import chaos_config_set
+from stack.registry.access import request_token
 from stack.registry.api_fields import FloatField, IntegerField, JSONField, ModelSerializer, ResponseSerializer
 from stack.registry.models import Deployment, Workflow
 from stack.registry.roles import ALL_ROLES, OPERATORS
@@ -262,6 +263,7 @@ class EvalRunViewSet(
             eval_set=body.validated_data["eval_set"],
             deployment=body.validated_data["deployment"],
             user=request.user,  # type: ignore[arg-type]
+            api_key=request_token(request),
         )
         return Response(self.get_serializer(run).data, status=status.HTTP_201_CREATED)
 
@@ -414,6 +416,7 @@ class BatchJobViewSet(
             user=request.user,  # type: ignore[arg-type]
             input_uri=data.get("input_uri", ""),
             input_jsonl=data.get("input_jsonl"),
+            api_key=request_token(request),
         )
         return Response(self.get_serializer(job).data, status=status.HTTP_201_CREATED)
 

@@ -51,7 +51,7 @@ from inference.openai_request import (
     json_document,
 )
 from inference.router import CapabilityMissing, CostLimitExceeded, NoRoute, route
-from stack.registry.models import Workflow
+from stack.registry.models import ApiToken, Workflow
 from stack.registry.objectstore import default_store
 from stack.registry.queues import CONTROL_QUEUE
 from stack.registry.services import RegistryError
@@ -167,8 +167,10 @@ def batch_job_create(
     user: User | AnonymousUser | None,
     input_uri: str = "",
     input_jsonl: str | None = None,
+    api_key: ApiToken | None = None,
 ) -> BatchJob:
-    """Validate the input (a key in the object store, or JSONL text stored here) and queue the job."""
+    """Validate the input (a key in the object store, or JSONL text stored here) and queue the job.
+    `api_key`: the key it was asked for with (its budgets apply, its ledger rows name it)."""
     owner = _user(user)
     store = default_store()
     if input_jsonl is not None:
@@ -196,6 +198,7 @@ def batch_job_create(
             input_uri=input_uri,
             total=len(lines),
             created_by=owner,
+            api_key=api_key,
         )
         transaction.on_commit(lambda: batch_job_enqueue(job_id=job.pk))
     return job
@@ -291,6 +294,7 @@ def _run_line(job: BatchJob, line: BatchLine) -> dict[str, Any]:
             request=line.request,
             endpoint=Endpoint.BATCH,
             client_request_id=batch_request_id(job_id=job.pk, line_key=line.key),
+            api_key_id=job.api_key_id,
         )
     except BudgetExhausted as exc:
         # Not recorded, so not billed: the line is reported failed in the output.

@@ -31,6 +31,11 @@ database, and measures sequential p50/p95 over --requests calls after --warmup:
   metrics_observe_p50_ms the increments alone for a failover (two attempts) with in-process
   values, and metrics_observe_multiprocess_p50_ms with the mmapped files gunicorn's workers use
   (in a child process): a loaded machine blurs these far less than differences of medians;
+- limits_and_budgets_added_p50_ms: issue 15's figure (target <= 0.3 ms): a team key with its
+  own RPM/TPM in a team with RPM/TPM, both with a hard daily budget far from its limit (the
+  fast admission path of billing.budgets.admission), calling the team's workflow, against the
+  key without limits calling the same deployment, interleaved with the two above; the _paired
+  figure is the median of the per-pair differences;
 - gateway_rps_16: requests per second from 16 concurrent keep-alive clients for --rps-seconds;
 - gateway_cpu_ms_per_request: CPU time over that 16-client block divided by its requests, from
   /proc/<pid>/stat (inference/proc_stat.py), as the sum of _web (the gunicorn master, its
@@ -85,7 +90,8 @@ from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
 
-from billing.models import Unit
+from billing.budgets import budget_admit, budget_save, budget_settle
+from billing.models import Budget, Unit
 from billing.services import price_book_publish
 from inference.adapters.base import ChatMessage, ChatRequest
 from inference.breaker import breaker_settings, breakers
@@ -96,7 +102,8 @@ from inference.ratelimit import rate_limiter
 from inference.ratelimit_window import REQUESTS, TOKENS, Limit
 from inference.recording import journal_status
 from inference.router import route
-from stack.registry.models import Deployment, Provider, RegisteredModel
+from stack.registry.auth_version import AUTH_VERSION_KEY
+from stack.registry.models import ApiToken, Deployment, Provider, RegisteredModel, Team
 from stack.registry.roles import Role
 from stack.registry.services import api_token_create, provider_endpoints_allow, workflow_create
 
@@ -190,12 +197,32 @@ def _seed(ok_url: str, failing_url: str) -> dict[str, Any]:
     _, token = api_token_create(user=user, name="bench")
     limit = 10**9  # never reached: the bench measures the check, not refusals
     _, limited = api_token_create(user=user, name="bench limited", rpm_limit=limit, tpm_limit=limit)
+    # Everything of issue 15 on: a team key with its own limits and hard budget, in a team with
+    # limits and a hard budget, calling the team's workflow (the same deployment as "ok").
+    team = Team.objects.create(slug=tag[:64], name=tag, rpm_limit=limit, tpm_limit=limit)
+    workflows["team"] = workflow_create(slug=f"{tag}-team", owner=user, deployments=[healthy], team=team)
+    guarded_token, guarded = api_token_create(
+        user=user, name="bench guarded", team=team, rpm_limit=limit, tpm_limit=limit
+    )
+    big = Decimal(10**6)  # never reached: the bench measures admission, not refusals
+    for name, scope in (("key", {"api_key": guarded_token}), ("team", {"team": team.slug})):
+        budget_save(
+            budget=Budget(
+                name=f"{tag} {name}",
+                scope=Budget.Scope.API_KEY if name == "key" else Budget.Scope.TEAM,
+                period=Budget.Period.DAILY,
+                limit_amount=big,
+                hard_limit=True,
+                **scope,
+            )
+        )
     return {
         "workflows": workflows,
         "dead": dead,
         "failing": failing,
         "token": token,
         "limited_token": limited,
+        "guarded_token": guarded,
     }
 
 
@@ -530,23 +557,44 @@ def main(argv: list[str]) -> int:
         p50, p95 = _measure(through_gateway(wfs["ok"].slug), n=n, warmup=warm)
         out["gateway_p50_ms"], out["gateway_p95_ms"] = p50, p95
         out["gateway_overhead_p50_ms"] = p50 - out["direct_p50_ms"]
-        # Rate limits on: alternate a key without limits and one with them, request by request.
+        # Rate limits on, and limits and budgets on: a key without any, one with rate limits and
+        # a team key with everything, request by request in turn (the same load on all three).
         limited = _Client(
             port, "/v1/chat/completions", {"Authorization": f"Bearer {seeded['limited_token']}"}
         )
+        guarded = _Client(
+            port, "/v1/chat/completions", {"Authorization": f"Bearer {seeded['guarded_token']}"}
+        )
         body = {**BODY, "model": wfs["ok"].slug}
+        team_body = {**BODY, "model": wfs["team"].slug}
         plain_samples: list[float] = []
         limited_samples: list[float] = []
+        guarded_samples: list[float] = []
         for i in range(warm + n):
-            for client, samples in ((gateway, plain_samples), (limited, limited_samples)):
+            for client, samples, doc_in in (
+                (gateway, plain_samples, body),
+                (limited, limited_samples, body),
+                (guarded, guarded_samples, team_body),
+            ):
                 t0 = time.perf_counter()
-                status, doc = client.post(body)
+                status, doc = client.post(doc_in)
                 if status != 200:
                     raise RuntimeError(f"gateway answered {status}: {doc}")
                 if i >= warm:
                     samples.append(time.perf_counter() - t0)
         plain_p50, _ = _percentiles(plain_samples)
         limited_p50, limited_p95 = _percentiles(limited_samples)
+        guarded_p50, guarded_p95 = _percentiles(guarded_samples)
+        out["gateway_limits_and_budgets_p50_ms"] = guarded_p50
+        out["gateway_limits_and_budgets_p95_ms"] = guarded_p95
+        # Issue 15's figure (target <= 0.3 ms): key and team RPM/TPM plus key and team hard
+        # budgets, against the same gateway with none of them.
+        out["limits_and_budgets_added_p50_ms"] = guarded_p50 - plain_p50
+        # The same difference per pair of neighbouring requests (median of the differences):
+        # steadier on a loaded machine than the difference of two medians.
+        out["limits_and_budgets_added_paired_p50_ms"] = (
+            statistics.median(g - p for g, p in zip(guarded_samples, plain_samples, strict=True)) * 1000.0
+        )
         out["gateway_unlimited_interleaved_p50_ms"] = plain_p50
         out["gateway_ratelimited_p50_ms"], out["gateway_ratelimited_p95_ms"] = limited_p50, limited_p95
         out["gateway_overhead_ratelimited_p50_ms"] = limited_p50 - out["direct_p50_ms"]
@@ -558,6 +606,31 @@ def main(argv: list[str]) -> int:
         )
         out.update(_metrics_cost(port, off_port, auth, body, n=n, warmup=warm))
         out.update(_router_metrics_cost(wfs["ok"], ping, n=n, warmup=warm))
+        # The parts of limits_and_budgets_added in this process, which a loaded machine blurs
+        # less than the HTTP difference: the rate-limit call with a key's and a team's limits
+        # and the authorisation version read in it (one script call), and the admission of a
+        # spend under the key's and the team's hard budgets on the fast path.
+        six = [
+            Limit(scope, 0, unit, 10**9)
+            for scope in ("key", "team", "workflow")
+            for unit in (REQUESTS, TOKENS)
+        ]
+        out["ratelimit_check_team_and_version_p50_ms"], _ = _measure(
+            lambda: store.decide(six, [1, 10, 1, 10, 1, 10], version_key=AUTH_VERSION_KEY), n=n, warmup=warm
+        )
+        guarded_key = ApiToken.objects.get(prefix=seeded["guarded_token"].split("_")[1])
+
+        def admit() -> None:
+            admission = budget_admit(
+                estimate=Decimal("0.00001"),
+                workflow=wfs["team"],
+                provider=seeded["failing"].provider,
+                api_key_id=guarded_key.pk,
+                fast_ok=True,
+            )
+            budget_settle(admission=admission)
+
+        out["budget_admission_p50_ms"], _ = _measure(admit, n=n, warmup=warm)
         before = _cpu_snapshot(gunicorn.pid)
         answered, errors, seconds = _rps(
             port, seeded["token"], wfs["ok"].slug, clients=16, seconds=args.rps_seconds

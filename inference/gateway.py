@@ -27,11 +27,13 @@ import math
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC
 from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
 from django.db import transaction
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
 from billing.budgets import BudgetExhausted
@@ -47,10 +49,10 @@ from inference.openai_request import (
     error_document,
     json_document,
 )
-from inference.ratelimit import RateCheck, RateLimited
+from inference.ratelimit import RateCheck, RateLimited, StaleGrant, version_check, version_folded
 from inference.router import CapabilityMissing, CostLimitExceeded, NoRoute, RouteResult, route, route_stream
 from inference.router.context import context_tokens
-from stack.registry.access import TokenGrant, grant_cache_clear, grant_for_raw_token
+from stack.registry.access import TokenGrant, cached_grant_unverified, grant_cache_clear, grant_for_raw_token
 from stack.registry.models import Workflow
 
 # A workflow's row (its slug and id) is cached this long; who may call it is checked every time.
@@ -90,9 +92,7 @@ def _invalid(exc: InvalidRequest) -> HttpResponse:
 # --- Authentication and scope ------------------------------------------------------------------------
 
 
-def _caller(request: HttpRequest) -> TokenGrant:
-    """What the bearer token may do (stack.registry.access: cached per process while the
-    authorisation version stands, so a revocation counts from the next request)."""
+def _raw_token(request: HttpRequest) -> str:
     header = request.META.get("HTTP_AUTHORIZATION", "")
     scheme, _, raw = header.partition(" ")
     raw = raw.strip()
@@ -103,12 +103,44 @@ def _caller(request: HttpRequest) -> TokenGrant:
             type_="invalid_request_error",
             code="invalid_api_key",
         )
-    grant = grant_for_raw_token(raw)
+    return raw
+
+
+def _caller(request: HttpRequest) -> TokenGrant:
+    """What the bearer token may do (stack.registry.access: cached per process while the
+    authorisation version stands, so a revocation counts from the next request)."""
+    grant = grant_for_raw_token(_raw_token(request))
     if grant is None:
         raise GatewayError(
             401, "Invalid or revoked API key", type_="invalid_request_error", code="invalid_api_key"
         )
+    _not_expired(grant)
     return grant
+
+
+def _caller_deferred(request: HttpRequest) -> tuple[TokenGrant, bytes | None]:
+    """The caller's grant, and the authorisation version still to check it against (None: it
+    was checked). A cached grant is taken without the version GET: the rate-limit script call
+    reads the version (RateCheck.check(verify=...)), so a request costs one Redis round trip
+    for both; a moved version starts the request over (StaleGrant)."""
+    raw = _raw_token(request)
+    cached = cached_grant_unverified(raw) if version_folded() else None
+    if cached is None:
+        return _caller(request), None
+    if cached.grant.expires_at is not None and cached.grant.expired(timezone.now()):
+        version_check(cached.version)  # an expiry changed since: start over
+    _not_expired(cached.grant)
+    return cached.grant, cached.version
+
+
+def _not_expired(grant: TokenGrant) -> None:
+    if grant.expires_at is not None and grant.expired(timezone.now()):
+        raise GatewayError(
+            401,
+            f"This API key expired at {grant.expires_at.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC",
+            type_="invalid_request_error",
+            code="expired_api_key",
+        )
 
 
 _workflows: dict[str, tuple[Workflow, float]] = {}
@@ -121,22 +153,31 @@ def gateway_caches_clear() -> None:
         _workflows.clear()
 
 
-def _workflow(slug: str) -> Workflow:
-    """The workflow named by `model` (its row is cached briefly: who may call it is not)."""
+def _not_found(slug: str) -> GatewayError:
+    return GatewayError(
+        404,
+        f"The model (workflow) {slug!r} does not exist",
+        type_="invalid_request_error",
+        code="model_not_found",
+    )
+
+
+def _workflow(slug: str, caller: TokenGrant) -> Workflow:
+    """The workflow named by `model` (its row is cached briefly: who may call it is not). Another
+    team's workflow answers as an unknown one: a team key learns nothing of other teams."""
     now = time.monotonic()
     hit = _workflows.get(slug)
     if hit is not None and hit[1] > now:
-        return hit[0]
-    workflow = Workflow.objects.select_related("team").filter(slug=slug).first()
-    if workflow is None:
-        raise GatewayError(
-            404,
-            f"The model (workflow) {slug!r} does not exist",
-            type_="invalid_request_error",
-            code="model_not_found",
-        )
-    with _cache_lock:
-        _workflows[slug] = (workflow, now + WORKFLOW_CACHE_SECONDS)
+        workflow = hit[0]
+    else:
+        found = Workflow.objects.select_related("team").filter(slug=slug).first()
+        if found is None:
+            raise _not_found(slug)
+        workflow = found
+        with _cache_lock:
+            _workflows[slug] = (workflow, now + WORKFLOW_CACHE_SECONDS)
+    if not caller.reaches_team(workflow.team_id):
+        raise _not_found(slug)
     return workflow
 
 
@@ -306,21 +347,30 @@ def _synthesized(result: RouteResult, c: Completion, model: str, *, chat: bool) 
 def _complete(request: HttpRequest, *, chat: bool) -> HttpResponse | StreamingHttpResponse:
     if request.method != "POST":
         return _method_not_allowed("POST")
-    limits = RateCheck()
-    return limits.stamp(_complete_checked(request, chat=chat, limits=limits))
+    try:
+        limits = RateCheck()
+        return limits.stamp(_complete_checked(request, chat=chat, limits=limits, fresh=False))
+    except StaleGrant:
+        # The cached grant was older than the authorisation version: once more, read afresh.
+        limits = RateCheck()
+        return limits.stamp(_complete_checked(request, chat=chat, limits=limits, fresh=True))
 
 
 def _complete_checked(
-    request: HttpRequest, *, chat: bool, limits: RateCheck
+    request: HttpRequest, *, chat: bool, limits: RateCheck, fresh: bool
 ) -> HttpResponse | StreamingHttpResponse:
+    verify: bytes | None = None  # a cached grant not checked against the version yet
     try:
-        caller = _caller(request)
+        if fresh:
+            caller = _caller(request)
+        else:
+            caller, verify = _caller_deferred(request)
         # The whole request is checked before the workflow is looked up or a provider called.
         parse = chat_request_parse if chat else completion_request_parse
         parsed = parse(_body(request))
         key = _idempotency_key(request)
         assert parsed.model is not None  # noqa: S101 (required by the parser)
-        workflow = _workflow(parsed.model)
+        workflow = _workflow(parsed.model, caller)
         _authorize(caller, workflow)
         # The caller's key, in the caller's and the workflow's namespace (inference.idempotency).
         client_request_id = (
@@ -330,7 +380,11 @@ def _complete_checked(
         )
         payload: InferenceInput = parsed.request
         # Before routing: a refused request reaches no provider and the ledger records nothing.
-        limits.check(caller=caller, workflow=workflow, tokens=context_tokens(payload))
+        # (With `verify`, the same Redis call checks the grant's version: StaleGrant if it moved.)
+        try:
+            limits.check(caller=caller, workflow=workflow, tokens=context_tokens(payload), verify=verify)
+        finally:
+            verify = None
         endpoint = Endpoint.CHAT if chat else Endpoint.COMPLETION
         if parsed.stream:
             return _stream_response(
@@ -343,9 +397,17 @@ def _complete_checked(
                 limits=limits,
             )
         result = route(
-            workflow=workflow, request=payload, endpoint=endpoint, client_request_id=client_request_id
+            workflow=workflow,
+            request=payload,
+            endpoint=endpoint,
+            client_request_id=client_request_id,
+            api_key_id=caller.token_id,
         )
     except _REFUSALS as exc:
+        if verify is not None:
+            # Refused before the rate-limit call checked the grant: check it now, so a changed
+            # authorisation answers as it should (a revoked key: 401, not this refusal).
+            version_check(verify)
         return _refusal(exc)
     limits.settle(_tokens_used(result))
     if not result.ok or result.completion is None:
@@ -390,7 +452,7 @@ def _stream_response(
     include_usage: bool,
     limits: RateCheck,
 ) -> HttpResponse | StreamingHttpResponse:
-    routed = route_stream(workflow=workflow, request=payload, endpoint=endpoint)
+    routed = route_stream(workflow=workflow, request=payload, endpoint=endpoint, api_key_id=caller.token_id)
     if not routed.ok:
         assert routed.result is not None  # noqa: S101 (route_stream records a failure at once)
         limits.settle(0)
@@ -519,12 +581,14 @@ def _embeddings_checked(request: HttpRequest, limits: RateCheck) -> HttpResponse
         caller = _caller(request)
         parsed = embedding_request_parse(_body(request))
         assert parsed.model is not None  # noqa: S101 (required by the parser)
-        workflow = _workflow(parsed.model)
+        workflow = _workflow(parsed.model, caller)
         _authorize(caller, workflow)
         # The same estimate as a prompt's: characters / 4 (nothing is generated).
         tokens = sum(len(text) for text in parsed.request.texts) // 4 + 1
         limits.check(caller=caller, workflow=workflow, tokens=tokens)
-        result = route(workflow=workflow, request=parsed.request, endpoint=Endpoint.EMBEDDING)
+        result = route(
+            workflow=workflow, request=parsed.request, endpoint=Endpoint.EMBEDDING, api_key_id=caller.token_id
+        )
     except _REFUSALS as exc:
         return _refusal(exc)
     limits.settle(_tokens_used(result))
@@ -552,6 +616,8 @@ def models(request: HttpRequest) -> HttpResponse:
     )
     if caller.workflow_ids is not None:
         rows = rows.filter(pk__in=caller.workflow_ids)
+    if caller.team_id is not None:
+        rows = rows.filter(team_id=caller.team_id)
     data = [
         {
             "id": w.slug,

@@ -14,7 +14,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
-from stack.registry.models import Deployment, RoutingPolicyVersion, Workflow
+from stack.registry.models import ApiToken, Deployment, RoutingPolicyVersion, Workflow
 
 
 class Endpoint(models.TextChoices):
@@ -214,6 +214,9 @@ class EvalRun(models.Model):
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    # The API key the job was asked for with: its budgets apply to every call, its ledger rows
+    # name it. None: asked for from a page (a session).
+    api_key = models.ForeignKey(ApiToken, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(default=timezone.now, editable=False)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -287,6 +290,9 @@ class BatchJob(models.Model):
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="inference_batch_jobs"
     )
+    # The API key the job was asked for with: its budgets apply to every call, its ledger rows
+    # name it. None: asked for from a page (a session).
+    api_key = models.ForeignKey(ApiToken, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(default=timezone.now, editable=False)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -27,7 +27,7 @@ from inference.models import Endpoint, EvalCase, EvalRun, EvalSet, InferenceRequ
 from inference.router import route
 from inference.selectors import route_plan
 from inference.services import quality_record_create
-from stack.registry.models import Deployment, Workflow
+from stack.registry.models import ApiToken, Deployment, Workflow
 from stack.registry.queues import CONTROL_QUEUE
 from stack.registry.services import RegistryError
 
@@ -113,8 +113,10 @@ def eval_run_start(
     deployment: Deployment,
     trigger: str = EvalRun.Trigger.MANUAL,
     user: User | AnonymousUser | None = None,
+    api_key: ApiToken | None = None,
 ) -> EvalRun:
-    """Queue a run of `eval_set` against `deployment` (the task starts after COMMIT)."""
+    """Queue a run of `eval_set` against `deployment` (the task starts after COMMIT). `api_key`:
+    the key it was asked for with (its budgets apply, its ledger rows name it)."""
     if not deployment.enabled:
         raise RegistryError(f"deployment {deployment.slug} is disabled", field="deployment")
     total = eval_set.cases.count()
@@ -126,6 +128,7 @@ def eval_run_start(
         trigger=trigger,
         cases_total=total,
         created_by=_user(user),
+        api_key=api_key,
     )
     transaction.on_commit(partial(eval_run_enqueue, run_id=run.pk))
     return run
@@ -197,6 +200,7 @@ def _run_cases(run: EvalRun) -> None:
             endpoint=Endpoint.EVAL,
             client_request_id=eval_request_id(run_id=run.pk, case_id=case.pk),
             deployment=run.deployment,
+            api_key_id=run.api_key_id,
         )
         cost = result.cost
         comment = ""
@@ -244,6 +248,7 @@ def _judge(run: EvalRun, case: EvalCase, answer: str) -> tuple[float, str, Decim
         endpoint=Endpoint.EVAL,
         client_request_id=eval_request_id(run_id=run.pk, case_id=case.pk, judge=True),
         deployment=judge,
+        api_key_id=run.api_key_id,
     )
     if not verdict.ok or verdict.completion is None:
         return 0.0, f"judge {judge.slug} failed: {verdict.error}"[:500], verdict.cost

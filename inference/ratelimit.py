@@ -1,8 +1,8 @@
 """Rate limits on /v1: requests and tokens per minute, per API key and per workflow.
 
 A request is checked after its key, body and workflow are, before it is routed: every limit
-that applies (the key's RPM and TPM, the workflow's RPM and TPM; a team's would be two more
-`Limit`s with scope "team") is decided at once, all or nothing, in one Redis script call
+that applies (the key's RPM and TPM, its team's RPM and TPM, counting every key of the team
+together, and the workflow's RPM and TPM) is decided at once, all or nothing, in one Redis script call
 (inference.ratelimit_redis); a key and a workflow without limits cost nothing. Tokens are
 counted before the call with the router's estimate (prompt characters / 4 + max_tokens,
 inference.router.context.context_tokens) and corrected with the usage the provider reported
@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from django.conf import settings
 
 from inference.ratelimit_window import REQUESTS, TOKENS, Decision, Limit, LocalWindows
+from stack.registry.auth_version import AUTH_VERSION_KEY, auth_version
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -39,8 +40,15 @@ logger = logging.getLogger(__name__)
 
 
 class _Store(Protocol):
-    def decide(self, limits: Sequence[Limit], costs: Sequence[int]) -> Decision: ...
+    def decide(
+        self, limits: Sequence[Limit], costs: Sequence[int], *, version_key: str | None = None
+    ) -> Decision: ...
     def correct(self, limit: Limit, slot: int, delta: int) -> None: ...
+
+
+class StaleGrant(Exception):  # noqa: N818 (a signal to start over, not an error)
+    """The cached grant the request was checked with is older than the authorisation version:
+    the gateway starts the request over with the grant read afresh."""
 
 
 class RateLimited(Exception):
@@ -85,8 +93,11 @@ def request_limits(caller: TokenGrant, workflow: Workflow) -> list[Limit]:
     limits = []
     for scope, ident, rpm, tpm in (
         ("key", caller.token_id, caller.rpm_limit, caller.tpm_limit),
+        ("team", caller.team_id, caller.team_rpm_limit, caller.team_tpm_limit),
         ("workflow", workflow.pk, workflow.rpm_limit, workflow.tpm_limit),
     ):
+        if ident is None:
+            continue
         if rpm is not None:
             limits.append(Limit(scope, ident, REQUESTS, rpm))
         if tpm is not None:
@@ -116,17 +127,38 @@ class RateCheck:
         self.decision: Decision | None = None
         self._limits: list[Limit] = []
 
-    def check(self, *, caller: TokenGrant, workflow: Workflow, tokens: int) -> None:
-        """Count the request against every applicable limit, or raise RateLimited."""
+    def check(
+        self, *, caller: TokenGrant, workflow: Workflow, tokens: int, verify: bytes | None = None
+    ) -> None:
+        """Count the request against every applicable limit, or raise RateLimited.
+
+        `verify`: `caller` is a cached grant read at this authorisation version and not checked
+        since (stack.registry.access.cached_grant_unverified); the version is read in the same
+        script call as the limits (one Redis round trip for both) and StaleGrant raised when it
+        moved. The limits were counted with the stale grant then: an over-count of one request
+        at the moment some authorisation changed."""
         limits = request_limits(caller, workflow)
-        if not limits:
+        fold = verify is not None and version_folded()
+        if not limits and not fold:
+            if verify is not None:
+                version_check(verify)
             return
         store = rate_limiter()
         costs = [1 if limit.unit == REQUESTS else tokens for limit in limits]
         try:
-            decision = store.decide(limits, costs)
+            decision = store.decide(limits, costs, version_key=AUTH_VERSION_KEY if fold else None)
         except getattr(store, "down_errors", ()) as exc:
+            if verify is not None:
+                raise StaleGrant from exc  # the version is unknown: read the grant afresh
             _down(exc, caller)
+            return
+        if verify is not None:
+            if fold:
+                if decision.auth_version != verify:
+                    raise StaleGrant
+            else:
+                version_check(verify)
+        if not limits:
             return
         self.decision, self._limits = decision, limits
         if not decision.allowed:
@@ -171,6 +203,18 @@ class RateCheck:
         if not decision.allowed and decision.retry_after_s is not None:
             response["Retry-After"] = str(_retry_after(decision))
         return response
+
+
+def version_folded() -> bool:
+    """Is the authorisation version in the rate limits' Redis (read in their script call)?"""
+    url = settings.RATE_LIMIT_REDIS_URL
+    return bool(url) and url == getattr(settings, "REDIS_URL", "")
+
+
+def version_check(expected: bytes) -> None:
+    """StaleGrant unless the shared authorisation version is still `expected` (one GET)."""
+    if auth_version().read() != expected:
+        raise StaleGrant
 
 
 def _retry_after(decision: Decision) -> int:

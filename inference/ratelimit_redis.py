@@ -26,20 +26,26 @@ from typing import Any
 
 from inference.ratelimit_window import Decision, Limit, Usage, window_ms
 
-# KEYS: one hash per limit (field: slot number, value: what was counted in it).
-# ARGV: slot_ms, nslots, then per key: limit, cost, m, and m pairs (slot, delta) of corrections.
-# Returns: allowed (1/0), the current slot, retry-after ms (-1: never), then per key used, reset ms.
+# KEYS: one hash per limit (field: slot number, value: what was counted in it), then, when
+# ARGV[3] is 1, the authorisation version's key (stack.registry.auth_version), read here so the
+# gateway needs no GET of its own.
+# ARGV: slot_ms, nslots, 0/1, then per limit: limit, cost, m, and m pairs (slot, delta) of
+# corrections.
+# Returns: allowed (1/0), the current slot, retry-after ms (-1: never), then per limit used, reset
+# ms, then (when asked) the version ("" when the key is missing).
 SCRIPT = """
 local slot_ms = tonumber(ARGV[1])
 local nslots = tonumber(ARGV[2])
+local nver = tonumber(ARGV[3])
+local nlim = #KEYS - nver
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local cur = math.floor(now / slot_ms)
 local oldest = cur - nslots + 1
-local a = 3
+local a = 4
 local limits, costs, used, live = {}, {}, {}, {}
 local allowed = 1
-for i = 1, #KEYS do
+for i = 1, nlim do
   local key = KEYS[i]
   limits[i] = tonumber(ARGV[a]); costs[i] = tonumber(ARGV[a + 1])
   local m = tonumber(ARGV[a + 2]); a = a + 3
@@ -61,7 +67,7 @@ for i = 1, #KEYS do
 end
 local wait = 0
 if allowed == 1 then
-  for i = 1, #KEYS do
+  for i = 1, nlim do
     redis.call('HINCRBY', KEYS[i], cur, costs[i])
     redis.call('PEXPIRE', KEYS[i], (nslots + 1) * slot_ms)
     used[i] = used[i] + costs[i]
@@ -69,7 +75,7 @@ if allowed == 1 then
     if #s == 0 or s[#s][1] ~= cur then s[#s + 1] = {cur, costs[i]} end
   end
 else
-  for i = 1, #KEYS do
+  for i = 1, nlim do
     local need = used[i] + costs[i] - limits[i]
     if need > 0 then
       if costs[i] > limits[i] then wait = -1; break end
@@ -86,11 +92,15 @@ else
   end
 end
 local out = {allowed, cur, wait}
-for i = 1, #KEYS do
+for i = 1, nlim do
   local s = live[i]
   local reset = 0
   if #s > 0 then reset = (s[#s][1] + nslots) * slot_ms - now end
   out[#out + 1] = used[i]; out[#out + 1] = reset
+end
+if nver == 1 then
+  local v = redis.call('GET', KEYS[#KEYS])
+  if v then out[#out + 1] = v else out[#out + 1] = '' end
 end
 return out
 """
@@ -117,33 +127,37 @@ class RedisWindows:
         self._down_until = 0.0
         self._connection_error = redis.exceptions.ConnectionError
 
-    def decide(self, limits: Sequence[Limit], costs: Sequence[int]) -> Decision:
+    def decide(
+        self, limits: Sequence[Limit], costs: Sequence[int], *, version_key: str | None = None
+    ) -> Decision:
         # After a failure, answer "unreachable" at once for a second instead of making every
         # request wait for a connect timeout against a Redis that is not there.
         if time.monotonic() < self._down_until:
             raise self._connection_error("rate-limit Redis unreachable a moment ago")
         try:
-            return self._decide(limits, costs)
+            return self._decide(limits, costs, version_key)
         except self.down_errors:
             self._down_until = time.monotonic() + DOWN_BACKOFF_SECONDS
             raise
 
-    def _decide(self, limits: Sequence[Limit], costs: Sequence[int]) -> Decision:
-        args: list[int] = [self._slot_ms, self._nslots]
+    def _decide(self, limits: Sequence[Limit], costs: Sequence[int], version_key: str | None) -> Decision:
+        args: list[int] = [self._slot_ms, self._nslots, 1 if version_key else 0]
         with self._lock:
             corrections = [self._pending.pop(limit.store_key, {}) for limit in limits]
         for limit, cost, fixes in zip(limits, costs, corrections, strict=True):
             args += [limit.limit, cost, len(fixes)]
             for slot, delta in fixes.items():
                 args += [slot, delta]
-        out = self._script(keys=[limit.store_key for limit in limits], args=args)
+        keys = [limit.store_key for limit in limits] + ([version_key] if version_key else [])
+        out = self._script(keys=keys, args=args)
         allowed, slot, wait = bool(out[0]), int(out[1]), int(out[2])
         usages = [
             Usage(limit, int(out[3 + 2 * i]), max(0, int(out[4 + 2 * i])) / 1000)
             for i, limit in enumerate(limits)
         ]
         retry = None if allowed or wait < 0 else wait / 1000
-        return Decision(allowed, slot, usages, list(costs), retry_after_s=retry)
+        version = bytes(out[3 + 2 * len(limits)]) if version_key else None
+        return Decision(allowed, slot, usages, list(costs), retry_after_s=retry, auth_version=version)
 
     def correct(self, limit: Limit, slot: int, delta: int) -> None:
         with self._lock:

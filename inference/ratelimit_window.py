@@ -31,7 +31,7 @@ TOKENS = "tokens"
 class Limit:
     """One limit that applies to a request: who it counts (`scope`, `ident`), what, how many."""
 
-    scope: str  # "key" or "workflow" (a "team" scope is one more value, nothing else changes)
+    scope: str  # "key", "team" or "workflow"
     ident: int
     unit: str  # REQUESTS or TOKENS
     limit: int
@@ -62,6 +62,8 @@ class Decision:
     costs: list[int]
     retry_after_s: float | None = None  # refused: when it may pass; None: never (cost > limit)
     corrected: bool = field(default=False)
+    # The authorisation version read in the same call (inference.ratelimit_redis); None: not read.
+    auth_version: bytes | None = None
 
 
 def window_ms(window_s: float) -> tuple[int, int]:
@@ -129,7 +131,10 @@ class LocalWindows:
         self._slots: dict[str, dict[int, int]] = {}
         self._lock = threading.Lock()
 
-    def decide(self, limits: Sequence[Limit], costs: Sequence[int]) -> Decision:
+    def decide(
+        self, limits: Sequence[Limit], costs: Sequence[int], *, version_key: str | None = None
+    ) -> Decision:
+        # No Redis here: no shared authorisation version either (version_key is not read).
         now_ms = int(self._clock() * 1000)
         with self._lock:
             maps = [self._slots.setdefault(limit.store_key, {}) for limit in limits]

@@ -12,7 +12,7 @@ from billing import api as billing_api
 from billing.api import UsageExportView
 from billing.views.exports import export_public_keys_view
 from inference import api as inference_api
-from stack import views
+from stack import keys_page, views
 from stack.audit import api as audit_api
 from stack.metrics import metrics_view
 from stack.registry import api as registry_api
@@ -55,6 +55,7 @@ urlpatterns = [
     path("teams/<slug:slug>/", views.TeamDetailView.as_view(), name="team-page"),
     # The public keys that verify export manifests (no login: they are public).
     path(".well-known/switchyard-export-keys.json", export_public_keys_view, name="export-public-keys"),
+    path("tokens/", keys_page.TokenView.as_view(), name="tokens"),
     path("", include("stack.registry.urls")),
     path("jobs/", include(probe_urlpatterns)),
     path("billing/", include("billing.urls")),

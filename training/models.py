@@ -166,6 +166,15 @@ class TrainingRun(models.Model):
         return f"run #{self.pk} {self.name} ({self.state})"
 
     @property
+    def team_slug(self) -> str:
+        """The slug its ledger rows and team budgets name: the owning team's (the config's
+        `team` for a run stored before runs had a team row)."""
+        team = self.team
+        if team is not None:
+            return team.slug
+        return str((self.config or {}).get("team") or "")
+
+    @property
     def is_finished(self) -> bool:
         return self.state in self.FINAL_STATES
 

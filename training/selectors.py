@@ -24,7 +24,6 @@ from training.models import (
     TrainingRun,
 )
 from training.placement import ClusterOption
-from training.run_config import RunConfig
 
 RUN_SUBJECT_TYPE = "training_run"
 
@@ -95,7 +94,7 @@ def learners_occupying(*, exclude_run_id: int | None = None) -> dict[int, int]:
 def run_budget_refusal(*, run: TrainingRun) -> str:
     """Why a hard budget of the run's team or of the run itself forbids more spend ("" when none
     does): such a budget stops the run wherever its learners are."""
-    ok, why = budget_may_spend(team=RunConfig(run.config).team, training_run_id=str(run.pk))
+    ok, why = budget_may_spend(team=run.team_slug, training_run_id=str(run.pk))
     return "" if ok else why
 
 

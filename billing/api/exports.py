@@ -53,6 +53,7 @@ _EXPORT_PARAMETERS = [
     OpenApiParameter("cluster", str, description="a cluster's slug"),
     OpenApiParameter("workflow", str, description="a workflow's slug"),
     OpenApiParameter("team", str),
+    OpenApiParameter("api_key", str, description="an API key's prefix"),
     OpenApiParameter("training_run", str, description="a training run's id"),
     OpenApiParameter("unit", str, enum=Unit.values),
     OpenApiParameter(
@@ -62,7 +63,7 @@ _EXPORT_PARAMETERS = [
 
 
 class UsageExportView(APIView):
-    """GET /api/usage-export/?format=csv|jsonl|parquet&start=&end=&provider=&cluster=&workflow=&team=&training_run=&unit=&partition=
+    """GET /api/usage-export/?format=csv|jsonl|parquet&start=&end=&provider=&cluster=&workflow=&team=&api_key=&training_run=&unit=&partition=
 
     The ledger rows in FOCUS-style columns, streamed. Ledger readers only.
     """

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.db.models import QuerySet
@@ -12,6 +13,8 @@ from billing.models import UsageRecord
 from stack.registry.api_fields import ModelSerializer
 from stack.registry.roles import LEDGER_READERS
 from stack.registry.teams import team_slugs
+
+API_KEY_PREFIX = re.compile(r"[0-9A-Za-z]{1,16}")  # stack.registry.models.ApiToken.prefix
 
 
 class UsageRecordSerializer(ModelSerializer[UsageRecord]):
@@ -32,6 +35,10 @@ class UsageRecordSerializer(ModelSerializer[UsageRecord]):
         slug_field="slug", read_only=True, allow_null=True
     )
     price_book_version = serializers.IntegerField(source="price_book.version", read_only=True)
+    # The key whose request caused the row, by its public prefix (sy_<prefix>_…); null for none.
+    api_key: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="prefix", read_only=True, allow_null=True
+    )
 
     class Meta:
         model = UsageRecord
@@ -48,6 +55,7 @@ class UsageRecordSerializer(ModelSerializer[UsageRecord]):
             "model",
             "workflow",
             "team",
+            "api_key",
             "quantity",
             "unit",
             "unit_price",
@@ -69,6 +77,7 @@ class UsageRecordSerializer(ModelSerializer[UsageRecord]):
             OpenApiParameter("provider", str, description="only rows of the provider with this slug"),
             OpenApiParameter("cluster", str, description="only rows of the cluster with this slug"),
             OpenApiParameter("workflow", str, description="only rows of the workflow with this slug"),
+            OpenApiParameter("api_key", str, description="only rows caused by the API key with this prefix"),
         ]
     )
 )
@@ -78,7 +87,7 @@ class UsageRecordViewSet(viewsets.ReadOnlyModelViewSet[UsageRecord]):
     serializer_class = UsageRecordSerializer
     read_roles = LEDGER_READERS
     workflow_field = "workflow"  # a token limited to workflows reads their rows only
-    query_params_known = ("subject_type", "subject_id", "unit", "provider", "cluster", "workflow")
+    query_params_known = ("subject_type", "subject_id", "unit", "provider", "cluster", "workflow", "api_key")
 
     def team_scope_queryset(
         self, queryset: QuerySet[UsageRecord], teams: frozenset[int]
@@ -90,7 +99,7 @@ class UsageRecordViewSet(viewsets.ReadOnlyModelViewSet[UsageRecord]):
 
     def get_queryset(self) -> QuerySet[UsageRecord]:
         rows = UsageRecord.objects.select_related(
-            "provider", "cluster", "deployment", "model", "workflow", "price_book"
+            "provider", "cluster", "deployment", "model", "workflow", "price_book", "api_key"
         )
         params = self.request.query_params
         for field in ("subject_type", "subject_id", "unit"):
@@ -99,4 +108,11 @@ class UsageRecordViewSet(viewsets.ReadOnlyModelViewSet[UsageRecord]):
         for field in ("provider", "cluster", "workflow"):
             if params.get(field):
                 rows = rows.filter(**{f"{field}__slug": params[field]})
+        if "api_key" in params:
+            prefix = params["api_key"]
+            if not API_KEY_PREFIX.fullmatch(prefix):
+                raise serializers.ValidationError(
+                    {"api_key": ["an API key's prefix: 1 to 16 letters or digits (sy_<prefix>_…)"]}
+                )
+            rows = rows.filter(api_key__prefix=prefix)
         return rows

@@ -18,12 +18,15 @@ ZERO = Decimal("0")
 def budget_period_bounds(*, budget: Budget, at: datetime) -> tuple[datetime, datetime] | None:
     """The [start, end) of the budget's period that contains `at`, in UTC; None outside a custom period.
 
-    Monthly: the calendar month. Weekly: the ISO week, from Monday 00:00 UTC.
+    Daily: the UTC day. Monthly: the calendar month. Weekly: the ISO week, from Monday 00:00 UTC.
     Custom: custom_start..custom_end.
     """
     if at.tzinfo is None:
         raise ValueError("at must be timezone-aware")
     at = at.astimezone(UTC)
+    if budget.period == Budget.Period.DAILY:
+        start = datetime.combine(at.date(), time.min, tzinfo=UTC)
+        return start, start + timedelta(days=1)
     if budget.period == Budget.Period.MONTHLY:
         start = datetime(at.year, at.month, 1, tzinfo=UTC)
         end = datetime(at.year + at.month // 12, at.month % 12 + 1, 1, tzinfo=UTC)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Any
 
 from django.db.models import Q
 
@@ -20,6 +23,7 @@ class SpendTarget:
     cluster_id: int | None = None
     team: str = ""
     training_run_id: str = ""
+    api_key_id: int | None = None
 
     def keys(self) -> list[tuple[str, str]]:
         """One (scope, target) key per dimension the spend has; a budget covers the spend when
@@ -39,6 +43,7 @@ def spend_target(
     cluster: Cluster | None = None,
     team: str = "",
     training_run_id: str = "",
+    api_key_id: int | None = None,
 ) -> SpendTarget:
     """The target of a spend about to happen, filled in as the ledger will fill in its row."""
     provider_id = provider.pk if provider is not None else None
@@ -52,6 +57,7 @@ def spend_target(
         cluster_id=cluster.pk if cluster is not None else None,
         team=team,
         training_run_id=training_run_id,
+        api_key_id=api_key_id,
     )
 
 
@@ -63,6 +69,7 @@ def spend_target_of_row(row: UsageRecord) -> SpendTarget:
         cluster_id=row.cluster_id,
         team=row.team,
         training_run_id=row.subject_id if row.subject_type == "training_run" else "",
+        api_key_id=row.api_key_id,
     )
 
 
@@ -70,7 +77,7 @@ def budget_scope_filter(budget: Budget) -> Q:
     """The ledger rows a budget counts (before period and currency)."""
     if budget.scope == Budget.Scope.TRAINING_RUN:
         return Q(subject_type="training_run", subject_id=budget.training_run_id)
-    # The ledger row names workflow, provider, cluster and team as the budget does.
+    # The ledger row names workflow, provider, cluster, team and API key as the budget does.
     attname = Budget.scope_attname(budget.scope)
     return Q(**{attname: getattr(budget, attname)})
 
@@ -83,12 +90,41 @@ def budgets_by_key(budgets: list[Budget]) -> dict[tuple[str, str], list[Budget]]
     return index
 
 
-def budgets_for_target(*, target: SpendTarget) -> list[Budget]:
-    """The active budgets a spend with these dimensions counts against, by id."""
+# The active budgets, indexed, kept this long per process: admission on /v1 asks on every call
+# that a hard budget covers. A budget saved here clears it at once (budget_cache_clear, on
+# Budget's post_save/post_delete); another process sees the change within this many seconds.
+BUDGET_CACHE_SECONDS = 1.0
+_index_cache: tuple[float, dict[tuple[str, str], list[Budget]]] | None = None
+_index_lock = threading.Lock()
+
+
+def budget_cache_clear(**kwargs: Any) -> None:
+    global _index_cache
+    with _index_lock:
+        _index_cache = None
+
+
+def _active_index() -> dict[tuple[str, str], list[Budget]]:
+    global _index_cache
+    now = time.monotonic()
+    hit = _index_cache
+    if hit is not None and now - hit[0] < BUDGET_CACHE_SECONDS:
+        return hit[1]
+    index = budgets_by_key(list(Budget.objects.filter(active=True).order_by("pk")))
+    with _index_lock:
+        _index_cache = (now, index)
+    return index
+
+
+def budgets_for_target(*, target: SpendTarget, cached: bool = False) -> list[Budget]:
+    """The active budgets a spend with these dimensions counts against, by id. `cached`: from
+    this process's copy (at most BUDGET_CACHE_SECONDS old), for the hot admission path."""
     keys = target.keys()
     if not keys:
         return []
-    index = budgets_by_key(list(Budget.objects.filter(active=True).order_by("pk")))
+    index = (
+        _active_index() if cached else budgets_by_key(list(Budget.objects.filter(active=True).order_by("pk")))
+    )
     return sorted((b for key in keys for b in index.get(key, [])), key=lambda b: b.pk)
 
 
@@ -98,6 +134,6 @@ def budget_hard_limit_keys() -> frozenset[tuple[str, str]]:
     return frozenset(
         budget.target_key()
         for budget in Budget.objects.filter(active=True, hard_limit=True).only(
-            "scope", "workflow_id", "provider_id", "cluster_id", "team", "training_run_id"
+            "scope", "workflow_id", "provider_id", "cluster_id", "team", "training_run_id", "api_key_id"
         )
     )

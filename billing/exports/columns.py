@@ -72,6 +72,9 @@ SWITCHYARD_COLUMNS = (
     # (ChargeClass "Correction"), the x_UsageRecordId it cancels.
     "x_OccurredAt",
     "x_Reverses",
+    # The API key whose request caused the row, by its public prefix; empty for none. (FOCUS
+    # Tags could carry it too: billing.exports.rows builds them.)
+    "x_ApiKey",
 )
 COLUMNS = FOCUS_COLUMNS + SWITCHYARD_COLUMNS
 DECIMAL_COLUMNS = frozenset(

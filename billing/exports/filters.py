@@ -23,6 +23,7 @@ FILTER_FIELDS = (
     "cluster",
     "workflow",
     "team",
+    "api_key",
     "training_run",
     "unit",
     "partition",
@@ -46,6 +47,7 @@ class ExportFilters:
     cluster: str = ""
     workflow: str = ""
     team: str = ""
+    api_key: str = ""  # an API key's prefix
     training_run: str = ""  # subject_type "training_run" with this subject_id
     unit: str = ""
     partition: str = ""  # one ledger partition; empty: every partition, merged by time
@@ -150,6 +152,12 @@ class ExportFilterForm(forms.Form):
         error_messages={"invalid_choice": "no workflow with slug %(value)s"},
     )
     team = forms.CharField(required=False, max_length=64)
+    api_key = forms.RegexField(
+        r"^[0-9A-Za-z]{1,16}\Z",
+        required=False,
+        label="API key prefix",
+        error_messages={"invalid": "an API key's prefix: 1 to 16 letters or digits (sy_<prefix>_…)"},
+    )
     training_run = forms.CharField(required=False, max_length=64, label="Training run id")
     unit = forms.ChoiceField(
         required=False,
@@ -185,6 +193,7 @@ class ExportFilterForm(forms.Form):
             cluster=data["cluster"].slug if data.get("cluster") else "",
             workflow=data["workflow"].slug if data.get("workflow") else "",
             team=data.get("team") or "",
+            api_key=data.get("api_key") or "",
             training_run=data.get("training_run") or "",
             unit=data.get("unit") or "",
             partition=data.get("partition") or "",
@@ -244,6 +253,8 @@ def export_queryset(*, filters: ExportFilters) -> QuerySet[UsageRecord]:
         rows = rows.filter(team=filters.team)
     if filters.teams is not None:
         rows = rows.filter(team__in=filters.teams)
+    if filters.api_key:
+        rows = rows.filter(api_key__prefix=filters.api_key)
     if filters.training_run:
         rows = rows.filter(subject_type="training_run", subject_id=filters.training_run)
     if filters.unit:

@@ -40,6 +40,7 @@ def _sql_tag_source(field: str) -> str:
     one of the joined or made-up values below."""
     made = {
         "workflow__slug": "w.slug",
+        "api_key__prefix": "k.prefix",
         "subject": "u.subject_type || ':' || u.subject_id",
         "training_run": "CASE WHEN u.subject_type = 'training_run' THEN u.subject_id END",
     }
@@ -160,6 +161,7 @@ def postgres_csv_chunks(filters: ExportFilters) -> Iterator[bytes]:
         "x_IdempotencyKey": ("u.idempotency_key", []),
         "x_OccurredAt": (_sql_iso("u.occurred_at"), []),
         "x_Reverses": ("u.reverses_id", []),
+        "x_ApiKey": ("coalesce(k.prefix, '')", []),
     }
     select = ", ".join(f'{expressions[name][0]} AS "{name}"' for name in COLUMNS)
     params: list[object] = [value for name in COLUMNS for value in expressions[name][1]]
@@ -172,6 +174,7 @@ def postgres_csv_chunks(filters: ExportFilters) -> Iterator[bytes]:
         ("c.slug = %s", filters.cluster),
         ("w.slug = %s", filters.workflow),
         ("u.team = %s", filters.team),
+        ("k.prefix = %s", filters.api_key),
         ("u.unit = %s", filters.unit),
     ):
         if value not in (None, ""):
@@ -198,6 +201,7 @@ def postgres_csv_chunks(filters: ExportFilters) -> Iterator[bytes]:
         "LEFT JOIN stack_cluster c ON c.id = u.cluster_id "
         "LEFT JOIN stack_deployment d ON d.id = u.deployment_id "
         "LEFT JOIN stack_workflow w ON w.id = u.workflow_id "
+        "LEFT JOIN stack_apitoken k ON k.id = u.api_key_id "
         f"WHERE {' AND '.join(where) or 'true'} ORDER BY u.occurred_at, u.partition, u.sequence) "
         "TO STDOUT WITH (FORMAT csv, HEADER true)"
     )

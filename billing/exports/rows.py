@@ -61,6 +61,8 @@ _TAG_SOURCE_FIELDS = tuple(
     f for _, f in TAG_FIELDS if f not in _BASE_FIELDS and f not in ("subject", "training_run")
 )
 _SOURCE_FIELDS = _BASE_FIELDS + _TAG_SOURCE_FIELDS
+# The x_ApiKey column reads the key's prefix, which Tags read too (TAG_FIELDS).
+_API_KEY_AT = _SOURCE_FIELDS.index("api_key__prefix")
 
 
 @dataclass(frozen=True)
@@ -228,6 +230,7 @@ def export_rows(*, filters: ExportFilters, chunk_size: int = CHUNK_ROWS) -> Iter
             idempotency_key,
             occurred_at,
             reverses_id,
+            values[_API_KEY_AT] or "",  # x_ApiKey
         )
 
 

@@ -67,6 +67,7 @@ class FoldJob:
     quality_floor: float | None = None
     # Circuit transitions the request's calls caused: (deployment id, opened/closed, cause code).
     breaker: list[tuple[int, str, str]] = field(default_factory=list)
+    api_key_id: int | None = None  # the request's API key: its ledger rows name it
 
     def journal(self) -> dict[str, Any]:
         """The journal entry (JSON) kept on the request row until the job is folded."""
@@ -94,6 +95,8 @@ class FoldJob:
             "policy_version": self.policy_version,
             "quality_floor": self.quality_floor,
             "breaker": [list(t) for t in self.breaker],
+            # Optional: entries journaled before keys were recorded have none (no key).
+            "api_key": self.api_key_id,
         }
 
     @classmethod
@@ -123,6 +126,7 @@ class FoldJob:
             quality_floor=doc["quality_floor"],
             # Entries journaled before transitions were recorded have none.
             breaker=[(int(d), str(t), str(c)) for d, t, c in doc.get("breaker", [])],
+            api_key_id=doc.get("api_key"),
         )
 
 
@@ -185,6 +189,7 @@ def fold_jobs(
                     subject_id=str(job.request_id),
                     deployment=deployment,
                     workflow=workflow,
+                    api_key_id=job.api_key_id,
                     description=f"{workflow.slug} via {deployment.slug}",
                 )
             )

@@ -38,6 +38,7 @@ def inference_request_record(
     demoted: Sequence[tuple[PlanEntry, float]] = (),
     inline: bool = False,
     breaker_transitions: Sequence[tuple[int, str, str]] = (),
+    api_key_id: int | None = None,
 ) -> InferenceRequest:
     """Record one routed request durably; returns its row (whose `cost` the answer reports).
 
@@ -120,6 +121,7 @@ def inference_request_record(
         policy_version=plan.version if plan.policy_id is not None else None,
         quality_floor=plan.policy.quality_floor,
         breaker=list(breaker_transitions),
+        api_key_id=api_key_id,
     )
     if not (inline or settings.INFERENCE_RECORDING == "inline" or connection.in_atomic_block):
         # One statement in autocommit: the row and its journal entry are durable (committed)

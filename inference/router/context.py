@@ -58,7 +58,9 @@ def needs_admission(ctx: Context, entry: PlanEntry) -> bool:
     hard = ctx.plan.hard_budget_keys
     if not hard:
         return False
-    keys = spend_target(workflow=ctx.workflow, provider=entry.deployment.provider).keys()
+    keys = spend_target(
+        workflow=ctx.workflow, provider=entry.deployment.provider, api_key_id=ctx.api_key_id
+    ).keys()
     return any(key in hard for key in keys)
 
 
@@ -83,6 +85,9 @@ class Context:
     # breaker script hands a transition to exactly one caller.
     breaker_transitions: list[tuple[int, str, str]] = field(default_factory=list)
     deployment: Deployment | None = None  # a one-deployment call: route(deployment=...)
+    # The API key the request came with (gateway, batch job, eval run): its budgets apply and
+    # the ledger rows name it.
+    api_key_id: int | None = None
 
 
 def prepare(
@@ -92,6 +97,7 @@ def prepare(
     deadline_s: float | None,
     *,
     deployment: Deployment | None = None,
+    api_key_id: int | None = None,
 ) -> Context:
     started = time.perf_counter()
     if deployment is not None:
@@ -116,6 +122,7 @@ def prepare(
         started=started,
         deadline=started + deadline_s,
         deployment=deployment,
+        api_key_id=api_key_id,
     )
 
 

@@ -38,12 +38,14 @@ def route(
     client_request_id: str | None = None,
     deadline_s: float | None = None,
     deployment: Deployment | None = None,
+    api_key_id: int | None = None,
 ) -> RouteResult:
     """Serve `request` for `workflow` by its current policy version (see the module docstring).
 
     With `deployment`, call that deployment only (no strategy, no fallback; breakers, budgets,
     retries and records as usual): eval runs and judges score one deployment at a time. The
-    request is recorded under `workflow` with no policy version.
+    request is recorded under `workflow` with no policy version. `api_key_id`: the API key the
+    request came with; its budgets are asked and its ledger rows name it.
     """
     if client_request_id:
         # A replay answers only inside the key's own scope: the key names its namespace
@@ -51,7 +53,7 @@ def route(
         row = recorded(client_request_id, workflow)
         if row is not None:
             return replay(row)
-    ctx = prepare(workflow, request, endpoint, deadline_s, deployment=deployment)
+    ctx = prepare(workflow, request, endpoint, deadline_s, deployment=deployment, api_key_id=api_key_id)
     completion: Completion | None = None
     winner: PlanEntry | None = None
     with ExitStack() as stack:
@@ -189,13 +191,14 @@ def route_stream(
     request: InferenceInput,
     endpoint: str = Endpoint.CHAT,
     deadline_s: float | None = None,
+    api_key_id: int | None = None,
 ) -> RouteStream:
     """Choose a deployment by receiving its first chunk (failing over until one answers).
 
     When none answers, the request is recorded at once and the stream's `ok` is False (its
     `result` says why); BudgetExhausted is raised as in `route`.
     """
-    ctx = prepare(workflow, request, endpoint, deadline_s)
+    ctx = prepare(workflow, request, endpoint, deadline_s, api_key_id=api_key_id)
     stack = ExitStack()
     out = RouteStream(ctx, stack)
     try:

@@ -66,6 +66,7 @@ def finish_request(
         demoted=ctx.demoted,
         inline=ctx.admitted,
         breaker_transitions=ctx.breaker_transitions,
+        api_key_id=ctx.api_key_id,
     )
     # Observed once the request is recorded: counters in this process, spans (when tracing is
     # on) handed to the exporter's background thread.

@@ -13,6 +13,7 @@ import hashlib
 import threading
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from stack.registry.auth_version import auth_version, grant_cache_register
@@ -39,6 +40,15 @@ class TokenGrant:
     rpm_limit: int | None = None
     tpm_limit: int | None = None
     rate_limit_fail_closed: bool = False
+    # The key's team (stack.registry.teams): it reaches only that team's workflows, and the team's
+    # limits apply to it too. None: a platform key.
+    team_id: int | None = None
+    team_rpm_limit: int | None = None
+    team_tpm_limit: int | None = None
+    expires_at: datetime | None = None
+
+    def expired(self, at: datetime) -> bool:
+        return self.expires_at is not None and self.expires_at <= at
 
     @property
     def may_read(self) -> bool:
@@ -51,6 +61,11 @@ class TokenGrant:
 
     def allows_workflow(self, workflow_id: int) -> bool:
         return self.may_read and (self.workflow_ids is None or workflow_id in self.workflow_ids)
+
+    def reaches_team(self, team_id: int | None) -> bool:
+        """A team key sees only its team's workflows (another team's answer as if they did not
+        exist); a platform key sees every workflow its roles reach."""
+        return self.team_id is None or team_id == self.team_id
 
 
 def token_workflow_scope(token: ApiToken) -> frozenset[int] | None:
@@ -68,6 +83,7 @@ def token_workflow_scope(token: ApiToken) -> frozenset[int] | None:
 def token_grant(token: ApiToken) -> TokenGrant:
     user = token.user
     roles = user_roles(user) if user.is_active else frozenset()
+    team = token.team
     return TokenGrant(
         token_id=token.pk,
         user_id=user.pk,
@@ -76,13 +92,18 @@ def token_grant(token: ApiToken) -> TokenGrant:
         rpm_limit=token.rpm_limit,
         tpm_limit=token.tpm_limit,
         rate_limit_fail_closed=token.rate_limit_fail_closed,
+        team_id=token.team_id,
+        team_rpm_limit=team.rpm_limit if team is not None else None,
+        team_tpm_limit=team.tpm_limit if team is not None else None,
+        expires_at=token.expires_at,
     )
 
 
 def token_allows_workflow(*, token: ApiToken, workflow: Workflow) -> bool:
-    """May this token call `workflow`? Its (active) user must hold a role, and a token limited
-    to workflows only the workflows it lists."""
-    return token_grant(token).allows_workflow(workflow.pk)
+    """May this token call `workflow`? Its (active) user must hold a role, a token limited
+    to workflows only the workflows it lists, and a team key only its team's."""
+    grant = token_grant(token)
+    return grant.allows_workflow(workflow.pk) and grant.reaches_team(workflow.team_id)
 
 
 def request_token(request: Any) -> ApiToken | None:
@@ -122,6 +143,28 @@ grant_cache_register(grant_cache_clear)
 def _well_formed(raw: str) -> bool:
     # A token is printable ASCII: anything else (a NUL would be a database error) is no token.
     return 0 < len(raw) <= TOKEN_MAX_LENGTH and raw.isascii() and raw.isprintable()
+
+
+@dataclass(frozen=True)
+class UnverifiedGrant:
+    """A cached grant used before its authorisation version was read again: the caller must
+    compare `version` with the shared one (inference.ratelimit reads it in the same Redis call as
+    the rate limits) and start over with grant_for_raw_token when they differ."""
+
+    grant: TokenGrant
+    version: bytes
+
+
+def cached_grant_unverified(raw: str) -> UnverifiedGrant | None:
+    """The cached grant of `raw` and the version it was read at, without asking Redis (None:
+    nothing cached, or cached too long ago). Saves the version GET when the caller reads the
+    version with another Redis call it makes anyway."""
+    if not _well_formed(raw):
+        return None
+    hit = _grants.get(hashlib.sha256(raw.encode()).digest())
+    if hit is None or time.monotonic() - hit.at >= GRANT_MAX_AGE_SECONDS:
+        return None
+    return UnverifiedGrant(hit.grant, hit.version)
 
 
 def grant_for_raw_token(raw: str) -> TokenGrant | None:

@@ -7,9 +7,11 @@ stack.registry.access's answer (roles, and the workflows a token is limited to).
 
 from __future__ import annotations
 
+from datetime import UTC
 from typing import Any
 
 from django.contrib.auth.models import User
+from django.utils import timezone
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
@@ -35,6 +37,10 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
         token = api_token_authenticate(raw=raw)
         if token is None or not token.user.is_active:
             raise exceptions.AuthenticationFailed("invalid or revoked token")
+        if token.expires_at is not None and token.expired(timezone.now()):
+            raise exceptions.AuthenticationFailed(
+                f"this API key expired at {token.expires_at.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
+            )
         return token.user, token
 
     def authenticate_header(self, request: Request) -> str:

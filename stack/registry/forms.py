@@ -173,11 +173,6 @@ class ApiTokenLimitsForm(forms.Form):
     )
 
 
-class ApiTokenForm(ApiTokenLimitsForm):
-    name = forms.CharField(max_length=100)
-    field_order = ["name", "rpm_limit", "tpm_limit", "rate_limit_fail_closed"]
-
-
 class TeamFilterForm(forms.Form):
     """`?team=slug` on the dashboards: one of the teams the caller sees; empty: all of them."""
 

@@ -3,6 +3,7 @@ and their routing-policy versions, API tokens, and the one failover log of the s
 
 from __future__ import annotations
 
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
@@ -435,7 +436,8 @@ class FailoverEvent(models.Model):
 
 
 class ApiToken(models.Model):
-    """A bearer token for the API; only its SHA-256 is stored."""
+    """A bearer token for the API; only its SHA-256 is stored. `user` is who created it (the
+    roles it acts with); `team` is who it spends for (ledger rows and budgets name both)."""
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
     # A team key reaches only its team's workflows and is what the ledger charges per key; None:
@@ -455,9 +457,14 @@ class ApiToken(models.Model):
     rpm_limit = models.PositiveIntegerField(null=True, blank=True, help_text="Requests per minute")
     tpm_limit = models.PositiveIntegerField(null=True, blank=True, help_text="Tokens per minute")
     rate_limit_fail_closed = models.BooleanField(default=False)
+    # After this instant (aware UTC) the key answers 401 on /api and /v1; empty: it never expires.
+    expires_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
+
+    def expired(self, at: datetime) -> bool:
+        return self.expires_at is not None and self.expires_at <= at

@@ -41,6 +41,7 @@ from stack.registry.models import (
 )
 from stack.registry.roles import Role
 from stack.registry.selectors import workflow_current_policy
+from stack.registry.teams import user_team_scope, user_teams_with_role
 from stack.registry.validation import text_problem
 
 logger = logging.getLogger(__name__)
@@ -481,6 +482,28 @@ def _rate_limit_check(*, rpm_limit: int | None, tpm_limit: int | None) -> None:
             raise RegistryError(f"a rate limit is a whole number from 0 to {RATE_LIMIT_MAX}", field=field)
 
 
+def api_token_team_check(*, user: User, team: Team | None, workflows: Sequence[Workflow] = ()) -> None:
+    """May `user` make a key for `team` (None: a platform key) scoped to `workflows`?
+
+    A team key needs an operator or admin of that team, or a platform-wide user whose global role
+    grants operating (stack.registry.teams.user_teams_with_role); a team-scoped user's key must
+    name one of its teams. A team key's workflows are its team's."""
+    allowed = user_teams_with_role(user, frozenset({Role.OPERATOR, Role.ADMIN}))
+    if team is None:
+        if user_team_scope(user):  # a team-scoped user: its keys spend for one of its teams
+            raise RegistryError("name one of your teams: the key spends for it", field="team")
+    elif allowed is not None and team.pk not in allowed:
+        # Another team's key, or one of the user's teams where it only reads: as if unknown.
+        raise RegistryError(f"no team {team.slug!r} where you may make keys", field="team")
+    foreign = sorted(w.slug for w in workflows if team is not None and w.team_id != team.pk)
+    if foreign:
+        raise RegistryError(
+            f"a key of team {team.slug if team else ''!r} reaches only its team's workflows, not "
+            + ", ".join(foreign),
+            field="workflows",
+        )
+
+
 def api_token_create(
     *,
     user: User,
@@ -489,13 +512,24 @@ def api_token_create(
     rpm_limit: int | None = None,
     tpm_limit: int | None = None,
     rate_limit_fail_closed: bool = False,
+    team: Team | None = None,
+    expires_at: datetime | None = None,
 ) -> tuple[ApiToken, str]:
     """Create a token and return it with its raw value, which is never stored.
 
-    With `workflows`, the inference gateway (/v1/) lets the token call only those; with
-    `rpm_limit` / `tpm_limit`, only so many requests / tokens per minute (inference.ratelimit).
+    `user` is who made it (the roles it acts with); `team` is who it spends for (the ledger's
+    api key and team), checked by api_token_team_check. With `workflows`, the inference gateway
+    (/v1/) lets the token call only those; with `rpm_limit` / `tpm_limit`, only so many
+    requests / tokens per minute (inference.ratelimit), its team's limits applying as well;
+    after `expires_at` (aware, in the future) it answers 401.
     """
     _rate_limit_check(rpm_limit=rpm_limit, tpm_limit=tpm_limit)
+    api_token_team_check(user=user, team=team, workflows=workflows)
+    if expires_at is not None:
+        if expires_at.tzinfo is None:
+            raise RegistryError("an expiry needs a time zone (UTC)", field="expires_at")
+        if expires_at <= timezone.now():
+            raise RegistryError("the expiry must be in the future", field="expires_at")
     if not name.strip():
         raise RegistryError("a token needs a name", field="name")
     if len(name.strip()) > TOKEN_NAME_MAX_LENGTH:
@@ -513,6 +547,8 @@ def api_token_create(
             rpm_limit=rpm_limit,
             tpm_limit=tpm_limit,
             rate_limit_fail_closed=rate_limit_fail_closed,
+            team=team,
+            expires_at=expires_at,
         )
         if workflows:
             token.workflows.set(workflows)
@@ -526,7 +562,10 @@ def api_token_authenticate(*, raw: str) -> ApiToken | None:
     _, prefix, secret = parts
     if not _TOKEN_ID.fullmatch(prefix):  # never look up text no token can have (NUL: a DataError)
         return None
-    token = ApiToken.objects.select_related("user").filter(prefix=prefix, revoked_at__isnull=True).first()
+    # An expired token is returned (callers answer 401 saying so: ApiToken.expired).
+    token = (
+        ApiToken.objects.select_related("user", "team").filter(prefix=prefix, revoked_at__isnull=True).first()
+    )
     if token is None or not hmac.compare_digest(token.key_hash, _hash_secret(secret)):
         return None
     now = timezone.now()
@@ -732,6 +771,7 @@ __all__ = [
     "api_token_create",
     "api_token_limits_set",
     "api_token_revoke",
+    "api_token_team_check",
     "cluster_health_check",
     "cluster_heartbeat",
     "cluster_interruption_notice",

@@ -11,7 +11,7 @@ from django.contrib.auth.models import Group
 from django.db.models.signals import m2m_changed, post_delete, post_save
 
 from stack.registry.auth_version import auth_version_bump
-from stack.registry.models import ApiToken, TeamMembership, Workflow
+from stack.registry.models import ApiToken, Team, TeamMembership, Workflow
 
 _M2M_CHANGES = frozenset({"post_add", "post_remove", "post_clear"})
 
@@ -41,7 +41,8 @@ def _m2m(*, action: str, **kwargs: Any) -> None:
 def connect() -> None:
     """Called by RegistryConfig.ready."""
     user_model = get_user_model()
-    for model in (ApiToken, user_model, Group):
+    # A team's rate limits are part of its keys' grants.
+    for model in (ApiToken, user_model, Group, Team):
         uid = f"registry-auth-version-{model._meta.label_lower}"
         post_save.connect(_saved, sender=model, dispatch_uid=f"{uid}-save")
         post_delete.connect(_deleted, sender=model, dispatch_uid=f"{uid}-delete")

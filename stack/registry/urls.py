@@ -1,4 +1,5 @@
-"""Registry pages: providers, clusters, models, deployments, workflows and API tokens."""
+"""Registry pages: providers, clusters, models, deployments, and workflows
+(the API keys page, /tokens/, is stack.keys_page)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from stack.registry import views
 from stack.registry.models import Workflow
 
 urlpatterns: list[URLPattern] = [
-    path("tokens/", views.TokenView.as_view(), name="tokens"),
     path("failovers/", views.FailoverEventListView.as_view(), name="failovers"),
     path(
         "workflows/",

@@ -1,4 +1,5 @@
-"""Registry pages: generic list and form pages, providers, workflows and API tokens.
+"""Registry pages: generic list and form pages, providers and workflows (the API keys page is
+stack.keys_page: it makes a budget too).
 
 `RoleRequiredMixin` is the page-side role check that every app's pages use."""
 
@@ -13,16 +14,14 @@ from django.contrib.auth.mixins import LoginRequiredMixin
 from django.core.exceptions import PermissionDenied
 from django.db import models
 from django.forms import ModelForm
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
-from django.shortcuts import get_object_or_404, render
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import render
 from django.urls import reverse
 from django.views import View
 from django.views.generic import CreateView, ListView, UpdateView
 
 from stack.registry import services
 from stack.registry.forms import (
-    ApiTokenForm,
-    ApiTokenLimitsForm,
     ClusterForm,
     DeploymentForm,
     FailoverFilterForm,
@@ -32,8 +31,8 @@ from stack.registry.forms import (
     TeamFilterForm,
     WorkflowForm,
 )
-from stack.registry.models import ApiToken, Cluster, Deployment, Provider, RegisteredModel, Workflow
-from stack.registry.roles import ALL_ROLES, OPERATORS, Role, can_see_costs, user_has_role, user_roles
+from stack.registry.models import Cluster, Deployment, Provider, RegisteredModel, Workflow
+from stack.registry.roles import ALL_ROLES, OPERATORS, Role, can_see_costs, user_has_role
 from stack.registry.selectors import (
     failover_events,
     get_workflow_for_user,
@@ -47,7 +46,6 @@ from stack.registry.teams import (
     user_team_scope,
     user_teams_with_role,
 )
-from stack.registry.validation import id_parse
 
 
 class RoleRequiredMixin(LoginRequiredMixin):
@@ -292,79 +290,6 @@ class WorkflowDetailView(RoleRequiredMixin, View):
 
 
 # --- Jobs -------------------------------------------------------------------------------------
-
-
-class TokenView(RoleRequiredMixin, View):
-    """Each user manages their own tokens; a new token is shown once."""
-
-    write_roles = ALL_ROLES
-
-    def get(self, request: HttpRequest) -> HttpResponse:
-        return self._render(request, ApiTokenForm(), new_token=None)
-
-    def post(self, request: HttpRequest) -> HttpResponse:
-        if "revoke" in request.POST:
-            token_id = id_parse(request.POST["revoke"])
-            if token_id is None:  # "²" passes str.isdigit() but is no id: a missing token, not a 500
-                raise Http404("no such token")
-            token = get_object_or_404(ApiToken, pk=token_id, user_id=request.user.pk)
-            services.api_token_revoke(token=token)
-            messages.success(request, f"Token {token.name} revoked.")
-            return HttpResponseRedirect(reverse("tokens"))
-        if "limits" in request.POST:
-            return self._limits(request)
-        form = ApiTokenForm(request.POST)
-        if not form.is_valid():
-            return self._render(request, form, new_token=None, status=400)
-        _, raw = services.api_token_create(
-            user=request.user,  # type: ignore[arg-type]
-            name=form.cleaned_data["name"],
-            rpm_limit=form.cleaned_data["rpm_limit"],
-            tpm_limit=form.cleaned_data["tpm_limit"],
-            rate_limit_fail_closed=form.cleaned_data["rate_limit_fail_closed"],
-        )
-        return self._render(request, ApiTokenForm(), new_token=raw)
-
-    def _limits(self, request: HttpRequest) -> HttpResponse:
-        """Change one of the user's tokens' rate limits (the row's form)."""
-        token_id = id_parse(request.POST["limits"])
-        if token_id is None:
-            raise Http404("no such token")
-        token = get_object_or_404(ApiToken, pk=token_id, user_id=request.user.pk, revoked_at__isnull=True)
-        form = ApiTokenLimitsForm(request.POST)
-        if not form.is_valid():
-            return self._render(
-                request, ApiTokenForm(), new_token=None, status=400, limits_form=form, editing=token
-            )
-        services.api_token_limits_set(token=token, **form.cleaned_data)
-        messages.success(request, f"Rate limits of token {token.name} changed.")
-        return HttpResponseRedirect(reverse("tokens"))
-
-    def _render(
-        self,
-        request: HttpRequest,
-        form: ApiTokenForm,
-        new_token: str | None,
-        status: int = 200,
-        limits_form: ApiTokenLimitsForm | None = None,
-        editing: ApiToken | None = None,
-    ) -> HttpResponse:
-        response = render(
-            request,
-            "stack/tokens.html",
-            {
-                "form": form,
-                "new_token": new_token,
-                "tokens": ApiToken.objects.filter(user_id=request.user.pk),  # type: ignore[misc]
-                "roles": sorted(r.label for r in user_roles(request.user)),
-                "limits_form": limits_form,
-                "editing": editing,
-            },
-            status=status,
-        )
-        # The page may carry a secret: keep it out of every cache.
-        response["Cache-Control"] = "no-store"
-        return response
 
 
 # --- Health and static assets ---------------------------------------------------------------------

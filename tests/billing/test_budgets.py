@@ -513,3 +513,26 @@ def test_the_budget_form_shows_field_errors_and_saves_a_valid_budget(operator: U
     viewer_client.force_login(viewer)
     assert viewer_client.get("/billing/budgets/").status_code == 403
     assert viewer_client.get("/billing/budgets/new/").status_code == 403
+
+
+def test_far_from_its_limit_a_hard_budget_admits_without_reserving_and_near_it_exactly(
+    cluster: Cluster,
+) -> None:
+    budget = _budget(
+        scope=Budget.Scope.CLUSTER, cluster=cluster, limit_amount=Decimal("100"), hard_limit=True
+    )
+    small = Decimal("0.01")
+    first = budget_admit(estimate=small, cluster=cluster, fast_ok=True)
+    assert not first.fast and first.reservations  # nothing known yet: the exact, locked path
+    budget_settle(admission=first)
+    second = budget_admit(estimate=small, cluster=cluster, fast_ok=True)
+    assert second.fast and not second.reservations and _period(budget).reserved == 0
+    # Spend written by this process moves what it remembers: within the margin (5 of 100),
+    # admission is exact again, and refuses once the limit is spent.
+    _bill(cluster, str((Decimal("96") / PRICE).quantize(Decimal("0.000001"))))
+    near = budget_admit(estimate=small, cluster=cluster, fast_ok=True)
+    assert not near.fast and near.reservations
+    budget_settle(admission=near)
+    _bill(cluster, str((Decimal("4") / PRICE).quantize(Decimal("0.000001"))), subject_id="2")
+    with pytest.raises(BudgetExhausted):
+        budget_admit(estimate=small, cluster=cluster, fast_ok=True)

@@ -5,19 +5,21 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
+from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 from django.db import connection, connections
 from django.utils import timezone
 
-from billing.chain import GENESIS_HASH
+from billing.chain import CHAINED_FIELDS, GENESIS_HASH, chain_hash
 from billing.models import LedgerHead, Unit, UsageRecord
 from billing.selectors import ledger_verify
 from billing.services import NoPriceError, UsageInput, usage_record, usage_record_batch, usage_reverse
 from stack.registry.models import Cluster
+from stack.registry.services import api_token_create
 from tests.factories import make_cluster
 
 
@@ -213,3 +215,70 @@ def test_the_python_and_database_checks_agree_on_awkward_rows() -> None:
     assert {(r.ok, r.first_bad_id, r.rows_checked, r.problem) for r in results} == {
         (False, awkward.pk, 0, "the row's fields no longer match its hash: it was changed")
     }
+
+
+# A row as the ledger hashed it before rows named an API key: its hash, computed by that version
+# of billing.chain, must not change, or every chain written before would stop verifying.
+_OLD_FORMAT_ROW = {
+    "partition": "main",
+    "sequence": 1,
+    "occurred_at": datetime(2026, 5, 1, 12, 0, 0, tzinfo=UTC),
+    "subject_type": "inference_request",
+    "subject_id": "42",
+    "description": "chat via dep",
+    "provider_id": 3,
+    "cluster_id": None,
+    "deployment_id": 7,
+    "model_id": None,
+    "workflow_id": 5,
+    "team": "search",
+    "quantity": Decimal("0.000007"),
+    "unit": "input_tokens_1m",
+    "unit_price": Decimal("1.5"),
+    "amount": Decimal("0.0000105"),
+    "currency": "USD",
+    "price_book_id": 9,
+    "reverses_id": None,
+    "idempotency_key": "inference:42:0:in",
+}
+_OLD_FORMAT_HASH = "5798678ac2d97ae51b3abf945ab51768dfc4cbc98f1a69b27a8b03ff35852739"
+
+
+def test_a_row_in_the_old_format_hashes_as_before_and_an_api_key_is_covered_only_when_set() -> None:
+    assert chain_hash(_OLD_FORMAT_ROW, GENESIS_HASH) == _OLD_FORMAT_HASH
+    assert chain_hash({**_OLD_FORMAT_ROW, "api_key_id": None}, GENESIS_HASH) == _OLD_FORMAT_HASH
+    keyed = chain_hash({**_OLD_FORMAT_ROW, "api_key_id": 12}, GENESIS_HASH)
+    assert keyed != _OLD_FORMAT_HASH
+    assert keyed != chain_hash({**_OLD_FORMAT_ROW, "api_key_id": 13}, GENESIS_HASH)
+
+
+@pytest.mark.django_db
+def test_old_rows_and_keyed_rows_verify_together_and_a_changed_api_key_is_named(operator: User) -> None:
+    cluster = make_cluster()
+    token, _ = api_token_create(user=operator, name="k")
+    before = _bill(cluster, "before-keys")  # no key: hashed as every row was before keys
+    keyed = usage_record(
+        unit=Unit.ACCELERATOR_HOUR,
+        quantity=Decimal(1),
+        occurred_at=timezone.now() - timedelta(minutes=1),
+        idempotency_key="keyed",
+        subject_type="probe_job",
+        subject_id="keyed",
+        cluster=cluster,
+        api_key_id=token.pk,
+    )
+    assert keyed.api_key_id == token.pk
+    assert before.row_hash == chain_hash(
+        {f: getattr(before, f) for f in CHAINED_FIELDS}, GENESIS_HASH
+    )  # the fixed fields alone
+    assert ledger_verify(method="sql").ok and ledger_verify(method="python").ok
+
+    _raw("UPDATE billing_usagerecord SET api_key_id = %s WHERE id = %s", [token.pk + 1, keyed.pk])
+    for method in ("sql", "python"):
+        result = ledger_verify(method=method)
+        assert not result.ok and result.first_bad_id == keyed.pk, method
+    _raw("UPDATE billing_usagerecord SET api_key_id = %s WHERE id = %s", [token.pk, keyed.pk])
+    _raw("UPDATE billing_usagerecord SET api_key_id = %s WHERE id = %s", [token.pk, before.pk])
+    for method in ("sql", "python"):
+        result = ledger_verify(method=method)
+        assert not result.ok and result.first_bad_id == before.pk, method

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -10,11 +11,16 @@ import pytest
 from django.core.management import call_command
 from django.db.models import Sum
 
+from billing.exports.columns import COLUMNS
+from billing.exports.filters import ExportFilterError, export_filters_parse
+from billing.exports.rows import export_rows
 from billing.models import DailyRollup, RollupWatermark, Unit, UsageRecord
-from billing.rollups import rollups_rebuild, rollups_update
+from billing.rollups import DIMENSIONS, rollups_rebuild, rollups_update
+from billing.selectors import spend_grouped
 from billing.services import UsageInput, usage_record_batch, usage_reverse
 from stack.registry.models import Cluster
-from tests.factories import make_cluster, make_deployment, make_price, make_workflow
+from stack.registry.services import api_token_create
+from tests.factories import api_client, make_cluster, make_deployment, make_price, make_workflow
 
 pytestmark = pytest.mark.django_db
 DAY = datetime(2026, 5, 4, 9, tzinfo=UTC)
@@ -116,3 +122,53 @@ def test_the_periodic_task_is_declared_on_the_control_queue(settings: Any) -> No
     make_price(cluster=cluster, unit_price=Decimal("1"), effective_from=DAY - timedelta(days=1))
     _bill(cluster, 3)
     assert rollups_update_task() == 3
+
+
+def test_rollups_and_the_usage_api_and_export_split_spend_per_api_key(operator: Any, auditor: Any) -> None:
+    cluster = make_cluster(price=None)
+    make_price(cluster=cluster, unit_price=Decimal("2.000000"), effective_from=DAY - timedelta(days=1))
+    first, _ = api_token_create(user=operator, name="first")
+    second, _ = api_token_create(user=operator, name="second")
+
+    def bill(key: str, api_key_id: int | None, quantity: str) -> None:
+        usage_record_batch(
+            items=[
+                UsageInput(
+                    unit=Unit.ACCELERATOR_HOUR,
+                    quantity=Decimal(quantity),
+                    occurred_at=DAY,
+                    idempotency_key=key,
+                    subject_type="probe_job",
+                    subject_id=key,
+                    cluster=cluster,
+                    api_key_id=api_key_id,
+                )
+            ]
+        )
+
+    bill("a1", first.pk, "1")
+    bill("no-key", None, "0.5")  # spend no key caused keeps the rollup key it always had
+    rollups_update()
+    bill("a2", first.pk, "1")  # in the ledger tail, not folded yet
+    bill("b1", second.pk, "0.25")
+    totals = spend_grouped(by=("api_key__prefix",), since_day=DAY.date())
+    assert totals == {(first.prefix,): Decimal("4"), (second.prefix,): Decimal("0.5"), (None,): Decimal("1")}
+    rollups_update()
+    by_key = dict(DailyRollup.objects.values_list("api_key_id").annotate(total=Sum("amount")))
+    assert by_key == {first.pk: Decimal("4"), second.pk: Decimal("0.5"), None: Decimal("1")}
+    # The rollup of spend no key caused keeps the key it had before keys were a dimension.
+    unkeyed = DailyRollup.objects.get(api_key__isnull=True)
+    old_dimensions = [getattr(unkeyed, d) for d in DIMENSIONS if d != "api_key_id"]
+    old_text = "|".join("" if v is None else str(v) for v in old_dimensions)
+    assert unkeyed.dims_key == hashlib.sha256(old_text.encode()).hexdigest()
+
+    client = api_client(auditor)
+    rows = client.get("/api/usage-records/", {"api_key": first.prefix}).json()["results"]
+    assert sorted(r["subject_id"] for r in rows) == ["a1", "a2"]
+    assert {r["api_key"] for r in rows} == {first.prefix}
+    bad = client.get("/api/usage-records/", {"api_key": "not a prefix!"})
+    assert bad.status_code == 400 and "api_key" in bad.json()
+    exported = list(export_rows(filters=export_filters_parse(params={"api_key": second.prefix})))
+    assert [row[COLUMNS.index("x_ApiKey")] for row in exported] == [second.prefix]
+    with pytest.raises(ExportFilterError):
+        export_filters_parse(params={"api_key": "../etc"})

@@ -12,15 +12,17 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
+from rest_framework.test import APIClient
 
 from billing.models import UsageRecord
 from inference import batch, tasks
 from inference.batch_selectors import batch_job_progress
 from inference.mockprovider import MockProviderServer
 from inference.models import BatchJob, InferenceRequest
+from stack.keys import KeyBudget, api_key_issue
 from stack.registry.objectstore import default_store
 from stack.registry.services import RegistryError
-from tests.factories import api_client
+from tests.factories import api_client, make_team
 from tests.inference.helpers import priced_deployment, routed_workflow
 
 pytestmark = pytest.mark.django_db
@@ -231,3 +233,33 @@ def test_a_workflow_without_a_route_fails_the_job_with_its_reason(
     job = _run(job)
     assert job.state == BatchJob.State.FAILED and job.error
     assert server.behaviour.total_calls() == 0
+
+
+def test_a_job_made_with_a_key_bills_the_key_and_stops_at_its_hard_budget(
+    operator: User, mock_provider: Start
+) -> None:
+    team = make_team("search")
+    # 7 prompt + 3 completion tokens at these prices: $2.50 a line.
+    deployment = priced_deployment(
+        mock_provider(text="ok"), in_price=Decimal("250000"), out_price=Decimal("250000")
+    )
+    workflow = routed_workflow(operator, [deployment], team=team)
+    issued = api_key_issue(
+        user=operator, name="batch", team=team, budget=KeyBudget(limit_amount=Decimal("5"), period="daily")
+    )
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {issued.secret}")
+    response = client.post(
+        "/api/batch-jobs/", {"workflow": workflow.slug, "input_jsonl": _jsonl(4)}, format="json"
+    )
+    assert response.status_code == 201, response.content
+    job = BatchJob.objects.get(pk=response.json()["id"])
+    assert job.api_key == issued.token
+
+    job = _run(job)
+    assert (job.done, job.failed) == (2, 2)
+    assert [o["error"] is None for o in _output(job)] == [True, True, False, False]
+    assert "budget exhausted" in _output(job)[2]["error"]
+    rows = UsageRecord.objects.all()
+    assert {(r.team, r.api_key_id) for r in rows} == {("search", issued.token.pk)}
+    assert sum(r.amount for r in rows) == Decimal("5")

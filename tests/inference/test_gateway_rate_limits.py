@@ -19,6 +19,7 @@ from inference.mockprovider import MockProviderServer
 from inference.ratelimit import rate_limiter_reset
 from stack.registry.models import Workflow
 from stack.registry.services import api_token_create
+from tests.factories import make_team
 from tests.inference.helpers import priced_deployment, redis_enabled, routed_workflow
 
 pytestmark = [
@@ -191,3 +192,27 @@ def test_without_a_redis_url_the_limits_hold_in_process(viewer: User, workflow: 
         refused = _ask(client, workflow)
         assert refused.status_code == 429
         assert int(refused["Retry-After"]) >= 1
+
+
+def test_a_teams_rpm_counts_every_key_of_the_team_and_the_keys_own_limit_still_applies(
+    operator: User, mock_provider: Start
+) -> None:
+    team = make_team("search", rpm_limit=3)
+    workflow = routed_workflow(operator, [priced_deployment(mock_provider(text="ok"))], team=team)
+    _, first_raw = api_token_create(user=operator, name="a", team=team, rpm_limit=60)
+    _, second_raw = api_token_create(user=operator, name="b", team=team, rpm_limit=1)
+    first = Client(HTTP_AUTHORIZATION=f"Bearer {first_raw}")
+    second = Client(HTTP_AUTHORIZATION=f"Bearer {second_raw}")
+    assert _ask(second, workflow).status_code == 200
+    own = _ask(second, workflow)  # its own limit of 1, with room left in the team's
+    assert own.status_code == 429 and "for this key" in own.json()["error"]["message"]
+    assert _ask(first, workflow).status_code == 200
+    last = _ask(first, workflow)
+    assert last.status_code == 200
+    # The team's 3 are spent (the refused request counted nowhere): the key's 60 do not help.
+    assert last["x-ratelimit-limit-requests"] == "3" and last["x-ratelimit-remaining-requests"] == "0"
+    refused = _ask(first, workflow)
+    assert refused.status_code == 429
+    assert "3 requests per minute for this team" in refused.json()["error"]["message"]
+    time.sleep(int(refused["Retry-After"]))
+    assert _ask(first, workflow).status_code == 200

@@ -8,11 +8,15 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from rest_framework.test import APIClient
 
+from billing.models import UsageRecord
 from inference import quality, tasks
 from inference.mockprovider import MockProviderServer
 from inference.models import EvalRun, EvalSet, InferenceRequest, QualityRecord
+from stack.keys import KeyBudget, api_key_issue
 from stack.registry.services import RegistryError
+from tests.factories import make_team
 from tests.inference.helpers import priced_deployment, routed_workflow
 
 pytestmark = pytest.mark.django_db
@@ -209,3 +213,36 @@ def test_a_run_left_running_by_a_dead_worker_is_handed_out_again(
     assert run.state == EvalRun.State.SUCCEEDED and run.cases_done == 3 and run.mean_score == 1.0
     assert server.behaviour.total_calls() == calls_before + 2  # only the unscored cases are called
     assert QualityRecord.objects.filter(eval_run=run).count() == 3
+
+
+def test_an_eval_run_made_with_a_team_key_bills_the_key_and_stops_at_its_hard_budget(
+    operator: User, mock_provider: Start
+) -> None:
+    team = make_team("search")
+    # 7 prompt + 3 completion tokens at these prices: $2.50 a call.
+    deployment = priced_deployment(
+        mock_provider(text="Paris"), in_price=Decimal("250000"), out_price=Decimal("250000")
+    )
+    workflow = routed_workflow(operator, [deployment], team=team)
+    eval_set = quality.eval_set_create(
+        workflow=workflow,
+        name="capitals",
+        cases=[{"prompt": f"Capital {i}?", "expected": "Paris", "scorer": "exact"} for i in range(3)],
+        user=operator,
+    )
+    issued = api_key_issue(
+        user=operator, name="evals", team=team, budget=KeyBudget(limit_amount=Decimal("5"), period="daily")
+    )
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {issued.secret}")
+    response = client.post(
+        "/api/eval-runs/", {"eval_set": eval_set.pk, "deployment": deployment.slug}, format="json"
+    )
+    assert response.status_code == 201, response.content
+    run = EvalRun.objects.get(pk=response.json()["id"])
+    assert run.api_key == issued.token
+
+    _run(run)
+    rows = UsageRecord.objects.all()
+    assert {(r.team, r.api_key_id) for r in rows} == {("search", issued.token.pk)}
+    assert sum(r.amount for r in rows) == Decimal("5")  # the third case was refused, unbilled

@@ -74,14 +74,16 @@ def test_placement_skips_a_cluster_whose_own_or_providers_hard_budget_is_spent(t
 @pytest.mark.django_db
 def test_a_spent_team_budget_leaves_no_cluster_and_the_run_fails_naming_it(tmp_path: Path) -> None:
     a, b = _cluster("1.0"), _cluster("2.0")
-    make_team("vision"), make_team("speech")
+    vision, speech = make_team("vision"), make_team("speech")
     _hard_budget("vision-cap", "1", scope=Budget.Scope.TEAM, team="vision")
     _spend(a, "1", team="vision")
 
     other_team = _start(team="speech")  # another team's runs are not held back
+    assert other_team.team == speech
     assert other_team.state == TrainingRun.State.RUNNING
     TrainingRun.objects.filter(pk=other_team.pk).update(state=TrainingRun.State.CANCELLED)
     run = _start(team="vision")
+    assert run.team == vision
     assert run.state == TrainingRun.State.FAILED
     assert f"{a.slug}: budget 'vision-cap' is spent" in run.reason
     assert f"{b.slug}: budget 'vision-cap' is spent" in run.reason
@@ -124,13 +126,14 @@ def test_a_spent_cluster_budget_stops_new_chunks_there_and_the_learner_moves(tmp
 @pytest.mark.django_db
 def test_a_spent_team_budget_stops_a_running_run_naming_the_budget(tmp_path: Path) -> None:
     _cluster("36.0"), _cluster("72.0")
-    make_team("vision")
+    vision = make_team("vision")
     _hard_budget("vision-cap", "0.001", scope=Budget.Scope.TEAM, team="vision")
     run = _start(team="vision")
+    assert run.team == vision
     learner = TrainingLearner.objects.get(run=run, index=0)
     orchestrator.learner_chunk_execute(learner_id=learner.pk, generation=0, seq=0, worker_hostname="w@1")
-    # The chunk is billed to the run's team, so the team's budget counts it.
-    assert UsageRecord.objects.get(subject_id=str(run.pk)).team == "vision"
+    # The chunk is billed to the run's team (its slug), so the team's budget counts it.
+    assert UsageRecord.objects.get(subject_id=str(run.pk)).team == run.team_slug == "vision"
 
     orchestrator.learner_chunk_execute(learner_id=learner.pk, generation=0, seq=1, worker_hostname="w@1")
     run.refresh_from_db()

@@ -222,7 +222,7 @@ def learner_chunk_bill(*, chunk: LearnerChunk, learner: TrainingLearner, occurre
                 accelerators=chunk.accelerators,
                 subject_type=selectors.RUN_SUBJECT_TYPE,
                 subject_id=str(learner.run_id),
-                team=RunConfig(learner.run.config).team,
+                team=learner.run.team_slug,
                 idempotency_key=chunk.billing_key,
                 at=occurred_at,
                 description=(

@@ -79,7 +79,7 @@ def training_run_place(*, run_id: int) -> TrainingRun | None:
     result = place(
         learners=list(range(rc.learners)),
         options=selectors.cluster_options(
-            at=now, exclude_run_id=run.pk, team=rc.team, training_run_id=str(run.pk)
+            at=now, exclude_run_id=run.pk, team=run.team_slug, training_run_id=str(run.pk)
         ),
         constraints=_constraints(rc),
     )

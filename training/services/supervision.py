@@ -155,7 +155,7 @@ def _no_cluster_within_budget(*, run: TrainingRun, rc: RunConfig, now: datetime)
     lost = list(learners.filter(state=TrainingLearner.State.LOST).values_list("index", flat=True))
     if not lost:
         return ""
-    options = selectors.cluster_options(at=now, team=rc.team, training_run_id=str(run.pk))
+    options = selectors.cluster_options(at=now, team=run.team_slug, training_run_id=str(run.pk))
     blocked = [o for o in options if o.budget_refusal]
     if not blocked:
         return ""
@@ -217,7 +217,7 @@ def learner_failover(
             tokens_lost, extra_cost = 0, Decimal("0")
         result = place(
             learners=[learner.index],
-            options=selectors.cluster_options(at=now, team=rc.team, training_run_id=str(run.pk)),
+            options=selectors.cluster_options(at=now, team=run.team_slug, training_run_id=str(run.pk)),
             constraints=_failover_constraints(rc),
             avoid=frozenset({from_cluster.pk}) if from_cluster is not None else frozenset(),
         )

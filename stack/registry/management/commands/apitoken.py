@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import CommandError, CommandParser
 
 from stack.registry.cli import CheckedCommand
-from stack.registry.models import ApiToken, Workflow
+from stack.registry.models import ApiToken, Team, Workflow
 from stack.registry.services import RegistryError, api_token_create, api_token_limits_set, api_token_revoke
+from stack.registry.validation import InputError, datetime_utc
 
 
 class Command(CheckedCommand):
@@ -20,6 +22,10 @@ class Command(CheckedCommand):
         create = sub.add_parser("create", help="create a token and print it once")
         create.add_argument("--user", required=True)
         create.add_argument("--name", default="cli")
+        create.add_argument("--team", default=None, help="the team (slug) the key spends for")
+        create.add_argument(
+            "--expires", default=None, help="expiry, ISO 8601 (UTC when no offset): 2026-12-31T00:00:00Z"
+        )
         create.add_argument(
             "--workflow",
             action="append",
@@ -70,6 +76,17 @@ class Command(CheckedCommand):
         except User.DoesNotExist:
             raise CommandError(f"no user named {options['user']!r}") from None
         if action == "create":
+            team = None
+            if options["team"] is not None:
+                team = Team.objects.filter(slug=options["team"]).first()
+                if team is None:
+                    raise CommandError(f"no team named {options['team']!r}")
+            expires_at = None
+            if options["expires"] is not None:
+                try:
+                    expires_at = datetime_utc(datetime.fromisoformat(options["expires"]), naive_is_utc=True)
+                except (ValueError, InputError) as exc:
+                    raise CommandError(f"--expires: {exc}") from None
             slugs = options["workflow"]
             workflows = list(Workflow.objects.filter(slug__in=slugs))
             missing = sorted(set(slugs) - {w.slug for w in workflows})
@@ -83,6 +100,8 @@ class Command(CheckedCommand):
                     rpm_limit=options["rpm"],
                     tpm_limit=options["tpm"],
                     rate_limit_fail_closed=options["fail_closed"],
+                    team=team,
+                    expires_at=expires_at,
                 )
             except RegistryError as exc:
                 raise CommandError(str(exc)) from None
