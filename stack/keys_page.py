@@ -23,7 +23,7 @@ from stack.registry.errors import DomainError, MultiFieldError
 from stack.registry.form_fields import CurrencyField, DateTimeField, DecimalField
 from stack.registry.forms import ApiTokenLimitsForm
 from stack.registry.models import ApiToken, Team
-from stack.registry.roles import ALL_ROLES, Role, user_roles
+from stack.registry.roles import ALL_ROLES, user_roles
 from stack.registry.selectors import workflows_visible
 from stack.registry.teams import user_teams_with_role
 from stack.registry.validation import id_parse
@@ -33,8 +33,8 @@ KEY_PERIODS = [(p.value, p.label) for p in Budget.Period if p != Budget.Period.C
 
 
 def teams_for_keys(user: User | AnonymousUser) -> Any:
-    """The teams this user may make keys for (operators and admins of the team)."""
-    allowed = user_teams_with_role(user, frozenset({Role.OPERATOR, Role.ADMIN}))
+    """The teams this user may make keys for (any member of the team; every team for platform roles)."""
+    allowed = user_teams_with_role(user, ALL_ROLES)  # as api_token_team_check: any member
     rows = Team.objects.order_by("slug")
     return rows if allowed is None else rows.filter(pk__in=allowed)
 

@@ -24,6 +24,7 @@ from stack.registry.models import (
 )
 from stack.registry.roles import Role
 from stack.registry.services import api_token_create, provider_endpoints_allow, workflow_create
+from stack.registry.teams import user_team_scope
 from training.models import GlobalVersionRecord, LearnerChunk, PlacementDecision, TrainingLearner, TrainingRun
 
 _seq = itertools.count(1)
@@ -43,10 +44,18 @@ def make_user(
     return user
 
 
-def api_client(user: User) -> APIClient:
-    """An API client that authenticates with a real bearer token of `user`."""
-    _, raw = api_token_create(user=user, name="tests")
+def api_client(user: User, *, team: Team | None = None) -> APIClient:
+    """An API client of `user`: a real bearer token, or, for a team-scoped user in several teams
+    and no `team` named, its session (every key of a team member spends for one team, so only a
+    session reaches all of its teams; a key of `team`, or of its only team, otherwise)."""
     client = APIClient()
+    teams = user_team_scope(user)
+    if team is None and teams:
+        if len(teams) > 1:
+            client.force_login(user)
+            return client
+        team = Team.objects.get(pk=next(iter(teams)))
+    _, raw = api_token_create(user=user, name="tests", team=team)
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
     return client
 

@@ -39,7 +39,7 @@ from stack.registry.models import (
     WorkerHeartbeat,
     Workflow,
 )
-from stack.registry.roles import Role
+from stack.registry.roles import ALL_ROLES, Role
 from stack.registry.selectors import workflow_current_policy
 from stack.registry.teams import user_team_scope, user_teams_with_role
 from stack.registry.validation import text_problem
@@ -485,10 +485,10 @@ def _rate_limit_check(*, rpm_limit: int | None, tpm_limit: int | None) -> None:
 def api_token_team_check(*, user: User, team: Team | None, workflows: Sequence[Workflow] = ()) -> None:
     """May `user` make a key for `team` (None: a platform key) scoped to `workflows`?
 
-    A team key needs an operator or admin of that team, or a platform-wide user whose global role
-    grants operating (stack.registry.teams.user_teams_with_role); a team-scoped user's key must
-    name one of its teams. A team key's workflows are its team's."""
-    allowed = user_teams_with_role(user, frozenset({Role.OPERATOR, Role.ADMIN}))
+    A team key needs a member of that team (any role: the key acts with its user's roles, and
+    every role may hold keys, as before teams) or a platform-wide user; a team-scoped user's key
+    must name one of its teams. A team key's workflows are its team's."""
+    allowed = user_teams_with_role(user, ALL_ROLES)
     if team is None:
         if user_team_scope(user):  # a team-scoped user: its keys spend for one of its teams
             raise RegistryError("name one of your teams: the key spends for it", field="team")

@@ -91,8 +91,9 @@ def teams(admin_user: User) -> Teams:
             team=slug,
         )
     alpha_admin = _member(alpha, Role.ADMIN, "alpha-admin")
-    key, raw = api_token_create(user=alpha_admin, name="alpha-ci", workflows=[wf_alpha], rpm_limit=60)
-    ApiToken.objects.filter(pk=key.pk).update(team=alpha)
+    key, raw = api_token_create(
+        user=alpha_admin, name="alpha-ci", workflows=[wf_alpha], rpm_limit=60, team=alpha
+    )
     return Teams(
         alpha=alpha,
         beta=beta,

@@ -416,9 +416,7 @@ def test_the_audit_trail_and_reconciliation_are_for_platform_roles_only(world: d
 def test_a_team_key_reaches_its_team_only(world: dict[str, Any]) -> None:
     user = world["operator"]
     make_member(world["bravo"].team, Role.OPERATOR, user=user)
-    token, raw = api_token_create(user=user, name="alpha key")
-    token.team = world["alpha"].team
-    token.save()
+    _, raw = api_token_create(user=user, name="alpha key", team=world["alpha"].team)
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
     assert _ids(client.get("/api/workflows/"), "slug") == {world["alpha"].workflow.slug}

@@ -218,9 +218,7 @@ def test_a_team_admin_grants_roles_in_its_team_only(teams: dict[str, Any]) -> No
 def test_a_team_key_manages_its_own_team_only(teams: dict[str, Any]) -> None:
     user = teams["alpha_admin"]
     make_member(teams["bravo"], Role.ADMIN, user=user)
-    token, raw = api_token_create(user=user, name="alpha key")
-    token.team = teams["alpha"]
-    token.save()
+    _, raw = api_token_create(user=user, name="alpha key", team=teams["alpha"])
     client = api_client(user)
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
     assert client.patch("/api/teams/alpha/", {"name": "A"}, format="json").status_code == 200

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from stack.registry.models import TeamMembership
 from stack.registry.roles import OPERATORS, Role, user_roles
 from stack.registry.selectors import workflows_visible
 from stack.registry.services import api_token_create
@@ -56,14 +57,12 @@ def test_a_team_admin_is_operator_and_auditor_of_its_team_never_a_platform_admin
 def test_a_team_key_narrows_its_request_to_its_team_even_for_a_platform_user() -> None:
     red, blue = make_team("red"), make_team("blue")
     platform = make_user(Role.OPERATOR)
-    token, _ = api_token_create(user=platform, name="red-key")
-    token.team = red
-    token.save()
+    token, _ = api_token_create(user=platform, name="red-key", team=red)
     assert request_team_scope(SimpleNamespace(user=platform, auth=token)) == {red.pk}
     member = make_user()
+    make_member(red, Role.OPERATOR, user=member)
     make_member(blue, Role.OPERATOR, user=member)
-    member_key, _ = api_token_create(user=member, name="red-key-of-a-blue-member")
-    member_key.team = red
-    member_key.save()
-    # The key's team and the user's teams do not meet: the request reaches nothing.
+    member_key, _ = api_token_create(user=member, name="red-key", team=red)
+    TeamMembership.objects.filter(user=member, team=red).delete()  # the member left red since
+    # The key's team and the user's teams no longer meet: the request reaches nothing.
     assert request_team_scope(SimpleNamespace(user=_fresh(member), auth=member_key)) == frozenset()
