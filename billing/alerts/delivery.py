@@ -16,11 +16,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing.alerts.formats import generic_body, slack_body, teams_body
-from billing.budgets.delivery import SIGNATURE_HEADER, WEBHOOK_TIMEOUT_S, budget_webhook_signature
+from billing.budgets.delivery import SIGNATURE_HEADER, budget_webhook_signature, webhook_post
 from billing.budgets.errors import AlertDeliveryError
 from billing.models import AlertChannel, AlertDelivery
 from stack.registry.crypto import decrypt_secret
-from stack.registry.outbound import PUBLIC_ONLY, OutboundRefused, http_post
 
 logger = logging.getLogger(__name__)
 
@@ -62,28 +61,10 @@ def alert_delivery_send(*, delivery_id: int) -> None:
         if delivery is None or delivery.sent_at is not None or "not retried" in delivery.status:
             return  # sent, or refused for good (the outbound policy, a 4xx): sending again won't help
         body, headers = _body(delivery)
-        try:
-            answer = http_post(
-                decrypt_secret(delivery.channel.url_encrypted),
-                body=body,
-                headers=headers,
-                timeout=WEBHOOK_TIMEOUT_S,
-                policy=PUBLIC_ONLY,
-            )
-        except OutboundRefused:
-            delivery.status = "refused by the outbound policy (not retried)"
-        except OSError as exc:
-            failure = f"{type(exc).__name__}"
-            delivery.status = failure[:200]
-        else:
-            if 200 <= answer.status < 300:
-                delivery.sent_at = timezone.now()
-                delivery.status = f"HTTP {answer.status}"
-            elif answer.status >= 500 or answer.status == 429:
-                failure = f"HTTP {answer.status}"
-                delivery.status = failure
-            else:
-                delivery.status = f"HTTP {answer.status} (refused; not retried)"
+        outcome = webhook_post(decrypt_secret(delivery.channel.url_encrypted), body=body, headers=headers)
+        delivery.status, failure = outcome.status, outcome.failure
+        if outcome.sent:
+            delivery.sent_at = timezone.now()
         delivery.save(update_fields=["sent_at", "status"])
     if failure:
         logger.warning("alert delivery %s: %s", delivery_id, failure)

@@ -6,6 +6,7 @@ import hashlib
 import hmac
 import json
 import logging
+from dataclasses import dataclass
 from smtplib import SMTPException
 from typing import Any
 
@@ -25,6 +26,38 @@ logger = logging.getLogger(__name__)
 
 WEBHOOK_TIMEOUT_S = 5.0  # connect, then each read: the alert row stays locked while we wait
 SIGNATURE_HEADER = "X-Switchyard-Signature"
+
+
+@dataclass(frozen=True)
+class WebhookOutcome:
+    """One POST of an alert: `sent` on a 2xx; `failure` (to retry) when unreachable, 5xx or
+    429; `status` what the row records ("... (not retried)" when sending again won't help)."""
+
+    sent: bool
+    status: str
+    failure: str = ""
+
+
+def webhook_post(url: str, *, body: bytes, headers: dict[str, str]) -> WebhookOutcome:
+    """POST an alert through the outbound guard (loopback, private and link-local addresses only
+    inside SWITCHYARD_OUTBOUND_ALLOW_NETWORKS; redirects not followed), and say what came of it.
+    Budget webhooks and alert channels share it, so they retry and give up alike."""
+    try:
+        answer = http_post(url, body=body, headers=headers, timeout=WEBHOOK_TIMEOUT_S, policy=PUBLIC_ONLY)
+    except OutboundRefused as exc:
+        # Sending it again will not help until an admin allows the network.
+        logger.warning("alert webhook refused: %s", exc.detail)
+        return WebhookOutcome(sent=False, status="refused by the outbound policy (not retried)")
+    except OSError as exc:
+        failure = type(exc).__name__
+        return WebhookOutcome(sent=False, status=failure[:200], failure=failure)
+    code = answer.status
+    if 200 <= code < 300:
+        return WebhookOutcome(sent=True, status=f"HTTP {code}")
+    if code >= 500 or code == 429:
+        return WebhookOutcome(sent=False, status=f"HTTP {code}", failure=f"HTTP {code}")
+    # The receiver refused this request; sending it again will not help.
+    return WebhookOutcome(sent=False, status=f"HTTP {code} (refused; not retried)")
 
 
 def budget_alert_payload(*, alert: BudgetAlert) -> dict[str, Any]:
@@ -115,30 +148,12 @@ def _deliver_webhook(alert_id: int) -> str:
                 secret=decrypt_secret(budget.webhook_secret_encrypted), body=body
             ),
         }
-        try:
-            # Through the outbound guard: a webhook may reach loopback, private or link-local
-            # addresses only inside SWITCHYARD_OUTBOUND_ALLOW_NETWORKS; redirects are not followed.
-            answer = http_post(
-                budget.webhook_url, body=body, headers=headers, timeout=WEBHOOK_TIMEOUT_S, policy=PUBLIC_ONLY
-            )
-        except OutboundRefused as exc:
-            # Sending it again will not help until an admin allows the network.
-            logger.warning("budget alert %s: webhook refused: %s", alert_id, exc.detail)
-            alert.webhook_status = "refused by the outbound policy (not retried)"
-        except OSError as exc:
-            failure = f"webhook: {type(exc).__name__}"
-            alert.webhook_status = failure[:200]
-        else:
-            code = answer.status
-            if 200 <= code < 300:
-                alert.webhook_sent_at = timezone.now()
-                alert.webhook_status = f"HTTP {code}"
-            elif code >= 500 or code == 429:
-                failure = f"webhook: HTTP {code}"
-                alert.webhook_status = failure
-            else:
-                # The receiver refused this request; sending it again will not help.
-                alert.webhook_status = f"HTTP {code} (refused; not retried)"
+        outcome = webhook_post(budget.webhook_url, body=body, headers=headers)
+        alert.webhook_status = outcome.status if not outcome.failure else f"webhook: {outcome.failure}"[:200]
+        if outcome.sent:
+            alert.webhook_sent_at = timezone.now()
+        if outcome.failure:
+            failure = f"webhook: {outcome.failure}"
         alert.save(update_fields=["webhook_sent_at", "webhook_status"])
     if failure:
         logger.warning("budget alert %s: %s", alert_id, failure)
