@@ -65,7 +65,7 @@ class OtlpReceiver:
                 self.wfile.write(answer)
 
             def log_message(self, *args: Any) -> None:
-                pass
+                pass  # quiet: the receiver's access log would only clutter the test output
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
