@@ -303,3 +303,37 @@ class BatchJob(models.Model):
 
     def __str__(self) -> str:
         return f"batch {self.pk} ({self.state})"
+
+
+class RetainedPrompt(models.Model):
+    """A gateway request's input and answer, kept only for a workflow that opted in
+    (Workflow.retain_prompts) and only until `expires_at` (its prompt_retention_days then).
+
+    Counterfactual routing (stack.decisions) samples these and replays them through candidate
+    deployments. Written in one place (inference.retention); deleted by beat once expired. A
+    workflow that never opted in has no rows here, and no prompt of it is stored elsewhere.
+    """
+
+    inference_request = models.OneToOneField(
+        InferenceRequest, on_delete=models.CASCADE, related_name="retained_prompt"
+    )
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="retained_prompts")
+    endpoint = models.CharField(max_length=16, choices=Endpoint.choices, default=Endpoint.CHAT)
+    # The request as a batch line takes it: {"messages": [...]} or {"prompt": "..."}, plus
+    # max_tokens / temperature / top_p / stop when the caller set them.
+    request = models.JSONField()
+    response_text = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            # Replay sampling: a workflow's live rows, newest first.
+            models.Index(fields=["workflow", "-created_at"], name="retained_wf_created_idx"),
+            # The purge: rows past their expiry.
+            models.Index(fields=["expires_at"], name="retained_expires_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"retained prompt of request {self.inference_request_id}"

@@ -107,6 +107,7 @@ INSTALLED_APPS = [
     "training.apps.TrainingConfig",
     "inference.apps.InferenceConfig",
     "stack.audit.apps.AuditConfig",
+    "stack.decisions.apps.DecisionsConfig",
     "stack.apps.SwitchyardConfig",
 ]
 

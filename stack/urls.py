@@ -62,6 +62,7 @@ urlpatterns = [
     path("training/", include("training.urls")),
     path("inference/", include("inference.urls")),
     path("audit/", include("stack.audit.urls")),
+    path("decisions/", include("stack.decisions.urls")),
     # OpenAI-compatible gateway: `model` names a workflow (inference.gateway).
     path("v1/", include("inference.gateway_urls")),
     path("admin/", admin.site.urls),

@@ -9,7 +9,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.validators import MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
@@ -17,6 +17,9 @@ from stack.registry.endpoints import deployment_endpoint_problem, endpoint_list_
 from stack.registry.failover_codes import FailoverCode
 from stack.registry.queues import cluster_queue
 from stack.registry.roles import Role
+
+# The longest a workflow may keep its prompts for replays (Workflow.prompt_retention_days).
+MAX_PROMPT_RETENTION_DAYS = 365
 
 
 class Provider(models.Model):
@@ -304,8 +307,31 @@ class Workflow(models.Model):
     rpm_limit = models.PositiveIntegerField(null=True, blank=True, help_text="Requests per minute, all keys")
     tpm_limit = models.PositiveIntegerField(null=True, blank=True, help_text="Tokens per minute, all keys")
 
+    # Opt-in prompt retention for counterfactual routing (stack.decisions replays kept requests
+    # through candidate deployments). Off: no prompt or answer of this workflow's gateway traffic
+    # is stored anywhere. On: each request's input and answer are kept as an
+    # inference.RetainedPrompt for `prompt_retention_days`, then deleted by beat.
+    retain_prompts = models.BooleanField(
+        default=False, help_text="Keep gateway prompts and answers for replays (opt-in)"
+    )
+    prompt_retention_days = models.PositiveSmallIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_PROMPT_RETENTION_DAYS)],
+        help_text="Days a kept prompt lives (required when prompts are kept)",
+    )
+
     class Meta:
         ordering = ["slug"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(retain_prompts=False)
+                | models.Q(
+                    prompt_retention_days__gte=1, prompt_retention_days__lte=MAX_PROMPT_RETENTION_DAYS
+                ),
+                name="workflow_retention_days_when_kept",
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.slug
