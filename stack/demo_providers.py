@@ -6,6 +6,7 @@ way a scorer can tell apart. Each provider here labels a support ticket with one
 it reads the ticket's keywords right, and is wrong on a fixed share of tickets, chosen by a hash
 of the ticket and the provider's name (so a replay of a ticket gets the same answer again). The
 "large" one is wrong less often and priced higher than the "small" one (demo_seed sets prices).
+Asked an inference.scorers.judge_prompt, any of them grades like a judge that knows the truth.
 
 The tickets themselves are generated from small word lists below (written for this demo).
 """
@@ -62,6 +63,17 @@ def label(text: str, *, name: str, error_share: float) -> str:
     return truth
 
 
+JUDGE_PREAMBLE = "You are grading an answer."
+
+
+def judge(text: str) -> str:
+    """The demo judge's verdict on an inference.scorers.judge_prompt: "1" when the graded answer
+    is the ticket's true category, else "0" (it reads keywords without error)."""
+    question = text.partition("Question:\n")[2].partition("\n\n")[0]
+    graded = text.rpartition("Answer to grade:\n")[2].strip().lower()
+    return "1" if graded == label(question, name="judge", error_share=0.0) else "0"
+
+
 def _prompt_text(body: dict[str, Any]) -> str:
     messages = body.get("messages")
     if isinstance(messages, list):
@@ -108,7 +120,10 @@ class _LabelHandler(KeepAliveHandler):
             )
             return
         prompt = _prompt_text(body)
-        answer = label(prompt, name=self.server.name, error_share=self.server.error_share)
+        if prompt.startswith(JUDGE_PREAMBLE):
+            answer = judge(prompt)
+        else:
+            answer = label(prompt, name=self.server.name, error_share=self.server.error_share)
         with self.server.lock:
             self.server.calls += 1
         # Roughly 4 characters a token, as English text tokenises.
