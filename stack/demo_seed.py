@@ -233,3 +233,91 @@ def demo_local_workflow_seed(
                 deployments=deployments,
             )
     return workflow
+
+
+# The cost-quality part of the demo (stack.demo_providers): a ticket-labelling workflow served by
+# two loopback "API" deployments, graded by a third; it keeps its prompts (opt-in) for replays.
+TICKET_WORKFLOW = "ticket-labels"
+TICKET_EVAL_SET = "labels-v1"
+TICKET_EVAL_CASES = 20
+
+
+@dataclass(frozen=True)
+class TicketProvider:
+    deployment_slug: str
+    error_share: float
+    input_price: Decimal  # per 1M input tokens
+    output_price: Decimal  # per 1M output tokens
+    port: int
+
+
+def demo_ticket_providers(*, base_port: int) -> list[TicketProvider]:
+    """The large (primary), small and grader deployments, each on its own loopback port."""
+    return [
+        TicketProvider("acme-large", 0.04, Decimal("3.000000"), Decimal("12.000000"), base_port),
+        TicketProvider("acme-small", 0.06, Decimal("0.400000"), Decimal("1.600000"), base_port + 1),
+        TicketProvider("acme-grader", 0.0, Decimal("1.000000"), Decimal("4.000000"), base_port + 2),
+    ]
+
+
+def demo_ticket_workflow_seed(*, providers: list[TicketProvider], admin: User, now: datetime) -> Workflow:
+    """The acme provider, its three deployments with prices, and `ticket-labels` (team support,
+    prompts kept 14 days, large then small, quality floor 0.8) with an eval set; idempotent."""
+    from inference.quality import eval_set_create  # composition: the demo seeds every app
+    from stack.demo_providers import demo_ticket, ticket_prompt
+
+    with transaction.atomic():
+        acme, _ = Provider.objects.get_or_create(
+            slug="acme",
+            defaults={"display_name": "Acme AI (demo, loopback)", "kind": Provider.Kind.OPENAI_COMPATIBLE},
+        )
+        urls = [f"http://127.0.0.1:{p.port}/v1" for p in providers]
+        provider_endpoints_allow(provider=acme, urls=urls, private_network=True)
+        deployments = {}
+        for p, url in zip(providers, urls, strict=True):
+            model, _ = RegisteredModel.objects.get_or_create(
+                slug=p.deployment_slug,
+                defaults={"family": "acme", "tokenizer": "cl100k_base", "context_length": 8192},
+            )
+            deployment, _ = Deployment.objects.update_or_create(
+                slug=p.deployment_slug,
+                defaults={
+                    "model": model,
+                    "provider": acme,
+                    "provider_model_id": p.deployment_slug,
+                    "base_url": url,
+                },
+            )
+            for unit, price in (
+                (Unit.INPUT_TOKENS_1M, p.input_price),
+                (Unit.OUTPUT_TOKENS_1M, p.output_price),
+            ):
+                if not PriceBook.objects.filter(deployment=deployment, unit=unit).exists():
+                    price_book_publish(
+                        unit=unit,
+                        unit_price=price,
+                        effective_from=now,
+                        deployment=deployment,
+                        note="demo price",
+                    )
+            deployments[p.deployment_slug] = deployment
+        workflow = Workflow.objects.filter(slug=TICKET_WORKFLOW).first()
+        if workflow is None:
+            workflow = workflow_create(
+                slug=TICKET_WORKFLOW,
+                owner=admin,
+                team=Team.objects.get_or_create(slug="support", defaults={"name": "Support"})[0],
+                description="Label support tickets (billing, login, shipping, refund, bug).",
+                deployments=[deployments["acme-large"], deployments["acme-small"]],
+                quality_floor=Decimal("0.8"),
+            )
+        if not workflow.retain_prompts:
+            Workflow.objects.filter(pk=workflow.pk).update(retain_prompts=True, prompt_retention_days=14)
+            workflow.refresh_from_db()
+        if not workflow.eval_sets.filter(name=TICKET_EVAL_SET).exists():
+            cases = []
+            for n in range(TICKET_EVAL_CASES):
+                text, category = demo_ticket(10_000 + n)  # not among the tickets the demo sends
+                cases.append({"prompt": ticket_prompt(text), "expected": category, "scorer": "exact"})
+            eval_set_create(workflow=workflow, name=TICKET_EVAL_SET, cases=cases, user=admin)
+    return workflow
