@@ -34,6 +34,7 @@ from training.run_config.schema import (
     get_path,
     merge_defaults,
 )
+from training.run_config.build_or_buy import check_build_or_buy
 from training.run_config.sources import check_uris
 
 
@@ -120,6 +121,7 @@ def run_config_validate(raw: Any) -> dict[str, Any]:
     _check_stop(cfg, errors)
     _check_money(cfg, errors)
     _check_placement(cfg, m, errors)
+    check_build_or_buy(cfg, errors)
 
     # A chunk must finish well inside the broker's visibility timeout, or Redis hands the same
     # message to a second worker while the first still trains it.

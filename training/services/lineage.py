@@ -26,6 +26,7 @@ from django.utils.text import slugify
 from stack.registry.models import RegisteredModel
 from training import selectors
 from training.models import GlobalVersionRecord, ModelVersion, TrainingRun
+from training.signals import model_version_registered
 from training.run_engines import (
     RunEngine,
     newest_global,
@@ -115,6 +116,11 @@ def _register(
         )
         # The model serves its newest version.
         RegisteredModel.objects.filter(pk=model.pk).update(artifact_uri=uri)
+        # After COMMIT: a receiver's task must find the row; a rolled-back version sends nothing.
+        version_id, run_id = version.pk, run.pk
+        transaction.on_commit(
+            lambda: model_version_registered.send_robust(sender=ModelVersion, version_id=version_id, run_id=run_id)
+        )
     logger.info("run %s: registered %s (versions %s, eval loss %.4f)", run.pk, version, versions, loss)
     return version
 
