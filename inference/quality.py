@@ -23,8 +23,8 @@ from billing.budgets import BudgetExhausted
 from inference import scorers
 from inference.adapters.base import ChatMessage, ChatRequest
 from inference.idempotency import eval_request_id
-from inference.recording.fold import bill_to_subject
 from inference.models import Endpoint, EvalCase, EvalRun, EvalSet, InferenceRequest, QualityRecord
+from inference.recording.fold import bill_to_subject
 from inference.router import route
 from inference.selectors import route_plan
 from inference.services import quality_record_create

@@ -192,7 +192,9 @@ def break_even_tokens_per_month(
         ctx.prec = 40
         exact = MILLION * training_cost / Decimal(horizon_months) / margin
         # Strictly cheaper: above the exact point.
-        return int(exact.to_integral_value(rounding=ROUND_CEILING)) + (1 if exact == exact.to_integral_value() else 0)
+        return int(exact.to_integral_value(rounding=ROUND_CEILING)) + (
+            1 if exact == exact.to_integral_value() else 0
+        )
 
 
 def blended_per_1m(

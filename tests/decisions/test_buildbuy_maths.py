@@ -56,16 +56,25 @@ def test_amortised_per_1m_adds_the_training_cost_spread_over_the_horizon_volume(
 
 def test_break_even_is_where_owning_becomes_strictly_cheaper_and_none_when_hosting_costs_more() -> None:
     # 10 a month of training over a margin of 2.5 per 1M: equal at 4M tokens, cheaper above.
-    assert m.break_even_tokens_per_month(
-        hosting_per_1m=D("0.5"), api_per_1m=D("3"), training_cost=D("120"), horizon_months=12
-    ) == 4_000_001
+    assert (
+        m.break_even_tokens_per_month(
+            hosting_per_1m=D("0.5"), api_per_1m=D("3"), training_cost=D("120"), horizon_months=12
+        )
+        == 4_000_001
+    )
     # A non-integer point rounds up: 1e6 · 10 / 3 = 3333333.33…
-    assert m.break_even_tokens_per_month(
-        hosting_per_1m=D("1"), api_per_1m=D("4"), training_cost=D("120"), horizon_months=12
-    ) == 3_333_334
-    assert m.break_even_tokens_per_month(
-        hosting_per_1m=D("3"), api_per_1m=D("3"), training_cost=D("1"), horizon_months=1
-    ) is None
+    assert (
+        m.break_even_tokens_per_month(
+            hosting_per_1m=D("1"), api_per_1m=D("4"), training_cost=D("120"), horizon_months=12
+        )
+        == 3_333_334
+    )
+    assert (
+        m.break_even_tokens_per_month(
+            hosting_per_1m=D("3"), api_per_1m=D("3"), training_cost=D("1"), horizon_months=1
+        )
+        is None
+    )
 
 
 def test_api_prices_blend_by_the_token_mix_and_hosting_divides_by_tokens_served() -> None:

@@ -90,7 +90,9 @@ def check_build_or_buy(cfg: dict[str, Any], errors: Errors) -> None:
                 errors.add(f"{FIELD}.workflows", f"workflow {slug!r} is not team {team}'s")
         out["workflows"] = slugs
     cluster = raw.get("serve_cluster")
-    if cluster is not None and (not isinstance(cluster, str) or not Cluster.objects.filter(slug=cluster).exists()):
+    if cluster is not None and (
+        not isinstance(cluster, str) or not Cluster.objects.filter(slug=cluster).exists()
+    ):
         errors.add(f"{FIELD}.serve_cluster", f"no cluster {cluster!r}")
     out["serve_cluster"] = cluster
     if "volume_tokens_per_month" not in raw:
@@ -99,12 +101,16 @@ def check_build_or_buy(cfg: dict[str, Any], errors: Errors) -> None:
         out["volume_tokens_per_month"] = _int(
             raw["volume_tokens_per_month"], f"{FIELD}.volume_tokens_per_month", 1, MAX_VOLUME, errors
         )
-    out["horizon_months"] = _int(raw.get("horizon_months", 12), f"{FIELD}.horizon_months", 1, MAX_HORIZON, errors)
+    out["horizon_months"] = _int(
+        raw.get("horizon_months", 12), f"{FIELD}.horizon_months", 1, MAX_HORIZON, errors
+    )
     target = raw.get("target_quality")
     if target is None or target in TARGET_WORDS:
         out["target_quality"] = target
     elif isinstance(target, bool) or not isinstance(target, int | float | str):
-        errors.add(f"{FIELD}.target_quality", 'must be a number in [0, 1], "best_api", "cheapest_api" or null')
+        errors.add(
+            f"{FIELD}.target_quality", 'must be a number in [0, 1], "best_api", "cheapest_api" or null'
+        )
     else:
         try:
             value = Decimal(str(target))

@@ -17,6 +17,7 @@ from stack.registry.validation import (
     int_parse,
     text_check,
 )
+from training.run_config.build_or_buy import check_build_or_buy
 from training.run_config.schema import (
     BOOLS,
     CHOICES,
@@ -34,7 +35,6 @@ from training.run_config.schema import (
     get_path,
     merge_defaults,
 )
-from training.run_config.build_or_buy import check_build_or_buy
 from training.run_config.sources import check_uris
 
 

@@ -26,7 +26,6 @@ from django.utils.text import slugify
 from stack.registry.models import RegisteredModel
 from training import selectors
 from training.models import GlobalVersionRecord, ModelVersion, TrainingRun
-from training.signals import model_version_registered
 from training.run_engines import (
     RunEngine,
     newest_global,
@@ -34,6 +33,7 @@ from training.run_engines import (
     version_params,
     write_model_version,
 )
+from training.signals import model_version_registered
 
 if TYPE_CHECKING:
     import torch
@@ -119,7 +119,9 @@ def _register(
         # After COMMIT: a receiver's task must find the row; a rolled-back version sends nothing.
         version_id, run_id = version.pk, run.pk
         transaction.on_commit(
-            lambda: model_version_registered.send_robust(sender=ModelVersion, version_id=version_id, run_id=run_id)
+            lambda: model_version_registered.send_robust(
+                sender=ModelVersion, version_id=version_id, run_id=run_id
+            )
         )
     logger.info("run %s: registered %s (versions %s, eval loss %.4f)", run.pk, version, versions, loss)
     return version
