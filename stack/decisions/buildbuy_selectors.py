@@ -21,6 +21,7 @@ from billing.models import Unit, UsageRecord
 from billing.selectors import PriceResolver, spend_total
 from billing.selfhosted import self_hosted_cost
 from inference.models import QualityRecord
+from stack.decisions import buildbuy_decide as decide
 from stack.decisions import buildbuy_maths as maths
 from stack.decisions.buildbuy import RUN_SUBJECT, build_or_buy_option
 from stack.decisions.models import ApiScore, VersionEvaluation, VersionScore
@@ -140,6 +141,7 @@ def _versions(run: TrainingRun, option: dict[str, Any], workflows: list[Workflow
             "hosting_seconds": None,
             "hosting_cost": None,
             "tokens_served": None,
+            "tokens_per_second": None,
             "hosting_per_1m": None,
             "amortised_per_1m": None,
         }
@@ -155,6 +157,12 @@ def _versions(run: TrainingRun, option: dict[str, Any], workflows: list[Workflow
                 hosting_seconds=str(evaluation.hosting_seconds),
                 hosting_cost=str(evaluation.hosting_cost),
                 tokens_served=evaluation.tokens_served,
+                # Measured throughput while scoring: tokens served per second of serving held.
+                tokens_per_second=str(
+                    (Decimal(evaluation.tokens_served) / evaluation.hosting_seconds).quantize(Decimal("0.01"))
+                )
+                if evaluation.hosting_seconds > 0
+                else None,
             )
             hosting = _hosting_per_1m(evaluation)
             if hosting is not None:
@@ -178,25 +186,6 @@ def _hosting_per_1m(evaluation: VersionEvaluation) -> Decimal | None:
         return None
     figures = self_hosted_cost(deployment=deployment, since_day=deployment.created_at.date())
     return figures[0].per_1m_tokens if figures else None
-
-
-def _target(option: dict[str, Any], apis: list[_Api]) -> tuple[Decimal | None, str, _Api | None]:
-    """The quality the run aims for on a workflow, what it is called, and the API it is judged
-    against (the best for "best_api" or a number, the cheapest for "cheapest_api")."""
-    priced = [a for a in apis if a.per_1m is not None]
-    best = max(apis, key=lambda a: (a.quality, -(a.per_1m or Decimal(0))), default=None)
-    cheapest = min(priced, key=lambda a: (a.per_1m, -a.quality), default=None)
-    spec = option.get("target_quality")
-    if spec == "cheapest_api":
-        return (cheapest.quality if cheapest else None), "cheapest_api", cheapest
-    if spec == "best_api":
-        return (best.quality if best else None), "best_api", best
-    if spec is not None:
-        value = Decimal(str(spec))
-        good_enough = [a for a in priced if a.quality >= value]
-        compared = min(good_enough, key=lambda a: a.per_1m or Decimal(0), default=best)
-        return value, str(value), compared
-    return None, "", best
 
 
 def _forecast_doc(forecast: maths.Forecast) -> dict[str, Any]:
@@ -238,104 +227,48 @@ def build_or_buy_report(*, run: TrainingRun) -> dict[str, Any]:
     newest = scored[-1] if scored else None
     prices = PriceResolver()
     docs = []
-    met: list[str] = []
-    cheaper: list[str] = []
+    decisions = []
     for workflow in workflows:
         apis = _apis(run, workflow, prices)
-        target, target_name, compared = _target(option, apis)
-        best = max(apis, key=lambda a: a.quality, default=None)
         points = [
             (Decimal(v["training_cost"]), Decimal(v["quality"][workflow.slug]))
             for v in scored
             if workflow.slug in v["quality"]
         ]
-        doc: dict[str, Any] = {
-            "workflow": workflow.slug,
-            "apis": [a.doc() for a in apis],
-            "best_api": best.deployment.slug if best else None,
-            "compared_api": compared.deployment.slug if compared else None,
-            "target_quality": _text(target),
-            "target": target_name,
-            "points": [{"cost": str(c), "quality": str(q)} for c, q in points],
-            "forecast_best_api": _forecast_doc(maths.forecast_cost_to_reach(points, best.quality))
-            if best
-            else None,
-            "break_even_tokens_per_month": None,
-            "break_even_reason": "",
-            "own_monthly": None,
-            "buy_monthly": None,
-            "buying_cheaper": None,
-            "training_cost_basis": "",
-        }
-        quality_now = (
-            Decimal(newest["quality"][workflow.slug])
-            if newest and workflow.slug in newest["quality"]
-            else None
+        in_newest = newest is not None and workflow.slug in newest["quality"]
+        decision = decide.workflow_decision(
+            workflow=workflow.slug,
+            option=option,
+            apis=[decide.ApiFigure(slug=a.deployment.slug, quality=a.quality, per_1m=a.per_1m) for a in apis],
+            points=points,
+            newest_quality=Decimal(newest["quality"][workflow.slug]) if in_newest and newest else None,
+            newest_cost=Decimal(newest["training_cost"]) if newest else Decimal(0),
+            hosting_per_1m=Decimal(newest["hosting_per_1m"]) if newest and newest["hosting_per_1m"] else None,
         )
-        if target is not None and quality_now is not None and quality_now >= target:
-            met.append(
-                f"{workflow.slug} {quality_now} >= {target}"
-                + (
-                    f" ({target_name} {compared.deployment.slug})"
-                    if target_name.endswith("_api") and compared
-                    else ""
-                )
-            )
-        hosting = Decimal(newest["hosting_per_1m"]) if newest and newest["hosting_per_1m"] else None
-        if compared is None or compared.per_1m is None:
-            doc["break_even_reason"] = "no priced API deployment scored on this workflow's eval sets"
-        elif hosting is None:
-            doc["break_even_reason"] = "no self-hosted figure yet (a scored version served on serve_cluster)"
-        else:
-            # The training cost of a model as good as the compared API: the forecast's (or what
-            # was spent when it was reached), else the spend so far (said so).
-            reach = maths.forecast_cost_to_reach(points, compared.quality)
-            if reach.cost is not None:
-                basis_cost = reach.cost
-                doc["training_cost_basis"] = (
-                    f"spent when {compared.quality} was reached"
-                    if reach.already_met
-                    else f"forecast to reach {compared.quality}"
-                )
-            else:
-                basis_cost = Decimal(newest["training_cost"]) if newest else Decimal(0)
-                doc["training_cost_basis"] = f"spent so far ({reach.reason})"
-            doc["break_even_tokens_per_month"] = maths.break_even_tokens_per_month(
-                hosting_per_1m=hosting,
-                api_per_1m=compared.per_1m,
-                training_cost=basis_cost,
-                horizon_months=horizon,
-            )
-            if doc["break_even_tokens_per_month"] is None:
-                doc["break_even_reason"] = (
-                    f"hosting {hosting}/1M is not below {compared.deployment.slug}'s {compared.per_1m}/1M: owning never wins"
-                )
-            own = maths.monthly_own(
-                hosting_per_1m=hosting,
-                training_cost=basis_cost,
-                horizon_months=horizon,
-                volume_tokens_per_month=volume,
-            )
-            buy = maths.monthly_buy(api_per_1m=compared.per_1m, volume_tokens_per_month=volume)
-            doc["own_monthly"], doc["buy_monthly"] = str(own), str(buy)
-            doc["buying_cheaper"] = buy < own if reach.cost is not None else None
-            if doc["buying_cheaper"]:
-                cheaper.append(
-                    f"{workflow.slug}: buying {compared.deployment.slug} costs {buy}/month at {volume} tokens/month, "
-                    f"owning {own}/month (hosting {hosting}/1M + training {basis_cost} over {horizon} months)"
-                )
-        docs.append(doc)
-    stop_reason = ""
-    if newest is not None and workflows:
-        if option.get("target_quality") is not None and len(met) == len(workflows):
-            stop_reason = (
-                f"build_or_buy target_quality {option['target_quality']} met by {newest['version']}: "
-                + "; ".join(met)
-            )
-        elif option.get("stop_when_buying_cheaper") and len(cheaper) == len(workflows):
-            stop_reason = f"build_or_buy stop_when_buying_cheaper after {newest['version']}: " + "; ".join(
-                cheaper
-            )
+        decisions.append(decision)
+        docs.append(
+            {
+                "workflow": workflow.slug,
+                "apis": [a.doc() for a in apis],
+                "best_api": decision.best.slug if decision.best else None,
+                "compared_api": decision.compared.slug if decision.compared else None,
+                "target_quality": _text(decision.target),
+                "target": decision.target_name,
+                "points": [{"cost": str(c), "quality": str(q)} for c, q in points],
+                "forecast_best_api": _forecast_doc(decision.forecast_best)
+                if decision.forecast_best
+                else None,
+                "break_even_tokens_per_month": decision.break_even_tokens_per_month,
+                "break_even_reason": decision.break_even_reason,
+                "training_cost_basis": decision.training_cost_basis,
+                "own_monthly": _text(decision.own_monthly),
+                "buy_monthly": _text(decision.buy_monthly),
+                "buying_cheaper": decision.buying_cheaper,
+            }
+        )
+    stop_reason = decide.stop_reason(
+        option=option, decisions=decisions, newest=newest["version"] if newest else None
+    )
     return {
         **base,
         "option": option,
