@@ -38,6 +38,7 @@ from inference.selectors import route_plan
 from stack.decisions.models import ApiScore, VersionEvaluation, VersionScore
 from stack.registry.models import Cluster, Deployment, Provider, Workflow
 from stack.registry.queues import CONTROL_QUEUE
+from stack.registry.services import RegistryError
 from training.models import ModelVersion, TrainingRun
 from training.run_config import RunConfig
 from training.services import training_run_stop_by_rule
@@ -47,6 +48,10 @@ logger = logging.getLogger(__name__)
 RUN_SUBJECT = "training_run"
 # A succeeded eval run of the same set and API deployment this recent is reused, not paid again.
 API_EVAL_REUSE = timedelta(days=7)
+
+
+class EvalNotScored(RuntimeError):
+    """A version's eval run did not succeed; its evaluation fails with that run's error."""
 
 
 def _stale_after() -> timedelta:
@@ -217,53 +222,65 @@ def _score_version(evaluation: VersionEvaluation, deployment: Deployment, workfl
                         evaluation=evaluation, workflow=workflow, eval_set=eval_set, eval_run=eval_run
                     )
             if score.eval_run.state != EvalRun.State.SUCCEEDED:
-                _execute_eval(score.eval_run)
+                done = _execute_eval(score.eval_run)
+                if done.state != EvalRun.State.SUCCEEDED:
+                    # A partly scored version would sit on the curve at a wrong quality.
+                    raise EvalNotScored(f"eval run {done.pk} on {eval_set.name!r} {done.state}: {done.error}")
 
 
 def api_scores_ensure(*, run: TrainingRun, workflows: list[Workflow]) -> list[ApiScore]:
     """Each API deployment of each workflow's current route scored on each eval set, once per
     run: a succeeded eval run of the same set and deployment from the last API_EVAL_REUSE is
-    reused; otherwise one is run now, billed to the run."""
+    reused; otherwise one is run now, billed to the run. An API that cannot be scored now (it
+    was disabled) is left out of the comparison and tried again with the next version."""
     out: list[ApiScore] = []
-    since = timezone.now() - API_EVAL_REUSE
     for workflow in workflows:
         plan = route_plan(workflow_id=workflow.pk)
         deployments = [e.deployment for e in plan.entries] if plan is not None else []
         for eval_set in eval_sets_of(workflow):
             for deployment in deployments:
-                score = ApiScore.objects.filter(run=run, eval_set=eval_set, deployment=deployment).first()
-                if score is None:
-                    recent = (
-                        EvalRun.objects.filter(
-                            eval_set=eval_set,
-                            deployment=deployment,
-                            state=EvalRun.State.SUCCEEDED,
-                            finished_at__gte=since,
-                        )
-                        .order_by("-finished_at")
-                        .first()
-                    )
-                    with transaction.atomic():
-                        eval_run = recent or quality.eval_run_start(
-                            eval_set=eval_set,
-                            deployment=deployment,
-                            bill_to=run_bill_to(run.pk),
-                            enqueue=False,
-                        )
-                        score, _ = ApiScore.objects.get_or_create(
-                            run=run,
-                            eval_set=eval_set,
-                            deployment=deployment,
-                            defaults={
-                                "workflow": workflow,
-                                "eval_run": eval_run,
-                                "reused": recent is not None,
-                            },
-                        )
-                if score.eval_run.state != EvalRun.State.SUCCEEDED:
-                    _execute_eval(score.eval_run)
-                out.append(score)
+                try:
+                    out.append(_api_score(run, workflow, eval_set, deployment))
+                except RegistryError as exc:
+                    logger.warning("run %s: %s not scored on %s: %s", run.pk, deployment, eval_set.pk, exc)
     return out
+
+
+def _api_score(run: TrainingRun, workflow: Workflow, eval_set: EvalSet, deployment: Deployment) -> ApiScore:
+    score = ApiScore.objects.filter(run=run, eval_set=eval_set, deployment=deployment).first()
+    if score is None:
+        recent = (
+            EvalRun.objects.filter(
+                eval_set=eval_set,
+                deployment=deployment,
+                state=EvalRun.State.SUCCEEDED,
+                finished_at__gte=timezone.now() - API_EVAL_REUSE,
+            )
+            .order_by("-finished_at")
+            .first()
+        )
+        with transaction.atomic():
+            eval_run = recent or quality.eval_run_start(
+                eval_set=eval_set, deployment=deployment, bill_to=run_bill_to(run.pk), enqueue=False
+            )
+            score, _ = ApiScore.objects.get_or_create(
+                run=run,
+                eval_set=eval_set,
+                deployment=deployment,
+                defaults={"workflow": workflow, "eval_run": eval_run, "reused": recent is not None},
+            )
+    if score.eval_run.state == EvalRun.State.FAILED:
+        # The provider failed it (down, out of budget): the next version's scoring tries a
+        # fresh run rather than comparing against nothing.
+        with transaction.atomic():
+            score.eval_run = quality.eval_run_start(
+                eval_set=eval_set, deployment=deployment, bill_to=run_bill_to(run.pk), enqueue=False
+            )
+            score.reused = False
+            score.save(update_fields=["eval_run", "reused"])
+    if score.eval_run.state != EvalRun.State.SUCCEEDED:
+        _execute_eval(score.eval_run)
+    return score
 
 
 def version_evaluation_execute(*, evaluation_id: int) -> VersionEvaluation | None:

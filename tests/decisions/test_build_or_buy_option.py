@@ -3,9 +3,11 @@ and beat's sweep makes the evaluation a lost signal never made."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
 from inference import quality
 from stack.decisions import buildbuy
@@ -136,3 +138,32 @@ def test_the_sweep_makes_the_evaluation_a_lost_signal_never_made_once(
     assert VersionEvaluation.objects.filter(model_version=version).count() == 1
     # Still pending and not yet stale: the queued message will claim it; nothing is sent twice.
     assert again == []
+
+
+def test_an_evaluation_claimed_by_a_dead_worker_is_queued_again_and_taken_over_once(
+    django_capture_on_commit_callbacks: Any, settings: Any
+) -> None:
+    settings.BUILD_OR_BUY_STALE_SECONDS = 60.0
+    run = fabricate_run()
+    version = ModelVersion.objects.create(
+        registered_model=make_model(), number=1, run=run, key="1", global_version=1, artifact_uri="file:///x"
+    )
+    now = timezone.now()
+    evaluation = VersionEvaluation.objects.create(
+        model_version=version,
+        run=run,
+        state=VersionEvaluation.State.RUNNING,
+        claimed_at=now - timedelta(seconds=30),
+        attempts=1,
+    )
+    with django_capture_on_commit_callbacks(execute=False) as fresh:
+        assert buildbuy.version_evaluations_sweep() == []  # its worker may still be at it
+    assert fresh == [] and not buildbuy._claim(evaluation.pk)
+    VersionEvaluation.objects.filter(pk=evaluation.pk).update(claimed_at=now - timedelta(seconds=120))
+    with django_capture_on_commit_callbacks(execute=False) as stale:
+        assert buildbuy.version_evaluations_sweep() == [evaluation.pk]
+    assert len(stale) == 1
+    # Two deliveries of the re-queued message: one takes the claim over, the other finds it held.
+    assert buildbuy._claim(evaluation.pk) and not buildbuy._claim(evaluation.pk)
+    evaluation.refresh_from_db()
+    assert evaluation.attempts == 2 and evaluation.state == VersionEvaluation.State.RUNNING
