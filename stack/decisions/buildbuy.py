@@ -163,6 +163,7 @@ def _serving_deployment(version: ModelVersion, cluster: Cluster | None, base_url
             "model": model,
             "provider": provider,
             "provider_model_id": model.slug,
+            "base_url": base_url,
             "hosting_cluster": cluster,
             "max_context_tokens": None,
         },
@@ -179,7 +180,7 @@ def _serving_deployment(version: ModelVersion, cluster: Cluster | None, base_url
                 note="self-hosted: billed by accelerator time",
             )
     else:
-        deployment.enabled = True
+        deployment.base_url, deployment.enabled = base_url, True
         deployment.save()
     return deployment
 
@@ -330,6 +331,7 @@ def _serve_and_score(
     thread = threading.Thread(target=server.serve_forever, name=f"serve-{version.pk}", daemon=True)
     thread.start()
     started = timezone.now()
+    deployment: Deployment | None = None
     try:
         deployment = _serving_deployment(version, cluster, f"http://{shown}:{port}/v1")
         VersionEvaluation.objects.filter(pk=evaluation.pk).update(deployment=deployment)
@@ -339,11 +341,15 @@ def _serve_and_score(
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)
+        # Its server is gone: nothing may route to the dead port (the next scoring re-enables it).
+        if deployment is not None:
+            deployment.enabled = False
+            deployment.save(update_fields=["enabled"])  # save(): the route caches listen for it
     # The accelerator time held while the version answered its evals, on the serve cluster, at
     # that cluster's accelerator-hour price, billed to the run (it is part of what training cost).
     seconds = Decimal(str(round((ended - started).total_seconds(), 3)))
     cost = Decimal("0")
-    if cluster is not None:
+    if cluster is not None and deployment is not None:
         row = hosting_interval_bill(
             deployment=deployment,
             started_at=started,

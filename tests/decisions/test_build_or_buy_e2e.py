@@ -159,6 +159,11 @@ def test_versions_are_scored_against_two_apis_billed_to_the_run_and_the_stop_rul
         # scored on the eval set, as an eval run billed to the run.
         for evaluation in evaluations:
             assert evaluation.deployment is not None and evaluation.deployment.hosting_cluster_id == serve.pk
+            assert evaluation.deployment.model_id == run.registered_model_id
+            assert (
+                evaluation.deployment.base_url.startswith("http://127.0.0.1:")
+                and not evaluation.deployment.enabled
+            )
             assert evaluation.tokens_served > 0 and evaluation.hosting_cost > 0
             (score,) = VersionScore.objects.filter(evaluation=evaluation)
             assert score.eval_set_id == eval_set.pk

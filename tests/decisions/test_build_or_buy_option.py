@@ -17,7 +17,9 @@ from tests.factories import (
     api_client,
     fabricate_run,
     make_cluster,
+    make_member,
     make_model,
+    make_team,
     make_user,
     make_workflow,
     tiny_run_config,
@@ -167,3 +169,14 @@ def test_an_evaluation_claimed_by_a_dead_worker_is_queued_again_and_taken_over_o
     assert buildbuy._claim(evaluation.pk) and not buildbuy._claim(evaluation.pk)
     evaluation.refresh_from_db()
     assert evaluation.attempts == 2 and evaluation.state == VersionEvaluation.State.RUNNING
+
+
+def test_the_report_is_team_scoped_like_the_run() -> None:
+    run = fabricate_run()
+    run.team = make_team("alpha")
+    run.save(update_fields=["team"])
+    url = f"/api/decisions/training-runs/{run.pk}/build-or-buy/"
+    mine = api_client(make_member("alpha", Role.OPERATOR)).get(url)
+    assert mine.status_code == 200 and mine.json()["enabled"] is False
+    assert mine.json()["run_spend"] == "4.500000000"  # fabricate_run's ledger rows
+    assert api_client(make_member("bravo", Role.OPERATOR)).get(url).status_code == 404
