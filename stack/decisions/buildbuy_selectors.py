@@ -34,7 +34,12 @@ FIT_NOTE = "quality linear in ln(money spent): Kaplan et al. 2020, arXiv 2001.08
 
 
 def _text(value: Decimal | None) -> str | None:
-    return None if value is None else str(value)
+    return None if value is None else _fixed(value)
+
+
+def _fixed(value: Decimal) -> str:
+    """A Decimal as plain digits: str() writes 1.30E-7 for a ledger amount of 0.000000130."""
+    return format(value, "f")
 
 
 @dataclass
@@ -53,7 +58,7 @@ class _Api:
     def doc(self) -> dict[str, Any]:
         return {
             "deployment": self.deployment.slug,
-            "quality": str(self.quality),
+            "quality": _fixed(self.quality),
             "price_per_1m_tokens": _text(self.per_1m),
             "cost_per_request": _text(self.cost_per_request),
             "input_price_per_1m": _text(self.input_per_1m),
@@ -131,7 +136,7 @@ def _versions(run: TrainingRun, option: dict[str, Any], workflows: list[Workflow
             "number": version.number,
             "global_version": version.global_version,
             "final": version.final,
-            "training_cost": str(version.cost),
+            "training_cost": _fixed(version.cost),
             "currency": version.currency,
             "state": evaluation.state if evaluation else "not requested",
             "error": evaluation.error if evaluation else "",
@@ -151,14 +156,14 @@ def _versions(run: TrainingRun, option: dict[str, Any], workflows: list[Workflow
             for workflow in workflows:
                 mean = _mean_score([s.eval_run_id for s in scores if s.workflow_id == workflow.pk])
                 if mean is not None:
-                    doc["quality"][workflow.slug] = str(mean)
+                    doc["quality"][workflow.slug] = _fixed(mean)
             doc.update(
                 deployment=evaluation.deployment.slug if evaluation.deployment else None,
-                hosting_seconds=str(evaluation.hosting_seconds),
-                hosting_cost=str(evaluation.hosting_cost),
+                hosting_seconds=_fixed(evaluation.hosting_seconds),
+                hosting_cost=_fixed(evaluation.hosting_cost),
                 tokens_served=evaluation.tokens_served,
                 # Measured throughput while scoring: tokens served per second of serving held.
-                tokens_per_second=str(
+                tokens_per_second=_fixed(
                     (Decimal(evaluation.tokens_served) / evaluation.hosting_seconds).quantize(Decimal("0.01"))
                 )
                 if evaluation.hosting_seconds > 0
@@ -166,8 +171,8 @@ def _versions(run: TrainingRun, option: dict[str, Any], workflows: list[Workflow
             )
             hosting = _hosting_per_1m(evaluation)
             if hosting is not None:
-                doc["hosting_per_1m"] = str(hosting)
-                doc["amortised_per_1m"] = str(
+                doc["hosting_per_1m"] = _fixed(hosting)
+                doc["amortised_per_1m"] = _fixed(
                     maths.amortised_per_1m(
                         hosting_per_1m=hosting,
                         training_cost=version.cost,
@@ -190,7 +195,7 @@ def _hosting_per_1m(evaluation: VersionEvaluation) -> Decimal | None:
 
 def _forecast_doc(forecast: maths.Forecast) -> dict[str, Any]:
     return {
-        "target_quality": str(forecast.target),
+        "target_quality": _fixed(forecast.target),
         "cost": _text(forecast.cost),
         "low": _text(forecast.low),
         "high": _text(forecast.high),
@@ -214,9 +219,9 @@ def build_or_buy_report(*, run: TrainingRun) -> dict[str, Any]:
         "run": run.pk,
         "enabled": option is not None,
         "currency": run.currency,
-        "run_spend": str(spend),
-        "evaluation_spend": str(evaluation_spend),
-        "training_spend": str(spend - evaluation_spend),
+        "run_spend": _fixed(spend),
+        "evaluation_spend": _fixed(evaluation_spend),
+        "training_spend": _fixed(spend - evaluation_spend),
     }
     if option is None:
         return {**base, "option": None, "versions": [], "workflows": [], "stop_reason": ""}
@@ -254,7 +259,7 @@ def build_or_buy_report(*, run: TrainingRun) -> dict[str, Any]:
                 "compared_api": decision.compared.slug if decision.compared else None,
                 "target_quality": _text(decision.target),
                 "target": decision.target_name,
-                "points": [{"cost": str(c), "quality": str(q)} for c, q in points],
+                "points": [{"cost": _fixed(c), "quality": _fixed(q)} for c, q in points],
                 "forecast_best_api": _forecast_doc(decision.forecast_best)
                 if decision.forecast_best
                 else None,
