@@ -16,9 +16,18 @@ from stack.registry.models import Deployment
 
 
 def hosting_interval_bill(
-    *, deployment: Deployment, started_at: datetime, ended_at: datetime, accelerators: int = 1
+    *,
+    deployment: Deployment,
+    started_at: datetime,
+    ended_at: datetime,
+    accelerators: int = 1,
+    bill_to: tuple[str, str] | None = None,
+    team: str = "",
 ) -> UsageRecord | None:
-    """One ledger row for [started_at, ended_at) of serving; None for an empty interval."""
+    """One ledger row for [started_at, ended_at) of serving; None for an empty interval.
+
+    `bill_to`: the (subject type, subject id) that pays, e.g. a training run serving its own
+    model version to score it; by default the deployment's hosting (deployment_hosting:<id>)."""
     cluster = deployment.hosting_cluster
     if cluster is None:
         raise ValueError(f"deployment {deployment.slug} has no hosting cluster to bill")
@@ -29,8 +38,9 @@ def hosting_interval_bill(
         cluster=cluster,
         seconds=seconds,
         accelerators=accelerators,
-        subject_type="deployment_hosting",
-        subject_id=str(deployment.pk),
+        subject_type=bill_to[0] if bill_to else "deployment_hosting",
+        subject_id=bill_to[1] if bill_to else str(deployment.pk),
+        team=team,
         idempotency_key=f"hosting:{deployment.pk}:{started_at.isoformat()}",
         at=ended_at,
         deployment=deployment,

@@ -217,6 +217,9 @@ class EvalRun(models.Model):
     # The API key the job was asked for with: its budgets apply to every call, its ledger rows
     # name it. None: asked for from a page (a session).
     api_key = models.ForeignKey(ApiToken, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # The ledger subject its calls are billed to ("training_run:12": a run scoring its own model
+    # versions pays for the evaluation); "" bills each request as usual.
+    bill_to = models.CharField(max_length=80, blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now, editable=False)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

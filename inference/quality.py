@@ -24,6 +24,7 @@ from inference import scorers
 from inference.adapters.base import ChatMessage, ChatRequest
 from inference.idempotency import eval_request_id
 from inference.models import Endpoint, EvalCase, EvalRun, EvalSet, InferenceRequest, QualityRecord
+from inference.recording.fold import bill_to_subject
 from inference.router import route
 from inference.selectors import route_plan
 from inference.services import quality_record_create
@@ -114,9 +115,15 @@ def eval_run_start(
     trigger: str = EvalRun.Trigger.MANUAL,
     user: User | AnonymousUser | None = None,
     api_key: ApiToken | None = None,
+    bill_to: str = "",
+    enqueue: bool = True,
 ) -> EvalRun:
     """Queue a run of `eval_set` against `deployment` (the task starts after COMMIT). `api_key`:
-    the key it was asked for with (its budgets apply, its ledger rows name it)."""
+    the key it was asked for with (its budgets apply, its ledger rows name it). `bill_to`: the
+    ledger subject its calls are billed to ("training_run:<id>"). `enqueue=False`: the caller
+    executes it itself (eval_run_execute), e.g. against a server that lives in its own process."""
+    if bill_to:
+        bill_to_subject(bill_to)  # ValueError on a malformed subject, before anything is written
     if not deployment.enabled:
         raise RegistryError(f"deployment {deployment.slug} is disabled", field="deployment")
     total = eval_set.cases.count()
@@ -129,8 +136,10 @@ def eval_run_start(
         cases_total=total,
         created_by=_user(user),
         api_key=api_key,
+        bill_to=bill_to,
     )
-    transaction.on_commit(partial(eval_run_enqueue, run_id=run.pk))
+    if enqueue:
+        transaction.on_commit(partial(eval_run_enqueue, run_id=run.pk))
     return run
 
 
@@ -201,6 +210,7 @@ def _run_cases(run: EvalRun) -> None:
             client_request_id=eval_request_id(run_id=run.pk, case_id=case.pk),
             deployment=run.deployment,
             api_key_id=run.api_key_id,
+            bill_to=run.bill_to,
         )
         cost = result.cost
         comment = ""
@@ -249,6 +259,7 @@ def _judge(run: EvalRun, case: EvalCase, answer: str) -> tuple[float, str, Decim
         client_request_id=eval_request_id(run_id=run.pk, case_id=case.pk, judge=True),
         deployment=judge,
         api_key_id=run.api_key_id,
+        bill_to=run.bill_to,
     )
     if not verdict.ok or verdict.completion is None:
         return 0.0, f"judge {judge.slug} failed: {verdict.error}"[:500], verdict.cost

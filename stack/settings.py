@@ -406,6 +406,12 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": crontab(minute=15, hour=env_int("SWITCHYARD_DIGEST_HOUR_UTC", 0, minimum=0)),
         "options": {"queue": "control", "expires": 3600},
     },
+    # Build or buy: model versions whose scoring a lost signal or a killed worker left behind.
+    "decisions-version-evaluations-sweep": {
+        "task": "decisions.version_evaluations_sweep",
+        "schedule": env_float("SWITCHYARD_BUILD_OR_BUY_SWEEP_SECONDS", 60.0, minimum=1.0),
+        "options": {"queue": "control", "expires": 120},
+    },
     # Batch inference jobs whose worker died (stale lease) are re-queued and resume.
     "inference-batch-jobs-resume": {
         "task": "inference.batch_jobs_resume",
@@ -416,6 +422,9 @@ CELERY_BEAT_SCHEDULE = {
 # A running batch job's lease: longer than one line can take (deadline plus retries).
 INFERENCE_BATCH_STALE_SECONDS = env_float("SWITCHYARD_BATCH_STALE_SECONDS", 120.0, minimum=1.0)
 INFERENCE_BATCH_PART_LINES = env_int("SWITCHYARD_BATCH_PART_LINES", 20, minimum=1)
+# A build-or-buy version evaluation claimed this long ago (its worker presumably dead) is taken
+# over by the next delivery or beat's sweep; longer than serving and scoring one version takes.
+BUILD_OR_BUY_STALE_SECONDS = env_float("SWITCHYARD_BUILD_OR_BUY_STALE_SECONDS", 900.0, minimum=1.0)
 
 # Ledger chains appended to in parallel: each writer takes whichever partition's head is free
 # (billing.services.usage_record_batch), so writers do not queue on one lock. 1 keeps one chain.

@@ -70,6 +70,7 @@ urlpatterns = [
     # /api/ call it needs a token or a session (401 without).
     path("api/schema/", SchemaView.as_view(permission_classes=[RolePermission]), name="schema"),
     path("api/usage-export/", UsageExportView.as_view(), name="usage-export"),
+    path("api/decisions/", include("stack.decisions.buildbuy_urls")),
     path("api/", include(router.urls)),
 ]
 if settings.OIDC_ENABLED:

@@ -68,6 +68,9 @@ class FoldJob:
     # Circuit transitions the request's calls caused: (deployment id, opened/closed, cause code).
     breaker: list[tuple[int, str, str]] = field(default_factory=list)
     api_key_id: int | None = None  # the request's API key: its ledger rows name it
+    # The ledger subject "<type>:<id>" its rows are billed to; "" bills the request itself
+    # ("inference_request:<id>"). The idempotency keys stay the request's either way.
+    bill_to: str = ""
 
     def journal(self) -> dict[str, Any]:
         """The journal entry (JSON) kept on the request row until the job is folded."""
@@ -97,6 +100,8 @@ class FoldJob:
             "breaker": [list(t) for t in self.breaker],
             # Optional: entries journaled before keys were recorded have none (no key).
             "api_key": self.api_key_id,
+            # Optional: entries journaled before bill-to subjects existed bill the request.
+            "bill_to": self.bill_to,
         }
 
     @classmethod
@@ -127,7 +132,18 @@ class FoldJob:
             # Entries journaled before transitions were recorded have none.
             breaker=[(int(d), str(t), str(c)) for d, t, c in doc.get("breaker", [])],
             api_key_id=doc.get("api_key"),
+            bill_to=str(doc.get("bill_to") or ""),
         )
+
+
+def bill_to_subject(bill_to: str) -> tuple[str, str] | None:
+    """("training_run", "12") from "training_run:12"; None for "" (bill the request)."""
+    if not bill_to:
+        return None
+    subject_type, sep, subject_id = bill_to.partition(":")
+    if not sep or not subject_type or not subject_id:
+        raise ValueError(f"bill_to must be <subject type>:<subject id>, got {bill_to!r}")
+    return subject_type, subject_id
 
 
 @dataclass
@@ -177,6 +193,7 @@ def fold_jobs(
     for job in jobs:
         workflow = workflows[job.workflow_id]
         by_position = {a.position: a for a in job.attempts}
+        subject_type, subject_id = bill_to_subject(job.bill_to) or ("inference_request", str(job.request_id))
         for position, unit, quantity in job.billed:
             deployment = deployments[by_position[position].deployment_id]
             items.append(
@@ -185,8 +202,8 @@ def fold_jobs(
                     quantity=quantity,
                     occurred_at=job.created_at,
                     idempotency_key=f"inference:{job.request_id}:{position}:{UNIT_SUFFIX[unit]}",
-                    subject_type="inference_request",
-                    subject_id=str(job.request_id),
+                    subject_type=subject_type,
+                    subject_id=subject_id,
                     deployment=deployment,
                     workflow=workflow,
                     api_key_id=job.api_key_id,

@@ -39,6 +39,7 @@ def inference_request_record(
     inline: bool = False,
     breaker_transitions: Sequence[tuple[int, str, str]] = (),
     api_key_id: int | None = None,
+    bill_to: str = "",
 ) -> InferenceRequest:
     """Record one routed request durably; returns its row (whose `cost` the answer reports).
 
@@ -122,6 +123,7 @@ def inference_request_record(
         quality_floor=plan.policy.quality_floor,
         breaker=list(breaker_transitions),
         api_key_id=api_key_id,
+        bill_to=bill_to,
     )
     if not (inline or settings.INFERENCE_RECORDING == "inline" or connection.in_atomic_block):
         # One statement in autocommit: the row and its journal entry are durable (committed)

@@ -88,6 +88,8 @@ class Context:
     # The API key the request came with (gateway, batch job, eval run): its budgets apply and
     # the ledger rows name it.
     api_key_id: int | None = None
+    # The ledger subject the usage rows are billed to ("training_run:12"); "" bills the request.
+    bill_to: str = ""
 
 
 def prepare(

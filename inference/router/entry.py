@@ -39,13 +39,16 @@ def route(
     deadline_s: float | None = None,
     deployment: Deployment | None = None,
     api_key_id: int | None = None,
+    bill_to: str = "",
 ) -> RouteResult:
     """Serve `request` for `workflow` by its current policy version (see the module docstring).
 
     With `deployment`, call that deployment only (no strategy, no fallback; breakers, budgets,
     retries and records as usual): eval runs and judges score one deployment at a time. The
     request is recorded under `workflow` with no policy version. `api_key_id`: the API key the
-    request came with; its budgets are asked and its ledger rows name it.
+    request came with; its budgets are asked and its ledger rows name it. `bill_to`: a ledger
+    subject "<type>:<id>" the request's usage rows are billed to instead of the request itself
+    (an eval run scoring a training run's model version bills the run: "training_run:<id>").
     """
     if client_request_id:
         # A replay answers only inside the key's own scope: the key names its namespace
@@ -54,6 +57,7 @@ def route(
         if row is not None:
             return replay(row)
     ctx = prepare(workflow, request, endpoint, deadline_s, deployment=deployment, api_key_id=api_key_id)
+    ctx.bill_to = bill_to
     completion: Completion | None = None
     winner: PlanEntry | None = None
     with ExitStack() as stack:

@@ -67,6 +67,7 @@ def finish_request(
         inline=ctx.admitted,
         breaker_transitions=ctx.breaker_transitions,
         api_key_id=ctx.api_key_id,
+        bill_to=ctx.bill_to,
     )
     # Observed once the request is recorded: counters in this process, spans (when tracing is
     # on) handed to the exporter's background thread.

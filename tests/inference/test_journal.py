@@ -212,3 +212,25 @@ def test_the_folder_thread_folds_journaled_requests_on_its_own(
         assert time.monotonic() < deadline, "the folder thread did not fold the journal"
         time.sleep(0.05)
     assert UsageRecord.objects.filter(subject_id__in=[str(i) for i in ids]).count() == 10
+
+
+def test_a_request_billed_to_another_subject_keeps_it_through_the_journal_and_inline(
+    journal: list[int], owner: User, mock_provider: Callable[..., MockProviderServer], settings: Any
+) -> None:
+    """An eval run that scores a training run's model version bills the run (route's bill_to):
+    the subject survives the journal entry, the request's cost still equals its ledger rows."""
+    server = mock_provider(tokens_in=1000, tokens_out=500)
+    workflow = routed_workflow(owner, [priced_deployment(server)])
+    journaled = route(workflow=workflow, request=PING, bill_to="training_run:41")
+    assert (
+        InferenceRequest.objects.get(pk=journaled.request_id).ledger_pending["bill_to"] == "training_run:41"
+    )
+    assert journal_fold() == 1
+    settings.INFERENCE_RECORDING = "inline"
+    inline = route(workflow=workflow, request=PING, bill_to="training_run:41")
+    rows = UsageRecord.objects.filter(subject_type="training_run", subject_id="41")
+    assert rows.count() == 4 and not UsageRecord.objects.filter(subject_type="inference_request").exists()
+    # Idempotency keys stay the request's: the fold's cost per request is unchanged.
+    for result in (journaled, inline):
+        own = rows.filter(idempotency_key__startswith=f"inference:{result.request_id}:")
+        assert sum(own.values_list("amount", flat=True)) == result.cost == Decimal("0.002500000")

@@ -115,6 +115,12 @@ class RunConfig:
         return int(self.raw.get("register_every_versions", DEFAULTS["register_every_versions"]))
 
     @property
+    def build_or_buy(self) -> dict[str, Any] | None:
+        """The normalised `build_or_buy` option (run_config.build_or_buy), or None when off."""
+        value = self.raw.get("build_or_buy")
+        return dict(value) if isinstance(value, dict) else None
+
+    @property
     def start_from(self) -> dict[str, Any] | None:
         """The resolved `start_from` (model_version id, label, mode, artifact_uri, layout), or None."""
         value = self.raw.get("start_from")

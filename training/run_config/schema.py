@@ -73,6 +73,8 @@ DEFAULTS: dict[str, Any] = {
     "seed": 0,
     "register_every_versions": 10,
     "start_from": None,
+    # Score registered versions against the APIs of some workflows (run_config.build_or_buy).
+    "build_or_buy": None,
 }
 START_MODES = ("continue", "finetune")
 TEAM_MAX_LENGTH = 64

@@ -17,6 +17,7 @@ from stack.registry.validation import (
     int_parse,
     text_check,
 )
+from training.run_config.build_or_buy import check_build_or_buy
 from training.run_config.schema import (
     BOOLS,
     CHOICES,
@@ -120,6 +121,7 @@ def run_config_validate(raw: Any) -> dict[str, Any]:
     _check_stop(cfg, errors)
     _check_money(cfg, errors)
     _check_placement(cfg, m, errors)
+    check_build_or_buy(cfg, errors)
 
     # A chunk must finish well inside the broker's visibility timeout, or Redis hands the same
     # message to a second worker while the first still trains it.

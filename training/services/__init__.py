@@ -36,6 +36,7 @@ from training.services.runs import (
     training_run_check_stop,
     training_run_create,
     training_run_fail,
+    training_run_stop_by_rule,
     training_run_succeed,
 )
 from training.services.supervision import (
@@ -86,6 +87,7 @@ __all__ = [
     "training_run_create",
     "training_run_fail",
     "training_run_place",
+    "training_run_stop_by_rule",
     "training_run_succeed",
     "training_runs_supervise",
 ]

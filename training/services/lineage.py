@@ -33,6 +33,7 @@ from training.run_engines import (
     version_params,
     write_model_version,
 )
+from training.signals import model_version_registered
 
 if TYPE_CHECKING:
     import torch
@@ -115,6 +116,13 @@ def _register(
         )
         # The model serves its newest version.
         RegisteredModel.objects.filter(pk=model.pk).update(artifact_uri=uri)
+        # After COMMIT: a receiver's task must find the row; a rolled-back version sends nothing.
+        version_id, run_id = version.pk, run.pk
+        transaction.on_commit(
+            lambda: model_version_registered.send_robust(
+                sender=ModelVersion, version_id=version_id, run_id=run_id
+            )
+        )
     logger.info("run %s: registered %s (versions %s, eval loss %.4f)", run.pk, version, versions, loss)
     return version
 

@@ -202,6 +202,17 @@ def training_run_succeed(*, run: TrainingRun, why: str) -> TrainingRun:
     return run
 
 
+def training_run_stop_by_rule(*, run_id: int, reason: str) -> TrainingRun | None:
+    """End a live run early because a rule of its own config says training is done (the
+    build-or-buy target reached, or buying cheaper at the forecast volume): it succeeds with its
+    final version registered, and its reason names the rule and the figures. No-op (the run as
+    it is) when it already ended; None when it is gone."""
+    run = TrainingRun.objects.filter(pk=run_id).first()
+    if run is None or run.state not in (TrainingRun.State.RUNNING, TrainingRun.State.RECOVERING):
+        return run
+    return training_run_succeed(run=run, why=f"stopped by rule: {reason}"[:900])
+
+
 def training_run_budget_exhaust(*, run: TrainingRun, why: str = "") -> TrainingRun:
     """A budget is spent: stop cleanly, keeping the last published version as a checkpoint.
 

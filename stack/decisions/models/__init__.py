@@ -3,12 +3,15 @@
 Rows here join the other apps' records (model versions, eval runs, batch jobs, ledger rows);
 they never hold a figure the ledger cannot reproduce. One module per part:
 
+- buildbuy: VersionEvaluation / VersionScore / ApiScore (each model version of a build-or-buy
+  run served and scored on its workflows' eval sets, beside the API deployments of their routes)
 - replay: ReplayStudy / ReplayCandidate / ReplayResult (kept requests replayed through
   candidate deployments off the request path, as billed batch jobs, and scored)
 """
 
 from __future__ import annotations
 
+from stack.decisions.models.buildbuy import ApiScore, VersionEvaluation, VersionScore
 from stack.decisions.models.replay import ReplayCandidate, ReplayResult, ReplayStudy
 
-__all__ = ["ReplayCandidate", "ReplayResult", "ReplayStudy"]
+__all__ = ["ApiScore", "ReplayCandidate", "ReplayResult", "ReplayStudy", "VersionEvaluation", "VersionScore"]
