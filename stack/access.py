@@ -123,8 +123,8 @@ ACCESS: dict[str, Access] = {
     "inference-provider": _READ_ONLY,
     # Recommendations: every role reads them (a viewer without the money), operators of the
     # workflow's team accept or dismiss them (the view checks the team).
-    "recommendations": _READ_ONLY,
-    "recommendation": _REGISTRY,
+    "decisions:recommendations": _READ_ONLY,
+    "decisions:recommendation": _REGISTRY,
     # --- API ----------------------------------------------------------------------------------
     "api-root": _READ_ONLY,
     "schema": _READ_ONLY,

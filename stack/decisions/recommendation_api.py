@@ -13,7 +13,14 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import QuerySet
-from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field, extend_schema_view
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_field,
+    extend_schema_view,
+)
 from rest_framework import serializers, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -22,17 +29,29 @@ from rest_framework.routers import BaseRouter
 
 from stack.decisions import recommendation_services as services
 from stack.decisions.models import Recommendation
-from stack.decisions.recommendation_selectors import recommendation_stale, replay_request_ids
+from stack.decisions.recommendation_selectors import (
+    recommendation_stale,
+    replay_request_ids,
+    with_current_policy,
+)
 from stack.registry.api_fields import ModelSerializer
 from stack.registry.query_params import query_choice
 from stack.registry.roles import ALL_ROLES, OPERATORS
 
 
 class RecommendationSerializer(ModelSerializer[Recommendation]):
-    workflow = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    from_deployment = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    to_deployment = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    policy_version = serializers.IntegerField(source="policy_version.version", read_only=True, allow_null=True)
+    workflow: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True
+    )
+    from_deployment: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True
+    )
+    to_deployment: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True
+    )
+    policy_version = serializers.IntegerField(
+        source="policy_version.version", read_only=True, allow_null=True
+    )
     accepted_policy_version = serializers.IntegerField(
         source="accepted_policy_version.version", read_only=True, allow_null=True
     )
@@ -79,7 +98,7 @@ class RecommendationSerializer(ModelSerializer[Recommendation]):
     def get_stale(self, obj: Recommendation) -> bool:
         return obj.state == Recommendation.State.PROPOSED and recommendation_stale(recommendation=obj)
 
-    @extend_schema_field(serializers.DictField(allow_null=True))
+    @extend_schema_field(serializers.DictField())
     def get_cost(self, obj: Recommendation) -> dict[str, Any]:
         """Money: the cost per request both sides, the ledger rows' sums and counts, the budgets."""
         return {
@@ -97,7 +116,9 @@ class RecommendationSerializer(ModelSerializer[Recommendation]):
             "study": obj.study_id,
             "candidate": obj.candidate_id,
             "baseline_candidate": obj.baseline_candidate_id,
-            "replayed_request_ids": list(replay_request_ids(candidate=obj.candidate)) if obj.candidate else [],
+            "replayed_request_ids": list(replay_request_ids(candidate=obj.candidate))
+            if obj.candidate
+            else [],
             "baseline_request_ids": (
                 list(replay_request_ids(candidate=obj.baseline_candidate)) if obj.baseline_candidate else []
             ),
@@ -107,6 +128,11 @@ class RecommendationSerializer(ModelSerializer[Recommendation]):
 
     def get_url(self, obj: Recommendation) -> str:
         return services.recommendation_url(recommendation=obj)
+
+
+# What accept and dismiss answer besides the recommendation: 409 with the reason (FieldErrors'
+# shape: {"non_field_errors": [...]}) when it was decided already or its route moved on.
+_CONFLICT = OpenApiResponse(OpenApiTypes.OBJECT, description="Decided already, or stale: the route moved on.")
 
 
 def _text(value: Any) -> str | None:
@@ -137,8 +163,15 @@ class RecommendationViewSet(viewsets.ReadOnlyModelViewSet[Recommendation]):
     query_params_known = ("workflow", "state")
 
     def get_queryset(self) -> QuerySet[Recommendation]:
-        rows = Recommendation.objects.select_related(
-            "workflow", "from_deployment", "to_deployment", "policy_version", "accepted_policy_version", "decided_by"
+        rows = with_current_policy(
+            Recommendation.objects.select_related(
+                "workflow",
+                "from_deployment",
+                "to_deployment",
+                "policy_version",
+                "accepted_policy_version",
+                "decided_by",
+            )
         )
         slug = self.request.query_params.get("workflow")
         if slug:
@@ -148,14 +181,14 @@ class RecommendationViewSet(viewsets.ReadOnlyModelViewSet[Recommendation]):
             rows = rows.filter(state=state)
         return rows
 
-    @extend_schema(request=None, responses=RecommendationSerializer)
+    @extend_schema(request=None, responses={200: RecommendationSerializer, 409: _CONFLICT})
     @action(detail=True, methods=["post"])
     def accept(self, request: Request, pk: str | None = None) -> Response:
         """Write the proposal as the workflow's next routing-policy version (409: decided or stale)."""
         rec = services.recommendation_accept(recommendation_id=self.get_object().pk, user=request.user)  # type: ignore[arg-type]
         return Response(self.get_serializer(rec).data)
 
-    @extend_schema(request=DismissSerializer, responses=RecommendationSerializer)
+    @extend_schema(request=DismissSerializer, responses={200: RecommendationSerializer, 409: _CONFLICT})
     @action(detail=True, methods=["post"])
     def dismiss(self, request: Request, pk: str | None = None) -> Response:
         """Close the proposal with a reason (400 without one; 409 when decided already)."""

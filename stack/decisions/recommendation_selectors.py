@@ -13,13 +13,13 @@ from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any
 
 from django.contrib.auth.models import AnonymousUser, User
-from django.db.models import Count, QuerySet, Sum
+from django.db.models import Count, OuterRef, QuerySet, Subquery, Sum
 from django.http import Http404
 
 from billing.models import UsageRecord
 from inference.models import InferenceRequest
 from stack.decisions.models import Recommendation, ReplayCandidate, ReplayResult
-from stack.registry.models import Workflow
+from stack.registry.models import RoutingPolicyVersion, Workflow
 from stack.registry.selectors import workflow_current_policy, workflows_visible
 
 SUBJECT_TYPE = "inference_request"  # the ledger's subject of a routed request (inference.recording)
@@ -121,15 +121,30 @@ def recommendation_reconcile(*, recommendation: Recommendation) -> Reconciliatio
         if recommendation.baseline_candidate is not None
         else None
     )
-    after = replay_ledger_cost(candidate=recommendation.candidate) if recommendation.candidate is not None else None
+    after = (
+        replay_ledger_cost(candidate=recommendation.candidate)
+        if recommendation.candidate is not None
+        else None
+    )
     stored = {name: getattr(recommendation, name) for name in _money_figures(None, None)}
     return Reconciliation(before, after, stored, _money_figures(before, after))
 
 
 def recommendation_stale(*, recommendation: Recommendation) -> bool:
-    """Has the workflow's policy moved on from the version the proposal was computed against?"""
-    current = workflow_current_policy(workflow=recommendation.workflow)
-    return current is None or current.pk != recommendation.policy_version_id
+    """Has the workflow's policy moved on from the version the proposal was computed against?
+    (Read from `current_policy_id` when the queryset annotated it: one query for a whole list.)"""
+    if hasattr(recommendation, "current_policy_id"):
+        current_id = recommendation.current_policy_id
+    else:
+        current = workflow_current_policy(workflow=recommendation.workflow)
+        current_id = current.pk if current is not None else None
+    return current_id is None or current_id != recommendation.policy_version_id
+
+
+def with_current_policy(rows: QuerySet[Recommendation]) -> QuerySet[Recommendation]:
+    """`rows` annotated with their workflow's current policy version id (`current_policy_id`)."""
+    newest = RoutingPolicyVersion.objects.filter(workflow=OuterRef("workflow")).order_by("-version")
+    return rows.annotate(current_policy_id=Subquery(newest.values("pk")[:1]))
 
 
 def recommendations_visible(
@@ -139,8 +154,10 @@ def recommendations_visible(
     workflows: QuerySet[Workflow] = workflows_visible(user=user)
     if teams is not None:
         workflows = workflows.filter(team__in=teams)
-    rows = Recommendation.objects.filter(workflow__in=workflows).select_related(
-        "workflow", "from_deployment", "to_deployment", "policy_version", "decided_by", "study"
+    rows = with_current_policy(
+        Recommendation.objects.filter(workflow__in=workflows).select_related(
+            "workflow", "from_deployment", "to_deployment", "policy_version", "decided_by", "study"
+        )
     )
     if state:
         rows = rows.filter(state=state)

@@ -104,12 +104,16 @@ def quality_difference(*, baseline: ReplayCandidate, candidate: ReplayCandidate)
         variance = sum(((d - mean) ** 2 for d in diffs), Decimal("0")) / (n - 1)  # sample variance
         half = Z95 * variance.sqrt() / n.sqrt()
         return QualityDiff(mean.quantize(QUALITY_PLACES), half.quantize(QUALITY_PLACES), len(common))
-    if None in (candidate.quality_mean, baseline.quality_mean, candidate.quality_ci, baseline.quality_ci):
+    a_mean, a_ci, b_mean, b_ci = (
+        candidate.quality_mean,
+        candidate.quality_ci,
+        baseline.quality_mean,
+        baseline.quality_ci,
+    )
+    if a_mean is None or a_ci is None or b_mean is None or b_ci is None:
         return None
-    assert candidate.quality_mean is not None and baseline.quality_mean is not None
-    assert candidate.quality_ci is not None and baseline.quality_ci is not None
-    diff = candidate.quality_mean - baseline.quality_mean
-    half = (candidate.quality_ci**2 + baseline.quality_ci**2).sqrt()
+    diff = a_mean - b_mean
+    half = (a_ci**2 + b_ci**2).sqrt()
     return QualityDiff(diff.quantize(QUALITY_PLACES), half.quantize(QUALITY_PLACES), 0)
 
 
@@ -138,7 +142,9 @@ def budget_checks(
     period's end and whether it fits (see the module docstring, rule 4)."""
     volume = workflow_recent_volume(workflow=workflow, now=now)
     per_second = Decimal(volume) / Decimal(int(VOLUME_WINDOW.total_seconds()))
-    new_target = spend_target(workflow=workflow, provider=candidate.provider, cluster=candidate.hosting_cluster)
+    new_target = spend_target(
+        workflow=workflow, provider=candidate.provider, cluster=candidate.hosting_cluster
+    )
     old_keys = set(
         spend_target(workflow=workflow, provider=baseline.provider, cluster=baseline.hosting_cluster).keys()
     )
@@ -186,7 +192,7 @@ def recommendation_summary(
     latency_p95_delta_ms: float | None,
     replayed_requests: int,
 ) -> str:
-    """"switch support-triage's primary from A to B: -38% cost per request, quality 0.91 -> 0.90
+    """ "switch support-triage's primary from A to B: -38% cost per request, quality 0.91 -> 0.90
     (95% CI +-0.02), p95 +40 ms, from 500 replayed requests" (no money figure: viewers read it)."""
     parts = [f"{_signed_percent(cost_change_percent)} cost per request"]
     if quality_before is not None and quality_after is not None:
@@ -197,7 +203,8 @@ def recommendation_summary(
         parts.append(f"p95 {'+' if delta >= 0 else MINUS}{abs(delta)} ms")
     parts.append(f"from {replayed_requests} replayed requests")
     return (
-        f"switch {workflow.slug}'s primary from {from_deployment.slug} to {to_deployment.slug}: " + ", ".join(parts)
+        f"switch {workflow.slug}'s primary from {from_deployment.slug} to {to_deployment.slug}: "
+        + ", ".join(parts)
     )
 
 
@@ -236,8 +243,7 @@ def _judge(
         return no("ledger rows still pending")
     if cost.currencies and cost.currency != base_cost.currency:
         return no("priced in another currency than the baseline")
-    assert base_cost.per_request is not None
-    if cost.per_request >= base_cost.per_request:
+    if base_cost.per_request is None or cost.per_request >= base_cost.per_request:
         return no("not cheaper per request")
     if candidate.quality_mean is None:
         return no("not scored")
@@ -248,7 +254,9 @@ def _judge(
     if diff is None:
         return no("quality difference unknown")
     if diff.diff - diff.half_width < -quality_margin:
-        return no(f"quality worse than the baseline: {diff.diff} \u00b1 {diff.half_width} (margin {quality_margin})")
+        return no(
+            f"quality worse than the baseline: {diff.diff} \u00b1 {diff.half_width} (margin {quality_margin})"
+        )
     currency = base_cost.currency or candidate.currency
     checks = budget_checks(
         workflow=study.workflow,
@@ -325,7 +333,9 @@ def recommendations_from_study(
     A study that is not SUCCEEDED, whose baseline was not replayed, or whose policy version is no
     longer the workflow's current one proposes nothing."""
     now = now or timezone.now()
-    study = ReplayStudy.objects.select_related("workflow", "policy_version", "baseline_deployment").get(pk=study_id)
+    study = ReplayStudy.objects.select_related("workflow", "policy_version", "baseline_deployment").get(
+        pk=study_id
+    )
     if study.state != ReplayStudy.State.SUCCEEDED:
         return Derivation([], [], 0)
     candidates = list(study.candidates.select_related("deployment__provider", "deployment__hosting_cluster"))
@@ -439,7 +449,7 @@ def recommendation_accept(*, recommendation_id: int, user: User) -> Recommendati
     with transaction.atomic():
         rec = _locked_proposal(recommendation_id)
         if rec.kind != Recommendation.Kind.SWITCH_PRIMARY or rec.to_deployment is None:
-            raise RecommendationError("only a switch of the primary deployment is accepted in one click")
+            raise RecommendationConflict("only a switch of the primary deployment is accepted in one click")
         # The lock workflow_policy_change takes, taken first: no change slips in between the
         # staleness check and the new version.
         Workflow.objects.select_for_update().filter(pk=rec.workflow_id).first()
@@ -494,4 +504,3 @@ def recommendation_dismiss(*, recommendation_id: int, user: User, reason: str) -
         rec.decided_at = timezone.now()
         rec.save(update_fields=["state", "dismiss_reason", "decided_by", "decided_at"])
     return rec
-

@@ -47,14 +47,21 @@ class RecommendationListView(RoleRequiredMixin, View):
         team_filter = team_filter_from_request(request)
         state_form = StateFilterForm(request.GET or None)
         state = state_form.cleaned_data["state"] if state_form.is_valid() else ""
-        rows = list(recommendations_visible(user=request.user, teams=team_filter.teams, state=state)[:LIST_ROWS])
-        for row in rows:
-            row.stale = row.state == Recommendation.State.PROPOSED and recommendation_stale(recommendation=row)  # type: ignore[attr-defined]
-        status = 400 if team_filter.status == 400 or (state_form.is_bound and not state_form.is_valid()) else 200
+        rows = list(
+            recommendations_visible(user=request.user, teams=team_filter.teams, state=state)[:LIST_ROWS]
+        )
+        stale_ids = {
+            row.pk
+            for row in rows
+            if row.state == Recommendation.State.PROPOSED and recommendation_stale(recommendation=row)
+        }
+        status = (
+            400 if team_filter.status == 400 or (state_form.is_bound and not state_form.is_valid()) else 200
+        )
         return render(
             request,
             "decisions/recommendation_list.html",
-            {"rows": rows, "team_filter": team_filter, "state_form": state_form},
+            {"rows": rows, "stale_ids": stale_ids, "team_filter": team_filter, "state_form": state_form},
             status=status,
         )
 
@@ -75,9 +82,9 @@ class RecommendationDetailView(RoleRequiredMixin, View):
         try:
             if action == "accept":
                 rec = services.recommendation_accept(recommendation_id=rec.pk, user=request.user)  # type: ignore[arg-type]
-                assert rec.accepted_policy_version is not None
                 messages.success(
-                    request, f"Accepted: {rec.workflow.slug} is on policy v{rec.accepted_policy_version.version}."
+                    request,
+                    f"Accepted: {rec.workflow.slug} is on policy v{_version(rec)}.",
                 )
                 return HttpResponseRedirect(services.recommendation_url(recommendation=rec))
             if action == "dismiss":
@@ -98,7 +105,13 @@ class RecommendationDetailView(RoleRequiredMixin, View):
         return self._render(request, rec, form, error="Choose Accept or Dismiss.", status=400)
 
     def _render(
-        self, request: HttpRequest, rec: Recommendation, form: DismissForm, *, error: str = "", status: int = 200
+        self,
+        request: HttpRequest,
+        rec: Recommendation,
+        form: DismissForm,
+        *,
+        error: str = "",
+        status: int = 200,
     ) -> HttpResponse:
         rec.refresh_from_db()
         costs = can_see_costs(request.user)
@@ -120,6 +133,11 @@ class RecommendationDetailView(RoleRequiredMixin, View):
             context["reconciliation"] = recommendation_reconcile(recommendation=rec)
             context["ledger_link"] = _ledger_link(rec)
         return render(request, "decisions/recommendation_detail.html", context, status=status)
+
+
+def _version(rec: Recommendation) -> str:
+    policy = rec.accepted_policy_version
+    return str(policy.version) if policy is not None else "?"
 
 
 def _ledger_link(rec: Recommendation) -> str:

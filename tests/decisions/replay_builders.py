@@ -42,7 +42,9 @@ def live_requests(workflow: Workflow, count: int) -> list[int]:
     """`count` live requests of the workflow, routed by its current policy (its recent volume)."""
     ids = []
     for i in range(count):
-        result = route(workflow=workflow, request=ChatRequest(messages=(ChatMessage("user", f"question {i}"),)))
+        result = route(
+            workflow=workflow, request=ChatRequest(messages=(ChatMessage("user", f"question {i}"),))
+        )
         assert result.ok and result.request_id is not None
         ids.append(result.request_id)
     return ids

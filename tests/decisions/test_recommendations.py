@@ -39,7 +39,9 @@ from tests.inference.helpers import priced_deployment, routed_workflow
 pytestmark = pytest.mark.django_db
 
 N = 10
-BASE_SCORES = [Decimal(s) for s in ("0.90", "0.92", "0.88", "0.91", "0.89", "0.90", "0.92", "0.88", "0.91", "0.89")]
+BASE_SCORES = [
+    Decimal(s) for s in ("0.90", "0.92", "0.88", "0.91", "0.89", "0.90", "0.92", "0.88", "0.91", "0.89")
+]
 # Half the answers one point worse: a paired difference of -0.005 +- 0.0033, inside the margin.
 GOOD_SCORES = [s - Decimal("0.01") if i < 5 else s for i, s in enumerate(BASE_SCORES)]
 WORSE_SCORES = [s - Decimal("0.05") for s in BASE_SCORES]
@@ -164,7 +166,10 @@ def test_a_candidate_whose_projected_spend_breaks_a_budget_is_not_proposed(world
     study = _study(world)
     # The new primary's provider may spend 0.01 this month: its replay spent 0.0125 already.
     Budget.objects.create(
-        name="cheap provider", scope=Budget.Scope.PROVIDER, provider=world.cheap.provider, limit_amount=Decimal("0.01")
+        name="cheap provider",
+        scope=Budget.Scope.PROVIDER,
+        provider=world.cheap.provider,
+        limit_amount=Decimal("0.01"),
     )
     derived = recommendations_from_study(study_id=study.pk)
     assert derived.recommendations == []
@@ -261,7 +266,10 @@ def test_a_proposal_is_stale_once_the_route_moved_on(world: World, operator: Use
     with pytest.raises(RecommendationConflict, match="stale"):
         recommendation_accept(recommendation_id=rec.pk, user=operator)
     rec.refresh_from_db()
-    assert rec.state == "proposed" and RoutingPolicyVersion.objects.filter(workflow=world.workflow).count() == versions
+    assert (
+        rec.state == "proposed"
+        and RoutingPolicyVersion.objects.filter(workflow=world.workflow).count() == versions
+    )
 
 
 def test_dismissing_needs_a_reason_and_records_it(world: World, operator: User) -> None:
@@ -270,7 +278,11 @@ def test_dismissing_needs_a_reason_and_records_it(world: World, operator: User) 
         recommendation_dismiss(recommendation_id=rec.pk, user=operator, reason="   ")
     assert refused.value.field_errors() == {"reason": ["say why the recommendation is dismissed"]}
     rec = recommendation_dismiss(recommendation_id=rec.pk, user=operator, reason="B's terms forbid EU data")
-    assert (rec.state, rec.dismiss_reason, rec.decided_by) == ("dismissed", "B's terms forbid EU data", operator)
+    assert (rec.state, rec.dismiss_reason, rec.decided_by) == (
+        "dismissed",
+        "B's terms forbid EU data",
+        operator,
+    )
     assert workflow_current_policy(workflow=world.workflow) == rec.policy_version  # the route is as it was
 
 
@@ -292,7 +304,9 @@ def test_the_api_lists_accepts_and_refuses_what_it_must(world: World, operator: 
     accepted = client.post(f"/api/recommendations/{rec.pk}/accept/", {}, format="json")
     assert accepted.status_code == 200, accepted.content
     assert accepted.json()["state"] == "accepted"
-    assert accepted.json()["accepted_policy_version"] == workflow_current_policy(workflow=world.workflow).version  # type: ignore[union-attr]
+    assert (
+        accepted.json()["accepted_policy_version"] == workflow_current_policy(workflow=world.workflow).version
+    )  # type: ignore[union-attr]
     again = client.post(f"/api/recommendations/{rec.pk}/accept/", {}, format="json")
     assert again.status_code == 409
     dismissed = client.post(f"/api/recommendations/{rec.pk}/dismiss/", {"reason": "late"}, format="json")
@@ -306,6 +320,8 @@ def test_the_api_answers_409_for_a_stale_proposal(world: World, operator: User) 
     assert client.get(f"/api/recommendations/{rec.pk}/").json()["stale"] is True
     response = client.post(f"/api/recommendations/{rec.pk}/accept/", {}, format="json")
     assert response.status_code == 409 and "stale" in str(response.json())
+    listing = _page(operator).get("/decisions/recommendations/?state=proposed").content.decode()
+    assert f'data-recommendation="{rec.pk}"' in listing and "(stale)" in listing
 
 
 def test_team_scoping_hides_other_teams_and_keeps_viewers_from_deciding(world: World) -> None:
@@ -314,7 +330,9 @@ def test_team_scoping_hides_other_teams_and_keeps_viewers_from_deciding(world: W
     response = api_client(outsider).get(f"/api/recommendations/{rec.pk}/")
     assert response.status_code == 404
     assert api_client(outsider).get("/api/recommendations/").json()["results"] == []
-    assert api_client(outsider).post(f"/api/recommendations/{rec.pk}/accept/", {}, format="json").status_code in (
+    assert api_client(outsider).post(
+        f"/api/recommendations/{rec.pk}/accept/", {}, format="json"
+    ).status_code in (
         403,
         404,
     )
@@ -324,10 +342,16 @@ def test_team_scoping_hides_other_teams_and_keeps_viewers_from_deciding(world: W
     seen = client.get(f"/api/recommendations/{rec.pk}/")
     assert seen.status_code == 200 and "cost" not in seen.json()  # a viewer sees no money
     assert client.post(f"/api/recommendations/{rec.pk}/accept/", {}, format="json").status_code == 403
-    assert client.post(f"/api/recommendations/{rec.pk}/dismiss/", {"reason": "x"}, format="json").status_code == 403
+    assert (
+        client.post(f"/api/recommendations/{rec.pk}/dismiss/", {"reason": "x"}, format="json").status_code
+        == 403
+    )
 
     member = make_member(make_team("support"), Role.OPERATOR)
-    assert api_client(member).post(f"/api/recommendations/{rec.pk}/accept/", {}, format="json").status_code == 200
+    assert (
+        api_client(member).post(f"/api/recommendations/{rec.pk}/accept/", {}, format="json").status_code
+        == 200
+    )
 
 
 # --- The pages ------------------------------------------------------------------------------------
@@ -366,12 +390,17 @@ def test_the_pages_keep_viewers_and_other_teams_out(world: World) -> None:
     page = _page(viewer).get(f"/decisions/recommendations/{rec.pk}/")
     assert page.status_code == 200 and 'id="accept"' not in page.content.decode()
     assert str(CHEAP_COST) not in page.content.decode()  # no money for a viewer
-    assert _page(viewer).post(f"/decisions/recommendations/{rec.pk}/", {"action": "accept"}).status_code == 403
+    assert (
+        _page(viewer).post(f"/decisions/recommendations/{rec.pk}/", {"action": "accept"}).status_code == 403
+    )
     outsider = make_member(make_team("research"), Role.OPERATOR)
     assert _page(outsider).get(f"/decisions/recommendations/{rec.pk}/").status_code == 404
     assert escape(rec.summary) not in _page(outsider).get("/decisions/recommendations/").content.decode()
     platform_viewer = make_user(Role.VIEWER)
-    assert _page(platform_viewer).post(f"/decisions/recommendations/{rec.pk}/", {"action": "accept"}).status_code == 403
+    assert (
+        _page(platform_viewer).post(f"/decisions/recommendations/{rec.pk}/", {"action": "accept"}).status_code
+        == 403
+    )
 
 
 def test_models_are_exported(db: Any) -> None:

@@ -43,7 +43,9 @@ class Recommendation(models.Model):
     from_deployment = models.ForeignKey(
         Deployment, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
-    to_deployment = models.ForeignKey(Deployment, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    to_deployment = models.ForeignKey(
+        Deployment, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
     policy_version = models.ForeignKey(
         RoutingPolicyVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
@@ -72,7 +74,9 @@ class Recommendation(models.Model):
     ledger_rows_before = models.PositiveIntegerField(default=0)
     ledger_rows_after = models.PositiveIntegerField(default=0)
     replayed_requests_before = models.PositiveIntegerField(default=0)
-    replayed_requests = models.PositiveIntegerField(default=0, help_text="replayed on the proposed deployment")
+    replayed_requests = models.PositiveIntegerField(
+        default=0, help_text="replayed on the proposed deployment"
+    )
     quality_before = models.DecimalField(max_digits=6, decimal_places=4, null=True, blank=True)
     quality_before_ci = models.DecimalField(max_digits=6, decimal_places=4, null=True, blank=True)
     quality_after = models.DecimalField(max_digits=6, decimal_places=4, null=True, blank=True)
