@@ -74,6 +74,11 @@ class RecommendationConflict(RecommendationError):
     status_code = 409
 
 
+class LedgerPending(Exception):
+    """Some replayed requests' ledger rows are still in the request journal (folded within
+    seconds: inference.recording.journal); derive again once they are in the ledger."""
+
+
 # --- Deriving -----------------------------------------------------------------------------------
 
 
@@ -331,7 +336,8 @@ def recommendations_from_study(
 
     Idempotent: a second call finds the proposals of the first (one per study and candidate).
     A study that is not SUCCEEDED, whose baseline was not replayed, or whose policy version is no
-    longer the workflow's current one proposes nothing."""
+    longer the workflow's current one proposes nothing. Raises LedgerPending while a replayed
+    request's ledger rows are still journaled (the task retries)."""
     now = now or timezone.now()
     study = ReplayStudy.objects.select_related("workflow", "policy_version", "baseline_deployment").get(
         pk=study_id
@@ -341,6 +347,13 @@ def recommendations_from_study(
     candidates = list(study.candidates.select_related("deployment__provider", "deployment__hosting_cluster"))
     baseline = next((c for c in candidates if c.deployment_id == study.baseline_deployment_id), None)
     policy = workflow_current_policy(workflow=study.workflow)
+    pending = InferenceRequest.objects.filter(
+        pk__in=ReplayResult.objects.filter(candidate__study=study).values("replay_request_id"),
+        ledger_pending__isnull=False,
+    ).count()
+    if pending:
+        # The money comes from the ledger rows: none is judged on a partial sum.
+        raise LedgerPending(f"study {study.pk}: {pending} replayed requests not in the ledger yet")
     verdicts: list[Verdict] = []
     proposals: list[Recommendation] = []
     with transaction.atomic():
@@ -351,7 +364,7 @@ def recommendations_from_study(
             logger.info("study %s: no baseline replay or its policy moved on; nothing proposed", study.pk)
             return Derivation([], [], superseded)
         base_cost = replay_ledger_cost(candidate=baseline)
-        if base_cost.per_request is None or base_cost.pending or len(base_cost.currencies) > 1:
+        if base_cost.per_request is None or len(base_cost.currencies) > 1:
             logger.info("study %s: the baseline's ledger cost is not complete; nothing proposed", study.pk)
             return Derivation([], [], superseded)
         for candidate in candidates:

@@ -125,6 +125,23 @@ def test_deriving_twice_finds_the_same_proposal(world: World) -> None:
     assert Recommendation.objects.count() == 1
 
 
+def test_the_task_derives_and_waits_for_journaled_ledger_rows(world: World) -> None:
+    from inference.models import InferenceRequest
+    from stack.decisions.recommendation_services import LedgerPending
+    from stack.decisions.recommendation_tasks import recommendations_derive
+
+    study = _study(world)
+    journaled = study.candidates.get(deployment=world.cheap).results.first().replay_request_id  # type: ignore[union-attr]
+    InferenceRequest.objects.filter(pk=journaled).update(ledger_pending={"attempts": []})
+    with pytest.raises(LedgerPending):
+        recommendations_from_study(study_id=study.pk)
+    assert Recommendation.objects.count() == 0
+    InferenceRequest.objects.filter(pk=journaled).update(ledger_pending=None)  # folded
+    assert recommendations_derive.apply(args=[study.pk]).get() == 1
+    assert recommendations_derive.apply(args=[study.pk]).get() == 1  # a second delivery: the same row
+    assert Recommendation.objects.filter(study=study, state="proposed").count() == 1
+
+
 def test_a_study_that_has_not_finished_proposes_nothing(world: World) -> None:
     study = _study(world)
     ReplayStudy.objects.filter(pk=study.pk).update(state=ReplayStudy.State.RUNNING)
