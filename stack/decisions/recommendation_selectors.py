@@ -148,9 +148,10 @@ def with_current_policy(rows: QuerySet[Recommendation]) -> QuerySet[Recommendati
 
 
 def recommendations_visible(
-    *, user: User | AnonymousUser, teams: frozenset[int] | None | Any = None, state: str | None = None
+    *, user: User | AnonymousUser, teams: frozenset[int] | None = None, state: str | None = None
 ) -> QuerySet[Recommendation]:
-    """The recommendations of the workflows `user` may see (of `teams` when given), newest first."""
+    """The recommendations of the workflows `user` may see (only those of `teams` when given: a
+    page's ?team= pick), newest first, with `current_policy_id` for the staleness check."""
     workflows: QuerySet[Workflow] = workflows_visible(user=user)
     if teams is not None:
         workflows = workflows.filter(team__in=teams)
