@@ -335,8 +335,9 @@ def recommendations_from_study(
     """Derive the switch-primary proposals of a finished study (module docstring: the rule).
 
     Idempotent: a second call finds the proposals of the first (one per study and candidate).
-    A study that is not SUCCEEDED, whose baseline was not replayed, or whose policy version is no
-    longer the workflow's current one proposes nothing. Raises LedgerPending while a replayed
+    A study that is not SUCCEEDED, whose baseline was not replayed, whose policy version is no
+    longer the workflow's current one, or that a newer finished study of the workflow already
+    answered proposes nothing. Raises LedgerPending while a replayed
     request's ledger rows are still journaled (the task retries)."""
     now = now or timezone.now()
     study = ReplayStudy.objects.select_related("workflow", "policy_version", "baseline_deployment").get(
@@ -359,6 +360,13 @@ def recommendations_from_study(
     with transaction.atomic():
         # One derivation per workflow at a time: the supersede sweep and the proposals agree.
         Workflow.objects.select_for_update().filter(pk=study.workflow_id).first()
+        newer = ReplayStudy.objects.filter(
+            workflow_id=study.workflow_id, state=ReplayStudy.State.SUCCEEDED, created_at__gt=study.created_at
+        ).exists()
+        if newer:
+            # An older study that finished late: the newer one's verdict stands.
+            logger.info("study %s: a newer study of the workflow finished; nothing proposed", study.pk)
+            return Derivation([], [], 0)
         superseded = _supersede_older(study=study)
         if baseline is None or policy is None or study.policy_version_id != policy.pk:
             logger.info("study %s: no baseline replay or its policy moved on; nothing proposed", study.pk)

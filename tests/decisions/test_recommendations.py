@@ -4,7 +4,7 @@ reconciled with the ledger. Requests are real: routed through loopback providers
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -15,9 +15,13 @@ from django.test import Client
 from django.utils.html import escape
 
 from billing.models import Budget, UsageRecord
+from inference import breaker
 from inference.adapters.base import ChatMessage, ChatRequest
-from inference.mockprovider import MockProviderServer
+from inference.adapters.openai_compat import close_all
+from inference.gateway import gateway_caches_clear
+from inference.mockprovider import Behaviour, MockProviderServer
 from inference.router import route
+from inference.selectors import rolling_caches_clear, route_cache_invalidate
 from stack.audit.models import AuditEntry
 from stack.decisions.models import Recommendation, ReplayStudy
 from stack.decisions.recommendation_selectors import recommendation_reconcile
@@ -32,11 +36,53 @@ from stack.registry.models import Deployment, RoutingPolicyVersion, Workflow
 from stack.registry.roles import Role
 from stack.registry.selectors import workflow_current_policy
 from stack.registry.services import workflow_policy_change, workflow_switch_primary
-from tests.decisions.replay_builders import Side, finished_study, live_requests
+from tests.decisions.recommendation_builders import Side, finished_study, live_requests
 from tests.factories import api_client, make_member, make_team, make_user
 from tests.inference.helpers import priced_deployment, routed_workflow
 
 pytestmark = pytest.mark.django_db
+
+
+# Fixtures here rather than in a conftest.py: tests/decisions is shared with the replay and
+# build-or-buy tests, which bring their own.
+@pytest.fixture(autouse=True)
+def _clean_router_state() -> Iterator[None]:
+    """Breakers, latency samples and route caches start empty (Redis db of this run)."""
+
+    def clean() -> None:
+        store = breaker.breakers()
+        if isinstance(store, breaker.RedisBreakers):
+            keys = list(store.redis.scan_iter("sy:*"))
+            if keys:
+                store.redis.delete(*keys)
+        else:
+            store._state.clear()
+            store._lat.clear()
+            store._once.clear()
+        route_cache_invalidate()
+        rolling_caches_clear()
+        gateway_caches_clear()
+
+    clean()
+    yield
+    clean()
+    close_all()
+
+
+@pytest.fixture
+def mock_provider() -> Iterator[Callable[..., MockProviderServer]]:
+    """Start loopback OpenAI-compatible providers: `mock_provider(tokens_in=1000)`."""
+    servers: list[MockProviderServer] = []
+
+    def start(**behaviour: Any) -> MockProviderServer:
+        server = MockProviderServer(Behaviour(**behaviour)).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
 
 N = 10
 BASE_SCORES = [
@@ -208,6 +254,13 @@ def test_a_newer_study_supersedes_the_older_proposals(world: World) -> None:
     old.refresh_from_db()
     assert (old.state, new.state) == ("superseded", "proposed")
     assert AuditEntry.objects.filter(object_pk=str(old.pk), content_type__model="recommendation").count() == 2
+
+
+def test_an_older_study_that_finishes_late_proposes_nothing(world: World) -> None:
+    older, newer = _study(world), _study(world)
+    assert len(recommendations_from_study(study_id=newer.pk).recommendations) == 1
+    assert recommendations_from_study(study_id=older.pk).recommendations == []
+    assert list(Recommendation.objects.values_list("study", "state")) == [(newer.pk, "proposed")]
 
 
 # --- Figures reconcile with the ledger ------------------------------------------------------------

@@ -16,7 +16,7 @@ from inference.selectors import route_cache_invalidate
 from stack.decisions.recommendation_services import recommendations_from_study
 from stack.registry.roles import Role
 from stack.registry.selectors import workflow_current_policy
-from tests.decisions.replay_builders import Side, finished_study, live_requests
+from tests.decisions.recommendation_builders import Side, finished_study, live_requests
 from tests.factories import make_user
 from tests.inference.helpers import priced_deployment, routed_workflow
 
