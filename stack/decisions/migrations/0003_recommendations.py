@@ -9,7 +9,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('decisions', '0001_replay_studies'),
+        ('decisions', '0002_build_or_buy'),
         ('inference', '0005_retained_prompts'),
         ('stack', '0014_retained_prompts'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
