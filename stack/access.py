@@ -121,6 +121,10 @@ ACCESS: dict[str, Access] = {
     "inference-home": _READ_ONLY,
     "inference-workflow": _REGISTRY,  # chaos and primary switches from the page
     "inference-provider": _READ_ONLY,
+    # Recommendations: every role reads them (a viewer without the money), operators of the
+    # workflow's team accept or dismiss them (the view checks the team).
+    "decisions:recommendations": _READ_ONLY,
+    "decisions:recommendation": _REGISTRY,
     # --- API ----------------------------------------------------------------------------------
     "api-root": _READ_ONLY,
     "schema": _READ_ONLY,
@@ -178,6 +182,10 @@ ACCESS: dict[str, Access] = {
     "batch-job-list": _REGISTRY,
     "batch-job-detail": _READ_ONLY,
     "batch-job-cancel": _REGISTRY,
+    "recommendation-list": _READ_ONLY,
+    "recommendation-detail": _READ_ONLY,
+    "recommendation-accept": _REGISTRY,
+    "recommendation-dismiss": _REGISTRY,
     # Teams: every role reads the teams it is in (a platform-wide role: all) and their members;
     # of the global roles only admins change them. A team's own admins also change its name,
     # limits and members (a team role, proved by tests/stack/test_teams_api.py).

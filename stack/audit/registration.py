@@ -34,6 +34,7 @@ TRACKED: dict[str, dict[str, Any]] = {
     "billing.PriceBook": {},
     "billing.Budget": {"mask_fields": ["webhook_secret_encrypted"]},
     "inference.ChaosConfig": {},
+    "decisions.Recommendation": {},
     "auth.User": {"mask_fields": ["password"], "exclude_fields": ["last_login"], "m2m_fields": {"groups"}},
     "auth.Group": {},
 }

@@ -16,7 +16,7 @@ class DecisionsConfig(AppConfig):
     def ready(self) -> None:
         # Build or buy: training announces each registered model version and validates the
         # run option's registry part; the eval-set check and the scoring live here.
-        from stack.decisions import buildbuy, buildbuy_tasks  # noqa: F401 (registers the tasks)
+        from stack.decisions import buildbuy, buildbuy_tasks, recommendation_tasks  # noqa: F401 (registers the tasks)
         from stack.decisions.buildbuy_checks import build_or_buy_eval_sets_check
         from training.run_config.build_or_buy import run_config_check_register
         from training.signals import model_version_registered

@@ -62,6 +62,7 @@ from inference.models import (
     QualityRecord,
 )
 from stack.celery import app as celery_app
+from stack.decisions.models import Recommendation
 from stack.registry.models import FailoverEvent, Provider
 from stack.registry.roles import Role
 from stack.registry.services import api_token_create
@@ -182,6 +183,13 @@ def _seed(user: User, prefix: str) -> World:
         amount=Decimal("1.5"),
         currency="USD",
     )
+    recommendation = Recommendation.objects.create(
+        workflow=workflow,
+        from_deployment=primary,
+        to_deployment=backup,
+        policy_version=workflow.policy_versions.order_by("-version").first(),
+        summary=f"switch {workflow.slug}'s primary from {primary.slug} to {backup.slug}",
+    )
     clusters = [cluster.slug, *run.learners.values_list("cluster__slug", flat=True)]
     return World(
         dictionaries={
@@ -203,6 +211,7 @@ def _seed(user: User, prefix: str) -> World:
             "training_runs": [run.pk],
             "usage_records": list(UsageRecord.objects.values_list("pk", flat=True)),
             "requests": [request.pk],
+            "recommendations": [recommendation.pk],
         }
     )
 
@@ -227,6 +236,7 @@ PATH_DICTIONARIES = {
     "/api/probe-jobs/": ("id", "probe_jobs"),
     "/api/training-runs/": ("id", "training_runs"),
     "/api/usage-records/": ("id", "usage_records"),
+    "/api/recommendations/": ("id", "recommendations"),
 }
 
 # Fields of bodies and query strings that name other objects, everywhere they appear.

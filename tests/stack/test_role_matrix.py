@@ -44,6 +44,7 @@ from billing.models import (
 from inference.models import BatchJob, ChaosConfig, EvalRun, EvalSet
 from stack.access import ACCESS, SEPARATELY_GUARDED, Access
 from stack.audit.models import AuditEntry
+from stack.decisions.models import Recommendation
 from stack.registry.crypto import encrypt_secret
 from stack.registry.models import FailoverEvent
 from stack.registry.roles import Role
@@ -89,33 +90,38 @@ def _view_methods(pattern: URLPattern) -> frozenset[str]:
     return frozenset(m for m in view.http_method_names if m != "options" and hasattr(view, m))
 
 
-def _walk(patterns: list[Any], prefix: str = "") -> Iterator[tuple[str, URLPattern]]:
+def _walk(
+    patterns: list[Any], prefix: str = "", namespace: str = ""
+) -> Iterator[tuple[str, URLPattern, str]]:
+    """(route, pattern, name): the name as `reverse` takes it, "decisions:recommendations" inside
+    an app's namespace."""
     for pattern in patterns:
         route = prefix + str(pattern.pattern)
         if isinstance(pattern, URLResolver):
-            yield from _walk(pattern.url_patterns, route)
+            inner = f"{namespace}{pattern.namespace}:" if pattern.namespace else namespace
+            yield from _walk(pattern.url_patterns, route, inner)
         else:
-            yield route, pattern
+            yield route, pattern, f"{namespace}{pattern.name}" if pattern.name else ""
 
 
 def _guarded(route: str) -> bool:
     return any(route.startswith(prefix) for prefix in SEPARATELY_GUARDED)
 
 
-def _all_patterns() -> list[tuple[str, URLPattern]]:
-    return [(route, p) for route, p in _walk(get_resolver().url_patterns) if not _guarded(route)]
+def _all_patterns() -> list[tuple[str, URLPattern, str]]:
+    return [(route, p, name) for route, p, name in _walk(get_resolver().url_patterns) if not _guarded(route)]
 
 
 def _endpoints() -> list[Endpoint]:
     """One per URL name: DRF's format-suffix twins (`.json`) are the same view, checked below."""
     found: dict[str, Endpoint] = {}
-    for route, pattern in _all_patterns():
+    for route, pattern, name in _all_patterns():
         params = tuple((m.group(1), m.group(2) or m.group(3)) for m in PARAM.finditer(route))
         if "format" in route and ("<drf_format_suffix:format>" in route or "(?P<format>" in route):
             continue
-        assert pattern.name, f"unnamed URL {route}: give it a name and a line in stack/access.py"
-        assert pattern.name not in found, f"two URLs named {pattern.name}"
-        found[pattern.name] = Endpoint(pattern.name, route, params, pattern.callback, _view_methods(pattern))
+        assert name, f"unnamed URL {route}: give it a name and a line in stack/access.py"
+        assert name not in found, f"two URLs named {name}"
+        found[name] = Endpoint(name, route, params, pattern.callback, _view_methods(pattern))
     return list(found.values())
 
 
@@ -126,22 +132,22 @@ ENDPOINTS = _endpoints()
 
 
 def test_every_url_has_declared_read_and_write_roles() -> None:
-    names = {route: p.name for route, p in _all_patterns()}
+    names = {route: name for route, _, name in _all_patterns()}
     undeclared = sorted(f"{name} ({route})" for route, name in names.items() if name not in ACCESS)
     assert undeclared == [], "declare who may read and write these in stack/access.py"
 
 
 def test_the_declaration_names_no_url_that_is_gone() -> None:
-    names = {p.name for _, p in _all_patterns()}
+    names = {name for _, _, name in _all_patterns()}
     assert sorted(set(ACCESS) - names) == []
 
 
 def test_format_suffix_twins_are_the_same_view_as_their_url() -> None:
     views = {e.name: e.view for e in ENDPOINTS}
-    for route, pattern in _all_patterns():
+    for route, pattern, name in _all_patterns():
         if "format" in route:
             twin = getattr(pattern.callback, "cls", None) or pattern.callback
-            canonical = getattr(views[pattern.name], "cls", None) or views[pattern.name]
+            canonical = getattr(views[name], "cls", None) or views[name]
             assert twin is canonical, route
 
 
@@ -209,6 +215,13 @@ def seeded(db: Any, settings: Any, tmp_path: Path) -> dict[str, Any]:
     )  # fmt: skip
     team = make_team("matrix")
     make_member(team, Role.VIEWER, user=make_user(username="matrix-member"))
+    recommendation = Recommendation.objects.create(
+        workflow=workflow,
+        from_deployment=deployment,
+        to_deployment=workflow.policy_versions.get().ordered_deployments()[1],
+        policy_version=workflow.policy_versions.get(),
+        summary="switch the primary",
+    )
     return {
         "teams": team.slug,
         "members": "matrix-member",
@@ -238,6 +251,7 @@ def seeded(db: Any, settings: Any, tmp_path: Path) -> dict[str, Any]:
         "eval-sets": eval_set.pk,
         "eval-runs": eval_run.pk,
         "batch-jobs": batch.pk,
+        "recommendations": recommendation.pk,
         "audit": AuditEntry.objects.order_by("pk").first().pk,  # type: ignore[union-attr]
     }
 

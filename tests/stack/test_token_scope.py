@@ -23,6 +23,7 @@ from inference.adapters.base import ChatMessage, ChatRequest
 from inference.mockprovider import Behaviour, MockProviderServer
 from inference.models import BatchJob, EvalRun, EvalSet, InferenceRequest
 from inference.router import route
+from stack.decisions.models import Recommendation
 from stack.registry.models import Deployment, Workflow
 from stack.registry.services import api_token_create
 from stack.urls import router
@@ -79,6 +80,13 @@ def _side(owner: User, provider: MockProviderServer, capture: Any) -> Side:
         triggered_at=timezone.now(),
     )
     export = ExportJob.objects.create(created_by=owner, filters={"workflow": workflow.slug}, formats=["csv"])
+    Recommendation.objects.create(
+        workflow=workflow,
+        from_deployment=deployment,
+        to_deployment=deployment,
+        policy_version=workflow.policy_versions.get(),
+        summary="a proposal",
+    )
     request = InferenceRequest.objects.get(pk=result.request_id)
     return Side(workflow, deployment, job, eval_set, run, request, budget, alert, export)
 
@@ -129,6 +137,7 @@ SCOPED_LISTS: dict[str, tuple[str, Any]] = {
     "budgets": ("id", lambda s: s.budget.pk),
     "budget-alerts": ("id", lambda s: s.alert.pk),
     "export-jobs": ("id", lambda s: s.export.pk),
+    "recommendations": ("id", lambda s: Recommendation.objects.get(workflow=s.workflow).pk),
 }
 
 

@@ -7,11 +7,22 @@ they never hold a figure the ledger cannot reproduce. One module per part:
   run served and scored on its workflows' eval sets, beside the API deployments of their routes)
 - replay: ReplayStudy / ReplayCandidate / ReplayResult (kept requests replayed through
   candidate deployments off the request path, as billed batch jobs, and scored)
+- recommendations: Recommendation (a proposed route change with its figures and evidence,
+  accepted as a new routing-policy version or dismissed with a reason)
 """
 
 from __future__ import annotations
 
 from stack.decisions.models.buildbuy import ApiScore, VersionEvaluation, VersionScore
+from stack.decisions.models.recommendations import Recommendation
 from stack.decisions.models.replay import ReplayCandidate, ReplayResult, ReplayStudy
 
-__all__ = ["ApiScore", "ReplayCandidate", "ReplayResult", "ReplayStudy", "VersionEvaluation", "VersionScore"]
+__all__ = [
+    "ApiScore",
+    "Recommendation",
+    "ReplayCandidate",
+    "ReplayResult",
+    "ReplayStudy",
+    "VersionEvaluation",
+    "VersionScore",
+]
