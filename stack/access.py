@@ -171,6 +171,8 @@ ACCESS: dict[str, Access] = {
     "trainingrun-detail": _READ_ONLY,
     "trainingrun-cancel": _REGISTRY,
     "trainingrun-metrics": _READ_ONLY,
+    # A run's build-or-buy report: every figure in it is money (no viewers).
+    "build-or-buy": _LEDGER,
     "chaos-list": _READ_ONLY,
     "chaos-detail": _REGISTRY,
     "eval-set-list": _REGISTRY,
