@@ -4,8 +4,8 @@
 routing recommendation from replayed traffic) needs providers that answer well or badly in a
 way a scorer can tell apart. Each provider here labels a support ticket with one of CATEGORIES:
 it reads the ticket's keywords right, and is wrong on a fixed share of tickets, chosen by a hash
-of the ticket and the provider's name (so a replay of a ticket gets the same answer again). The
-"large" one is wrong less often and priced higher than the "small" one (demo_seed sets prices).
+of the ticket (so a replay of a ticket gets the same answer again). demo_seed sets each one's
+share and price.
 Asked an inference.scorers.judge_prompt, any of them grades like a judge that knows the truth.
 
 The tickets themselves are generated from small word lists below (written for this demo).
@@ -49,15 +49,18 @@ def ticket_prompt(ticket: str) -> str:
     return PROMPT_PREFIX + ticket
 
 
-def label(text: str, *, name: str, error_share: float) -> str:
-    """The category a labeller called `name` gives `text`: right by keyword, wrong on a share."""
+def label(text: str, *, error_share: float) -> str:
+    """The category a labeller gives `text`: right by keyword, wrong on a share of tickets."""
     # Only the ticket counts: the instruction before it names every category.
     lowered = text.removeprefix(PROMPT_PREFIX).lower()
     truth = next(
         (c for c in CATEGORIES if any(k.lower() in lowered for k in _KEYWORDS[c])),
         CATEGORIES[0],
     )
-    digest = hashlib.sha256(f"{name}\n{text}".encode()).digest()
+    # The hash is of the ticket alone, so the labellers' mistakes are nested: a ticket one
+    # labeller gets wrong, every labeller with a larger share gets wrong the same way (they
+    # stumble on the same hard tickets, as models of one family tend to).
+    digest = hashlib.sha256(text.encode()).digest()
     if int.from_bytes(digest[:4], "big") / 2**32 < error_share:
         return CATEGORIES[(CATEGORIES.index(truth) + 1 + digest[4] % (len(CATEGORIES) - 1)) % len(CATEGORIES)]
     return truth
@@ -71,7 +74,7 @@ def judge(text: str) -> str:
     is the ticket's true category, else "0" (it reads keywords without error)."""
     question = text.partition("Question:\n")[2].partition("\n\n")[0]
     graded = text.rpartition("Answer to grade:\n")[2].strip().lower()
-    return "1" if graded == label(question, name="judge", error_share=0.0) else "0"
+    return "1" if graded == label(question, error_share=0.0) else "0"
 
 
 def _prompt_text(body: dict[str, Any]) -> str:
@@ -123,7 +126,7 @@ class _LabelHandler(KeepAliveHandler):
         if prompt.startswith(JUDGE_PREAMBLE):
             answer = judge(prompt)
         else:
-            answer = label(prompt, name=self.server.name, error_share=self.server.error_share)
+            answer = label(prompt, error_share=self.server.error_share)
         with self.server.lock:
             self.server.calls += 1
         # Roughly 4 characters a token, as English text tokenises.

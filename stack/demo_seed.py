@@ -261,8 +261,9 @@ def demo_ticket_providers(*, base_port: int) -> list[TicketProvider]:
 
 
 def demo_ticket_workflow_seed(*, providers: list[TicketProvider], admin: User, now: datetime) -> Workflow:
-    """The acme provider, its three deployments with prices, and `ticket-labels` (team support,
-    prompts kept 14 days, large then small, quality floor 0.8) with an eval set; idempotent."""
+    """The acme provider, its three deployments with prices, and `ticket-labels` (team platform,
+    like the demo's run, which scores its model on it; prompts kept 14 days; large then small,
+    quality floor 0.8) with an eval set; idempotent."""
     from inference.quality import eval_set_create  # composition: the demo seeds every app
     from stack.demo_providers import demo_ticket, ticket_prompt
 
@@ -306,7 +307,7 @@ def demo_ticket_workflow_seed(*, providers: list[TicketProvider], admin: User, n
             workflow = workflow_create(
                 slug=TICKET_WORKFLOW,
                 owner=admin,
-                team=Team.objects.get_or_create(slug="support", defaults={"name": "Support"})[0],
+                team=Team.objects.get_or_create(slug="platform", defaults={"name": "Platform"})[0],
                 description="Label support tickets (billing, login, shipping, refund, bug).",
                 deployments=[deployments["acme-large"], deployments["acme-small"]],
                 quality_floor=Decimal("0.8"),
