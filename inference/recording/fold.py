@@ -21,6 +21,7 @@ from billing.services import UsageInput, usage_record_batch
 from inference.breaker import breakers
 from inference.models import InferenceAttempt, InferenceRequest
 from inference.recording.attempts import UNIT_SUFFIX, Outcome
+from inference.retention import retained_prompts_write
 from inference.selectors import fold_cache
 from stack.registry.failover_codes import FailoverCode, failover_code_for_status
 from stack.registry.models import Deployment, FailoverEvent, Workflow
@@ -68,6 +69,8 @@ class FoldJob:
     # Circuit transitions the request's calls caused: (deployment id, opened/closed, cause code).
     breaker: list[tuple[int, str, str]] = field(default_factory=list)
     api_key_id: int | None = None  # the request's API key: its ledger rows name it
+    # The kept input and answer (inference.retention), only for a workflow that keeps prompts.
+    kept: dict[str, Any] | None = None
 
     def journal(self) -> dict[str, Any]:
         """The journal entry (JSON) kept on the request row until the job is folded."""
@@ -97,6 +100,8 @@ class FoldJob:
             "breaker": [list(t) for t in self.breaker],
             # Optional: entries journaled before keys were recorded have none (no key).
             "api_key": self.api_key_id,
+            # Only for a workflow that opted in to keeping prompts; cleared with the entry.
+            **({"kept": self.kept} if self.kept is not None else {}),
         }
 
     @classmethod
@@ -127,6 +132,7 @@ class FoldJob:
             # Entries journaled before transitions were recorded have none.
             breaker=[(int(d), str(t), str(c)) for d, t, c in doc.get("breaker", [])],
             api_key_id=doc.get("api_key"),
+            kept=doc.get("kept"),
         )
 
 
@@ -209,6 +215,9 @@ def fold_jobs(
             InferenceRequest.objects.filter(pk=job.request_id).update(cost=total)
         out[job.request_id] = Folded(cost=total, attempt_costs=attempt_costs)
     _attempts_insert(jobs, out)
+    retained_prompts_write(
+        [(job.request_id, job.workflow_id, job.created_at, job.kept) for job in jobs if job.kept is not None]
+    )
     for job in jobs:
         _failover_events(job, deployments, workflows[job.workflow_id], out[job.request_id])
     return out

@@ -88,6 +88,9 @@ class Context:
     # The API key the request came with (gateway, batch job, eval run): its budgets apply and
     # the ledger rows name it.
     api_key_id: int | None = None
+    # Keep the input and answer (inference.retention): the gateway asks for it for a workflow
+    # that opted in; batch lines, evals and replays never do.
+    retain: bool = False
 
 
 def prepare(
@@ -98,6 +101,7 @@ def prepare(
     *,
     deployment: Deployment | None = None,
     api_key_id: int | None = None,
+    retain: bool = False,
 ) -> Context:
     started = time.perf_counter()
     if deployment is not None:
@@ -123,6 +127,7 @@ def prepare(
         deadline=started + deadline_s,
         deployment=deployment,
         api_key_id=api_key_id,
+        retain=retain,
     )
 
 

@@ -39,13 +39,15 @@ def route(
     deadline_s: float | None = None,
     deployment: Deployment | None = None,
     api_key_id: int | None = None,
+    retain: bool = False,
 ) -> RouteResult:
     """Serve `request` for `workflow` by its current policy version (see the module docstring).
 
     With `deployment`, call that deployment only (no strategy, no fallback; breakers, budgets,
     retries and records as usual): eval runs and judges score one deployment at a time. The
     request is recorded under `workflow` with no policy version. `api_key_id`: the API key the
-    request came with; its budgets are asked and its ledger rows name it.
+    request came with; its budgets are asked and its ledger rows name it. `retain`: keep the
+    input and answer (the gateway, for a workflow that opted in: inference.retention).
     """
     if client_request_id:
         # A replay answers only inside the key's own scope: the key names its namespace
@@ -53,7 +55,9 @@ def route(
         row = recorded(client_request_id, workflow)
         if row is not None:
             return replay(row)
-    ctx = prepare(workflow, request, endpoint, deadline_s, deployment=deployment, api_key_id=api_key_id)
+    ctx = prepare(
+        workflow, request, endpoint, deadline_s, deployment=deployment, api_key_id=api_key_id, retain=retain
+    )
     completion: Completion | None = None
     winner: PlanEntry | None = None
     with ExitStack() as stack:
@@ -192,13 +196,14 @@ def route_stream(
     endpoint: str = Endpoint.CHAT,
     deadline_s: float | None = None,
     api_key_id: int | None = None,
+    retain: bool = False,
 ) -> RouteStream:
     """Choose a deployment by receiving its first chunk (failing over until one answers).
 
     When none answers, the request is recorded at once and the stream's `ok` is False (its
     `result` says why); BudgetExhausted is raised as in `route`.
     """
-    ctx = prepare(workflow, request, endpoint, deadline_s, api_key_id=api_key_id)
+    ctx = prepare(workflow, request, endpoint, deadline_s, api_key_id=api_key_id, retain=retain)
     stack = ExitStack()
     out = RouteStream(ctx, stack)
     try:

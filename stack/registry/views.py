@@ -237,6 +237,8 @@ class WorkflowCreateView(RegistryCreateView):
                 deployments=list(form.cleaned_data["deployments"]),
                 rpm_limit=form.cleaned_data["rpm_limit"],
                 tpm_limit=form.cleaned_data["tpm_limit"],
+                retain_prompts=form.cleaned_data["retain_prompts"],
+                prompt_retention_days=form.cleaned_data["prompt_retention_days"],
             )
         except services.RegistryError as exc:
             form.add_error(None, str(exc))
