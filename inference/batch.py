@@ -346,6 +346,8 @@ def _run_line(job: BatchJob, line: BatchLine, lease: _Lease | None = None) -> di
     if paced is not None:
         c = result.completion
         batch_line_settle(paced, (c.tokens_in + c.tokens_out) if c is not None else 0)
+        if paced.waits:
+            record["rate_limit_waits"] = paced.waits  # how often the line waited for a window
     record["request_id"] = result.request_id
     record["cost"] = str(result.cost)
     if result.ok and result.completion is not None:

@@ -48,7 +48,10 @@ def _traffic(client: Client, workflow: Workflow, marker: str) -> None:
     """A chat, a streamed chat, a completion and a chat with an Idempotency-Key, each carrying
     `marker` in its prompt."""
     chat = {"model": workflow.slug, "messages": [{"role": "user", "content": f"say {marker}"}]}
-    assert _post(client, "/v1/chat/completions", {**chat, "temperature": 0.2, "max_tokens": 9}).status_code == 200
+    assert (
+        _post(client, "/v1/chat/completions", {**chat, "temperature": 0.2, "max_tokens": 9}).status_code
+        == 200
+    )
     streamed = _post(client, "/v1/chat/completions", {**chat, "stream": True})
     assert streamed.status_code == 200
     b"".join(streamed.streaming_content)  # the request is recorded when the stream ends
@@ -63,7 +66,10 @@ def test_an_opted_in_workflow_keeps_chat_stream_and_completion_requests_until_th
     operator: User, mock_provider: Start
 ) -> None:
     workflow = routed_workflow(
-        operator, [priced_deployment(mock_provider(text="pong"))], retain_prompts=True, prompt_retention_days=7
+        operator,
+        [priced_deployment(mock_provider(text="pong"))],
+        retain_prompts=True,
+        prompt_retention_days=7,
     )
     _traffic(_client(operator), workflow, "m1")
     kept = list(RetainedPrompt.objects.filter(workflow=workflow).order_by("pk"))
@@ -88,14 +94,17 @@ def test_the_purge_deletes_expired_kept_requests_and_replay_objects_that_hold_th
     operator: User, mock_provider: Start
 ) -> None:
     server = mock_provider(text="pong")
-    workflow = routed_workflow(operator, [priced_deployment(server)], retain_prompts=True, prompt_retention_days=1)
+    workflow = routed_workflow(
+        operator, [priced_deployment(server)], retain_prompts=True, prompt_retention_days=1
+    )
     _traffic(_client(operator), workflow, "m2")
     assert RetainedPrompt.objects.filter(workflow=workflow).count() == 4
     now = timezone.now()
     job = batch_job_create(
         workflow=workflow,
         user=operator,
-        input_jsonl=json.dumps({"custom_id": "a", "messages": [{"role": "user", "content": "kept m2"}]}) + "\n",
+        input_jsonl=json.dumps({"custom_id": "a", "messages": [{"role": "user", "content": "kept m2"}]})
+        + "\n",
         holds_prompts_until=now + timedelta(days=1),
         enqueue=False,
     )
@@ -124,9 +133,14 @@ def retained_purge(now: Any) -> dict[str, int]:
 
 
 @pytest.mark.django_db
-def test_opting_out_deletes_kept_requests_at_once_and_keeps_no_more(operator: User, mock_provider: Start) -> None:
+def test_opting_out_deletes_kept_requests_at_once_and_keeps_no_more(
+    operator: User, mock_provider: Start
+) -> None:
     workflow = routed_workflow(
-        operator, [priced_deployment(mock_provider(text="pong"))], retain_prompts=True, prompt_retention_days=30
+        operator,
+        [priced_deployment(mock_provider(text="pong"))],
+        retain_prompts=True,
+        prompt_retention_days=30,
     )
     gateway = _client(operator)
     _traffic(gateway, workflow, "m3")
@@ -175,7 +189,9 @@ def test_no_prompt_of_a_workflow_that_did_not_opt_in_is_kept_in_any_table_or_obj
     settings.INFERENCE_RECORDING = "journal"
     server = mock_provider(text="pong")
     plain = routed_workflow(operator, [priced_deployment(server)])
-    kept = routed_workflow(operator, [priced_deployment(server)], retain_prompts=True, prompt_retention_days=3)
+    kept = routed_workflow(
+        operator, [priced_deployment(server)], retain_prompts=True, prompt_retention_days=3
+    )
     gateway = _client(operator)
     secret, control = f"secret-{uuid.uuid4().hex}", f"control-{uuid.uuid4().hex}"
     _traffic(gateway, plain, secret)

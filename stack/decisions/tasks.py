@@ -1,0 +1,13 @@
+"""Decisions tasks of the control queue (thin: the work is in stack.decisions.replay)."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from stack.decisions import replay
+
+
+@shared_task(name="decisions.replay_study_run", ignore_result=True)
+def replay_study_run(study_id: int) -> None:
+    """Run one pending replay study (claims it; a duplicate delivery does nothing)."""
+    replay.replay_study_execute(study_id=study_id)
