@@ -178,6 +178,11 @@ ACCESS: dict[str, Access] = {
     "batch-job-list": _REGISTRY,
     "batch-job-detail": _READ_ONLY,
     "batch-job-cancel": _REGISTRY,
+    # Replay studies (stack.decisions): every role reads; operators start them (batch jobs).
+    "replay-study-list": _REGISTRY,
+    "replay-study-detail": _READ_ONLY,
+    "replay-studies": _READ_ONLY,
+    "replay-study-page": _READ_ONLY,
     # Teams: every role reads the teams it is in (a platform-wide role: all) and their members;
     # of the global roles only admins change them. A team's own admins also change its name,
     # limits and members (a team role, proved by tests/stack/test_teams_api.py).

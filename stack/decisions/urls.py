@@ -6,8 +6,9 @@ from django.urls import URLPattern, path
 
 from stack.decisions import views
 
-app_name = "decisions"
+# No app namespace: URL names are unique project-wide, as stack/access.py and the role matrix
+# test key them (reverse("replay-studies")).
 urlpatterns: list[URLPattern] = [
-    path("replays/", views.ReplayStudyListView.as_view(), name="replay-list"),
-    path("replays/<int:study_id>/", views.ReplayStudyDetailView.as_view(), name="replay-detail"),
+    path("replays/", views.ReplayStudyListView.as_view(), name="replay-studies"),
+    path("replays/<int:study_id>/", views.ReplayStudyDetailView.as_view(), name="replay-study-page"),
 ]
