@@ -18,7 +18,7 @@ from stack.decisions import replay
 from stack.decisions.models import ReplayCandidate, ReplayStudy
 from stack.decisions.models.replay import MAX_REPLAY_SAMPLE
 from stack.registry.access import request_token
-from stack.registry.api_fields import ModelSerializer
+from stack.registry.api_fields import IntegerField, JSONField, ModelSerializer
 from stack.registry.models import Deployment
 from stack.registry.roles import ALL_ROLES, OPERATORS
 from stack.registry.scoping import scoped_workflow_field
@@ -72,10 +72,10 @@ class ReplayStudySerializer(ModelSerializer[ReplayStudy]):
     baseline_deployment: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
         slug_field="slug", read_only=True
     )
-    sample_size = serializers.IntegerField(min_value=1, max_value=MAX_REPLAY_SAMPLE, default=100)
-    max_rpm = serializers.IntegerField(min_value=1, max_value=1_000_000, required=False, allow_null=True)
+    sample_size = IntegerField(min_value=1, max_value=MAX_REPLAY_SAMPLE, default=100)
+    max_rpm = IntegerField(min_value=1, max_value=1_000_000, required=False, allow_null=True)
     scorer = serializers.ChoiceField(choices=EvalCase.Scorer.choices, default=EvalCase.Scorer.EXACT)
-    scorer_config = serializers.JSONField(required=False, default=dict)
+    scorer_config = JSONField(required=False, default=dict)
     include_baseline = serializers.BooleanField(default=True, write_only=True)
     candidates = ReplayCandidateSerializer(many=True, read_only=True)
 
