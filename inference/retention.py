@@ -81,11 +81,10 @@ def retained_prompts_write(entries: Sequence[tuple[int, int, datetime, Mapping[s
     if connection.vendor == "postgresql":
         days = dict(_days_for_share(workflow_ids))
     else:  # SQLite (the embedded demo) has one writer at a time: no lock is needed
-        days = dict(
-            Workflow.objects.filter(
-                pk__in=workflow_ids, retain_prompts=True, prompt_retention_days__isnull=False
-            ).values_list("pk", "prompt_retention_days")
-        )
+        found = Workflow.objects.filter(
+            pk__in=workflow_ids, retain_prompts=True, prompt_retention_days__isnull=False
+        ).values_list("pk", "prompt_retention_days")
+        days = {pk: d for pk, d in found if d is not None}
     rows = [
         RetainedPrompt(
             inference_request_id=request_id,

@@ -28,7 +28,7 @@ class ReplayCandidateSerializer(ModelSerializer[ReplayCandidate]):
     deployment: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
         slug_field="slug", read_only=True
     )
-    batch_job = serializers.PrimaryKeyRelatedField(read_only=True)
+    batch_job: serializers.PrimaryKeyRelatedField[Any] = serializers.PrimaryKeyRelatedField(read_only=True)
 
     class Meta:
         model = ReplayCandidate

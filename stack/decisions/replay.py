@@ -334,13 +334,13 @@ def _score(
         )
     except (CostLimitExceeded, CapabilityMissing, NoRoute) as exc:
         return Decimal(0), f"judge {judge.slug}: {exc}"[:500], None
-    row = InferenceRequest.objects.filter(pk=verdict.request_id).first()
+    row = InferenceRequest.objects.filter(pk=verdict.request_id).first() if verdict.request_id else None
     if not verdict.ok or verdict.completion is None:
         return Decimal(0), f"judge {judge.slug} failed: {verdict.error}"[:500], row
-    value = scorers.judge_verdict(verdict.completion.text)
-    if value is None:
+    judged = scorers.judge_verdict(verdict.completion.text)
+    if judged is None:
         return Decimal(0), f"judge {judge.slug} gave no score"[:500], row
-    return Decimal(repr(value)).quantize(Decimal("0.0001")), "", row
+    return Decimal(repr(judged)).quantize(Decimal("0.0001")), "", row
 
 
 def _results_write(
@@ -361,7 +361,7 @@ def _results_write(
         response = record.get("response")
         ok = record.get("error") is None and response is not None
         score, error, judge_row = Decimal(0), str(record.get("error") or "")[:500], None
-        if row is not None and ok:
+        if row is not None and ok and response is not None:
             # A judge call made before a crash is answered from its recorded row (its
             # idempotency key), not called nor billed again.
             score, score_error, judge_row = _score(study, candidate, row, str(response.get("text") or ""))
@@ -389,7 +389,7 @@ def _results_write(
     latency = dict(InferenceRequest.objects.filter(pk__in=replay_ids).values_list("pk", "latency_ms"))
     for result, replay_id in results.values():
         result.cost = costs.get(replay_id, Decimal(0)) if replay_id is not None else Decimal(0)
-        result.latency_ms = latency.get(replay_id) if result.ok and replay_id is not None else None
+        result.latency_ms = latency.get(replay_id) if result.ok and replay_id is not None else None  # type: ignore[assignment]
         result.judge_cost = (
             costs.get(result.judge_request_id, Decimal(0)) if result.judge_request_id else Decimal(0)
         )

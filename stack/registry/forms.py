@@ -12,6 +12,7 @@ from stack.registry import services
 from stack.registry.failover_codes import FailoverCode
 from stack.registry.form_fields import IntegerField, model_formfield
 from stack.registry.models import (
+    MAX_PROMPT_RETENTION_DAYS,
     Cluster,
     Deployment,
     FailoverEvent,
@@ -174,6 +175,26 @@ class WorkflowForm(forms.ModelForm[Workflow]):
         field.required = team_required
         field.empty_label = None if team_required else "none (a platform workflow)"
         field.error_messages["invalid_choice"] = "no team %(value)s in which you may create workflows"
+
+
+class WorkflowRetentionForm(forms.Form):
+    """Keep the workflow's gateway prompts for replays (opt-in), for 1..365 days."""
+
+    retain_prompts = forms.BooleanField(required=False, label="Keep prompts and answers for replays")
+    prompt_retention_days = IntegerField(
+        required=False, min_value=1, max_value=MAX_PROMPT_RETENTION_DAYS, label="Retention (days)"
+    )
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        try:
+            services.workflow_retention_check(
+                retain_prompts=bool(data.get("retain_prompts")),
+                prompt_retention_days=data.get("prompt_retention_days"),
+            )
+        except services.RegistryError as exc:
+            self.add_error(exc.field if exc.field in self.fields else None, str(exc))
+        return data
 
 
 class SwitchPrimaryForm(forms.Form):

@@ -409,6 +409,18 @@ def workflow_retention_check(*, retain_prompts: bool, prompt_retention_days: int
         raise RegistryError("required when prompts are kept (1 to 365 days)", field="prompt_retention_days")
 
 
+def workflow_retention_set(
+    *, workflow: Workflow, retain_prompts: bool, prompt_retention_days: int | None
+) -> Workflow:
+    """Opt a workflow in to keeping its prompts (for replays) or out. Opting out deletes the
+    kept prompts at once (inference's Workflow post_save receiver, in this transaction)."""
+    workflow_retention_check(retain_prompts=retain_prompts, prompt_retention_days=prompt_retention_days)
+    workflow.retain_prompts = retain_prompts
+    workflow.prompt_retention_days = prompt_retention_days
+    workflow.save(update_fields=["retain_prompts", "prompt_retention_days"])
+    return workflow
+
+
 def workflow_create(
     *,
     slug: str,

@@ -250,3 +250,36 @@ def test_the_workflow_form_refuses_keeping_prompts_without_a_retention_period(ad
     assert response.status_code == 302
     made = Workflow.objects.get(slug="form-wf")
     assert (made.retain_prompts, made.prompt_retention_days) == (True, 14)
+
+
+@pytest.mark.django_db
+def test_the_workflow_page_turns_retention_on_with_a_period_and_off_deleting_what_was_kept(
+    operator: User, mock_provider: Start
+) -> None:
+    workflow = routed_workflow(operator, [priced_deployment(mock_provider(text="pong"))])
+    page = Client()
+    page.force_login(operator)
+    url = f"/workflows/{workflow.slug}/"
+    assert b"No prompt or answer of this workflow is kept" in page.get(url).content
+    refused = page.post(url, {"action": "retention", "retain_prompts": "on"})
+    assert refused.status_code == 400 and b"required when prompts are kept" in refused.content
+    assert (
+        page.post(
+            url, {"action": "retention", "retain_prompts": "on", "prompt_retention_days": "400"}
+        ).status_code
+        == 400
+    )
+    assert (
+        page.post(
+            url, {"action": "retention", "retain_prompts": "on", "prompt_retention_days": "5"}
+        ).status_code
+        == 302
+    )
+    workflow.refresh_from_db()
+    assert (workflow.retain_prompts, workflow.prompt_retention_days) == (True, 5)
+    _traffic(_client(operator), workflow, "m5")
+    assert RetainedPrompt.objects.filter(workflow=workflow).count() == 4
+    assert page.post(url, {"action": "retention"}).status_code == 302
+    workflow.refresh_from_db()
+    assert workflow.retain_prompts is False
+    assert not RetainedPrompt.objects.filter(workflow=workflow).exists()
