@@ -29,7 +29,7 @@ from django.db import connection
 from django.utils import timezone
 
 from inference.adapters.base import ChatRequest, CompletionRequest, RoutedInput
-from inference.models import BatchJob, RetainedPrompt
+from inference.models import BatchJob, InferenceRequest, RetainedPrompt
 from stack.registry.models import Workflow
 
 # The caller's settings that change the answer, kept with the prompt so a replay asks the same
@@ -129,6 +129,16 @@ def retained_prompts_forget(*, workflow_id: int) -> int:
     """A workflow opted out (or was never in): delete every kept request of it and every replay
     object that holds one. Returns how many kept requests went."""
     deleted, _ = RetainedPrompt.objects.filter(workflow_id=workflow_id).delete()
+    if connection.vendor == "postgresql":
+        # A journal entry whose fold failed keeps its kept input until an operator refolds it:
+        # drop the input from it now (jsonb `-` removes the key; the fold then keeps nothing).
+        table = connection.ops.quote_name(InferenceRequest._meta.db_table)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {table} SET ledger_pending = ledger_pending - 'kept' "  # noqa: S608 (quoted name)
+                "WHERE workflow_id = %s AND ledger_pending ? 'kept'",
+                [workflow_id],
+            )
     batch_jobs_scrub(jobs=BatchJob.objects.filter(workflow_id=workflow_id, holds_prompts_until__isnull=False))
     return deleted
 

@@ -33,15 +33,18 @@ from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
+from billing.budgets import BudgetExhausted
 from billing.models import UsageRecord
 from inference import scorers
 from inference.adapters.base import ChatMessage, ChatRequest
 from inference.batch import batch_job_create, batch_job_execute
+from inference.batch_pacing import LineTooLarge, batch_limits, batch_line_pace, batch_line_settle
 from inference.idempotency import replay_judge_request_id
 from inference.models import BatchJob, Endpoint, InferenceRequest, RetainedPrompt
 from inference.recording import journal_fold_all
 from inference.retention import batch_jobs_scrub
 from inference.router import CapabilityMissing, CostLimitExceeded, NoRoute, route
+from inference.router.context import context_tokens
 from stack.decisions.models import ReplayCandidate, ReplayResult, ReplayStudy
 from stack.decisions.models.replay import MAX_REPLAY_SAMPLE
 from stack.decisions.replay_figures import candidate_figures, paired_figures
@@ -321,19 +324,35 @@ def _score(
         answer=answer,
         criteria=str(config.get("criteria", "")),
     )
+    request = ChatRequest(messages=(ChatMessage("user", prompt),), temperature=0.0)
+    judge_key = replay_judge_request_id(candidate_id=candidate.pk, request_id=kept.inference_request_id)
     try:
+        if (
+            candidate.batch_job is not None
+            and not InferenceRequest.objects.filter(client_request_id=judge_key).exists()
+        ):
+            # The judge's calls count against the same limits and pace as the replay's lines
+            # (a call answered before a crash is replayed from its row and costs no capacity).
+            paced = batch_line_pace(
+                limits=batch_limits(candidate.batch_job),
+                tokens=context_tokens(request),
+                keep_lease=lambda: True,
+            )
+        else:
+            paced = None
         verdict = route(
             workflow=study.workflow,
-            request=ChatRequest(messages=(ChatMessage("user", prompt),), temperature=0.0),
+            request=request,
             endpoint=Endpoint.EVAL,
-            client_request_id=replay_judge_request_id(
-                candidate_id=candidate.pk, request_id=kept.inference_request_id
-            ),
+            client_request_id=judge_key,
             deployment=judge,
             api_key_id=study.api_key_id,
         )
-    except (CostLimitExceeded, CapabilityMissing, NoRoute) as exc:
+    except (CostLimitExceeded, CapabilityMissing, NoRoute, LineTooLarge, BudgetExhausted) as exc:
         return Decimal(0), f"judge {judge.slug}: {exc}"[:500], None
+    if paced is not None:
+        c = verdict.completion
+        batch_line_settle(paced, (c.tokens_in + c.tokens_out) if c is not None else 0)
     row = InferenceRequest.objects.filter(pk=verdict.request_id).first() if verdict.request_id else None
     if not verdict.ok or verdict.completion is None:
         return Decimal(0), f"judge {judge.slug} failed: {verdict.error}"[:500], row

@@ -283,3 +283,15 @@ def test_the_workflow_page_turns_retention_on_with_a_period_and_off_deleting_wha
     workflow.refresh_from_db()
     assert workflow.retain_prompts is False
     assert not RetainedPrompt.objects.filter(workflow=workflow).exists()
+
+
+@pytest.mark.django_db
+def test_opting_out_drops_the_kept_input_from_a_journal_entry_whose_fold_failed(operator: User) -> None:
+    deployment = priced_deployment(base_url="http://127.0.0.1:9/v1")
+    workflow = routed_workflow(operator, [deployment], retain_prompts=True, prompt_retention_days=3)
+    entry = {"v": 1, "attempts": [], "billed": [], "kept": {"request": {"prompt": "secret"}}, "error": "boom"}
+    row = InferenceRequest.objects.create(workflow=workflow, status="succeeded", ledger_pending=entry)
+    api_client(operator).patch(f"/api/workflows/{workflow.slug}/", {"retain_prompts": False}, format="json")
+    row.refresh_from_db()
+    assert row.ledger_pending is not None
+    assert "kept" not in row.ledger_pending and row.ledger_pending["error"] == "boom"
