@@ -181,6 +181,7 @@ ACCESS: dict[str, Access] = {
     # Replay studies (stack.decisions): every role reads; operators start them (batch jobs).
     "replay-study-list": _REGISTRY,
     "replay-study-detail": _READ_ONLY,
+    "replay-study-results": _READ_ONLY,
     "replay-studies": _READ_ONLY,
     "replay-study-page": _READ_ONLY,
     # Teams: every role reads the teams it is in (a platform-wide role: all) and their members;

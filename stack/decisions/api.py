@@ -9,13 +9,14 @@ from typing import Any
 from drf_spectacular.utils import OpenApiParameter, extend_schema_view
 from drf_spectacular.utils import extend_schema as schema
 from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.routers import BaseRouter
 
 from inference.models import EvalCase
 from stack.decisions import replay
-from stack.decisions.models import ReplayCandidate, ReplayStudy
+from stack.decisions.models import ReplayCandidate, ReplayResult, ReplayStudy
 from stack.decisions.models.replay import MAX_REPLAY_SAMPLE
 from stack.registry.access import request_token
 from stack.registry.api_fields import IntegerField, JSONField, ModelSerializer
@@ -54,6 +55,31 @@ class ReplayCandidateSerializer(ModelSerializer[ReplayCandidate]):
             "cost_delta_ci",
             "quality_delta",
             "quality_delta_ci",
+        ]
+        read_only_fields = fields
+
+
+class ReplayResultSerializer(ModelSerializer[ReplayResult]):
+    """One kept request replayed on one candidate: the evidence rows (never the prompt)."""
+
+    deployment = serializers.CharField(source="candidate.deployment.slug", read_only=True)
+
+    class Meta:
+        model = ReplayResult
+        fields = [
+            "id",
+            "candidate",
+            "deployment",
+            "original_request",
+            "replay_request",
+            "ok",
+            "score",
+            "cost",
+            "latency_ms",
+            "judge_request",
+            "judge_cost",
+            "error",
+            "created_at",
         ]
         read_only_fields = fields
 
@@ -163,6 +189,16 @@ class ReplayStudyViewSet(
             api_key=request_token(request),
         )
         return Response(self.get_serializer(study).data, status=status.HTTP_201_CREATED)
+
+    @schema(responses=ReplayResultSerializer(many=True))
+    @action(detail=True, methods=["get"], serializer_class=ReplayResultSerializer)
+    def results(self, request: Request, pk: str | None = None) -> Response:
+        """The study's per-request results (paginated), each pointing at its ledger evidence:
+        the replayed request and the judge's request (their usage records)."""
+        study = self.get_object()  # another team's study is a 404
+        rows = ReplayResult.objects.filter(candidate__study=study).select_related("candidate__deployment")
+        page = self.paginate_queryset(rows.order_by("candidate_id", "id"))
+        return self.get_paginated_response(ReplayResultSerializer(page, many=True).data)
 
 
 def register(router: BaseRouter) -> None:

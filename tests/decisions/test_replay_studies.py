@@ -141,6 +141,11 @@ def test_a_study_of_100_kept_requests_over_two_candidates_reconciles_with_the_le
     # Replays are never kept themselves.
     assert RetainedPrompt.objects.filter(workflow=workflow).count() == 100
 
+    evidence = client.get(f"/api/replay-studies/{study.pk}/results/?limit=500").json()
+    assert evidence["count"] == 200
+    first = evidence["results"][0]
+    assert first["original_request"] in kept_ids and first["replay_request"] is not None
+    assert "request" not in first and "response_text" not in first  # evidence, never the prompt
     detail = client.get(f"/api/replay-studies/{study.pk}/").json()
     assert {c["deployment"] for c in detail["candidates"]} == {same.slug, cheaper.slug}
     assert detail["state"] == "succeeded"
@@ -280,6 +285,7 @@ def test_another_teams_study_is_404_and_its_workflow_cannot_be_named(
 
     other = api_client(operator_b)
     assert other.get(f"/api/replay-studies/{study_id}/").status_code == 404
+    assert other.get(f"/api/replay-studies/{study_id}/results/").status_code == 404
     assert other.get("/api/replay-studies/").json()["results"] == []
     refused = _create(other, body, django_capture_on_commit_callbacks)
     assert refused.status_code == 400 and "workflow" in refused.json()
