@@ -197,7 +197,7 @@ class ReplayStudyViewSet(
         the replayed request and the judge's request (their usage records)."""
         study = self.get_object()  # another team's study is a 404
         rows = ReplayResult.objects.filter(candidate__study=study).select_related("candidate__deployment")
-        page = self.paginate_queryset(rows.order_by("candidate_id", "id"))
+        page = self.paginate_queryset(rows.order_by("candidate_id", "id"))  # type: ignore[arg-type]
         return self.get_paginated_response(ReplayResultSerializer(page, many=True).data)
 
 
