@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from datetime import datetime
 from decimal import Decimal
@@ -31,13 +32,14 @@ from typing import Any
 from django.contrib.auth.models import AnonymousUser, User
 from django.db import transaction
 from django.db.models import Sum
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from billing.budgets import BudgetExhausted
 from billing.models import UsageRecord
 from inference import scorers
 from inference.adapters.base import ChatMessage, ChatRequest
-from inference.batch import batch_job_create, batch_job_execute
+from inference.batch import batch_job_create, batch_job_execute, stale_after
 from inference.batch_pacing import LineTooLarge, batch_limits, batch_line_pace, batch_line_settle
 from inference.idempotency import replay_judge_request_id
 from inference.models import BatchJob, Endpoint, InferenceRequest, RetainedPrompt
@@ -178,9 +180,37 @@ def _claim(study_id: int) -> bool:
     now = timezone.now()
     return bool(
         ReplayStudy.objects.filter(pk=study_id, state=ReplayStudy.State.PENDING).update(
-            state=ReplayStudy.State.RUNNING, started_at=now
+            state=ReplayStudy.State.RUNNING, started_at=Coalesce("started_at", now), updated_at=now
         )
     )
+
+
+def _beat(study: ReplayStudy) -> None:
+    ReplayStudy.objects.filter(pk=study.pk, state=ReplayStudy.State.RUNNING).update(updated_at=timezone.now())
+
+
+def replay_studies_resume() -> list[int]:
+    """Beat: hand out again the studies whose runner died. A running study is stale when its
+    heartbeat is older than INFERENCE_BATCH_STALE_SECONDS and none of its replay batch jobs holds
+    a fresh lease; it goes back to pending (compare-and-set on the heartbeat) and is queued, and
+    the new runner resumes it: the sample is fixed, finished batch jobs are read again, a
+    half-done one resumes under its lease, results are upserted and judge calls answered from
+    their recorded rows, so nothing is billed twice. Pending studies whose message was lost
+    are queued again too."""
+    cutoff = timezone.now() - stale_after()
+    resumed: list[int] = []
+    busy_jobs = BatchJob.objects.filter(state=BatchJob.State.RUNNING, updated_at__gte=cutoff)
+    stale = ReplayStudy.objects.filter(state__in=_ACTIVE, updated_at__lt=cutoff).exclude(
+        candidates__batch_job__in=busy_jobs
+    )
+    for study_id, token in stale.values_list("pk", "updated_at"):
+        moved = ReplayStudy.objects.filter(pk=study_id, state__in=_ACTIVE, updated_at=token).update(
+            state=ReplayStudy.State.PENDING, updated_at=timezone.now()
+        )
+        if moved:
+            resumed.append(study_id)
+            transaction.on_commit(lambda pk=study_id: replay_study_enqueue(study_id=pk))  # type: ignore[misc]
+    return resumed
 
 
 def replay_study_execute(*, study_id: int) -> ReplayStudy | None:
@@ -192,7 +222,8 @@ def replay_study_execute(*, study_id: int) -> ReplayStudy | None:
     )
     try:
         kept = _sample(study)
-        for candidate in study.candidates.select_related("deployment").order_by("pk"):
+        for candidate in study.candidates.select_related("deployment", "batch_job").order_by("pk"):
+            _beat(study)
             _replay_candidate(study, candidate, kept)
         _paired(study)
     except _StudyFailed as exc:
@@ -269,8 +300,15 @@ def _replay_candidate(
             raise _StudyFailed(f"candidate {candidate.deployment.slug}: {exc}") from None
         ReplayCandidate.objects.filter(pk=candidate.pk).update(batch_job=job)
         candidate.batch_job = job
-    batch_job_execute(job_id=job.pk)
-    job.refresh_from_db()
+    while True:
+        batch_job_execute(job_id=job.pk)  # runs, resumes a stale lease, or finds it finished
+        job.refresh_from_db()
+        if job.state != BatchJob.State.RUNNING:
+            break
+        # Another runner holds the lease (the batch resume task took it after a crash): its
+        # lines are billed once either way; wait for it, or for its lease to go stale.
+        _beat(study)
+        time.sleep(1.0)
     if job.state != BatchJob.State.SUCCEEDED:
         raise _StudyFailed(f"the replay on {candidate.deployment.slug} {job.state}: {job.error}")
     records = [json.loads(raw) for raw in default_store().get(job.output_uri).splitlines() if raw.strip()]
@@ -385,6 +423,7 @@ def _results_write(
             # idempotency key), not called nor billed again.
             score, score_error, judge_row = _score(study, candidate, row, str(response.get("text") or ""))
             error = error or score_error
+        _beat(study)
         result, _ = ReplayResult.objects.update_or_create(
             candidate=candidate,
             original_request_id=original_id,

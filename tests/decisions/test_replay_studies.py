@@ -294,3 +294,60 @@ def test_another_teams_study_is_404_and_its_workflow_cannot_be_named(
     page.force_login(operator_b)
     assert page.get(f"/decisions/replays/{study_id}/").status_code == 404
     assert ReplayStudy.objects.count() == 1
+
+
+def test_a_study_whose_worker_died_is_resumed_by_beat_without_billing_twice(
+    operator: User, mock_provider: Start, django_capture_on_commit_callbacks: Any
+) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from stack.decisions import replay
+
+    first_dep = priced_deployment(mock_provider(text="pong"))
+    second_dep = priced_deployment(mock_provider(text="pong"))
+    workflow = routed_workflow(operator, [first_dep], retain_prompts=True, prompt_retention_days=2)
+    _send(operator, workflow, 10)
+    made = _create(
+        api_client(operator),
+        {"workflow": workflow.slug, "deployments": [second_dep.slug]},
+        django_capture_on_commit_callbacks,
+    )
+    study_id = made.json()["id"]
+    # A runner gets through the first candidate, then dies.
+    assert replay._claim(study_id)
+    study = ReplayStudy.objects.get(pk=study_id)
+    kept = replay._sample(study)
+    first = study.candidates.order_by("pk").first()
+    assert first is not None
+    replay._replay_candidate(study, first, kept)
+    billed = UsageRecord.objects.count()
+    with django_capture_on_commit_callbacks(execute=False) as queued:
+        assert replay.replay_studies_resume() == []  # its heartbeat is fresh: not yet
+    assert queued == []
+    ReplayStudy.objects.filter(pk=study_id).update(updated_at=timezone.now() - timedelta(hours=1))
+    with django_capture_on_commit_callbacks(execute=False) as queued:
+        assert replay.replay_studies_resume() == [study_id]
+    assert len(queued) == 1 and ReplayStudy.objects.get(pk=study_id).state == ReplayStudy.State.PENDING
+
+    study = _run(study_id)
+    assert study.state == ReplayStudy.State.SUCCEEDED, study.error
+    candidates = list(study.candidates.order_by("pk"))
+    assert [(c.requests, c.succeeded) for c in candidates] == [(10, 10), (10, 10)]
+    # The first candidate's lines were not called again: only the second one's were billed now.
+    second_job = candidates[1].batch_job
+    assert second_job is not None
+    new_rows = UsageRecord.objects.count() - billed
+    assert (
+        new_rows
+        == UsageRecord.objects.filter(
+            subject_id__in=[
+                str(pk)
+                for pk in InferenceRequest.objects.filter(
+                    client_request_id__startswith=f"batch:{second_job.pk}:"
+                ).values_list("pk", flat=True)
+            ]
+        ).count()
+    )
+    assert all(c.cost_total == replay_ledger_total(candidate=c) for c in candidates)

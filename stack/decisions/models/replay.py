@@ -72,6 +72,9 @@ class ReplayStudy(models.Model):
     created_at = models.DateTimeField(default=timezone.now, editable=False)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Added by the replay service (decisions 0002): the runner's heartbeat (renewed as it goes;
+    # a running study whose heartbeat and batch leases are stale is resumed by beat).
+    updated_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         ordering = ["-created_at"]
