@@ -57,6 +57,7 @@ from stack.registry.selectors import workflow_current_policy
 from stack.registry.services import RegistryError
 
 MAX_CANDIDATES = 10
+LEDGER_WAIT_S = 120.0  # how long a study waits for other folders to commit its requests' rows
 _ACTIVE = (ReplayStudy.State.PENDING, ReplayStudy.State.RUNNING)
 # Scorers whose reference is the kept answer; the others bring theirs in scorer_config.
 _REFERENCE_IS_KEPT_ANSWER = (scorers.EXACT, scorers.CONTAINS, scorers.NUMERIC, scorers.JUDGE)
@@ -316,9 +317,24 @@ def _replay_candidate(
     _figures_write(candidate)
 
 
+def _ledger_settled(request_ids: Sequence[int]) -> None:
+    """Journaled replays: fold their entries now. A folder thread of this process (or another)
+    may hold some of them (SKIP LOCKED) in a fold not yet committed: wait for it, so the costs
+    read next are the ledger's final ones."""
+    waiting = InferenceRequest.objects.filter(pk__in=list(request_ids), ledger_pending__isnull=False).exclude(
+        ledger_pending__has_key="error"  # a failed fold waits for an operator: it has no ledger rows
+    )
+    for _ in range(int(LEDGER_WAIT_S / 0.05)):
+        journal_fold_all()
+        if not waiting.exists():
+            return
+        time.sleep(0.05)
+    raise _StudyFailed("the replayed requests' ledger rows are still being written; run the study again")
+
+
 def _ledger_costs(request_ids: Sequence[int]) -> dict[int, Decimal]:
     """The ledger's amount per inference request (its usage records; 0 for none)."""
-    journal_fold_all()  # journaled replays: their ledger rows are written now, not in a moment
+    _ledger_settled(request_ids)
     rows = (
         UsageRecord.objects.filter(
             subject_type="inference_request", subject_id__in=[str(r) for r in request_ids]
