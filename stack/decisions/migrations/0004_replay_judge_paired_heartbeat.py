@@ -9,8 +9,8 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('decisions', '0001_replay_studies'),
-        ('inference', '0006_batch_replay_fields'),
+        ('decisions', '0003_recommendations'),
+        ('inference', '0007_batch_replay_fields'),
     ]
 
     operations = [

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('inference', '0005_retained_prompts'),
+        ('inference', '0006_eval_run_bill_to'),
         ('stack', '0014_retained_prompts'),
     ]
 
