@@ -42,8 +42,9 @@ from django.utils import timezone
 
 from billing.budgets import BudgetExhausted
 from inference.adapters.base import InferenceInput
+from inference.batch_pacing import LineTooLarge, Paced, batch_limits, batch_line_pace, batch_line_settle
 from inference.idempotency import batch_request_id, caller_key_problem
-from inference.models import BatchJob, Endpoint
+from inference.models import BatchJob, Endpoint, InferenceRequest
 from inference.openai_request import (
     InvalidRequest,
     chat_request_parse,
@@ -51,7 +52,8 @@ from inference.openai_request import (
     json_document,
 )
 from inference.router import CapabilityMissing, CostLimitExceeded, NoRoute, route
-from stack.registry.models import ApiToken, Workflow
+from inference.router.context import context_tokens
+from stack.registry.models import ApiToken, Deployment, Workflow
 from stack.registry.objectstore import default_store
 from stack.registry.queues import CONTROL_QUEUE
 from stack.registry.services import RegistryError
@@ -168,9 +170,20 @@ def batch_job_create(
     input_uri: str = "",
     input_jsonl: str | None = None,
     api_key: ApiToken | None = None,
+    deployment: Deployment | None = None,
+    max_rpm: int | None = None,
+    holds_prompts_until: datetime | None = None,
+    enqueue: bool = True,
 ) -> BatchJob:
     """Validate the input (a key in the object store, or JSONL text stored here) and queue the job.
-    `api_key`: the key it was asked for with (its budgets apply, its ledger rows name it)."""
+    `api_key`: the key it was asked for with (its budgets apply, its ledger rows name it).
+    `deployment`: every line calls it only (a replay); `max_rpm`: the job's own pace;
+    `holds_prompts_until`: its objects hold kept prompts (inference.retention deletes them);
+    `enqueue=False`: the caller runs it (batch_job_execute) itself, as a replay study does."""
+    if deployment is not None and not deployment.enabled:
+        raise RegistryError(f"deployment {deployment.slug} is disabled", field="deployment")
+    if max_rpm is not None and max_rpm < 1:
+        raise RegistryError("max_rpm must be at least 1", field="max_rpm")
     owner = _user(user)
     store = default_store()
     if input_jsonl is not None:
@@ -199,9 +212,26 @@ def batch_job_create(
             total=len(lines),
             created_by=owner,
             api_key=api_key,
+            deployment=deployment,
+            max_rpm=max_rpm,
+            holds_prompts_until=holds_prompts_until,
         )
-        transaction.on_commit(lambda: batch_job_enqueue(job_id=job.pk))
+        if enqueue:
+            transaction.on_commit(lambda: batch_job_enqueue(job_id=job.pk))
     return job
+
+
+def batch_job_objects_delete(*, job: BatchJob) -> None:
+    """Delete a job's input, parts and output objects and the answers kept on its request rows
+    (a replay's hold kept prompts: inference.retention). Rows, counters and costs stay."""
+    store = default_store()
+    for key in [job.input_uri, *store.list(_job_prefix(job))]:
+        if key:
+            store.delete(key)
+    InferenceRequest.objects.filter(
+        client_request_id__startswith=batch_request_id(job_id=job.pk, line_key="")
+    ).exclude(response_text="").update(response_text="")
+    BatchJob.objects.filter(pk=job.pk).update(holds_prompts_until=None)
 
 
 def batch_job_enqueue(*, job_id: int) -> None:
@@ -286,21 +316,38 @@ def _line_span(job_id: int, line: BatchLine) -> Iterator[None]:
         yield
 
 
-def _run_line(job: BatchJob, line: BatchLine) -> dict[str, Any]:
+def _run_line(job: BatchJob, line: BatchLine, lease: _Lease | None = None) -> dict[str, Any]:
     record: dict[str, Any] = {"custom_id": line.custom_id, "line": line.number}
+    client_request_id = batch_request_id(job_id=job.pk, line_key=line.key)
+    paced: Paced | None = None
     try:
+        if not InferenceRequest.objects.filter(client_request_id=client_request_id).exists():
+            # A line answered before a crash is replayed from its row: it costs no capacity.
+            paced = batch_line_pace(
+                limits=batch_limits(job),
+                tokens=context_tokens(line.request),
+                keep_lease=lambda: lease is None or _keep_lease(job.pk, lease),
+            )
         result = route(
             workflow=job.workflow,
             request=line.request,
             endpoint=Endpoint.BATCH,
-            client_request_id=batch_request_id(job_id=job.pk, line_key=line.key),
+            client_request_id=client_request_id,
             api_key_id=job.api_key_id,
+            deployment=job.deployment,
         )
+    except LineTooLarge as exc:
+        return {**record, "response": None, "error": f"rate limit: {exc}", "cost": "0"}
     except BudgetExhausted as exc:
         # Not recorded, so not billed: the line is reported failed in the output.
         return {**record, "response": None, "error": f"budget exhausted: {exc}", "cost": "0"}
     except (CostLimitExceeded, CapabilityMissing) as exc:
         return {**record, "response": None, "error": str(exc), "cost": "0"}
+    if paced is not None:
+        c = result.completion
+        batch_line_settle(paced, (c.tokens_in + c.tokens_out) if c is not None else 0)
+        if paced.waits:
+            record["rate_limit_waits"] = paced.waits  # how often the line waited for a window
     record["request_id"] = result.request_id
     record["cost"] = str(result.cost)
     if result.ok and result.completion is not None:
@@ -326,13 +373,24 @@ class _Lease:
     token: datetime
 
 
+def _keep_lease(job_id: int, lease: _Lease) -> bool:
+    """Renew the lease while a line waits for a rate-limit window (False: it was lost)."""
+    renewed = _renew(job_id, lease.token)
+    if renewed is None:
+        return False
+    lease.token = renewed
+    return True
+
+
 def batch_job_execute(*, job_id: int) -> BatchJob | None:
     """Run (or resume) a job under its lease; None when another runner holds it or it is finished."""
     span_attributes(batch_job_id=job_id)
     token = _claim(job_id)
     if token is None:
         return None
-    job = BatchJob.objects.select_related("workflow").get(pk=job_id)
+    job = BatchJob.objects.select_related(
+        "workflow__team", "api_key__team", "deployment__provider", "deployment__model"
+    ).get(pk=job_id)
     store = default_store()
     try:
         lines = batch_lines_parse(store.get(job.input_uri))
@@ -367,7 +425,7 @@ def _execute(job: BatchJob, lines: list[BatchLine], lease: _Lease) -> BatchJob |
         for line in lines[start : start + size]:
             try:
                 with _line_span(job_id, line):
-                    record = _run_line(job, line)
+                    record = _run_line(job, line, lease)
             except NoRoute as exc:
                 return _fail(job_id, lease.token, f"no route: {exc}", finished.counters(current))
             records.append(record)

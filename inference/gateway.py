@@ -402,6 +402,9 @@ def _complete_checked(
             endpoint=endpoint,
             client_request_id=client_request_id,
             api_key_id=caller.token_id,
+            # Only an opted-in workflow's requests are kept (inference.retention); the fold
+            # checks the setting again, so an opt-out is not delayed by this cached row.
+            retain=workflow.retain_prompts,
         )
     except _REFUSALS as exc:
         if verify is not None:
@@ -452,7 +455,13 @@ def _stream_response(
     include_usage: bool,
     limits: RateCheck,
 ) -> HttpResponse | StreamingHttpResponse:
-    routed = route_stream(workflow=workflow, request=payload, endpoint=endpoint, api_key_id=caller.token_id)
+    routed = route_stream(
+        workflow=workflow,
+        request=payload,
+        endpoint=endpoint,
+        api_key_id=caller.token_id,
+        retain=workflow.retain_prompts,
+    )
     if not routed.ok:
         assert routed.result is not None  # noqa: S101 (route_stream records a failure at once)
         limits.settle(0)

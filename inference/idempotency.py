@@ -8,8 +8,8 @@ comes back. The column therefore holds namespaces that cannot meet:
   token's user (a user's tokens share their replays; another user's never match) and to the
   workflow (a token limited to workflow B can never name a key of workflow A). The caller's key
   is hashed, so whatever it says (`batch:1:line-0`, an eval's key) it lands in this namespace.
-- `batch:<job>:<line key>` and `eval:<run>:<case>[:judge]`: written only by the batch runner and
-  the eval runner from ids they own; no caller input reaches these prefixes except a batch
+- `batch:<job>:<line key>`, `eval:<run>:<case>[:judge]` and `replay:<candidate>:<request>:judge`:
+  written only by the batch runner, the eval runner and the replay scorer from ids they own; no caller input reaches these prefixes except a batch
   line's custom_id, inside its own job's namespace.
 
 Keys that callers give (the Idempotency-Key header, a batch line's custom_id) are checked by
@@ -23,7 +23,7 @@ import hashlib
 CLIENT_REQUEST_ID_MAX_LENGTH = 128  # InferenceRequest.client_request_id
 CALLER_KEY_MAX_LENGTH = 100
 V1_PREFIX = "v1:"
-INTERNAL_PREFIXES = ("batch:", "eval:")
+INTERNAL_PREFIXES = ("batch:", "eval:", "replay:")
 
 
 def caller_key_problem(key: str) -> str | None:
@@ -55,3 +55,8 @@ def batch_request_id(*, job_id: int, line_key: str) -> str:
 def eval_request_id(*, run_id: int, case_id: int, judge: bool = False) -> str:
     """An eval case's client_request_id (and its judge's, when the scorer asks a model)."""
     return f"eval:{run_id}:{case_id}" + (":judge" if judge else "")
+
+
+def replay_judge_request_id(*, candidate_id: int, request_id: int) -> str:
+    """The judge's call scoring a replayed answer (stack.decisions): billed once per result."""
+    return f"replay:{candidate_id}:{request_id}:judge"

@@ -296,6 +296,18 @@ class BatchJob(models.Model):
     # The API key the job was asked for with: its budgets apply to every call, its ledger rows
     # name it. None: asked for from a page (a session).
     api_key = models.ForeignKey(ApiToken, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # Every line calls this deployment only (route(deployment=...)): a replay of kept requests
+    # on one candidate (stack.decisions). None: the workflow's route, as for any batch.
+    deployment = models.ForeignKey(
+        Deployment, null=True, blank=True, on_delete=models.PROTECT, related_name="batch_jobs"
+    )
+    # Lines per minute for this job, below the workflow's, team's and key's own limits, which
+    # every line respects too (inference.batch_pacing waits rather than fails).
+    max_rpm = models.PositiveIntegerField(null=True, blank=True)
+    # The input and output objects hold kept prompts (a replay): they are deleted when the
+    # replay ends, at this time at the latest (the kept rows' expiry, by the retention purge),
+    # or when the workflow opts out (inference.retention). NULL once deleted, or never held.
+    holds_prompts_until = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -14,6 +14,7 @@ from django.db.models.signals import post_delete, post_save
 
 from billing.models import Budget, PriceBook
 from inference.models import ChaosConfig
+from inference.retention import retained_prompts_forget
 from inference.selectors import route_cache_invalidate
 from stack.registry.models import Deployment, Provider, RoutingPolicyEntry, RoutingPolicyVersion, Workflow
 
@@ -39,3 +40,11 @@ def connect() -> None:
         post_delete.connect(
             _invalidate, sender=model, dispatch_uid=f"inference-route-cache-del-{model.__name__}"
         )
+    post_save.connect(_forget_prompts, sender=Workflow, dispatch_uid="inference-retention-opt-out")
+
+
+def _forget_prompts(sender: Any, instance: Workflow, created: bool, **kwargs: Any) -> None:
+    """A workflow that does not keep prompts has none kept: opting out deletes them at once
+    (inference.retention), in the transaction that saved the setting."""
+    if not created and not instance.retain_prompts:
+        retained_prompts_forget(workflow_id=instance.pk)

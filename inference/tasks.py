@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from inference import batch, quality
+from inference import batch, quality, retention
 from inference.recording import journal_fold_all
 
 
@@ -36,3 +36,9 @@ def batch_jobs_resume() -> int:
 def journal_fold() -> int:
     """Periodic (beat): fold journaled requests that no web process folded into the ledger."""
     return journal_fold_all()
+
+
+@shared_task(name="inference.retained_prompts_purge", ignore_result=True)
+def retained_prompts_purge() -> dict[str, int]:
+    """Periodic (beat): delete kept prompts past their retention, and replay objects holding them."""
+    return retention.retained_prompts_purge()

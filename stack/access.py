@@ -188,6 +188,12 @@ ACCESS: dict[str, Access] = {
     "recommendation-detail": _READ_ONLY,
     "recommendation-accept": _REGISTRY,
     "recommendation-dismiss": _REGISTRY,
+    # Replay studies (stack.decisions): every role reads; operators start them (batch jobs).
+    "replay-study-list": _REGISTRY,
+    "replay-study-detail": _READ_ONLY,
+    "replay-study-results": _READ_ONLY,
+    "decisions:replay-studies": _READ_ONLY,
+    "decisions:replay-study-page": _READ_ONLY,
     # Teams: every role reads the teams it is in (a platform-wide role: all) and their members;
     # of the global roles only admins change them. A team's own admins also change its name,
     # limits and members (a team role, proved by tests/stack/test_teams_api.py).

@@ -418,6 +418,18 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": env_float("SWITCHYARD_BATCH_RESUME_SECONDS", 30.0, minimum=0.5),
         "options": {"queue": "control", "expires": 60},
     },
+    # Replay studies whose worker died (stale heartbeat and batch leases) are resumed.
+    "decisions-replay-studies-resume": {
+        "task": "decisions.replay_studies_resume",
+        "schedule": env_float("SWITCHYARD_REPLAY_RESUME_SECONDS", 60.0, minimum=0.5),
+        "options": {"queue": "control", "expires": 60},
+    },
+    # Kept prompts (opt-in, per workflow) past their retention, and replay objects holding them.
+    "inference-retained-prompts-purge": {
+        "task": "inference.retained_prompts_purge",
+        "schedule": env_float("SWITCHYARD_RETENTION_PURGE_SECONDS", 3600.0, minimum=10.0),
+        "options": {"queue": "control", "expires": 3600},
+    },
 }
 # A running batch job's lease: longer than one line can take (deadline plus retries).
 INFERENCE_BATCH_STALE_SECONDS = env_float("SWITCHYARD_BATCH_STALE_SECONDS", 120.0, minimum=1.0)

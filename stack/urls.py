@@ -14,6 +14,7 @@ from billing.views.exports import export_public_keys_view
 from inference import api as inference_api
 from stack import keys_page, views
 from stack.audit import api as audit_api
+from stack.decisions import api as decisions_api
 from stack.decisions import recommendation_api
 from stack.metrics import metrics_view
 from stack.registry import api as registry_api
@@ -40,6 +41,7 @@ training_api.register(router)
 inference_api.register(router)
 audit_api.register(router)
 recommendation_api.register(router)
+decisions_api.register(router)
 
 urlpatterns = [
     path("", views.OverviewView.as_view(), name="overview"),

@@ -21,6 +21,7 @@ from billing.services import UsageInput, usage_record_batch
 from inference.breaker import breakers
 from inference.models import InferenceAttempt, InferenceRequest
 from inference.recording.attempts import UNIT_SUFFIX, Outcome
+from inference.retention import retained_prompts_write
 from inference.selectors import fold_cache
 from stack.registry.failover_codes import FailoverCode, failover_code_for_status
 from stack.registry.models import Deployment, FailoverEvent, Workflow
@@ -71,6 +72,8 @@ class FoldJob:
     # The ledger subject "<type>:<id>" its rows are billed to; "" bills the request itself
     # ("inference_request:<id>"). The idempotency keys stay the request's either way.
     bill_to: str = ""
+    # The kept input and answer (inference.retention), only for a workflow that keeps prompts.
+    kept: dict[str, Any] | None = None
 
     def journal(self) -> dict[str, Any]:
         """The journal entry (JSON) kept on the request row until the job is folded."""
@@ -102,6 +105,8 @@ class FoldJob:
             "api_key": self.api_key_id,
             # Optional: entries journaled before bill-to subjects existed bill the request.
             "bill_to": self.bill_to,
+            # Only for a workflow that opted in to keeping prompts; cleared with the entry.
+            **({"kept": self.kept} if self.kept is not None else {}),
         }
 
     @classmethod
@@ -133,6 +138,7 @@ class FoldJob:
             breaker=[(int(d), str(t), str(c)) for d, t, c in doc.get("breaker", [])],
             api_key_id=doc.get("api_key"),
             bill_to=str(doc.get("bill_to") or ""),
+            kept=doc.get("kept"),
         )
 
 
@@ -226,6 +232,9 @@ def fold_jobs(
             InferenceRequest.objects.filter(pk=job.request_id).update(cost=total)
         out[job.request_id] = Folded(cost=total, attempt_costs=attempt_costs)
     _attempts_insert(jobs, out)
+    retained_prompts_write(
+        [(job.request_id, job.workflow_id, job.created_at, job.kept) for job in jobs if job.kept is not None]
+    )
     for job in jobs:
         _failover_events(job, deployments, workflows[job.workflow_id], out[job.request_id])
     return out

@@ -40,6 +40,7 @@ def inference_request_record(
     breaker_transitions: Sequence[tuple[int, str, str]] = (),
     api_key_id: int | None = None,
     bill_to: str = "",
+    kept: dict[str, Any] | None = None,
 ) -> InferenceRequest:
     """Record one routed request durably; returns its row (whose `cost` the answer reports).
 
@@ -56,6 +57,9 @@ def inference_request_record(
     `inline=True` forces the second way: a request that holds a hard budget's admission must
     have its spend in the ledger before the admission is released, or the budget could be
     overrun in between. Inside a caller's transaction the recording is inline as well.
+
+    `kept`: the request's input and answer for a workflow that keeps prompts (inference.retention);
+    the fold writes it as a RetainedPrompt with the ledger rows.
 
     The row's cost is predicted from the plan's prices with the ledger's rounding; the fold
     corrects it in the rare case a price changed in between, so the ledger total equals the sum
@@ -124,6 +128,7 @@ def inference_request_record(
         breaker=list(breaker_transitions),
         api_key_id=api_key_id,
         bill_to=bill_to,
+        kept=kept,
     )
     if not (inline or settings.INFERENCE_RECORDING == "inline" or connection.in_atomic_block):
         # One statement in autocommit: the row and its journal entry are durable (committed)

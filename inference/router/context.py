@@ -90,6 +90,9 @@ class Context:
     api_key_id: int | None = None
     # The ledger subject the usage rows are billed to ("training_run:12"); "" bills the request.
     bill_to: str = ""
+    # Keep the input and answer (inference.retention): the gateway asks for it for a workflow
+    # that opted in; batch lines, evals and replays never do.
+    retain: bool = False
 
 
 def prepare(
@@ -100,6 +103,7 @@ def prepare(
     *,
     deployment: Deployment | None = None,
     api_key_id: int | None = None,
+    retain: bool = False,
 ) -> Context:
     started = time.perf_counter()
     if deployment is not None:
@@ -125,6 +129,7 @@ def prepare(
         deadline=started + deadline_s,
         deployment=deployment,
         api_key_id=api_key_id,
+        retain=retain,
     )
 
 

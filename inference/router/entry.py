@@ -40,6 +40,7 @@ def route(
     deployment: Deployment | None = None,
     api_key_id: int | None = None,
     bill_to: str = "",
+    retain: bool = False,
 ) -> RouteResult:
     """Serve `request` for `workflow` by its current policy version (see the module docstring).
 
@@ -49,6 +50,8 @@ def route(
     request came with; its budgets are asked and its ledger rows name it. `bill_to`: a ledger
     subject "<type>:<id>" the request's usage rows are billed to instead of the request itself
     (an eval run scoring a training run's model version bills the run: "training_run:<id>").
+    `retain`: keep the input and answer (the gateway, for a workflow that opted in:
+    inference.retention).
     """
     if client_request_id:
         # A replay answers only inside the key's own scope: the key names its namespace
@@ -56,7 +59,9 @@ def route(
         row = recorded(client_request_id, workflow)
         if row is not None:
             return replay(row)
-    ctx = prepare(workflow, request, endpoint, deadline_s, deployment=deployment, api_key_id=api_key_id)
+    ctx = prepare(
+        workflow, request, endpoint, deadline_s, deployment=deployment, api_key_id=api_key_id, retain=retain
+    )
     ctx.bill_to = bill_to
     completion: Completion | None = None
     winner: PlanEntry | None = None
@@ -196,13 +201,14 @@ def route_stream(
     endpoint: str = Endpoint.CHAT,
     deadline_s: float | None = None,
     api_key_id: int | None = None,
+    retain: bool = False,
 ) -> RouteStream:
     """Choose a deployment by receiving its first chunk (failing over until one answers).
 
     When none answers, the request is recorded at once and the stream's `ok` is False (its
     `result` says why); BudgetExhausted is raised as in `route`.
     """
-    ctx = prepare(workflow, request, endpoint, deadline_s, api_key_id=api_key_id)
+    ctx = prepare(workflow, request, endpoint, deadline_s, api_key_id=api_key_id, retain=retain)
     stack = ExitStack()
     out = RouteStream(ctx, stack)
     try:

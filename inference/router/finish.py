@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from inference.adapters.base import (
     Completion,
@@ -11,6 +12,7 @@ from inference.breaker import breakers, monotonic_now
 from inference.metrics import route_observe
 from inference.models import InferenceAttempt, InferenceRequest
 from inference.recording import inference_request_record
+from inference.retention import retained_input
 from inference.router.context import Context
 from inference.router.errors import RouteResult
 from inference.selectors import (
@@ -68,6 +70,7 @@ def finish_request(
         breaker_transitions=ctx.breaker_transitions,
         api_key_id=ctx.api_key_id,
         bill_to=ctx.bill_to,
+        kept=_kept(ctx, completion),
     )
     # Observed once the request is recorded: counters in this process, spans (when tracing is
     # on) handed to the exporter's background thread.
@@ -112,6 +115,17 @@ def finish_request(
         demoted=ctx.demoted,
         retry_after=retry_after,
     )
+
+
+def _kept(ctx: Context, completion: Completion | None) -> dict[str, Any] | None:
+    """The input and answer to keep: only when the caller asked (the gateway, for a workflow that
+    opted in) and the request was answered (a replay needs the answer as its reference)."""
+    if not ctx.retain or completion is None:
+        return None
+    request = retained_input(ctx.request)
+    if request is None:
+        return None
+    return {"endpoint": str(ctx.endpoint), "request": request, "response_text": completion.text}
 
 
 def recorded(client_request_id: str, workflow: Workflow) -> InferenceRequest | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import URLPattern, path
 
-from stack.decisions import recommendation_views
+from stack.decisions import recommendation_views, views
 
 app_name = "decisions"
 urlpatterns: list[URLPattern] = [
@@ -14,4 +14,6 @@ urlpatterns: list[URLPattern] = [
         recommendation_views.RecommendationDetailView.as_view(),
         name="recommendation",
     ),
+    path("replays/", views.ReplayStudyListView.as_view(), name="replay-studies"),
+    path("replays/<int:study_id>/", views.ReplayStudyDetailView.as_view(), name="replay-study-page"),
 ]

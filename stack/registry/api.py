@@ -272,11 +272,28 @@ class WorkflowSerializer(ModelSerializer[Workflow]):
             "description",
             "rpm_limit",
             "tpm_limit",
+            "retain_prompts",
+            "prompt_retention_days",
             "current_policy",
             "route",
             "created_at",
         ]
         read_only_fields = ["id", "created_at"]
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        """Keeping prompts (opt-in, for replays) needs a retention period of 1..365 days; a
+        PATCH is checked against the workflow's current values."""
+        attrs = super().validate(attrs)
+        current = self.instance
+        retain = attrs.get("retain_prompts", current.retain_prompts if current is not None else False)
+        days = attrs.get(
+            "prompt_retention_days", current.prompt_retention_days if current is not None else None
+        )
+        try:
+            services.workflow_retention_check(retain_prompts=retain, prompt_retention_days=days)
+        except services.RegistryError as exc:
+            raise serializers.ValidationError({exc.field or "prompt_retention_days": [str(exc)]}) from None
+        return attrs
 
     @extend_schema_field(PolicyVersionSerializer(allow_null=True))
     def get_current_policy(self, obj: Workflow) -> dict[str, Any] | None:
@@ -449,6 +466,8 @@ class WorkflowViewSet(viewsets.ModelViewSet[Workflow]):
             max_cost_per_request=route.get("max_cost_per_request"),
             rpm_limit=data.get("rpm_limit"),
             tpm_limit=data.get("tpm_limit"),
+            retain_prompts=data.get("retain_prompts", False),
+            prompt_retention_days=data.get("prompt_retention_days"),
         )
 
     @extend_schema(request=SwitchPrimarySerializer, responses={201: PolicyVersionSerializer})

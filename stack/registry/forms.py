@@ -8,9 +8,11 @@ from django import forms
 from django.contrib.auth.models import User
 from django.db.models import QuerySet
 
+from stack.registry import services
 from stack.registry.failover_codes import FailoverCode
 from stack.registry.form_fields import IntegerField, model_formfield
 from stack.registry.models import (
+    MAX_PROMPT_RETENTION_DAYS,
     Cluster,
     Deployment,
     FailoverEvent,
@@ -142,8 +144,27 @@ class WorkflowForm(forms.ModelForm[Workflow]):
 
     class Meta:
         model = Workflow
-        fields = ["slug", "team", "description", "rpm_limit", "tpm_limit"]
+        fields = [
+            "slug",
+            "team",
+            "description",
+            "rpm_limit",
+            "tpm_limit",
+            "retain_prompts",
+            "prompt_retention_days",
+        ]
         formfield_callback = model_formfield
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        try:
+            services.workflow_retention_check(
+                retain_prompts=bool(data.get("retain_prompts")),
+                prompt_retention_days=data.get("prompt_retention_days"),
+            )
+        except services.RegistryError as exc:
+            self.add_error(exc.field if exc.field in self.fields else None, str(exc))
+        return data
 
     def __init__(self, *args: Any, teams: QuerySet[Team], team_required: bool, **kwargs: Any) -> None:
         """`teams`: those the author may create workflows in; a team-scoped author must pick one."""
@@ -154,6 +175,26 @@ class WorkflowForm(forms.ModelForm[Workflow]):
         field.required = team_required
         field.empty_label = None if team_required else "none (a platform workflow)"
         field.error_messages["invalid_choice"] = "no team %(value)s in which you may create workflows"
+
+
+class WorkflowRetentionForm(forms.Form):
+    """Keep the workflow's gateway prompts for replays (opt-in), for 1..365 days."""
+
+    retain_prompts = forms.BooleanField(required=False, label="Keep prompts and answers for replays")
+    prompt_retention_days = IntegerField(
+        required=False, min_value=1, max_value=MAX_PROMPT_RETENTION_DAYS, label="Retention (days)"
+    )
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        try:
+            services.workflow_retention_check(
+                retain_prompts=bool(data.get("retain_prompts")),
+                prompt_retention_days=data.get("prompt_retention_days"),
+            )
+        except services.RegistryError as exc:
+            self.add_error(exc.field if exc.field in self.fields else None, str(exc))
+        return data
 
 
 class SwitchPrimaryForm(forms.Form):

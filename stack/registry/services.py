@@ -26,6 +26,7 @@ from stack.registry.endpoints import endpoint_under, endpoint_url_problem
 from stack.registry.errors import DomainError
 from stack.registry.failover_codes import FailoverCode
 from stack.registry.models import (
+    MAX_PROMPT_RETENTION_DAYS,
     ApiToken,
     Cluster,
     Deployment,
@@ -397,6 +398,29 @@ def workflow_policy_change(
     return policy
 
 
+def workflow_retention_check(*, retain_prompts: bool, prompt_retention_days: int | None) -> None:
+    """Keeping prompts needs a retention period of 1..MAX_PROMPT_RETENTION_DAYS days (the
+    database's check constraint says the same; this names the field)."""
+    if prompt_retention_days is not None and not 1 <= prompt_retention_days <= MAX_PROMPT_RETENTION_DAYS:
+        raise RegistryError(
+            f"must be between 1 and {MAX_PROMPT_RETENTION_DAYS} days", field="prompt_retention_days"
+        )
+    if retain_prompts and prompt_retention_days is None:
+        raise RegistryError("required when prompts are kept (1 to 365 days)", field="prompt_retention_days")
+
+
+def workflow_retention_set(
+    *, workflow: Workflow, retain_prompts: bool, prompt_retention_days: int | None
+) -> Workflow:
+    """Opt a workflow in to keeping its prompts (for replays) or out. Opting out deletes the
+    kept prompts at once (inference's Workflow post_save receiver, in this transaction)."""
+    workflow_retention_check(retain_prompts=retain_prompts, prompt_retention_days=prompt_retention_days)
+    workflow.retain_prompts = retain_prompts
+    workflow.prompt_retention_days = prompt_retention_days
+    workflow.save(update_fields=["retain_prompts", "prompt_retention_days"])
+    return workflow
+
+
 def workflow_create(
     *,
     slug: str,
@@ -409,9 +433,12 @@ def workflow_create(
     max_cost_per_request: Decimal | None = None,
     rpm_limit: int | None = None,
     tpm_limit: int | None = None,
+    retain_prompts: bool = False,
+    prompt_retention_days: int | None = None,
 ) -> Workflow:
     _validate_route(deployments)
     _rate_limit_check(rpm_limit=rpm_limit, tpm_limit=tpm_limit)
+    workflow_retention_check(retain_prompts=retain_prompts, prompt_retention_days=prompt_retention_days)
     with transaction.atomic():
         workflow = Workflow.objects.create(
             slug=slug,
@@ -420,6 +447,8 @@ def workflow_create(
             team=team,
             rpm_limit=rpm_limit,
             tpm_limit=tpm_limit,
+            retain_prompts=retain_prompts,
+            prompt_retention_days=prompt_retention_days,
         )
         workflow_policy_change(
             workflow=workflow,

@@ -30,6 +30,7 @@ from stack.registry.forms import (
     SwitchPrimaryForm,
     TeamFilterForm,
     WorkflowForm,
+    WorkflowRetentionForm,
 )
 from stack.registry.models import Cluster, Deployment, Provider, RegisteredModel, Workflow
 from stack.registry.roles import ALL_ROLES, OPERATORS, Role, can_see_costs, user_has_role
@@ -237,6 +238,8 @@ class WorkflowCreateView(RegistryCreateView):
                 deployments=list(form.cleaned_data["deployments"]),
                 rpm_limit=form.cleaned_data["rpm_limit"],
                 tpm_limit=form.cleaned_data["tpm_limit"],
+                retain_prompts=form.cleaned_data["retain_prompts"],
+                prompt_retention_days=form.cleaned_data["prompt_retention_days"],
             )
         except services.RegistryError as exc:
             form.add_error(None, str(exc))
@@ -252,6 +255,8 @@ class WorkflowDetailView(RoleRequiredMixin, View):
     def post(self, request: HttpRequest, slug: str) -> HttpResponse:
         workflow = get_workflow_for_user(slug=slug, user=request.user)
         require_team_write(request.user, workflow.team_id)
+        if request.POST.get("action") == "retention":
+            return self._retention(request, workflow)
         form = SwitchPrimaryForm(request.POST)
         if form.is_valid():
             try:
@@ -271,8 +276,28 @@ class WorkflowDetailView(RoleRequiredMixin, View):
                 return HttpResponseRedirect(reverse("workflow-page", args=[workflow.slug]))
         return self._render(request, workflow, form, status=400)
 
+    def _retention(self, request: HttpRequest, workflow: Workflow) -> HttpResponse:
+        retention = WorkflowRetentionForm(request.POST)
+        if retention.is_valid():
+            services.workflow_retention_set(
+                workflow=workflow,
+                retain_prompts=retention.cleaned_data["retain_prompts"],
+                prompt_retention_days=retention.cleaned_data["prompt_retention_days"],
+            )
+            if workflow.retain_prompts:
+                messages.success(request, f"Prompts are kept for {workflow.prompt_retention_days} days.")
+            else:
+                messages.success(request, "Prompts are not kept; the kept ones were deleted.")
+            return HttpResponseRedirect(reverse("workflow-page", args=[workflow.slug]))
+        return self._render(request, workflow, SwitchPrimaryForm(), status=400, retention=retention)
+
     def _render(
-        self, request: HttpRequest, workflow: Workflow, form: SwitchPrimaryForm, status: int = 200
+        self,
+        request: HttpRequest,
+        workflow: Workflow,
+        form: SwitchPrimaryForm,
+        status: int = 200,
+        retention: WorkflowRetentionForm | None = None,
     ) -> HttpResponse:
         versions = workflow.policy_versions.select_related("author").prefetch_related("entries__deployment")
         return render(
@@ -283,6 +308,13 @@ class WorkflowDetailView(RoleRequiredMixin, View):
                 "policy": workflow_current_policy(workflow=workflow),
                 "versions": versions,
                 "form": form,
+                "retention_form": retention
+                or WorkflowRetentionForm(
+                    initial={
+                        "retain_prompts": workflow.retain_prompts,
+                        "prompt_retention_days": workflow.prompt_retention_days,
+                    }
+                ),
                 "can_write": user_may_change_team_object(request.user, workflow.team_id),
             },
             status=status,

@@ -44,7 +44,7 @@ from billing.models import (
 from inference.models import BatchJob, ChaosConfig, EvalRun, EvalSet
 from stack.access import ACCESS, SEPARATELY_GUARDED, Access
 from stack.audit.models import AuditEntry
-from stack.decisions.models import Recommendation
+from stack.decisions.models import Recommendation, ReplayStudy
 from stack.registry.crypto import encrypt_secret
 from stack.registry.models import FailoverEvent
 from stack.registry.roles import Role
@@ -214,6 +214,7 @@ def seeded(db: Any, settings: Any, tmp_path: Path) -> dict[str, Any]:
         baseline=[["2026-01-14", "12"]], detected_at=timezone.now(),
     )  # fmt: skip
     team = make_team("matrix")
+    replay_study = ReplayStudy.objects.create(workflow=workflow, sample_size=1, scorer="exact")
     make_member(team, Role.VIEWER, user=make_user(username="matrix-member"))
     recommendation = Recommendation.objects.create(
         workflow=workflow,
@@ -252,6 +253,8 @@ def seeded(db: Any, settings: Any, tmp_path: Path) -> dict[str, Any]:
         "eval-runs": eval_run.pk,
         "batch-jobs": batch.pk,
         "recommendations": recommendation.pk,
+        "replay-studies": replay_study.pk,
+        "replays": replay_study.pk,
         "audit": AuditEntry.objects.order_by("pk").first().pk,  # type: ignore[union-attr]
     }
 

@@ -72,6 +72,9 @@ class ReplayStudy(models.Model):
     created_at = models.DateTimeField(default=timezone.now, editable=False)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Added by the replay service (decisions 0002): the runner's heartbeat (renewed as it goes;
+    # a running study whose heartbeat and batch leases are stale is resumed by beat).
+    updated_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         ordering = ["-created_at"]
@@ -105,6 +108,16 @@ class ReplayCandidate(models.Model):
     latency_p50_ms = models.FloatField(null=True, blank=True)
     latency_p95_ms = models.FloatField(null=True, blank=True)
     latency_p95_ci_ms = models.FloatField(null=True, blank=True)
+    # Added by the replay service (decisions 0002). What the judge's calls cost (ledger rows of
+    # the judge requests): the price of measuring, kept apart from the candidate's own cost.
+    judge_cost_total = models.DecimalField(max_digits=24, decimal_places=9, default=Decimal("0"))
+    # Paired with the baseline deployment on the same kept requests (NULL for the baseline
+    # itself or without one): candidate minus baseline, mean and 95% half-width.
+    paired_requests = models.PositiveIntegerField(default=0)
+    cost_delta_per_request = models.DecimalField(max_digits=24, decimal_places=9, null=True, blank=True)
+    cost_delta_ci = models.DecimalField(max_digits=24, decimal_places=9, null=True, blank=True)
+    quality_delta = models.DecimalField(max_digits=6, decimal_places=4, null=True, blank=True)
+    quality_delta_ci = models.DecimalField(max_digits=6, decimal_places=4, null=True, blank=True)
 
     class Meta:
         ordering = ["study", "id"]
@@ -141,6 +154,12 @@ class ReplayResult(models.Model):
     latency_ms = models.FloatField(null=True, blank=True)
     error = models.CharField(max_length=500, blank=True)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
+    # Added by the replay service (decisions 0002): the judge's call, when the study's scorer is
+    # the judge (billed; its ledger rows are `judge_cost`).
+    judge_request = models.ForeignKey(
+        InferenceRequest, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    judge_cost = models.DecimalField(max_digits=24, decimal_places=9, default=Decimal("0"))
 
     class Meta:
         ordering = ["candidate", "id"]
