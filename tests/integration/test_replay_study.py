@@ -1,6 +1,7 @@
 """A replay study asked for through the API and run by a real control worker: 100 kept requests
 over two candidate deployments, journaled recording as in production, figures that reconcile
-with the ledger, the replay's objects (kept prompts) deleted at the end."""
+with the ledger, the replay's objects (kept prompts) deleted at the end; the worker derives the
+recommendation (issue 18's done-when), and accepting it writes a policy version citing it."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from django.test import Client
 
 from inference.mockprovider import Behaviour, MockProviderServer
 from inference.models import BatchJob, RetainedPrompt
-from stack.decisions.models import ReplayStudy
+from inference.selectors import route_plan_build
+from stack.decisions.models import Recommendation, ReplayStudy
+from stack.decisions.recommendation_selectors import recommendation_reconcile
 from stack.decisions.replay import replay_ledger_total
 from stack.registry.objectstore import default_store
 from stack.registry.roles import Role
@@ -34,7 +37,12 @@ def _study(pk: int) -> ReplayStudy | None:
     return study if study.state in (ReplayStudy.State.SUCCEEDED, ReplayStudy.State.FAILED) else None
 
 
-def test_a_replay_study_runs_on_the_control_worker_and_reconciles_with_the_ledger(
+def _proposal(study_id: int) -> Recommendation | None:
+    close_old_connections()
+    return Recommendation.objects.filter(study_id=study_id).first()
+
+
+def test_a_replay_study_runs_on_the_control_worker_reconciles_and_its_recommendation_is_accepted(
     processes: Processes, settings: Any, tmp_path: Path
 ) -> None:
     store_url = f"file://{tmp_path / 'objects'}"
@@ -85,6 +93,34 @@ def test_a_replay_study_runs_on_the_control_worker_and_reconciles_with_the_ledge
         assert candidates[other.pk].cost_per_1m_requests < candidates[primary.pk].cost_per_1m_requests
         assert candidates[other.pk].paired_requests == KEPT
         assert default_store().list("inference/batch/") == []  # inputs, parts and outputs: gone
+
+        # The worker derives the verdict once the replayed requests' ledger rows are folded:
+        # the cheaper candidate answers as well on every request, so it is proposed.
+        proposal = wait_until(
+            lambda: _proposal(study.pk),
+            timeout=300,
+            what="the recommendation\n" + processes.log("control"),
+        )
+        assert (proposal.state, proposal.from_deployment_id, proposal.to_deployment_id) == (
+            Recommendation.State.PROPOSED,
+            primary.pk,
+            other.pk,
+        )
+        assert proposal.replayed_requests == KEPT and proposal.cost_change_percent < 0
+        # The evidence's money is the ledger's, to the cent (to the nano-dollar, in fact).
+        assert proposal.ledger_amount_after == candidates[other.pk].cost_total
+        assert proposal.ledger_amount_before == candidates[primary.pk].cost_total
+        assert recommendation_reconcile(recommendation=proposal).matches
+
+        accepted = api_client(operator).post(f"/api/recommendations/{proposal.pk}/accept/", format="json")
+        assert accepted.status_code == 200, accepted.content
+        proposal.refresh_from_db()
+        policy = proposal.accepted_policy_version
+        assert proposal.state == Recommendation.State.ACCEPTED and policy is not None
+        assert f"recommendation #{proposal.pk}" in policy.reason
+        assert f"/decisions/recommendations/{proposal.pk}/" in policy.reason
+        plan = route_plan_build(workflow_id=workflow.pk)
+        assert plan is not None and [e.deployment.pk for e in plan.entries] == [other.pk, primary.pk]
     finally:
         primary_server.stop()
         other_server.stop()
