@@ -15,7 +15,12 @@ from billing.models import Budget, PriceBook, Unit
 from billing.services import price_book_publish
 from stack.registry.models import Cluster, Deployment, Provider, RegisteredModel, Team, Workflow
 from stack.registry.roles import Role
-from stack.registry.services import provider_endpoints_allow, team_membership_set, workflow_create
+from stack.registry.services import (
+    provider_endpoints_allow,
+    team_membership_set,
+    workflow_create,
+    workflow_retention_set,
+)
 
 # (provider slug, display name, kind, region)
 PROVIDERS = [
@@ -313,8 +318,7 @@ def demo_ticket_workflow_seed(*, providers: list[TicketProvider], admin: User, n
                 quality_floor=Decimal("0.8"),
             )
         if not workflow.retain_prompts:
-            Workflow.objects.filter(pk=workflow.pk).update(retain_prompts=True, prompt_retention_days=14)
-            workflow.refresh_from_db()
+            workflow_retention_set(workflow=workflow, retain_prompts=True, prompt_retention_days=14)
         if not workflow.eval_sets.filter(name=TICKET_EVAL_SET).exists():
             cases = []
             for n in range(TICKET_EVAL_CASES):

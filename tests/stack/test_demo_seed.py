@@ -1,15 +1,28 @@
-"""The demo's seed: two teams with a team-scoped operator each, safe to run twice."""
+"""The demo's seed: two teams with a team-scoped operator each, and the cost-quality part's
+opted-in workflow that the demo run is scored on; safe to run twice."""
 
 from __future__ import annotations
+
+from decimal import Decimal
 
 import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
 
-from stack.demo_seed import demo_stack_seed
-from stack.registry.models import Team, TeamMembership
+from billing.models import PriceBook, Unit
+from stack.demo_cost_quality import CostQualityDemo
+from stack.demo_seed import (
+    TICKET_EVAL_CASES,
+    TICKET_WORKFLOW,
+    demo_stack_seed,
+    demo_ticket_providers,
+    demo_ticket_workflow_seed,
+)
+from stack.registry.models import Deployment, Team, TeamMembership
 from stack.registry.roles import Role
 from stack.registry.teams import user_team_scope
+from training.run_config import demo_config
+from training.services import training_run_create
 
 pytestmark = pytest.mark.django_db
 
@@ -27,3 +40,29 @@ def test_the_demo_seeds_two_teams_each_with_an_operator_who_sees_only_it() -> No
         ]
         assert user_team_scope(user) == frozenset({Team.objects.get(slug=slug).pk})
     assert user_team_scope(stack.admin) is None
+
+
+def test_the_cost_quality_seed_opts_a_platform_workflow_in_and_the_demo_run_scores_its_model_on_it() -> None:
+    stack = demo_stack_seed(admin_password="admin-pw-1", now=timezone.now(), team_password="team-pw-1")
+    specs = demo_ticket_providers(base_port=18_200)
+    for _ in range(2):  # idempotent
+        workflow = demo_ticket_workflow_seed(providers=specs, admin=stack.admin, now=timezone.now())
+    assert (workflow.slug, workflow.team.slug) == (TICKET_WORKFLOW, "platform")
+    assert workflow.retain_prompts and workflow.prompt_retention_days == 14
+    policy = workflow.policy_versions.get()
+    assert [d.slug for d in policy.ordered_deployments()] == ["acme-large", "acme-small"]
+    assert policy.quality_floor == Decimal("0.8")
+    assert workflow.eval_sets.get().cases.count() == TICKET_EVAL_CASES
+    large, small = (Deployment.objects.get(slug=s) for s in ("acme-large", "acme-small"))
+    assert large.base_url == "http://127.0.0.1:18200/v1" and small.base_url == "http://127.0.0.1:18201/v1"
+    prices = dict(PriceBook.objects.filter(deployment=small).values_list("unit", "unit_price"))
+    assert prices == {Unit.INPUT_TOKENS_1M: Decimal("0.4"), Unit.OUTPUT_TOKENS_1M: Decimal("1.6")}
+
+    demo = CostQualityDemo(admin=stack.admin, specs=specs, servers=[], workflow=workflow)
+    run = training_run_create(
+        config={**demo_config(), "team": "platform", **demo.run_options(stack.clusters[0])},
+        created_by=stack.admin,
+        name="demo-run",
+    )
+    assert run.config["build_or_buy"]["workflows"] == [TICKET_WORKFLOW]
+    assert run.config["register_every_versions"] == 50

@@ -34,6 +34,7 @@ from django.utils import timezone
 
 from billing.selectors import usage_for_subject
 from inference.services import chaos_config_set
+from stack.demo_cost_quality import CostQualityDemo
 from stack.demo_seed import demo_local_replicas, demo_local_workflow_seed, demo_stack_seed
 from stack.registry.models import Deployment, Workflow
 from stack.registry.services import api_token_create
@@ -76,6 +77,9 @@ class Command(BaseCommand):
         password = os.environ.get("DEMO_ADMIN_PASSWORD") or secrets.token_urlsafe(12)
         team_password = os.environ.get("DEMO_TEAM_PASSWORD") or secrets.token_urlsafe(12)
         stack = demo_stack_seed(admin_password=password, now=timezone.now(), team_password=team_password)
+        # The loopback "API" providers of the cost-quality part: in this process, before the
+        # run is created (its build-or-buy option names their workflow).
+        cost_quality = CostQualityDemo.start(admin=stack.admin, base_port=port + 200)
         log_dir = Path(settings.VAR_DIR) / "demo-logs"
         log_dir.mkdir(parents=True, exist_ok=True)
         manage = [sys.executable, str(Path(settings.BASE_DIR) / "manage.py")]
@@ -116,7 +120,12 @@ class Command(BaseCommand):
             self._wait_jobs([j.pk for j in jobs], supervisor, deadline=started + options["timeout"])
             with transaction.atomic():
                 run = training_run_create(
-                    config={**demo_config(), "team": "platform"},  # the platform team's run
+                    # The platform team's run, its versions scored against buying (build or buy).
+                    config={
+                        **demo_config(),
+                        "team": "platform",
+                        **cost_quality.run_options(stack.clusters[0]),
+                    },
                     created_by=stack.admin,
                     name=f"demo-diloco-{timezone.now():%H%M%S}",
                 )
@@ -130,6 +139,10 @@ class Command(BaseCommand):
             )
             self.stdout.write(f"  health:    {base}/healthz     API schema: {base}/api/schema/")
             self.stdout.write(f"  logs:      {log_dir}")
+            cost_quality.replay(self, base, supervisor, deadline=time.monotonic() + options["timeout"])
+            self.stdout.write(
+                f"  build or buy: {base}/training/{run.pk}/ (the panel fills in as versions are scored)"
+            )
             self.stdout.write("Press Ctrl-C to stop.")
             drill = _Drill(run_id=run.pk, base=base, port=port, manage=manage, log_dir=log_dir)
             run_deadline = time.monotonic() + options["run_timeout"]
@@ -149,6 +162,7 @@ class Command(BaseCommand):
         finally:
             for name in supervisor.stop_all():
                 self.stdout.write(f"stopped {name}")
+            cost_quality.stop()
 
     def _wait_healthy(self, base: str, token: str, supervisor: Supervisor, deadline: float) -> None:
         last = ""
