@@ -1,5 +1,5 @@
 """The task that derives a finished replay study's recommendations (the replay machinery
-enqueues it when a study reaches SUCCEEDED: `recommendations_derive.delay_on_commit(study.pk)`)."""
+enqueues it when a study reaches SUCCEEDED: after commit, `transaction.on_commit(partial(recommendations_derive.delay, study.pk))`)."""
 
 from __future__ import annotations
 

@@ -27,6 +27,7 @@ import time
 from collections.abc import Sequence
 from datetime import datetime
 from decimal import Decimal
+from functools import partial
 from typing import Any
 
 from django.contrib.auth.models import AnonymousUser, User
@@ -250,7 +251,7 @@ def _finish(study: ReplayStudy, state: str, error: str) -> ReplayStudy:
     )
     if finished and state == ReplayStudy.State.SUCCEEDED:
         # The study's verdict: recommendations, derived once its ledger rows are all written.
-        recommendations_derive.delay_on_commit(study.pk)
+        transaction.on_commit(partial(recommendations_derive.delay, study.pk))
     study.refresh_from_db()
     return study
 
