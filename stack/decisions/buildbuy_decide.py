@@ -7,8 +7,9 @@ the cheapest API whose quality reaches it (the best when none does); with no tar
 
 The training cost a break-even is computed with is that of a model as good as the compared API:
 the money spent when a version first reached its quality, else the forecast cost to reach it
-(stack.decisions.buildbuy_maths), else, said so, the spend so far. "Buying is cheaper" is only
-claimed on a forecast or a reached quality, never on the spend so far.
+(stack.decisions.buildbuy_maths); with neither there is no break-even (the spend so far would
+price a model that is not as good as the API). "Buying is cheaper" is likewise only claimed on a
+forecast or a reached quality.
 """
 
 from __future__ import annotations
@@ -97,16 +98,21 @@ def workflow_decision(
         decision.break_even_reason = "no self-hosted figure yet (a scored version served on serve_cluster)"
         return decision
     reach = maths.forecast_cost_to_reach(points, compared.quality)
-    if reach.cost is not None:
-        basis = reach.cost
-        decision.training_cost_basis = (
-            f"spent when {compared.quality} was reached"
-            if reach.already_met
-            else f"forecast to reach {compared.quality}"
+    if reach.cost is None:
+        # Owning only beats buying with a model as good as the API: with that quality neither
+        # reached nor forecastable there is no training cost to set against the API's price,
+        # and the spend so far would price a model that is not as good.
+        decision.break_even_reason = (
+            f"no version has reached {compared.slug}'s quality {compared.quality} and the curve "
+            f"cannot say what it would cost ({reach.reason})"
         )
-    else:
-        basis = newest_cost
-        decision.training_cost_basis = f"spent so far ({reach.reason})"
+        return decision
+    basis = reach.cost
+    decision.training_cost_basis = (
+        f"spent when {compared.quality} was reached"
+        if reach.already_met
+        else f"forecast to reach {compared.quality}"
+    )
     decision.break_even_tokens_per_month = maths.break_even_tokens_per_month(
         hosting_per_1m=hosting_per_1m, api_per_1m=compared.per_1m, training_cost=basis, horizon_months=horizon
     )
@@ -120,7 +126,7 @@ def workflow_decision(
     )
     buy = maths.monthly_buy(api_per_1m=compared.per_1m, volume_tokens_per_month=volume)
     decision.own_monthly, decision.buy_monthly = own, buy
-    decision.buying_cheaper = buy < own if reach.cost is not None else None
+    decision.buying_cheaper = buy < own
     if decision.buying_cheaper:
         decision.cheaper = (
             f"{workflow}: buying {compared.slug} costs {buy}/month at {volume} tokens/month, owning {own}/month "

@@ -97,7 +97,7 @@ def test_hosting_dearer_than_the_api_has_no_break_even_and_no_hosting_figure_say
     assert unhosted.break_even_tokens_per_month is None and "serve_cluster" in unhosted.break_even_reason
 
 
-def test_without_a_forecast_buying_is_never_claimed_cheaper() -> None:
+def test_without_a_forecast_neither_buying_is_claimed_cheaper_nor_a_break_even_given() -> None:
     decision = workflow_decision(
         workflow="wf",
         option=_option(stop_when_buying_cheaper=True),
@@ -108,4 +108,7 @@ def test_without_a_forecast_buying_is_never_claimed_cheaper() -> None:
         hosting_per_1m=D("15"),
     )
     assert decision.buying_cheaper is None and decision.cheaper == ""
-    assert decision.training_cost_basis.startswith("spent so far (not forecastable: 1 scored version(s)")
+    # The spend so far would price a model worse than the API: no break-even, and why.
+    assert decision.break_even_tokens_per_month is None and decision.own_monthly is None
+    assert decision.break_even_reason.startswith("no version has reached dear's quality")
+    assert "not forecastable: 1 scored version(s)" in decision.break_even_reason
