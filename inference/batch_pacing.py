@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from inference.models import BatchJob
-from inference.ratelimit import rate_limiter
+from inference.ratelimit import rate_limiter, scope_limits
 from inference.ratelimit_window import REQUESTS, TOKENS, Decision, Limit
 
 # One wait is at most this long before the lease is renewed and the window asked again.
@@ -40,25 +40,19 @@ def batch_limits(job: BatchJob) -> list[Limit]:
     workflow = job.workflow
     key = job.api_key
     team = key.team if key is not None and key.team_id is not None else workflow.team
-    limits: list[Limit] = []
-    for scope, ident, rpm, tpm in (
-        ("key", key.pk if key else None, key.rpm_limit if key else None, key.tpm_limit if key else None),
+    return scope_limits(
         (
-            "team",
-            team.pk if team else None,
-            team.rpm_limit if team else None,
-            team.tpm_limit if team else None,
-        ),
-        ("workflow", workflow.pk, workflow.rpm_limit, workflow.tpm_limit),
-        ("batch", job.pk, job.max_rpm, None),
-    ):
-        if ident is None:
-            continue
-        if rpm is not None:
-            limits.append(Limit(scope, ident, REQUESTS, rpm))
-        if tpm is not None:
-            limits.append(Limit(scope, ident, TOKENS, tpm))
-    return limits
+            ("key", key.pk if key else None, key.rpm_limit if key else None, key.tpm_limit if key else None),
+            (
+                "team",
+                team.pk if team else None,
+                team.rpm_limit if team else None,
+                team.tpm_limit if team else None,
+            ),
+            ("workflow", workflow.pk, workflow.rpm_limit, workflow.tpm_limit),
+            ("batch", job.pk, job.max_rpm, None),
+        )
+    )
 
 
 def batch_line_pace(

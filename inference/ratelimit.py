@@ -23,6 +23,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from django.conf import settings
@@ -89,13 +90,11 @@ def rate_limiter_reset() -> None:
         _store = None
 
 
-def request_limits(caller: TokenGrant, workflow: Workflow) -> list[Limit]:
+def scope_limits(scopes: Iterable[tuple[str, int | None, int | None, int | None]]) -> list[Limit]:
+    """The limits of (scope, id, requests a minute, tokens a minute) rows; a row without an id
+    (no key, no team) or a None limit adds none."""
     limits = []
-    for scope, ident, rpm, tpm in (
-        ("key", caller.token_id, caller.rpm_limit, caller.tpm_limit),
-        ("team", caller.team_id, caller.team_rpm_limit, caller.team_tpm_limit),
-        ("workflow", workflow.pk, workflow.rpm_limit, workflow.tpm_limit),
-    ):
+    for scope, ident, rpm, tpm in scopes:
         if ident is None:
             continue
         if rpm is not None:
@@ -103,6 +102,16 @@ def request_limits(caller: TokenGrant, workflow: Workflow) -> list[Limit]:
         if tpm is not None:
             limits.append(Limit(scope, ident, TOKENS, tpm))
     return limits
+
+
+def request_limits(caller: TokenGrant, workflow: Workflow) -> list[Limit]:
+    return scope_limits(
+        (
+            ("key", caller.token_id, caller.rpm_limit, caller.tpm_limit),
+            ("team", caller.team_id, caller.team_rpm_limit, caller.team_tpm_limit),
+            ("workflow", workflow.pk, workflow.rpm_limit, workflow.tpm_limit),
+        )
+    )
 
 
 def _down(exc: BaseException, caller: TokenGrant) -> None:

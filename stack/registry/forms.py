@@ -133,6 +133,17 @@ class DeploymentForm(forms.ModelForm[Deployment]):
         return data
 
 
+def _retention_clean(form: forms.BaseForm, data: dict[str, Any]) -> None:
+    """The retention rule (days required, 1..365, when prompts are kept) as a form error."""
+    try:
+        services.workflow_retention_check(
+            retain_prompts=bool(data.get("retain_prompts")),
+            prompt_retention_days=data.get("prompt_retention_days"),
+        )
+    except services.RegistryError as exc:
+        form.add_error(exc.field if exc.field in form.fields else None, str(exc))
+
+
 class WorkflowForm(forms.ModelForm[Workflow]):
     deployments = forms.ModelMultipleChoiceField(
         queryset=Deployment.objects.filter(enabled=True),
@@ -157,13 +168,7 @@ class WorkflowForm(forms.ModelForm[Workflow]):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
-        try:
-            services.workflow_retention_check(
-                retain_prompts=bool(data.get("retain_prompts")),
-                prompt_retention_days=data.get("prompt_retention_days"),
-            )
-        except services.RegistryError as exc:
-            self.add_error(exc.field if exc.field in self.fields else None, str(exc))
+        _retention_clean(self, data)
         return data
 
     def __init__(self, *args: Any, teams: QuerySet[Team], team_required: bool, **kwargs: Any) -> None:
@@ -187,13 +192,7 @@ class WorkflowRetentionForm(forms.Form):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
-        try:
-            services.workflow_retention_check(
-                retain_prompts=bool(data.get("retain_prompts")),
-                prompt_retention_days=data.get("prompt_retention_days"),
-            )
-        except services.RegistryError as exc:
-            self.add_error(exc.field if exc.field in self.fields else None, str(exc))
+        _retention_clean(self, data)
         return data
 
 

@@ -4,7 +4,7 @@ reconciled with the ledger. Requests are real: routed through loopback providers
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -15,13 +15,9 @@ from django.test import Client
 from django.utils.html import escape
 
 from billing.models import Budget, UsageRecord
-from inference import breaker
 from inference.adapters.base import ChatMessage, ChatRequest
-from inference.adapters.openai_compat import close_all
-from inference.gateway import gateway_caches_clear
-from inference.mockprovider import Behaviour, MockProviderServer
+from inference.mockprovider import MockProviderServer
 from inference.router import route
-from inference.selectors import rolling_caches_clear, route_cache_invalidate
 from stack.audit.models import AuditEntry
 from stack.decisions.models import Recommendation, ReplayStudy
 from stack.decisions.recommendation_selectors import recommendation_reconcile
@@ -41,47 +37,6 @@ from tests.factories import api_client, make_member, make_team, make_user
 from tests.inference.helpers import priced_deployment, routed_workflow
 
 pytestmark = pytest.mark.django_db
-
-
-# Fixtures here rather than in a conftest.py: tests/decisions is shared with the replay and
-# build-or-buy tests, which bring their own.
-@pytest.fixture(autouse=True)
-def _clean_router_state() -> Iterator[None]:
-    """Breakers, latency samples and route caches start empty (Redis db of this run)."""
-
-    def clean() -> None:
-        store = breaker.breakers()
-        if isinstance(store, breaker.RedisBreakers):
-            keys = list(store.redis.scan_iter("sy:*"))
-            if keys:
-                store.redis.delete(*keys)
-        else:
-            store._state.clear()
-            store._lat.clear()
-            store._once.clear()
-        route_cache_invalidate()
-        rolling_caches_clear()
-        gateway_caches_clear()
-
-    clean()
-    yield
-    clean()
-    close_all()
-
-
-@pytest.fixture
-def mock_provider() -> Iterator[Callable[..., MockProviderServer]]:
-    """Start loopback OpenAI-compatible providers: `mock_provider(tokens_in=1000)`."""
-    servers: list[MockProviderServer] = []
-
-    def start(**behaviour: Any) -> MockProviderServer:
-        server = MockProviderServer(Behaviour(**behaviour)).start()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        server.stop()
 
 
 N = 10
