@@ -18,10 +18,14 @@ from dataclasses import dataclass
 from datetime import date
 from decimal import ROUND_HALF_EVEN, Decimal
 
+from django.utils import timezone
+
+from billing.amortisation import MILLION, PER_1M, amortised_per_1m
 from billing.models import Unit
 from billing.selectors import spend_grouped
 from stack.registry.models import Deployment
 
+DAYS_PER_MONTH = 30
 TOKEN_UNITS = (
     Unit.INPUT_TOKENS_1M,
     Unit.OUTPUT_TOKENS_1M,
@@ -37,12 +41,26 @@ class SelfHostedCost:
     accelerator_cost: Decimal
     tokens_millions: Decimal
     per_1m_tokens: Decimal | None  # None until it has served a token
+    # With the model's training cost spread over `horizon_months` at the volume this window
+    # served (billing.amortisation); None for a model with no training cost (not trained here)
+    # or no tokens, or when no horizon was asked for.
+    per_1m_amortised: Decimal | None = None
+    horizon_months: int | None = None
 
 
 def self_hosted_cost(
-    *, deployment: Deployment, since_day: date, until_day: date | None = None
+    *,
+    deployment: Deployment,
+    since_day: date,
+    until_day: date | None = None,
+    horizon_months: int | None = None,
+    today: date | None = None,
 ) -> list[SelfHostedCost]:
-    """One figure per currency of the hosting spend (normally one)."""
+    """One figure per currency of the hosting spend (normally one).
+
+    With `horizon_months`, a deployment of a model trained here (RegisteredModel.training_cost,
+    in the hosting currency) also gets the amortised figure: the window's tokens scaled to a
+    month (30 days) are the volume the training cost is spread over."""
     hosting = spend_grouped(
         by=("unit", "currency"), since_day=since_day, until_day=until_day, deployment_id=deployment.pk
     )
@@ -57,15 +75,35 @@ def self_hosted_cost(
     costs = {
         currency: amount for (unit, currency), amount in hosting.items() if unit == Unit.ACCELERATOR_HOUR
     } or {"USD": Decimal("0")}
-    return [
-        SelfHostedCost(
-            deployment=deployment.slug,
-            currency=currency,
-            accelerator_cost=cost,
-            tokens_millions=tokens,
-            per_1m_tokens=(cost / tokens).quantize(Decimal("0.000001"), rounding=ROUND_HALF_EVEN)
-            if tokens > 0
-            else None,
+    days = ((until_day or today or timezone.now().date()) - since_day).days + 1
+    monthly_tokens = tokens * MILLION * Decimal(DAYS_PER_MONTH) / Decimal(max(days, 1))
+    model = deployment.model
+    figures = []
+    for currency, cost in sorted(costs.items()):
+        per_1m = (cost / tokens).quantize(PER_1M, rounding=ROUND_HALF_EVEN) if tokens > 0 else None
+        amortised = None
+        if (
+            horizon_months
+            and per_1m is not None
+            and model.training_cost
+            and model.produced_by_run_id is not None
+            and currency == "USD"  # training runs bill in their config's currency, USD by default
+        ):
+            amortised = amortised_per_1m(
+                hosting_per_1m=per_1m,
+                training_cost=model.training_cost,
+                horizon_months=horizon_months,
+                volume_tokens_per_month=monthly_tokens,
+            )
+        figures.append(
+            SelfHostedCost(
+                deployment=deployment.slug,
+                currency=currency,
+                accelerator_cost=cost,
+                tokens_millions=tokens,
+                per_1m_tokens=per_1m,
+                per_1m_amortised=amortised,
+                horizon_months=horizon_months if amortised is not None else None,
+            )
         )
-        for currency, cost in sorted(costs.items())
-    ]
+    return figures

@@ -469,6 +469,10 @@ class DeploymentPrice:
     per_1m_output: Decimal | None
     currency: str
     self_hosted: bool  # per_1m_* are then the amortised hosting cost (billing.selfhosted)
+    # Self-hosted deployments of a model trained here: the same with its training cost spread
+    # over SELF_HOSTED_AMORTISE_MONTHS at the volume served (None otherwise).
+    per_1m_amortised: Decimal | None = None
+    amortise_months: int | None = None
 
 
 def deployment_price_per_1m(*, deployment: Deployment, since_day: date | None = None) -> DeploymentPrice:
@@ -477,7 +481,16 @@ def deployment_price_per_1m(*, deployment: Deployment, since_day: date | None = 
     computed here); None until it has served a token."""
     if deployment.hosting_cluster_id is not None:
         since = since_day or (timezone.now() - timedelta(days=30)).date()
-        figure = self_hosted_cost(deployment=deployment, since_day=since)[0]
-        return DeploymentPrice(figure.per_1m_tokens, figure.per_1m_tokens, figure.currency, True)
+        figure = self_hosted_cost(
+            deployment=deployment, since_day=since, horizon_months=settings.SELF_HOSTED_AMORTISE_MONTHS
+        )[0]
+        return DeploymentPrice(
+            figure.per_1m_tokens,
+            figure.per_1m_tokens,
+            figure.currency,
+            True,
+            per_1m_amortised=figure.per_1m_amortised,
+            amortise_months=figure.horizon_months,
+        )
     found = deployment_token_prices(deployment=deployment, at=timezone.now(), prices=PriceResolver())
     return DeploymentPrice(found.input, found.output, found.currency, False)

@@ -436,6 +436,9 @@ INFERENCE_BATCH_STALE_SECONDS = env_float("SWITCHYARD_BATCH_STALE_SECONDS", 120.
 INFERENCE_BATCH_PART_LINES = env_int("SWITCHYARD_BATCH_PART_LINES", 20, minimum=1)
 # A build-or-buy version evaluation claimed this long ago (its worker presumably dead) is taken
 # over by the next delivery or beat's sweep; longer than serving and scoring one version takes.
+# A trained model's self-hosted $/1M on the inference pages is also shown with its training cost
+# spread over this many months at the volume it serves (billing.selfhosted, billing.amortisation).
+SELF_HOSTED_AMORTISE_MONTHS = env_int("SWITCHYARD_AMORTISE_MONTHS", 12, minimum=1)
 BUILD_OR_BUY_STALE_SECONDS = env_float("SWITCHYARD_BUILD_OR_BUY_STALE_SECONDS", 900.0, minimum=1.0)
 
 # Ledger chains appended to in parallel: each writer takes whichever partition's head is free

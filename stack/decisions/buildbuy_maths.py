@@ -29,6 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, ROUND_HALF_EVEN, Decimal, localcontext
 
+# The amortised figure is billing's (one formula for versions and for deployed models).
+
 MILLION = Decimal(1_000_000)
 MIN_POINTS = 3
 BOOTSTRAP_RESAMPLES = 200
@@ -158,14 +160,6 @@ def _percentile(sorted_values: Sequence[Decimal], p: Decimal) -> Decimal:
     """Nearest-rank percentile of an ascending list."""
     rank = int((p * len(sorted_values)).to_integral_value(rounding=ROUND_CEILING))
     return sorted_values[min(max(rank, 1), len(sorted_values)) - 1]
-
-
-def amortised_per_1m(
-    *, hosting_per_1m: Decimal, training_cost: Decimal, horizon_months: int, volume_tokens_per_month: int
-) -> Decimal:
-    """Serving price per 1M tokens with the training cost spread over the horizon's tokens."""
-    monthly_training = training_cost / Decimal(horizon_months)
-    return (hosting_per_1m + monthly_training / (Decimal(volume_tokens_per_month) / MILLION)).quantize(PER_1M)
 
 
 def monthly_own(

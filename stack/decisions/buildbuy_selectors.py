@@ -17,6 +17,7 @@ from typing import Any
 from django.db.models import Avg, Sum
 from django.utils import timezone
 
+from billing.amortisation import amortised_per_1m
 from billing.models import Unit, UsageRecord
 from billing.selectors import PriceResolver, spend_total
 from billing.selfhosted import self_hosted_cost
@@ -173,7 +174,7 @@ def _versions(run: TrainingRun, option: dict[str, Any], workflows: list[Workflow
             if hosting is not None:
                 doc["hosting_per_1m"] = _fixed(hosting)
                 doc["amortised_per_1m"] = _fixed(
-                    maths.amortised_per_1m(
+                    amortised_per_1m(
                         hosting_per_1m=hosting,
                         training_cost=version.cost,
                         horizon_months=horizon,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+from billing.amortisation import amortised_per_1m
 from stack.decisions import buildbuy_maths as m
 
 D = Decimal
@@ -44,7 +45,7 @@ def test_a_target_already_met_costs_the_spend_of_the_first_version_that_met_it()
 
 def test_amortised_per_1m_adds_the_training_cost_spread_over_the_horizon_volume() -> None:
     # 120 over 12 months = 10 a month, over 5M tokens a month = 2 per 1M, on top of 0.5 hosting.
-    figure = m.amortised_per_1m(
+    figure = amortised_per_1m(
         hosting_per_1m=D("0.5"), training_cost=D("120"), horizon_months=12, volume_tokens_per_month=5_000_000
     )
     assert figure == D("2.500000")

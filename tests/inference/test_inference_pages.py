@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
+from django.utils import timezone
 
+from billing.models import Unit
+from billing.services import UsageInput, usage_record_batch
 from inference.adapters.base import ChatMessage, ChatRequest
 from inference.mockprovider import MockProviderServer
 from inference.models import BatchJob, ChaosConfig, EvalRun, InferenceAttempt, InferenceRequest
@@ -18,7 +22,7 @@ from inference.router import route
 from inference.services import quality_record_create
 from inference.stats_selectors import deployment_stats, pareto_frontier, percentile
 from stack.registry.models import FailoverEvent, Team, Workflow
-from tests.factories import make_cluster, make_deployment
+from tests.factories import make_cluster, make_deployment, make_price
 from tests.inference.helpers import priced_deployment, routed_workflow
 
 pytestmark = pytest.mark.django_db
@@ -264,3 +268,37 @@ def test_stats_for_a_team_count_only_its_workflows_requests(traffic: dict[str, A
     assert theirs["pages-good"].p50_ms is None
     # Price and quality are the shared deployment's own, the same for every team.
     assert theirs["pages-good"].quality == mine["pages-good"].quality
+
+
+@pytest.mark.parametrize("role", ["viewer", "operator"])
+def test_a_trained_models_deployment_shows_its_price_with_the_training_cost_amortised(
+    role: str, request: pytest.FixtureRequest
+) -> None:
+    """Beside the hosting-only $/1M, the same with the model's training cost over 12 months."""
+    now = timezone.now()
+    cluster = make_cluster(slug="pages-gpu", price=None)
+    make_price(cluster=cluster, unit_price=Decimal("1.000000"), effective_from=now - timedelta(days=40))
+    served = make_deployment(slug="pages-trained", hosting_cluster=cluster, provider=cluster.provider)
+    served.model.training_cost, served.model.produced_by_run_id = Decimal("120"), 3
+    served.model.save(update_fields=["training_cost", "produced_by_run_id"])
+    make_price(
+        deployment=served,
+        unit=Unit.INPUT_TOKENS_1M,
+        unit_price=Decimal("0"),
+        effective_from=now - timedelta(days=40),
+    )
+    usage_record_batch(items=[
+        UsageInput(unit=unit, quantity=Decimal(quantity), occurred_at=now - timedelta(hours=1),
+                   idempotency_key=f"pages-trained-{unit}", subject_type="deployment", subject_id=served.slug,
+                   cluster=cluster if unit == Unit.ACCELERATOR_HOUR else None, deployment=served)
+        for unit, quantity in ((Unit.ACCELERATOR_HOUR, "10"), (Unit.INPUT_TOKENS_1M, "5"))
+    ])  # fmt: skip
+    client = Client()
+    client.force_login(request.getfixturevalue(role))
+    body = client.get("/inference/").content.decode()
+    assert 'data-deployment="pages-trained"' in body
+    # Money: only for the roles that see costs. Hosting-only is 2.00 per 1M (10 h at 1.00 over
+    # 5M tokens). The page's 7-day window spans 8 calendar days, so a month is 5M x 30/8 =
+    # 18.75M tokens, and 120 over 12 months (10 a month) adds 10 / 18.75 = 0.5333 per 1M.
+    shown = "2.5333 USD with training amortised over 12 months" in body
+    assert shown is (role != "viewer")
