@@ -23,7 +23,7 @@ from inference.adapters.base import ChatMessage, ChatRequest
 from inference.mockprovider import Behaviour, MockProviderServer
 from inference.models import BatchJob, EvalRun, EvalSet, InferenceRequest
 from inference.router import route
-from stack.decisions.models import Recommendation
+from stack.decisions.models import Recommendation, ReplayStudy
 from stack.registry.models import Deployment, Workflow
 from stack.registry.services import api_token_create
 from stack.urls import router
@@ -87,6 +87,7 @@ def _side(owner: User, provider: MockProviderServer, capture: Any) -> Side:
         policy_version=workflow.policy_versions.get(),
         summary="a proposal",
     )
+    ReplayStudy.objects.create(workflow=workflow, sample_size=1, scorer="exact")
     request = InferenceRequest.objects.get(pk=result.request_id)
     return Side(workflow, deployment, job, eval_set, run, request, budget, alert, export)
 
@@ -138,6 +139,7 @@ SCOPED_LISTS: dict[str, tuple[str, Any]] = {
     "budget-alerts": ("id", lambda s: s.alert.pk),
     "export-jobs": ("id", lambda s: s.export.pk),
     "recommendations": ("id", lambda s: Recommendation.objects.get(workflow=s.workflow).pk),
+    "replay-studies": ("id", lambda s: ReplayStudy.objects.get(workflow=s.workflow).pk),
 }
 
 
