@@ -182,7 +182,7 @@ def _workflow(slug: str, caller: TokenGrant) -> Workflow:
 
 
 def _authorize(caller: TokenGrant, workflow: Workflow) -> None:
-    if not caller.allows_workflow(workflow.pk):
+    if not caller.allows_workflow(workflow.pk, workflow.team_id):
         raise GatewayError(
             403,
             f"This API key may not call workflow {workflow.slug!r}",
@@ -228,10 +228,11 @@ def _headers(
     result: RouteResult | None,
     slug: str,
     caller: TokenGrant,
+    team_id: int | None,
 ) -> None:
     response["x-switchyard-deployment"] = slug
     if result is not None:
-        if caller.sees_costs:  # the cost rule of stack.registry.roles.can_see_costs
+        if caller.sees_costs(team_id):  # money per team: stack.registry.principal
             response["x-switchyard-cost"] = f"{result.cost:f}"
             response["x-switchyard-currency"] = result.currency
         if result.request_id is not None:
@@ -240,7 +241,7 @@ def _headers(
             response["x-switchyard-policy-version"] = str(result.policy_version)
 
 
-def _failure(result: RouteResult, caller: TokenGrant) -> HttpResponse:
+def _failure(result: RouteResult, caller: TokenGrant, team_id: int | None) -> HttpResponse:
     """Every deployment failed. The caller gets the status class, an OpenAI-style type and the
     request id; what the providers said stays in the logs and the request's attempts (an
     upstream body may name internal hosts or echo another system's data)."""
@@ -272,7 +273,7 @@ def _failure(result: RouteResult, caller: TokenGrant) -> HttpResponse:
         )
     else:
         response = error_response(502, f"No deployment could answer{ref}", "api_error", "upstream_error")
-    _headers(response, result, "", caller)
+    _headers(response, result, "", caller, team_id)
     return response
 
 
@@ -414,7 +415,7 @@ def _complete_checked(
         return _refusal(exc)
     limits.settle(_tokens_used(result))
     if not result.ok or result.completion is None:
-        return _failure(result, caller)
+        return _failure(result, caller, workflow.team_id)
     c = result.completion
     if c.raw is not None:
         # The provider's answer with every field it sent (tool calls, refusal, logprobs,
@@ -427,7 +428,7 @@ def _complete_checked(
     else:
         doc = _synthesized(result, c, workflow.slug, chat=chat)
     response = HttpResponse(json.dumps(doc, separators=(",", ":")), content_type="application/json")
-    _headers(response, result, result.deployment_slug, caller)
+    _headers(response, result, result.deployment_slug, caller, workflow.team_id)
     return response
 
 
@@ -465,7 +466,7 @@ def _stream_response(
     if not routed.ok:
         assert routed.result is not None  # noqa: S101 (route_stream records a failure at once)
         limits.settle(0)
-        return _failure(routed.result, caller)
+        return _failure(routed.result, caller, workflow.team_id)
     created = int(time.time())
     obj = "chat.completion.chunk" if chat else "text_completion"
     ident = f"chatcmpl-sy-{created}-{id(routed)}" if chat else f"cmpl-sy-{created}-{id(routed)}"
@@ -546,7 +547,7 @@ def _stream_response(
         if held is not None:
             if result is not None:
                 held["switchyard"] = {"request_id": result.request_id, "deployment": result.deployment_slug}
-                if caller.sees_costs:  # the same rule as the x-switchyard-cost header
+                if caller.sees_costs(workflow.team_id):  # the rule of the x-switchyard-cost header
                     held["switchyard"] |= {"cost": f"{result.cost:f}", "currency": result.currency}
             yield _sse(held)
         yield b"data: [DONE]\n\n"
@@ -554,7 +555,7 @@ def _stream_response(
     response = StreamingHttpResponse(events(), content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
-    _headers(response, None, routed.deployment_slug, caller)
+    _headers(response, None, routed.deployment_slug, caller, workflow.team_id)
     return response
 
 
@@ -602,10 +603,10 @@ def _embeddings_checked(request: HttpRequest, limits: RateCheck) -> HttpResponse
         return _refusal(exc)
     limits.settle(_tokens_used(result))
     if not result.ok or result.completion is None or result.completion.raw is None:
-        return _failure(result, caller)
+        return _failure(result, caller, workflow.team_id)
     doc = {**result.completion.raw, "model": workflow.slug}
     response = HttpResponse(json.dumps(doc, separators=(",", ":")), content_type="application/json")
-    _headers(response, result, result.deployment_slug, caller)
+    _headers(response, result, result.deployment_slug, caller, workflow.team_id)
     return response
 
 
@@ -618,15 +619,15 @@ def models(request: HttpRequest) -> HttpResponse:
         caller = _caller(request)
     except GatewayError as exc:
         return error_response(exc.status, str(exc), exc.type, exc.code)
-    rows = (
-        Workflow.objects.select_related("team").order_by("slug")
-        if caller.may_read
-        else Workflow.objects.none()
-    )
+    # The workflows of the teams the key holds a role in (a team key's team only; every team
+    # for a global role, which alone reaches workflows of no team), less those a limited key
+    # does not list.
+    teams = caller.visible_teams
+    rows = Workflow.objects.select_related("team").order_by("slug")
+    if teams is not None:
+        rows = rows.filter(team_id__in=teams)
     if caller.workflow_ids is not None:
         rows = rows.filter(pk__in=caller.workflow_ids)
-    if caller.team_id is not None:
-        rows = rows.filter(team_id=caller.team_id)
     data = [
         {
             "id": w.slug,

@@ -23,23 +23,27 @@ from inference.stats_selectors import (
     workflow_latency,
 )
 from stack.registry.models import Deployment, Provider, Workflow
-from stack.registry.roles import can_see_costs
+from stack.registry.principal import principal_of_user
 from stack.registry.selectors import get_workflow_for_user, workflow_current_policy, workflows_visible
 from stack.registry.services import RegistryError
-from stack.registry.teams import user_may_change_team_object, user_team_scope
+from stack.registry.teams import user_may_change_team_object
 from stack.registry.views import RoleRequiredMixin, require_team_write, shared_writer
 
 
 class InferenceHomeView(RoleRequiredMixin, View):
     def get(self, request: HttpRequest) -> HttpResponse:
-        stats = deployment_stats(teams=user_team_scope(request.user))
+        principal = principal_of_user(request.user)
+        stats = deployment_stats(teams=principal.visible_teams)
+        # Figures summed over every team the caller reads: money only if it sees every one's.
+        costs = principal.sees_costs_of_every_visible_team()
         return render(
             request,
             "inference/home.html",
             {
                 "stats": stats,
+                "can_see_costs": costs,
                 # Its x axis is money: drawn only for those who may see costs.
-                "chart": charts.cost_quality_chart(stats) if can_see_costs(request.user) else None,
+                "chart": charts.cost_quality_chart(stats) if costs else None,
                 "workflows": workflows_visible(user=request.user).order_by("slug"),
             },
         )
@@ -130,13 +134,19 @@ class WorkflowInferenceView(RoleRequiredMixin, View):
         status: int = 200,
     ) -> HttpResponse:
         chaos = {c.deployment_id: c for c in ChaosConfig.objects.filter(deployment__in=deployments)}
-        stats = deployment_stats(deployments=deployments, teams=user_team_scope(request.user))
+        principal = principal_of_user(request.user)
+        # The workflow's money is its team's: shown to that team's ledger readers, with the
+        # deployments' figures summed over the teams whose money they see.
+        costs = principal.sees_costs(workflow.team_id)
+        teams = principal.cost_teams if costs else principal.visible_teams
+        stats = deployment_stats(deployments=deployments, teams=teams)
         route = [(s, chaos.get(s.deployment.pk)) for s in stats]
         return render(
             request,
             "inference/workflow.html",
             {
                 "workflow": workflow,
+                "can_see_costs": costs,
                 "policy": workflow_current_policy(workflow=workflow),
                 "route": route,
                 "latency": workflow_latency(workflow=workflow),
@@ -162,9 +172,15 @@ class WorkflowInferenceView(RoleRequiredMixin, View):
 class ProviderInferenceView(RoleRequiredMixin, View):
     def get(self, request: HttpRequest, slug: str) -> HttpResponse:
         provider = get_object_or_404(Provider, slug=slug)
-        stats = provider_deployment_stats(provider=provider, teams=user_team_scope(request.user))
+        principal = principal_of_user(request.user)
+        stats = provider_deployment_stats(provider=provider, teams=principal.visible_teams)
         return render(
             request,
             "inference/provider.html",
-            {"provider": provider, "stats": stats, "totals": provider_totals(stats)},
+            {
+                "provider": provider,
+                "stats": stats,
+                "totals": provider_totals(stats),
+                "can_see_costs": principal.sees_costs_of_every_visible_team(),
+            },
         )

@@ -22,8 +22,9 @@ from stack.registry import services
 from stack.registry.errors import DomainError, MultiFieldError
 from stack.registry.form_fields import CurrencyField, DateTimeField, DecimalField
 from stack.registry.forms import ApiTokenLimitsForm
-from stack.registry.models import ApiToken, Team
-from stack.registry.roles import ALL_ROLES, user_roles
+from stack.registry.models import ApiToken, Team, TeamMembership
+from stack.registry.principal import principal_of_user
+from stack.registry.roles import ALL_ROLES
 from stack.registry.selectors import workflows_visible
 from stack.registry.teams import user_teams_with_role
 from stack.registry.validation import id_parse
@@ -37,6 +38,15 @@ def teams_for_keys(user: User | AnonymousUser) -> Any:
     allowed = user_teams_with_role(user, ALL_ROLES)  # as api_token_team_check: any member
     rows = Team.objects.order_by("slug")
     return rows if allowed is None else rows.filter(pk__in=allowed)
+
+
+def _role_labels(user: User | AnonymousUser) -> list[str]:
+    """The user's roles as it holds them: global ones, then "<role> of <team>" per membership
+    (a role holds in its team only)."""
+    labels = sorted(role.label for role in principal_of_user(user).global_roles)
+    memberships = TeamMembership.objects.filter(user_id=user.pk or 0).select_related("team")
+    labels += sorted(f"{m.get_role_display()} of {m.team.slug}" for m in memberships)
+    return labels
 
 
 class ApiKeyForm(ApiTokenLimitsForm):
@@ -181,7 +191,7 @@ class TokenView(RoleRequiredMixin, View):
                 "issued": issued,
                 "new_token": issued.secret if issued is not None else None,
                 "tokens": [(t, budgets.get(t.pk)) for t in tokens],
-                "roles": sorted(r.label for r in user_roles(request.user)),
+                "roles": _role_labels(request.user),
                 "limits_form": limits_form,
                 "editing": editing,
             },

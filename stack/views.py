@@ -25,15 +25,17 @@ from billing.budgets import budget_state
 from billing.selectors import DailySpend, budgets_of_teams, spend_per_provider_per_day
 from stack.celery import app as celery_app
 from stack.error_reports import redact_credentials
+from stack.registry.access import token_workflow_scope
 from stack.registry.authentication import BearerTokenAuthentication
 from stack.registry.forms import TeamMemberForm
 from stack.registry.models import ApiToken, Cluster, FailoverEvent, Team, TeamMembership
 from stack.registry.objectstore import object_store_health
-from stack.registry.roles import ADMINS, ALL_ROLES, can_see_costs, user_has_role
+from stack.registry.principal import can_see_costs, principal_of_key, principal_of_user, sees_any_costs
+from stack.registry.roles import ADMINS, ALL_ROLES
 from stack.registry.selectors import cluster_list_with_workers
 from stack.registry.services import RegistryError, team_membership_remove, team_membership_set
-from stack.registry.teams import teams_visible, user_team_admin_of, user_team_scope
-from stack.registry.views import RoleRequiredMixin, team_filter_from_request
+from stack.registry.teams import teams_visible, user_team_scope
+from stack.registry.views import RoleRequiredMixin, money_team_slugs, team_filter_from_request
 from training.selectors import probe_jobs_recent
 
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
@@ -48,11 +50,12 @@ class OverviewView(RoleRequiredMixin, View):
     def get(self, request: HttpRequest) -> HttpResponse:
         team_filter = team_filter_from_request(request)
         context: dict[str, object] = {"team_filter": team_filter}
-        if can_see_costs(request.user):  # a viewer's page has no money (stack.registry.costs)
+        if sees_any_costs(request.user):  # money per team (stack.registry.costs)
             now = timezone.now()
             first_day = (now - timedelta(days=OVERVIEW_DAYS - 1)).date()
             days = [first_day + timedelta(days=i) for i in range(OVERVIEW_DAYS)]
-            spend = spend_per_provider_per_day(since_day=first_day, teams=team_filter.slugs)
+            slugs = money_team_slugs(request.user, team_filter.teams)
+            spend = spend_per_provider_per_day(since_day=first_day, teams=slugs)
             context["spend_chart"] = charts.spend_per_provider_chart(spend, days)
             context["spend_totals"] = _totals_by_currency(spend)
         # Failover events name runs and workflows of every team: platform roles only.
@@ -94,13 +97,16 @@ def _may_see_health_detail(request: HttpRequest) -> bool:
     worker hostnames, PIDs, queues, the database vendor and the object store's location are a
     map for an attacker."""
     user = request.user
-    if user.is_authenticated and (user.is_staff or user_has_role(user, ADMINS)):
+    if user.is_authenticated and (user.is_staff or principal_of_user(user).may(ADMINS, None)):
         return True
     try:
         authenticated = BearerTokenAuthentication().authenticate(request)  # type: ignore[arg-type]
     except AuthenticationFailed:
         return False  # a bad token still gets the status: load balancers must keep working
-    return authenticated is not None and user_has_role(authenticated[0], ADMINS)
+    if authenticated is None:
+        return False
+    key = authenticated[1]
+    return principal_of_key(key, token_workflow_scope(key)).may(ADMINS, None)
 
 
 @require_safe  # GET and HEAD; anything else is 405 (stack/access.py)
@@ -167,10 +173,7 @@ TEAM_SPEND_DAYS = 30
 
 def _may_manage_members(request: HttpRequest, team: Team) -> bool:
     """Platform admins manage every team's members; a team's admins manage that team's."""
-    user = request.user
-    if user_team_scope(user) is None:
-        return user_has_role(user, ADMINS)
-    return team.pk in user_team_admin_of(user)
+    return principal_of_user(request.user).manages_team(team.pk)
 
 
 class TeamListView(RoleRequiredMixin, View):
@@ -240,7 +243,9 @@ class TeamDetailView(RoleRequiredMixin, View):
             "form": form,
             "can_manage": _may_manage_members(request, team),
         }
-        if can_see_costs(request.user):  # budgets and spend are money (stack.registry.costs)
+        costs = can_see_costs(request.user, team.pk)  # budgets and spend are the team's money
+        context["can_see_costs"] = costs
+        if costs:
             now = timezone.now()
             first_day = (now - timedelta(days=TEAM_SPEND_DAYS - 1)).date()
             days = [first_day + timedelta(days=i) for i in range(TEAM_SPEND_DAYS)]

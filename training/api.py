@@ -15,7 +15,7 @@ from rest_framework.routers import BaseRouter
 from billing.money import ledger_text_or_none
 from stack.registry.api_fields import JSONField, ModelSerializer, ResponseSerializer
 from stack.registry.models import Cluster
-from stack.registry.roles import can_see_costs
+from stack.registry.principal import can_see_costs
 from stack.registry.scoping import request_scope_teams
 from training.models import ProbeJob, TrainingRun
 from training.run_config import RunConfigError
@@ -261,9 +261,9 @@ class TrainingRunDetailSerializer(TrainingRunSerializer):
         ]
         read_only_fields = fields
 
-    def _may_read_costs(self) -> bool:
+    def _may_read_costs(self, run: TrainingRun) -> bool:
         request = self.context.get("request")
-        return request is not None and can_see_costs(request.user)
+        return request is not None and can_see_costs(request, run.team_id)
 
     @extend_schema_field(
         serializers.CharField(allow_null=True, help_text="the model version it started from")
@@ -273,7 +273,7 @@ class TrainingRunDetailSerializer(TrainingRunSerializer):
 
     @extend_schema_field(RunModelVersionSerializer(many=True))
     def get_model_versions(self, run: TrainingRun) -> list[dict[str, Any]]:
-        costs = self._may_read_costs()
+        costs = self._may_read_costs(run)
         return [
             {
                 "id": v.pk,
@@ -418,7 +418,8 @@ class TrainingRunViewSet(viewsets.ReadOnlyModelViewSet[TrainingRun]):
     @action(detail=True, methods=["get"])
     def metrics(self, request: Request, pk: str | None = None) -> Response:
         # Money leaves also the timeline's sentences for a caller who may not see costs.
-        return Response(run_metrics_payload(run=self.get_object(), costs=can_see_costs(request.user)))
+        run = self.get_object()
+        return Response(run_metrics_payload(run=run, costs=can_see_costs(request, run.team_id)))
 
 
 def register(router: BaseRouter) -> None:

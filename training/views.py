@@ -14,7 +14,8 @@ from django.urls import reverse
 from django.views import View
 
 from billing.selectors import usage_for_subject
-from stack.registry.roles import OPERATORS, can_see_costs
+from stack.registry.principal import can_see_costs, principal_of_user
+from stack.registry.roles import OPERATORS
 from stack.registry.teams import (
     filter_by_team,
     teams_visible,
@@ -74,11 +75,14 @@ def _figures_payload(run: TrainingRun, *, costs: bool, with_template: bool = Tru
 
 class RunListView(RoleRequiredMixin, View):
     def get(self, request: HttpRequest) -> HttpResponse:
+        principal = principal_of_user(request.user)
+        rows = run_rows(teams=principal.visible_teams)
         return render(
             request,
             "training/run_list.html",
             {
-                "rows": run_rows(teams=user_team_scope(request.user)),
+                # A run's cost is its team's money: each row says whether it may show it.
+                "rows": [(row, principal.sees_costs(row.run.team_id)) for row in rows],
                 "can_write": user_teams_with_role(request.user, OPERATORS) != frozenset(),
             },
         )
@@ -87,12 +91,13 @@ class RunListView(RoleRequiredMixin, View):
 class RunDetailView(RoleRequiredMixin, View):
     def get(self, request: HttpRequest, pk: int) -> HttpResponse:
         run = _run(request, pk)
-        costs = can_see_costs(request.user)
+        costs = can_see_costs(request.user, run.team_id)  # the run's team's money
         return render(
             request,
             "training/run_detail.html",
             {
                 "run": run,
+                "can_see_costs": costs,
                 "cost": run_cost_summary(run=run) if costs else None,
                 "learners": run_learners(run=run),
                 "placements": run_placements(run=run),
@@ -112,7 +117,7 @@ class RunMetricsView(RoleRequiredMixin, View):
 
     def get(self, request: HttpRequest, pk: int) -> JsonResponse:
         run = _run(request, pk)
-        costs = can_see_costs(request.user)
+        costs = can_see_costs(request.user, run.team_id)
         return JsonResponse(
             {
                 **_figures_payload(run, costs=costs, with_template=False),
@@ -214,8 +219,9 @@ class JobDetailView(RoleRequiredMixin, View):
                 # The job's ledger rows (unit prices, amounts): only for those who may see costs,
                 # and for platform roles (a probe's spend belongs to no team).
                 "usage": usage_for_subject(subject_type="probe_job", subject_id=str(job.pk))
-                if can_see_costs(request.user) and user_team_scope(request.user) is None
+                if principal_of_user(request.user).cost_teams is None
                 else None,
+                "can_see_costs": principal_of_user(request.user).cost_teams is None,
             },
         )
 

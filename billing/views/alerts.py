@@ -15,7 +15,8 @@ from billing.alerts import AlertChannelInvalid, alert_channel_save
 from billing.alerts.anomalies import BASELINE_DAYS, MAD_TO_SIGMA, MIN_RELATIVE_SPREAD, K
 from billing.forms import AlertChannelForm
 from billing.models import AlertChannel, AlertDelivery, SpendAnomaly
-from stack.registry.roles import LEDGER_READERS, OPERATORS, user_has_role
+from stack.registry.principal import principal_of_user
+from stack.registry.roles import LEDGER_READERS, OPERATORS
 from stack.registry.views import RoleRequiredMixin
 
 
@@ -31,7 +32,7 @@ class AlertChannelListView(RoleRequiredMixin, View):
             {
                 "channels": AlertChannel.objects.all(),
                 "deliveries": AlertDelivery.objects.select_related("channel")[:50],
-                "can_write": user_has_role(request.user, OPERATORS),
+                "can_write": principal_of_user(request.user).may(OPERATORS, None),
             },
         )
 

@@ -23,7 +23,7 @@ from billing.forms import BudgetForm
 from billing.models import Budget, BudgetAlert
 from billing.selectors import budgets_of_teams
 from stack.registry.roles import LEDGER_READERS, OPERATORS
-from stack.registry.teams import user_team_scope, user_teams_with_role
+from stack.registry.teams import user_teams_with_role
 from stack.registry.views import RoleRequiredMixin
 
 
@@ -32,7 +32,7 @@ class BudgetListView(RoleRequiredMixin, View):
     write_roles = OPERATORS
 
     def get(self, request: HttpRequest) -> HttpResponse:
-        budgets = budgets_of_teams(teams=user_team_scope(request.user))
+        budgets = budgets_of_teams(teams=user_teams_with_role(request.user, LEDGER_READERS))
         writable = set(budgets_writable(request.user).values_list("pk", flat=True))
         rows = []
         for budget in budgets:
@@ -64,7 +64,9 @@ def budgets_writable(user: Any) -> QuerySet[Budget]:
 
 def _budget_for_write(request: HttpRequest, pk: int) -> Budget:
     """The budget to change: 404 when the caller cannot see it, 403 when it sees but may not change it."""
-    budget = get_object_or_404(budgets_of_teams(teams=user_team_scope(request.user)), pk=pk)
+    budget = get_object_or_404(
+        budgets_of_teams(teams=user_teams_with_role(request.user, LEDGER_READERS)), pk=pk
+    )
     if not budgets_writable(request.user).filter(pk=pk).exists():
         raise PermissionDenied("your role in this budget's team does not allow this")
     return budget

@@ -29,7 +29,7 @@ from billing.selectors import (
 from billing.selfhosted import self_hosted_cost
 from stack.registry.models import Deployment, FailoverEvent
 from stack.registry.roles import LEDGER_READERS
-from stack.registry.teams import team_slugs, user_team_scope
+from stack.registry.teams import team_slugs, user_teams_with_role
 from stack.registry.views import RoleRequiredMixin, team_filter_from_request
 
 CHART_DAYS = 30
@@ -61,7 +61,7 @@ class BillingDashboardView(RoleRequiredMixin, View):
         first_day = now.date() - timedelta(days=CHART_DAYS - 1)
         days = [first_day + timedelta(days=i) for i in range(CHART_DAYS)]
         # Every figure below is of the teams picked (?team=), a team-scoped user's own by default.
-        pick = team_filter_from_request(request)
+        pick = team_filter_from_request(request, LEDGER_READERS)
         slugs, team = pick.slugs, pick.picked
         daily = spend_per_provider_per_day(since_day=first_day, teams=slugs)
 
@@ -191,7 +191,7 @@ class LedgerRowsView(RoleRequiredMixin, View):
             if f["before"]:
                 rows = rows.filter(pk__lt=f["before"])
         # A team-scoped caller reads its teams' rows only, whatever the filters say.
-        slugs = team_slugs(user_team_scope(request.user))
+        slugs = team_slugs(user_teams_with_role(request.user, LEDGER_READERS))
         if slugs is not None:
             rows = rows.filter(team__in=slugs)
         # Newest first by id: ids are drawn in append order across every partition, while

@@ -33,7 +33,7 @@ from billing.exports import (
 from billing.forms import ExportPageForm
 from billing.models import ExportJob
 from stack.registry.roles import LEDGER_READERS
-from stack.registry.teams import team_slugs, user_team_scope
+from stack.registry.teams import team_slugs, user_teams_with_role
 from stack.registry.views import RoleRequiredMixin
 
 
@@ -41,7 +41,7 @@ def export_jobs_visible(request: HttpRequest) -> QuerySet[ExportJob]:
     """Export jobs the caller may see: all for a platform role, those of one of its teams (the
     job's `team` filter) for a team-scoped user."""
     jobs = ExportJob.objects.select_related("created_by")
-    slugs = team_slugs(user_team_scope(request.user))
+    slugs = team_slugs(user_teams_with_role(request.user, LEDGER_READERS))
     return jobs if slugs is None else jobs.filter(filters__team__in=sorted(slugs))
 
 
@@ -56,7 +56,7 @@ class ExportPageView(RoleRequiredMixin, View):
     @staticmethod
     def _form(request: HttpRequest, data: Any = None) -> ExportPageForm:
         form = ExportPageForm(data)
-        slugs = team_slugs(user_team_scope(request.user))
+        slugs = team_slugs(user_teams_with_role(request.user, LEDGER_READERS))
         if slugs is not None:
             # A team-scoped caller exports one of its teams' rows, never the whole ledger.
             form.fields["team"] = forms.ChoiceField(

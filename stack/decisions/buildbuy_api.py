@@ -15,7 +15,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from stack.decisions.buildbuy_selectors import build_or_buy_report
-from stack.registry.roles import can_see_costs
+from stack.registry.principal import can_see_costs
+from stack.registry.roles import LEDGER_READERS
 from training.models import TrainingRun
 
 
@@ -23,11 +24,13 @@ class BuildOrBuyView(generics.GenericAPIView[TrainingRun]):
     queryset = TrainingRun.objects.select_related("team").order_by("-created_at")
     # The run's team owns its build-or-buy figures, as it owns the run.
     team_field = "team"
+    # Every figure is money: read by the ledger readers of the run's team.
+    read_roles = LEDGER_READERS
 
     @extend_schema(responses={200: OpenApiTypes.OBJECT})
     def get(self, request: Request, pk: int) -> Response:
         run = self.get_object()
-        if not can_see_costs(request.user):
+        if not can_see_costs(request, run.team_id):
             raise exceptions.PermissionDenied(
                 "build-or-buy figures are money: auditors, operators and admins"
             )

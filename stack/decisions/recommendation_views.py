@@ -22,7 +22,7 @@ from stack.decisions.recommendation_selectors import (
     recommendations_visible,
     replay_request_ids,
 )
-from stack.registry.roles import can_see_costs
+from stack.registry.principal import can_see_costs
 from stack.registry.teams import user_may_change_team_object
 from stack.registry.views import RoleRequiredMixin, require_team_write, team_filter_from_request
 
@@ -114,7 +114,7 @@ class RecommendationDetailView(RoleRequiredMixin, View):
         status: int = 200,
     ) -> HttpResponse:
         rec.refresh_from_db()
-        costs = can_see_costs(request.user)
+        costs = can_see_costs(request.user, rec.workflow.team_id)  # the workflow's team's money
         stale = rec.state == Recommendation.State.PROPOSED and recommendation_stale(recommendation=rec)
         after_ids = replay_request_ids(candidate=rec.candidate) if rec.candidate else ()
         context: dict[str, Any] = {
@@ -127,6 +127,7 @@ class RecommendationDetailView(RoleRequiredMixin, View):
             "replayed_ids": after_ids[:EVIDENCE_IDS_SHOWN],
             "replayed_more": max(len(after_ids) - EVIDENCE_IDS_SHOWN, 0),
             "eval_runs": list(rec.eval_runs.all()),
+            "can_see_costs": costs,
         }
         if costs:
             # Money only for those who may see it (stack.registry.costs): the ledger check too.

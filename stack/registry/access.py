@@ -18,7 +18,7 @@ from typing import Any
 
 from stack.registry.auth_version import auth_version, grant_cache_register
 from stack.registry.models import ApiToken, Workflow
-from stack.registry.roles import Role, roles_see_costs, user_roles
+from stack.registry.principal import Principal, principal_of_key, request_key
 from stack.registry.services import api_token_authenticate
 
 TOKEN_MAX_LENGTH = 256
@@ -30,18 +30,19 @@ _SCOPE_ATTR = "_switchyard_workflow_scope"
 
 @dataclass(frozen=True)
 class TokenGrant:
-    """What one token may do, as read from the database at one authorisation version."""
+    """What one token may do, as read from the database at one authorisation version: its
+    principal (stack.registry.principal: the user's global roles and its role in each team,
+    narrowed to the key's team and workflows) and the key's limits."""
 
     token_id: int
     user_id: int
-    roles: frozenset[Role]
-    workflow_ids: frozenset[int] | None  # None: not limited to workflows
+    principal: Principal
     # The key's own /v1 rate limits (inference.ratelimit); None: none.
     rpm_limit: int | None = None
     tpm_limit: int | None = None
     rate_limit_fail_closed: bool = False
-    # The key's team (stack.registry.teams): it reaches only that team's workflows, and the team's
-    # limits apply to it too. None: a platform key.
+    # The key's team: it reaches only that team's workflows, and the team's limits apply to it
+    # too. None: a platform key, which acts with its user's global roles only.
     team_id: int | None = None
     team_rpm_limit: int | None = None
     team_tpm_limit: int | None = None
@@ -51,21 +52,28 @@ class TokenGrant:
         return self.expires_at is not None and self.expires_at <= at
 
     @property
-    def may_read(self) -> bool:
-        """Any role reads the registry (and may call workflows); no role, nothing."""
-        return bool(self.roles)
+    def workflow_ids(self) -> frozenset[int] | None:
+        """The workflows the key is limited to; None: not limited."""
+        return self.principal.workflow_ids
 
     @property
-    def sees_costs(self) -> bool:
-        return roles_see_costs(self.roles)
+    def visible_teams(self) -> frozenset[int] | None:
+        """The teams whose workflows the key may call; None: every team."""
+        return self.principal.visible_teams
 
-    def allows_workflow(self, workflow_id: int) -> bool:
-        return self.may_read and (self.workflow_ids is None or workflow_id in self.workflow_ids)
+    def sees_costs(self, team_id: int | None) -> bool:
+        """May the caller see the money of a call to a workflow of team `team_id`?"""
+        return self.principal.sees_costs(team_id)
+
+    def allows_workflow(self, workflow_id: int, team_id: int | None) -> bool:
+        return self.principal.allows_workflow(workflow_id, team_id)
 
     def reaches_team(self, team_id: int | None) -> bool:
-        """A team key sees only its team's workflows (another team's answer as if they did not
-        exist); a platform key sees every workflow its roles reach."""
-        return self.team_id is None or team_id == self.team_id
+        """Is a workflow of team `team_id` in sight of the key? Another team's workflow answers
+        as if it did not exist; a key whose user holds no role anywhere is refused (403) by
+        `allows_workflow` instead."""
+        teams = self.principal.visible_teams
+        return teams is None or not teams or team_id in teams
 
 
 def token_workflow_scope(token: ApiToken) -> frozenset[int] | None:
@@ -81,14 +89,11 @@ def token_workflow_scope(token: ApiToken) -> frozenset[int] | None:
 
 
 def token_grant(token: ApiToken) -> TokenGrant:
-    user = token.user
-    roles = user_roles(user) if user.is_active else frozenset()
     team = token.team
     return TokenGrant(
         token_id=token.pk,
-        user_id=user.pk,
-        roles=roles,
-        workflow_ids=token_workflow_scope(token),
+        user_id=token.user_id,
+        principal=principal_of_key(token, token_workflow_scope(token)),
         rpm_limit=token.rpm_limit,
         tpm_limit=token.tpm_limit,
         rate_limit_fail_closed=token.rate_limit_fail_closed,
@@ -102,14 +107,12 @@ def token_grant(token: ApiToken) -> TokenGrant:
 def token_allows_workflow(*, token: ApiToken, workflow: Workflow) -> bool:
     """May this token call `workflow`? Its (active) user must hold a role, a token limited
     to workflows only the workflows it lists, and a team key only its team's."""
-    grant = token_grant(token)
-    return grant.allows_workflow(workflow.pk) and grant.reaches_team(workflow.team_id)
+    return token_grant(token).allows_workflow(workflow.pk, workflow.team_id)
 
 
 def request_token(request: Any) -> ApiToken | None:
     """The API token a request authenticated with (DRF sets `request.auth`); None for a session."""
-    auth = getattr(request, "auth", None)
-    return auth if isinstance(auth, ApiToken) else None
+    return request_key(request)
 
 
 def request_workflow_scope(request: Any) -> frozenset[int] | None:

@@ -15,7 +15,8 @@ from rest_framework import permissions
 from rest_framework.request import Request
 
 from stack.registry.access import request_workflow_scope
-from stack.registry.roles import ALL_ROLES, OPERATORS, user_has_role
+from stack.registry.principal import principal_of
+from stack.registry.roles import ALL_ROLES, OPERATORS
 from stack.registry.scoping import (
     LIMITED_TOKEN_MESSAGE,
     TEAM_SCOPED_MESSAGE,
@@ -36,7 +37,7 @@ class RolePermission(permissions.BasePermission):
             allowed = getattr(view, "read_roles", ALL_ROLES)
         else:
             allowed = getattr(view, "write_roles", OPERATORS)
-        if not user_has_role(request.user, frozenset(allowed)):
+        if not principal_of(request).has_role_somewhere(frozenset(allowed)):
             return False
         if request_workflow_scope(request) is not None and view_refuses_limited_tokens(view):
             # Set per instance: DRF makes the permission objects anew for every request.

@@ -2,7 +2,8 @@
 
 A superuser is an admin. Admin may do everything; the other roles are granted
 per endpoint through `read_roles` / `write_roles` on views (see
-stack.registry.permissions.RolePermission).
+stack.registry.permissions.RolePermission). Which roles a caller holds over an object of a team
+is stack.registry.principal's rule (global roles plus the role held in that team).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ ADMINS = frozenset({Role.ADMIN})
 LEDGER_READERS = frozenset({Role.AUDITOR, Role.OPERATOR, Role.ADMIN})
 # Who may see money at all. One rule for pages, API answers, charts and the gateway's headers:
 # whoever may read the ledger may see every figure derived from it (costs, prices, spend, budgets,
-# limits); a viewer sees none of them. `can_see_costs` is the only place that decides it.
+# limits) in the object's team; a viewer sees none of them. `Principal.sees_costs` (stack.registry.principal)
+# is the only place that decides it.
 COST_READERS = LEDGER_READERS
 
 
@@ -41,30 +43,3 @@ def global_roles(user: User | AnonymousUser) -> frozenset[Role]:
         cached = frozenset(r for r in Role if r.value in names)
         setattr(user, "_switchyard_roles", cached)  # noqa: B010 (per-request cache on the user object)
     return cached
-
-
-def user_roles(user: User | AnonymousUser) -> frozenset[Role]:
-    """The roles a user holds somewhere: its global roles, or, for a user with team memberships
-    only, what those grant in any of its teams. Which rows a role reaches is the teams' rule
-    (stack.registry.teams), applied to every query the caller makes."""
-    roles = global_roles(user)
-    if roles or not user.is_authenticated:
-        return roles
-    from stack.registry.teams import user_team_roles  # the teams module imports this one
-
-    return frozenset().union(*user_team_roles(user).values())
-
-
-def user_has_role(user: User | AnonymousUser, allowed: frozenset[Role]) -> bool:
-    roles = user_roles(user)
-    return Role.ADMIN in roles or bool(roles & allowed)
-
-
-def roles_see_costs(roles: frozenset[Role]) -> bool:
-    """May a caller holding `roles` see money figures? (The rule of `can_see_costs`.)"""
-    return Role.ADMIN in roles or bool(roles & COST_READERS)
-
-
-def can_see_costs(user: User | AnonymousUser) -> bool:
-    """May this user see costs, prices, spend, budgets and money limits anywhere?"""
-    return roles_see_costs(user_roles(user))

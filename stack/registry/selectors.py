@@ -16,7 +16,8 @@ from stack.registry.models import (
     WorkerHeartbeat,
     Workflow,
 )
-from stack.registry.roles import ALL_ROLES, user_has_role
+from stack.registry.principal import user_has_role
+from stack.registry.roles import ALL_ROLES
 from stack.registry.teams import user_team_scope
 
 

@@ -33,7 +33,8 @@ from stack.registry.forms import (
     WorkflowRetentionForm,
 )
 from stack.registry.models import Cluster, Deployment, Provider, RegisteredModel, Workflow
-from stack.registry.roles import ALL_ROLES, OPERATORS, Role, can_see_costs, user_has_role
+from stack.registry.principal import principal_of_user
+from stack.registry.roles import ALL_ROLES, OPERATORS, Role
 from stack.registry.selectors import (
     failover_events,
     get_workflow_for_user,
@@ -44,7 +45,6 @@ from stack.registry.teams import (
     team_slugs,
     teams_visible,
     user_may_change_team_object,
-    user_team_scope,
     user_teams_with_role,
 )
 
@@ -64,15 +64,19 @@ class RoleRequiredMixin(LoginRequiredMixin):
         if not request.user.is_authenticated:
             return self.handle_no_permission()
         allowed = self.read_roles if request.method in ("GET", "HEAD") else self.write_roles
-        if not user_has_role(request.user, allowed):
+        principal = principal_of_user(request.user)
+        if not principal.has_role_somewhere(allowed):
             raise PermissionDenied("your role does not allow this")
-        if self.platform_only and user_team_scope(request.user) is not None:
+        if self.platform_only and principal.teams_with(allowed) is not None:
+            # Every team's rows: the role must be a global one (a role in a team is not).
             raise PermissionDenied("this page is for platform roles")
         return super().dispatch(request, *args, **kwargs)
 
     def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
         context: dict[str, Any] = super().get_context_data(**kwargs)  # type: ignore[misc]
-        context["can_write"] = user_has_role(self.request.user, self.write_roles)  # type: ignore[attr-defined]
+        principal = principal_of_user(self.request.user)  # type: ignore[attr-defined]
+        writes = principal.teams_with(self.write_roles)
+        context["can_write"] = writes is None if self.platform_only else writes != frozenset()
         return context
 
 
@@ -85,7 +89,7 @@ def require_team_write(user: Any, team_id: int | None, allowed: frozenset[Role] 
 def shared_writer(user: Any, allowed: frozenset[Role] = OPERATORS) -> bool:
     """May `user` change shared objects (clusters, providers, models, deployments, prices)?
     Platform roles only: a team role never reaches what every team shares."""
-    return user_team_scope(user) is None and user_has_role(user, allowed)
+    return principal_of_user(user).may(allowed, None)
 
 
 @dataclass(frozen=True)
@@ -100,17 +104,26 @@ class TeamFilter:
     picked: str = ""  # the slug chosen with ?team=, for links to the rows behind a figure
 
 
-def team_filter_from_request(request: HttpRequest) -> TeamFilter:
-    """The teams a dashboard shows: the one picked with ?team= among those the caller sees, else
-    all the caller's (a team-scoped user never sees more than its teams). An unknown or hidden
-    team is a form error and the page shows the default."""
-    scope = user_team_scope(request.user)
+def team_filter_from_request(request: HttpRequest, allowed: frozenset[Role] = ALL_ROLES) -> TeamFilter:
+    """The teams a dashboard shows: the one picked with ?team= among those in which the caller
+    holds one of `allowed` (LEDGER_READERS for a page of money), else all of those. An unknown
+    or hidden team is a form error and the page shows the default."""
+    scope = user_teams_with_role(request.user, allowed)
     bound = "team" in request.GET
     form = TeamFilterForm(request.GET if bound else None, teams=teams_visible(teams=scope))
     if bound and form.is_valid() and form.cleaned_data.get("team") is not None:
         team = form.cleaned_data["team"]
         return TeamFilter(form, frozenset({team.pk}), frozenset({team.slug}), 200, team.slug)
     return TeamFilter(form, scope, team_slugs(scope), 400 if bound and not form.is_valid() else 200)
+
+
+def money_team_slugs(user: Any, teams: frozenset[int] | None) -> frozenset[str] | None:
+    """The slugs of the teams among `teams` (None: every team) whose money `user` sees: what a
+    page of spend filters ledger rows by. None: every team's and the platform's rows."""
+    cost_teams = principal_of_user(user).cost_teams
+    if cost_teams is None:
+        return team_slugs(teams)
+    return team_slugs(cost_teams if teams is None else teams & cost_teams)
 
 
 # --- Registry: generic list and form pages ---------------------------------------------
@@ -396,7 +409,8 @@ class FailoverEventListView(RoleRequiredMixin, View):
 
     def get(self, request: HttpRequest) -> HttpResponse:
         form = FailoverFilterForm(request.GET or None)
-        costs = can_see_costs(request.user)
+        # Every team's failovers: their money only to whom sees every team's money.
+        costs = principal_of_user(request.user).cost_teams is None
         if form.is_bound and not form.is_valid():
             return render(
                 request,

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from stack.registry.models import TeamMembership
-from stack.registry.roles import OPERATORS, Role, user_roles
+from stack.registry.principal import principal_of_user
+from stack.registry.roles import OPERATORS, Role
 from stack.registry.selectors import workflows_visible
 from stack.registry.services import api_token_create
 from stack.registry.teams import (
@@ -47,8 +48,10 @@ def test_a_team_admin_is_operator_and_auditor_of_its_team_never_a_platform_admin
     make_member(red, Role.ADMIN, user=user)
     make_member(blue, Role.VIEWER, user=user)
     user = _fresh(user)
-    assert user_roles(user) == {Role.OPERATOR, Role.AUDITOR, Role.VIEWER}
-    assert Role.ADMIN not in user_roles(user)
+    principal = principal_of_user(user)
+    assert principal.roles_in(red.pk) == {Role.OPERATOR, Role.AUDITOR}  # a team admin, no more
+    assert principal.roles_in(blue.pk) == {Role.VIEWER}  # never the union of its teams' roles
+    assert principal.roles_in(None) == frozenset()
     request = SimpleNamespace(user=user, auth=None)
     assert request_teams_with_role(request, OPERATORS) == {red.pk}  # may change red's rows only
     assert request_team_scope(request) == {red.pk, blue.pk}

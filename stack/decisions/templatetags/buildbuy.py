@@ -11,7 +11,7 @@ from django import template
 
 from stack.decisions.buildbuy_charts import build_or_buy_figure
 from stack.decisions.buildbuy_selectors import build_or_buy_report
-from stack.registry.roles import can_see_costs
+from stack.registry.principal import can_see_costs
 
 register = template.Library()
 
@@ -21,7 +21,7 @@ def build_or_buy_panel(context: dict[str, Any], run: Any) -> dict[str, Any]:
     request = context.get("request")
     user = getattr(request, "user", None)
     option = (run.config or {}).get("build_or_buy")
-    if not option or user is None or not can_see_costs(user):
+    if not option or user is None or not can_see_costs(user, run.team_id):
         return {"shown": False}
     report = build_or_buy_report(run=run)
     return {"shown": True, "report": report, "figure": build_or_buy_figure(report)}
