@@ -7,6 +7,7 @@ from django.shortcuts import render
 from django.views import View
 
 from stack.decisions.selectors import get_replay_study_for_user, replay_studies_for_user
+from stack.registry.principal import can_see_costs
 from stack.registry.views import RoleRequiredMixin
 
 
@@ -23,5 +24,11 @@ class ReplayStudyDetailView(RoleRequiredMixin, View):
         return render(
             request,
             "decisions/replay_detail.html",
-            {"study": study, "candidates": candidates, "sampled": len(study.sampled_request_ids)},
+            {
+                "study": study,
+                "candidates": candidates,
+                "sampled": len(study.sampled_request_ids),
+                # The study's costs are its workflow's team's money.
+                "can_see_costs": can_see_costs(request.user, study.workflow.team_id),
+            },
         )

@@ -48,10 +48,24 @@ MONEY_KEYS = frozenset(
 )
 
 
+# A key naming any of these is money too, whatever its full name (`cost_total`,
+# `cost_per_request_before`, `ledger_amount_after`, `hosting_cost`, `token_prices`...): a field
+# added later that carries money is hidden from viewers without a line here (fail closed).
+MONEY_KEY_PARTS = ("cost", "price", "spend", "amount", "budget", "saving", "money", "projected")
+
+
+def is_money_key(key: object) -> bool:
+    if not isinstance(key, str):
+        return False
+    lowered = key.lower()
+    return key in MONEY_KEYS or any(part in lowered for part in MONEY_KEY_PARTS)
+
+
 def without_money(data: Any) -> Any:
-    """`data` (JSON-like: dicts, lists, scalars) less every MONEY_KEYS entry, at any depth."""
+    """`data` (JSON-like: dicts, lists, scalars) less every money entry (MONEY_KEYS, or a key
+    naming one of MONEY_KEY_PARTS), at any depth."""
     if isinstance(data, Mapping):
-        return {key: without_money(value) for key, value in data.items() if key not in MONEY_KEYS}
+        return {key: without_money(value) for key, value in data.items() if not is_money_key(key)}
     if isinstance(data, list | tuple):
         return [without_money(item) for item in data]
     return data

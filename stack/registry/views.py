@@ -33,7 +33,7 @@ from stack.registry.forms import (
     WorkflowRetentionForm,
 )
 from stack.registry.models import Cluster, Deployment, Provider, RegisteredModel, Workflow
-from stack.registry.principal import principal_of_user
+from stack.registry.principal import can_see_costs, principal_of_user
 from stack.registry.roles import ALL_ROLES, OPERATORS, Role
 from stack.registry.selectors import (
     failover_events,
@@ -329,6 +329,7 @@ class WorkflowDetailView(RoleRequiredMixin, View):
                     }
                 ),
                 "can_write": user_may_change_team_object(request.user, workflow.team_id),
+                "can_see_costs": can_see_costs(request.user, workflow.team_id),
             },
             status=status,
         )
