@@ -17,6 +17,7 @@ from django.test import Client
 
 from stack.registry.models import Team
 from stack.registry.object_keys import ObjectReach, object_key_team
+from stack.registry.objectstore import object_store_key
 from stack.registry.roles import Role
 from tests.factories import api_client, make_member, make_model, make_team, make_user, tiny_run_config
 from training.models import ModelVersion, TrainingRun
@@ -211,3 +212,34 @@ def test_who_owns_a_key() -> None:
     for bad in ("teams/alpha/../beta/x", "/teams/alpha/x", "teams//alpha/x", "file://teams/alpha/x", ""):
         assert not reach.may_read(bad), bad
     assert not ObjectReach(teams=frozenset({alpha.pk}), team_id=None).may_read("teams/alpha/x.jsonl")
+
+
+def test_an_s3_uri_is_a_key_of_the_store_only_in_its_bucket_and_prefix(settings: Any) -> None:
+    settings.OBJECT_STORE_URL = "s3://switchyard/objects"
+    assert object_store_key("s3://switchyard/objects/runs/2/exports/v1/") == "runs/2/exports/v1"
+    assert object_store_key("s3://switchyard/objects") == ""
+    assert object_store_key("s3://switchyard/objects-other/runs/2") is None
+    assert object_store_key("s3://another-bucket/objects/runs/2") is None
+    assert object_store_key("file:///srv/objects/runs/2") is None
+
+
+def test_a_team_operator_cannot_name_another_teams_export_in_an_s3_store(settings: Any) -> None:
+    settings.OBJECT_STORE_URL = "s3://switchyard/objects"
+    settings.TRAINING_DATA_ROOTS = ["s3://corpora"]
+    alpha, beta = make_team("alpha"), make_team("beta")
+    alpha_run, beta_run = _run_of(alpha), _run_of(beta)
+    operator = make_member(alpha, Role.OPERATOR)
+    config = {
+        "team": "alpha",
+        "dataset": "s3://corpora/text/",
+        "data": {"format": "text"},
+        "stop": {"outer_steps": 1},
+    }
+    theirs = _launch(
+        operator, {**config, "model_uri": f"s3://switchyard/objects/runs/{beta_run.pk}/exports/v1/"}
+    )
+    assert theirs.status_code == 400 and theirs.json() == {"model_uri": [OBJECT_REFUSED]}
+    own = _launch(
+        operator, {**config, "model_uri": f"s3://switchyard/objects/runs/{alpha_run.pk}/exports/v1/"}
+    )
+    assert own.status_code == 201, own.content
