@@ -47,6 +47,7 @@ from stack.registry.models import Deployment, Workflow
 from stack.registry.roles import ALL_ROLES, OPERATORS
 from stack.registry.scoping import (
     WorkflowScopedPrimaryKeyRelatedField,
+    request_scope_teams,
     scope_requires_team_workflow,
     scope_requires_workflow,
     scoped_workflow_field,
@@ -417,6 +418,8 @@ class BatchJobViewSet(
             input_uri=data.get("input_uri", ""),
             input_jsonl=data.get("input_jsonl"),
             api_key=request_token(request),
+            # A team-scoped caller names keys of the workflow's team only.
+            teams=request_scope_teams(request, self.write_roles),
         )
         return Response(self.get_serializer(job).data, status=status.HTTP_201_CREATED)
 

@@ -54,13 +54,21 @@ from inference.openai_request import (
 from inference.router import CapabilityMissing, CostLimitExceeded, NoRoute, route
 from inference.router.context import context_tokens
 from stack.registry.models import ApiToken, Deployment, Workflow
+from stack.registry.object_keys import ObjectReach, team_object_prefix
 from stack.registry.objectstore import default_store
 from stack.registry.queues import CONTROL_QUEUE
 from stack.registry.services import RegistryError
 from stack.registry.tracing import span_attributes, tracer
+from stack.registry.validation import id_parse
 from storage.objectstore import ObjectNotFoundError
 
 MAX_LINES = 100_000
+# One answer for every input_uri the caller may not name, whether or not the key exists: another
+# team's key, a key of the platform's, a path that climbs out (`..`) or a URI instead of a key.
+INPUT_URI_REFUSED = (
+    "must be a key of the object store that the workflow's team owns "
+    "(under teams/<team slug>/); no such key is yours to read"
+)
 _ACTIVE = (BatchJob.State.PENDING, BatchJob.State.RUNNING)
 
 
@@ -154,6 +162,21 @@ def output_key(job: BatchJob) -> str:
     return f"{_job_prefix(job)}output.jsonl"
 
 
+def batch_key_team(rest: str) -> int | None:
+    """The team that owns the object-store keys `inference/<rest>`: a job's parts and output
+    (`inference/batch/<id>-<stamp>/...`) are its workflow's team's; anything else under
+    `inference/` (inputs stored before teams owned keys) is the platform's (None)."""
+    kind, _, rest = rest.partition("/")
+    folder = rest.partition("/")[0]
+    job_id = id_parse(folder.partition("-")[0])
+    if kind != "batch" or job_id is None:
+        return None
+    job = BatchJob.objects.select_related("workflow").filter(pk=job_id).first()
+    if job is None or _job_prefix(job) != f"inference/batch/{folder}/":
+        return None  # the folder of an older job that had the same id
+    return job.workflow.team_id
+
+
 # --- Create / cancel -------------------------------------------------------------------------------
 
 
@@ -174,12 +197,16 @@ def batch_job_create(
     max_rpm: int | None = None,
     holds_prompts_until: datetime | None = None,
     enqueue: bool = True,
+    teams: frozenset[int] | None = None,
 ) -> BatchJob:
     """Validate the input (a key in the object store, or JSONL text stored here) and queue the job.
     `api_key`: the key it was asked for with (its budgets apply, its ledger rows name it).
     `deployment`: every line calls it only (a replay); `max_rpm`: the job's own pace;
     `holds_prompts_until`: its objects hold kept prompts (inference.retention deletes them);
-    `enqueue=False`: the caller runs it (batch_job_execute) itself, as a replay study does."""
+    `enqueue=False`: the caller runs it (batch_job_execute) itself, as a replay study does.
+    `teams`: the teams in which the caller may create jobs (None: platform-wide roles); a key
+    it names must belong to the workflow's team (stack.registry.object_keys), checked before the
+    store is read, and JSONL text is stored under that team's prefix."""
     if deployment is not None and not deployment.enabled:
         raise RegistryError(f"deployment {deployment.slug} is disabled", field="deployment")
     if max_rpm is not None and max_rpm < 1:
@@ -191,7 +218,7 @@ def batch_job_create(
             raise RegistryError("give input_uri or input_jsonl, not both", field="input_uri")
         data = input_jsonl.encode("utf-8")
         batch_lines_parse(data)
-        input_uri = f"inference/batch/inputs/{uuid.uuid4().hex}.jsonl"
+        input_uri = f"{team_object_prefix(workflow.team)}inference/batch/inputs/{uuid.uuid4().hex}.jsonl"
         store.put(input_uri, data)
     else:
         input_uri = input_uri.strip()
@@ -199,6 +226,8 @@ def batch_job_create(
             raise RegistryError(
                 "input_uri (an object store key) or input_jsonl is required", field="input_uri"
             )
+        if not ObjectReach(teams=teams, team_id=workflow.team_id).may_read(input_uri):
+            raise RegistryError(INPUT_URI_REFUSED, field="input_uri")
         try:
             data = store.get(input_uri)
         except (ObjectNotFoundError, ValueError) as exc:

@@ -13,8 +13,11 @@ class TrainingConfig(AppConfig):
         # with task_always_eager they then run in place, as `task.apply_async` does.
         # Billing's budgets name runs by id but may not import training: they ask the registry,
         # which learns here how to tell whether a run exists and which team owns it.
+        # The same for the object store's `runs/<id>/` keys: the registry judges who may name them.
+        from stack.registry.object_keys import object_owner_register
         from stack.registry.subjects import subject_kind_register
         from training import tasks  # noqa: F401
-        from training.selectors import training_run_exists, training_runs_of_teams
+        from training.selectors import training_run_exists, training_run_key_team, training_runs_of_teams
 
         subject_kind_register("training_run", exists=training_run_exists, in_teams=training_runs_of_teams)
+        object_owner_register("runs", training_run_key_team)

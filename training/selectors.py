@@ -42,6 +42,16 @@ def training_run_exists(subject_id: str) -> bool:
     return run_id is not None and TrainingRun.objects.filter(pk=run_id).exists()
 
 
+def training_run_key_team(rest: str) -> int | None:
+    """The team that owns the object-store keys `runs/<id>/...` (`rest` is the key after
+    `runs/`): the run's; None (the platform's) for a platform run or one that does not exist."""
+    head = rest.partition("/")[0]
+    run_id = id_parse(head)
+    if run_id is None or str(run_id) != head:  # "01" or "+1" is not run 1's folder
+        return None
+    return TrainingRun.objects.filter(pk=run_id).values_list("team_id", flat=True).first()
+
+
 def training_runs_of_teams(teams: frozenset[int]) -> QuerySet[TrainingRun]:
     """The runs these teams own (for budgets and failover events, which name runs by id)."""
     return TrainingRun.objects.filter(team__in=teams)

@@ -162,6 +162,9 @@ class RunLaunchView(RoleRequiredMixin, View):
                     config=form.run_config(),
                     created_by=request.user,  # type: ignore[arg-type]
                     name=form.cleaned_data["name"],
+                    # As the API: a team-scoped user launches in, starts from and reads the
+                    # object-store keys of the team the run is for only.
+                    teams=user_teams_with_role(request.user, OPERATORS),
                 )
             except RunConfigError as exc:
                 form.add_config_errors(exc.errors)

@@ -80,3 +80,31 @@ def store_uri_problem(uri: str) -> str | None:
         inside = parsed.netloc == store.netloc and (not prefix or key.startswith(prefix + "/"))
         return None if inside else STORE_URI_REFUSED
     return STORE_URI_REFUSED
+
+
+def object_store_key(uri: str) -> str | None:
+    """The key that `uri` (file:// or s3://) names inside OBJECT_STORE_URL ("" for the store's
+    root itself), or None if it lies outside the store. file:// paths are compared after
+    resolving symlinks and `..`, so a path that reaches the store another way still counts as
+    inside it (stack.registry.object_keys judges who may name it)."""
+    store = urlparse(settings.OBJECT_STORE_URL)
+    parsed = urlparse(uri)
+    if parsed.scheme != store.scheme:
+        return None
+    if parsed.scheme == "file":
+        root = os.path.realpath(unquote(store.netloc + store.path)).rstrip("/")
+        path = os.path.realpath(unquote(parsed.netloc + parsed.path))
+        if path == root:
+            return ""
+        return path[len(root) + 1 :] if path.startswith(root + "/") else None
+    if parsed.scheme == "s3":
+        prefix = store.path.strip("/")
+        key = parsed.path.lstrip("/").rstrip("/")
+        if parsed.netloc != store.netloc:
+            return None
+        if not prefix:
+            return key
+        if key == prefix:
+            return ""
+        return key[len(prefix) + 1 :] if key.startswith(prefix + "/") else None
+    return None

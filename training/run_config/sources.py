@@ -5,11 +5,16 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
+from stack.registry.objectstore import object_store_key
 from training.run_config.schema import Errors
+
+if TYPE_CHECKING:
+    # Only its type: RunConfig is also loaded where Django's models cannot be (training.bench_bare).
+    from stack.registry.object_keys import ObjectReach
 
 # One message for every refused dataset, whether the path exists or not, is outside the roots
 # or escapes them through a symlink: the answer must not tell which files exist on a worker.
@@ -103,25 +108,45 @@ def dataset_keys(source: DatasetSource, keys: list[str]) -> tuple[str, ...]:
 def model_roots() -> list[str]:
     """Where a model directory or tokenizer may be read from: the training data roots, and the
     `runs/` folder of the installation's own store, where registered model versions are written
-    (training.run_engines.write_model_version) and from which `start_from` continues."""
+    (training.run_engines.write_model_version) and from which `start_from` continues, and its
+    `teams/` folder, where a team keeps its own models (stack.registry.object_keys)."""
     own = str(settings.OBJECT_STORE_URL).rstrip("/")
     if own.startswith("file://"):
         own = f"file://{os.path.abspath(own[len('file://') :])}"
-    return [*settings.TRAINING_DATA_ROOTS, f"{own}/runs"]
+    return [*settings.TRAINING_DATA_ROOTS, f"{own}/runs", f"{own}/teams"]
 
 
-def object_uri_check(uri: Any, *, kind: str) -> str | None:
+def outside_reach(uri: Any, reach: ObjectReach | None) -> bool:
+    """Does `uri` name a key of the installation's store that `reach` may not read? Asked before
+    anything looks at the path, so another team's key and a key that does not exist read alike.
+    A URI outside the store (a training data root of its own) is for dataset_source to judge."""
+    if reach is None or not isinstance(uri, str) or uri == "stdlib://":
+        return False
+    try:
+        key = object_store_key(uri)
+    except ValueError:  # urlparse: a malformed host ("s3://[x")
+        return True
+    return key is not None and not reach.may_read(key)
+
+
+def object_uri_check(uri: Any, *, kind: str, reach: ObjectReach | None = None) -> str | None:
     """What is wrong with an object-store URI a run reads (None if nothing).
 
     kind: "dataset" (also stdlib://; a file or a directory), "model" (a directory holding
     config.json) or "tokenizer" (a tokenizer.json). Every URI a run config names goes through
-    here and must lie under an admin-configured root (dataset_source): anything else gets one
-    message whether or not it exists, so the answer tells nobody which files a worker has.
-    Inside a root, file:// paths are checked for what they must hold; an s3:// object is read
-    when the run's engine is built, and its absence fails the run with the reason.
+    here and must lie under an admin-configured root (dataset_source) and, inside the
+    installation's store, be a key of the run's own team (`reach`; None: no caller to judge, as
+    `manage.py train`): anything else gets one message whether or not it exists, so the answer
+    tells nobody which files a worker or another team has. Inside a root, file:// paths are
+    checked for what they must hold; an s3:// object is read when the run's engine is built, and
+    its absence fails the run with the reason.
     """
     if kind == "dataset":
+        if outside_reach(uri, reach):
+            return DATASET_REFUSED
         return None if dataset_source(uri) is not None else DATASET_REFUSED
+    if outside_reach(uri, reach):
+        return OBJECT_REFUSED
     found = dataset_source(uri, roots=model_roots())
     if found is None or found.kind == "stdlib":
         return OBJECT_REFUSED
@@ -136,13 +161,15 @@ def object_uri_check(uri: Any, *, kind: str) -> str | None:
     return None
 
 
-def check_uris(cfg: dict[str, Any], raw: dict[str, Any], errors: Errors) -> None:
+def check_uris(
+    cfg: dict[str, Any], raw: dict[str, Any], errors: Errors, *, reach: ObjectReach | None = None
+) -> None:
     """dataset, model_uri and tokenizer_uri, and how they fit data.format and model."""
-    problem = object_uri_check(cfg["dataset"], kind="dataset")
+    problem = object_uri_check(cfg["dataset"], kind="dataset", reach=reach)
     if problem:
         errors.add("dataset", problem)
     for field, kind in (("model_uri", "model"), ("tokenizer_uri", "tokenizer")):
-        if cfg[field] is not None and (problem := object_uri_check(cfg[field], kind=kind)):
+        if cfg[field] is not None and (problem := object_uri_check(cfg[field], kind=kind, reach=reach)):
             errors.add(field, problem)
     text_field = cfg["data"]["text_field"]
     if not isinstance(text_field, str) or not text_field or len(text_field) > 128:

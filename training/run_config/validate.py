@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
@@ -37,9 +37,15 @@ from training.run_config.schema import (
 )
 from training.run_config.sources import check_uris
 
+if TYPE_CHECKING:
+    from stack.registry.object_keys import ObjectReach
 
-def run_config_validate(raw: Any) -> dict[str, Any]:
-    """The normalised config, or RunConfigError with every problem found (not just the first)."""
+
+def run_config_validate(raw: Any, *, reach: ObjectReach | None = None) -> dict[str, Any]:
+    """The normalised config, or RunConfigError with every problem found (not just the first).
+
+    `reach`: which keys of the installation's object store the caller may name for this run (its
+    own team's: stack.registry.object_keys); None checks no owner (no caller: `manage.py train`)."""
     errors = Errors()
     if not isinstance(raw, dict):
         raise RunConfigError({"config": ["must be a JSON object"]})
@@ -76,7 +82,7 @@ def run_config_validate(raw: Any) -> dict[str, Any]:
         and model["n_embd"] % model["n_head"]
     ):
         errors.add("model.n_head", "must divide model.n_embd")
-    check_uris(cfg, raw, errors)
+    check_uris(cfg, raw, errors, reach=reach)
     down = cfg["compression"]["down"]
     if not errors.has("compression") and down is not None and down not in CHOICES["compression.kind"]:
         errors.add(

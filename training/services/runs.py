@@ -17,6 +17,7 @@ from django.db.models import Max
 
 from stack.registry.errors import DomainError
 from stack.registry.models import Team
+from stack.registry.object_keys import ObjectReach
 from training import dispatch, selectors
 from training.models import (
     GlobalVersionRecord,
@@ -53,17 +54,19 @@ def training_run_create(
     """Validate `config`, create the run in `pending` and dispatch placement after commit.
 
     `teams`: the teams the caller may launch runs in (None: any, or none). A caller limited to
-    teams names one of them as the config's `team`, and starts from model versions of its teams'
-    runs only; another team reads as one that does not exist.
+    teams names one of them as the config's `team`, starts from model versions of that team's
+    runs only, and names only that team's keys of the object store (model_uri, tokenizer_uri,
+    dataset: stack.registry.object_keys); another team's reads as one that does not exist.
 
     Raises RunConfigError (field → messages) before anything is written or dispatched.
     """
     name = (name or "").strip()
+    team_id = _config_team_id(config) if teams is not None else None
     if teams is not None:
-        _start_from_check(config, teams)
+        _start_from_check(config, team_id if team_id in teams else None)
     errors: dict[str, list[str]] = {}
     try:
-        cfg = run_config_validate(config)
+        cfg = run_config_validate(config, reach=ObjectReach(teams=teams, team_id=team_id))
     except RunConfigError as exc:
         errors.update(exc.errors)
         cfg = {}
@@ -102,16 +105,25 @@ def training_run_create(
     return run
 
 
-def _start_from_check(config: Any, teams: frozenset[int]) -> None:
-    """A caller limited to `teams` starts from its teams' model versions only: another team's
-    reads as one that does not exist, before validation reads the version's config (its
-    architecture would show in the messages)."""
+def _config_team_id(config: Any) -> int | None:
+    """The id of the team a raw config names (None: none, or no such team)."""
+    slug = config.get("team") if isinstance(config, dict) else None
+    if not isinstance(slug, str) or not slug.strip():
+        return None
+    return Team.objects.filter(slug=slug.strip()).values_list("pk", flat=True).first()
+
+
+def _start_from_check(config: Any, team_id: int | None) -> None:
+    """A team-scoped caller starts a run of team `team_id` (None: none it may launch in) from
+    that team's model versions only: another team's, even one the caller also belongs to, reads
+    as one that does not exist, before validation reads the version's config (its architecture
+    would show in the messages)."""
     start = config.get("start_from") if isinstance(config, dict) else None
     if not isinstance(start, dict):
         return
     ref = start.get("model_version")
     version = selectors.model_version_lookup(ref)
-    if version is not None and version.run.team_id not in teams:
+    if version is not None and (team_id is None or version.run.team_id != team_id):
         raise RunConfigError(
             {
                 "start_from.model_version": [
