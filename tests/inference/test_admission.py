@@ -175,3 +175,25 @@ def test_a_batch_job_with_a_key_paces_its_lines_in_the_keys_v1_window(
     job.refresh_from_db()
     assert (job.state, job.done) == (BatchJob.State.SUCCEEDED, 5)
     assert set(frozen) == {3}  # 1 of /v1 and 2 lines, then the other 3 in the next window
+
+
+def test_an_eval_run_without_a_key_as_build_or_buy_starts_them_paces_in_the_workflows_window(
+    operator: User, mock_provider: Start, frozen: list[int]
+) -> None:
+    server = mock_provider(text="Paris")
+    _, deployment, workflow, issued = _team_setup(operator, server)
+    Workflow.objects.filter(pk=workflow.pk).update(rpm_limit=2)
+    workflow.refresh_from_db()
+    eval_set = quality.eval_set_create(
+        workflow=workflow,
+        name="capitals",
+        cases=[{"prompt": f"Capital {i}?", "expected": "Paris", "scorer": "exact"} for i in range(5)],
+        user=operator,
+    )
+    # Build or buy (stack.decisions.buildbuy) starts its eval runs this way: no key, no enqueue.
+    run = quality.eval_run_start(eval_set=eval_set, deployment=deployment, bill_to="", enqueue=False)
+    run = quality.eval_run_execute(run_id=run.pk)
+    assert run is not None and (run.state, run.cases_done) == (EvalRun.State.SUCCEEDED, 5)
+    assert sorted(set(frozen)) == [2, 4]
+    # The run's fifth call is in the window /v1 answers from: one more fits, not two.
+    assert [_v1(issued, workflow) for _ in range(2)] == [200, 429]
