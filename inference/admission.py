@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 
 from inference.adapters.base import ChatRequest, EmbeddingRequest, RoutedInput
-from inference.ratelimit import rate_limiter, scope_limits
-from inference.ratelimit_window import REQUESTS, TOKENS, Decision, Limit
+from inference.ratelimit import RateStoreDown, rate_decide, rate_settle, scope_limits
+from inference.ratelimit_window import Decision, Limit
 
 if TYPE_CHECKING:
     from inference.selectors import PlanEntry
@@ -178,14 +178,7 @@ class Paced:
 
     def settle(self, tokens_used: int | None) -> None:
         """Correct the token counts with what the provider reported (None: the count stands)."""
-        decision = self.decision
-        if decision is None or tokens_used is None or decision.corrected:
-            return
-        decision.corrected = True
-        store = rate_limiter()
-        for limit, cost in zip(self.limits, decision.costs, strict=True):
-            if limit.unit == TOKENS and tokens_used != cost:
-                store.correct(limit, decision.slot, tokens_used - cost)
+        rate_settle(self.limits, self.decision, tokens_used)
 
 
 def _sleep(seconds: float) -> None:
@@ -205,13 +198,11 @@ def call_pace(
     Redis unreachable: the call goes through (fail open, as /v1 does for keys that allow it)."""
     if not limits:
         return Paced(None, limits)
-    store = rate_limiter()
-    costs = [1 if limit.unit == REQUESTS else tokens for limit in limits]
     waits = 0
     while True:
         try:
-            decision = store.decide(limits, costs)
-        except getattr(store, "down_errors", ()):
+            decision = rate_decide(limits, tokens)
+        except RateStoreDown:
             return Paced(None, limits, waits)
         if decision.allowed:
             return Paced(decision, limits, waits)
