@@ -6,8 +6,9 @@ one passes the same two gates:
 
 * Rate limits: the call counts against the RPM/TPM windows of its key, its team and its
   workflow (and a batch job's own `max_rpm`): the same Redis windows whoever calls
-  (inference.ratelimit). `/v1` answers a full window with 429 (inference.ratelimit.RateCheck);
-  a job waits until the window lets it through (`call_pace`), so it is paced, never fast.
+  (inference.ratelimit.rate_decide counts every one). `/v1` answers a full window with 429
+  (inference.ratelimit.RateCheck); a job waits until the window lets it through (`call_pace`),
+  so it is paced, never fast.
   Tokens are counted before the call with `request_tokens` (the whole request plus
   `max_tokens`) and corrected with what the provider reported.
 * Budgets: under a hard budget the router reserves the call's worst case (`worst_case_cost`)
