@@ -42,7 +42,8 @@ from django.utils import timezone
 
 from billing.budgets import BudgetExhausted
 from inference.adapters.base import InferenceInput
-from inference.batch_pacing import LineTooLarge, Paced, batch_limits, batch_line_pace, batch_line_settle
+from inference.admission import CallTooLarge, Paced, PacingStopped, call_pace, request_tokens
+from inference.batch_pacing import batch_limits
 from inference.idempotency import batch_request_id, caller_key_problem
 from inference.models import BatchJob, Endpoint, InferenceRequest
 from inference.openai_request import (
@@ -52,7 +53,6 @@ from inference.openai_request import (
     json_document,
 )
 from inference.router import CapabilityMissing, CostLimitExceeded, NoRoute, route
-from inference.router.context import context_tokens
 from stack.registry.models import ApiToken, Deployment, Workflow
 from stack.registry.object_keys import ObjectReach, team_object_prefix
 from stack.registry.objectstore import default_store
@@ -352,10 +352,10 @@ def _run_line(job: BatchJob, line: BatchLine, lease: _Lease | None = None) -> di
     try:
         if not InferenceRequest.objects.filter(client_request_id=client_request_id).exists():
             # A line answered before a crash is replayed from its row: it costs no capacity.
-            paced = batch_line_pace(
+            paced = call_pace(
                 limits=batch_limits(job),
-                tokens=context_tokens(line.request),
-                keep_lease=lambda: lease is None or _keep_lease(job.pk, lease),
+                tokens=request_tokens(line.request),
+                keep_going=lambda: lease is None or _keep_lease(job.pk, lease),
             )
         result = route(
             workflow=job.workflow,
@@ -365,8 +365,16 @@ def _run_line(job: BatchJob, line: BatchLine, lease: _Lease | None = None) -> di
             api_key_id=job.api_key_id,
             deployment=job.deployment,
         )
-    except LineTooLarge as exc:
+    except CallTooLarge as exc:
         return {**record, "response": None, "error": f"rate limit: {exc}", "cost": "0"}
+    except PacingStopped as exc:
+        # The lease was lost (another runner, a cancel) while the line waited: it is not sent.
+        return {
+            **record,
+            "response": None,
+            "error": f"{exc} (the job was cancelled or taken over)",
+            "cost": "0",
+        }
     except BudgetExhausted as exc:
         # Not recorded, so not billed: the line is reported failed in the output.
         return {**record, "response": None, "error": f"budget exhausted: {exc}", "cost": "0"}
@@ -374,7 +382,7 @@ def _run_line(job: BatchJob, line: BatchLine, lease: _Lease | None = None) -> di
         return {**record, "response": None, "error": str(exc), "cost": "0"}
     if paced is not None:
         c = result.completion
-        batch_line_settle(paced, (c.tokens_in + c.tokens_out) if c is not None else 0)
+        paced.settle((c.tokens_in + c.tokens_out) if c is not None else 0)
         if paced.waits:
             record["rate_limit_waits"] = paced.waits  # how often the line waited for a window
     record["request_id"] = result.request_id

@@ -609,7 +609,7 @@ def main(argv: list[str]) -> int:
         # The parts of limits_and_budgets_added in this process, which a loaded machine blurs
         # less than the HTTP difference: the rate-limit call with a key's and a team's limits
         # and the authorisation version read in it (one script call), and the admission of a
-        # spend under the key's and the team's hard budgets on the fast path.
+        # spend under the key's and the team's hard budgets (a locked reservation and its settle).
         six = [
             Limit(scope, 0, unit, 10**9)
             for scope in ("key", "team", "workflow")
@@ -626,7 +626,7 @@ def main(argv: list[str]) -> int:
                 workflow=wfs["team"],
                 provider=seeded["failing"].provider,
                 api_key_id=guarded_key.pk,
-                fast_ok=True,
+                cached_budgets=True,
             )
             budget_settle(admission=admission)
 

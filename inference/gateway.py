@@ -593,9 +593,8 @@ def _embeddings_checked(request: HttpRequest, limits: RateCheck) -> HttpResponse
         assert parsed.model is not None  # noqa: S101 (required by the parser)
         workflow = _workflow(parsed.model, caller)
         _authorize(caller, workflow)
-        # The same estimate as a prompt's: characters / 4 (nothing is generated).
-        tokens = sum(len(text) for text in parsed.request.texts) // 4 + 1
-        limits.check(caller=caller, workflow=workflow, tokens=tokens)
+        # The inputs counted as every request's are (inference.admission); nothing is generated.
+        limits.check(caller=caller, workflow=workflow, tokens=context_tokens(parsed.request))
         result = route(
             workflow=workflow, request=parsed.request, endpoint=Endpoint.EMBEDDING, api_key_id=caller.token_id
         )

@@ -4,6 +4,9 @@ Every score lands in QualityRecord through inference.services.quality_record_cre
 router's quality floor reads. Eval calls go through router.route(deployment=...), so they are
 recorded and billed like any request; each case's call carries a client request id derived from
 (run, case), so a re-delivered run task replays recorded answers instead of paying again.
+Each call (a case's and its judge's) is paced under the rate limits of the run's key, its team
+and the workflow, the windows /v1 counts in (inference.admission): a run waits for room rather
+than calling faster than the key may.
 """
 
 from __future__ import annotations
@@ -22,10 +25,11 @@ from django.utils import timezone
 from billing.budgets import BudgetExhausted
 from inference import scorers
 from inference.adapters.base import ChatMessage, ChatRequest
+from inference.admission import CallTooLarge, call_limits, call_pace, job_team, request_tokens
 from inference.idempotency import eval_request_id
 from inference.models import Endpoint, EvalCase, EvalRun, EvalSet, InferenceRequest, QualityRecord
 from inference.recording.fold import bill_to_subject
-from inference.router import route
+from inference.router import RouteResult, route
 from inference.selectors import route_plan
 from inference.services import quality_record_create
 from stack.registry.models import ApiToken, Deployment, Workflow
@@ -169,7 +173,9 @@ def eval_run_execute(*, run_id: int) -> EvalRun | None:
     )
     if not claimed:
         return None
-    run = EvalRun.objects.select_related("eval_set__workflow", "deployment").get(pk=run_id)
+    run = EvalRun.objects.select_related("eval_set__workflow__team", "deployment", "api_key__team").get(
+        pk=run_id
+    )
     try:
         _run_cases(run)
     except (BudgetExhausted, LookupError) as exc:
@@ -203,31 +209,21 @@ def _run_cases(run: EvalRun) -> None:
     for case in run.eval_set.cases.select_related("judge_deployment").all():
         if case.pk in done:
             continue
-        result = route(
-            workflow=workflow,
-            request=_chat(case.prompt),
-            endpoint=Endpoint.EVAL,
-            client_request_id=eval_request_id(run_id=run.pk, case_id=case.pk),
-            deployment=run.deployment,
-            api_key_id=run.api_key_id,
-            bill_to=run.bill_to,
-        )
-        cost = result.cost
-        comment = ""
-        if not result.ok or result.completion is None:
-            score = 0.0
-            comment = f"call failed: {result.error}"[:500]
-        elif case.scorer == EvalCase.Scorer.JUDGE:
-            score, comment, judge_cost = _judge(run, case, result.completion.text)
-            cost += judge_cost
-        else:
-            score = scorers.score_answer(
-                scorer=case.scorer,
-                expected=case.expected,
-                config=case.scorer_config,
-                answer=result.completion.text,
+        cost, request = Decimal("0"), None
+        try:
+            result = _eval_call(
+                run,
+                request=_chat(case.prompt),
+                client_request_id=eval_request_id(run_id=run.pk, case_id=case.pk),
+                deployment=run.deployment,
             )
-        request = InferenceRequest.objects.filter(pk=result.request_id).first() if result.request_id else None
+        except CallTooLarge as exc:
+            # Larger than a token limit of the key, its team or the workflow: never admitted.
+            score, comment = 0.0, f"call refused: rate limit: {exc}"[:500]
+        else:
+            score, comment, cost = _case_score(run, case, result)
+            if result.request_id:
+                request = InferenceRequest.objects.filter(pk=result.request_id).first()
         with transaction.atomic():
             quality_record_create(
                 deployment=run.deployment,
@@ -242,6 +238,47 @@ def _run_cases(run: EvalRun) -> None:
             EvalRun.objects.filter(pk=run.pk).update(cases_done=F("cases_done") + 1, cost=F("cost") + cost)
 
 
+def _case_score(run: EvalRun, case: EvalCase, result: RouteResult) -> tuple[float, str, Decimal]:
+    """(score, comment, cost with the judge's) of a case's answer."""
+    if not result.ok or result.completion is None:
+        return 0.0, f"call failed: {result.error}"[:500], result.cost
+    if case.scorer == EvalCase.Scorer.JUDGE:
+        score, comment, judge_cost = _judge(run, case, result.completion.text)
+        return score, comment, result.cost + judge_cost
+    score = scorers.score_answer(
+        scorer=case.scorer, expected=case.expected, config=case.scorer_config, answer=result.completion.text
+    )
+    return score, "", result.cost
+
+
+def _eval_call(
+    run: EvalRun, *, request: ChatRequest, client_request_id: str, deployment: Deployment
+) -> RouteResult:
+    """One call of the run: paced under its key's, team's and workflow's rate limits, then routed
+    (its hard budgets are reserved there). A call answered before a crash is replayed from its
+    row and costs no capacity."""
+    workflow = run.eval_set.workflow
+    paced = None
+    if not InferenceRequest.objects.filter(client_request_id=client_request_id).exists():
+        limits = call_limits(
+            workflow=workflow, api_key=run.api_key, team=job_team(workflow=workflow, api_key=run.api_key)
+        )
+        paced = call_pace(limits=limits, tokens=request_tokens(request))
+    result = route(
+        workflow=workflow,
+        request=request,
+        endpoint=Endpoint.EVAL,
+        client_request_id=client_request_id,
+        deployment=deployment,
+        api_key_id=run.api_key_id,
+        bill_to=run.bill_to,
+    )
+    if paced is not None:
+        c = result.completion
+        paced.settle((c.tokens_in + c.tokens_out) if c is not None else 0)
+    return result
+
+
 def _judge(run: EvalRun, case: EvalCase, answer: str) -> tuple[float, str, Decimal]:
     judge = case.judge_deployment
     if judge is None:  # the judge deployment was removed after the case was made
@@ -252,15 +289,15 @@ def _judge(run: EvalRun, case: EvalCase, answer: str) -> tuple[float, str, Decim
         answer=answer,
         criteria=str(case.scorer_config.get("criteria", "")),
     )
-    verdict = route(
-        workflow=run.eval_set.workflow,
-        request=_chat(prompt),
-        endpoint=Endpoint.EVAL,
-        client_request_id=eval_request_id(run_id=run.pk, case_id=case.pk, judge=True),
-        deployment=judge,
-        api_key_id=run.api_key_id,
-        bill_to=run.bill_to,
-    )
+    try:
+        verdict = _eval_call(
+            run,
+            request=_chat(prompt),
+            client_request_id=eval_request_id(run_id=run.pk, case_id=case.pk, judge=True),
+            deployment=judge,
+        )
+    except CallTooLarge as exc:
+        return 0.0, f"judge {judge.slug}: rate limit: {exc}"[:500], Decimal("0")
     if not verdict.ok or verdict.completion is None:
         return 0.0, f"judge {judge.slug} failed: {verdict.error}"[:500], verdict.cost
     value = scorers.judge_verdict(verdict.completion.text)

@@ -4,9 +4,11 @@ A request is checked after its key, body and workflow are, before it is routed: 
 that applies (the key's RPM and TPM, its team's RPM and TPM, counting every key of the team
 together, and the workflow's RPM and TPM) is decided at once, all or nothing, in one Redis script call
 (inference.ratelimit_redis); a key and a workflow without limits cost nothing. Tokens are
-counted before the call with the router's estimate (prompt characters / 4 + max_tokens,
-inference.router.context.context_tokens) and corrected with the usage the provider reported
-afterwards (`RateCheck.settle`). "Per minute" is SWITCHYARD_RATE_LIMIT_WINDOW_SECONDS long.
+counted before the call with the whole request's count (inference.admission.request_tokens:
+input with tools, images and template, plus max_tokens) and corrected with the usage the provider
+reported afterwards (`RateCheck.settle`). "Per minute" is SWITCHYARD_RATE_LIMIT_WINDOW_SECONDS
+long. Jobs (batch lines, eval runs, replays, judges) count in the same windows through the same
+`rate_decide`, waiting where /v1 refuses (inference.admission.call_pace).
 
 Every /v1 answer where a limit applies carries OpenAI's headers
 (x-ratelimit-{limit,remaining,reset}-{requests,tokens}: the tightest of the limits of that unit);
@@ -104,6 +106,34 @@ def scope_limits(scopes: Iterable[tuple[str, int | None, int | None, int | None]
     return limits
 
 
+class RateStoreDown(Exception):  # noqa: N818 (the store's own error, wrapped)
+    """The rate-limit store cannot be reached: the caller fails open or closed as it must."""
+
+
+def rate_decide(limits: Sequence[Limit], tokens: int, *, version_key: str | None = None) -> Decision:
+    """Count one provider call (1 request, `tokens` tokens) against every limit, all or nothing:
+    the one place a call is counted, for /v1 (RateCheck, which refuses) and for jobs
+    (inference.admission.call_pace, which waits). RateStoreDown when the store is unreachable."""
+    store = rate_limiter()
+    costs = [1 if limit.unit == REQUESTS else tokens for limit in limits]
+    try:
+        return store.decide(limits, costs, version_key=version_key)
+    except getattr(store, "down_errors", ()) as exc:
+        raise RateStoreDown(str(exc)) from exc
+
+
+def rate_settle(limits: Sequence[Limit], decision: Decision | None, tokens: int | None) -> None:
+    """Correct a counted call's tokens to what the provider reported (None: nothing reported,
+    the estimate stands); once per decision, and none for a refused one."""
+    if decision is None or not decision.allowed or decision.corrected or tokens is None:
+        return
+    decision.corrected = True
+    store = rate_limiter()
+    for limit, cost in zip(limits, decision.costs, strict=True):
+        if limit.unit == TOKENS and tokens != cost:
+            store.correct(limit, decision.slot, tokens - cost)
+
+
 def request_limits(caller: TokenGrant, workflow: Workflow) -> list[Limit]:
     return scope_limits(
         (
@@ -152,11 +182,9 @@ class RateCheck:
             if verify is not None:
                 version_check(verify)
             return
-        store = rate_limiter()
-        costs = [1 if limit.unit == REQUESTS else tokens for limit in limits]
         try:
-            decision = store.decide(limits, costs, version_key=AUTH_VERSION_KEY if fold else None)
-        except getattr(store, "down_errors", ()) as exc:
+            decision = rate_decide(limits, tokens, version_key=AUTH_VERSION_KEY if fold else None)
+        except RateStoreDown as exc:
             if verify is not None:
                 raise StaleGrant from exc  # the version is unknown: read the grant afresh
             _down(exc, caller)
@@ -171,7 +199,9 @@ class RateCheck:
             return
         self.decision, self._limits = decision, limits
         if not decision.allowed:
-            refused = [u for u, c in zip(decision.usages, costs, strict=True) if u.used + c > u.limit.limit]
+            refused = [
+                u for u, c in zip(decision.usages, decision.costs, strict=True) if u.used + c > u.limit.limit
+            ]
             what = ", ".join(
                 f"{u.limit.limit} {u.limit.unit} per minute for this {u.limit.scope}" for u in refused
             )
@@ -188,14 +218,7 @@ class RateCheck:
     def settle(self, tokens: int | None) -> None:
         """Correct the token counts with what the provider reported (None: nothing reported,
         the estimate stands)."""
-        decision = self.decision
-        if decision is None or not decision.allowed or decision.corrected or tokens is None:
-            return
-        decision.corrected = True
-        store = rate_limiter()
-        for limit, cost in zip(self._limits, decision.costs, strict=True):
-            if limit.unit == TOKENS and tokens != cost:
-                store.correct(limit, decision.slot, tokens - cost)
+        rate_settle(self._limits, self.decision, tokens)
 
     def stamp(self, response: Any) -> Any:
         """The answer with OpenAI's x-ratelimit-* headers (and Retry-After on a 429)."""

@@ -431,6 +431,12 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"queue": "control", "expires": 3600},
     },
 }
+# Admission (inference.admission): a hard budget reserves each call's worst case. An image part
+# counts this many input tokens (the most a provider bills one image at its largest detail:
+# Anthropic ~1,600, OpenAI's high detail up to ~1,100); a request without max_tokens on a
+# deployment without a context window may generate this many output tokens.
+INFERENCE_IMAGE_TOKENS = env_int("SWITCHYARD_IMAGE_TOKENS", 1600, minimum=1)
+INFERENCE_MAX_OUTPUT_TOKENS = env_int("SWITCHYARD_MAX_OUTPUT_TOKENS", 4096, minimum=1)
 # A running batch job's lease: longer than one line can take (deadline plus retries).
 INFERENCE_BATCH_STALE_SECONDS = env_float("SWITCHYARD_BATCH_STALE_SECONDS", 120.0, minimum=1.0)
 INFERENCE_BATCH_PART_LINES = env_int("SWITCHYARD_BATCH_PART_LINES", 20, minimum=1)

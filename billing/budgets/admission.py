@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -33,59 +30,6 @@ def _exhausted_message(
     )
 
 
-# The fast path. Most calls under a hard budget are far from its limit; locking and updating
-# its period row twice per call (reserve, settle) would cost more than the call's routing. So a
-# process remembers each period's spent + reserved for ADMISSION_CACHE_SECONDS after an exact
-# (locked) admission read it, and while the room left is above a margin (the larger of
-# FAST_MARGIN_SHARE of the limit and FAST_MARGIN_ESTIMATES times the call's estimate) it admits
-# without reserving. Near the limit every call takes the exact path, so the bound above
-# ("overspend by at most one request") holds once the room is within the margin; before, what
-# the fast path admits in one cache interval plus the journal's folding delay must stay within
-# the margin, which it does unless requests spend the margin faster than that.
-ADMISSION_CACHE_SECONDS = 1.0
-FAST_MARGIN_SHARE = Decimal("0.05")
-FAST_MARGIN_ESTIMATES = 50
-_used: dict[tuple[int, datetime], tuple[float, Decimal]] = {}  # (budget, start) -> (when, used)
-_used_lock = threading.Lock()
-
-
-def admission_cache_clear(**kwargs: Any) -> None:
-    with _used_lock:
-        _used.clear()
-
-
-def _fast_admit(hard: list[tuple[Budget, datetime, datetime]], estimate: Decimal, currency: str) -> bool:
-    now = time.monotonic()
-    for budget, start, _ in hard:
-        hit = _used.get((budget.pk, start))
-        if budget.currency != currency or hit is None or now - hit[0] >= ADMISSION_CACHE_SECONDS:
-            return False
-        margin = max(budget.limit_amount * FAST_MARGIN_SHARE, estimate * FAST_MARGIN_ESTIMATES)
-        if budget.limit_amount - hit[1] <= margin:
-            return False
-    return True
-
-
-def _remember(periods: list[BudgetPeriod]) -> None:
-    now = time.monotonic()
-    with _used_lock:
-        if len(_used) > 10_000:
-            _used.clear()
-        for period in periods:
-            _used[(period.budget_id, period.start)] = (now, period.spent + period.reserved)
-
-
-def admission_spent(*, budget_id: int, start: datetime, spent: Decimal, delta: Decimal) -> None:
-    """The ledger hook wrote `delta` to a period (its total now `spent`): what this process
-    remembers of it moves too, so the spend of calls admitted on the fast path counts at once
-    (never less than before plus the delta: reservations are part of what it remembers)."""
-    key = (budget_id, start)
-    with _used_lock:
-        hit = _used.get(key)
-        if hit is not None:
-            _used[key] = (hit[0], max(hit[1] + delta, spent))
-
-
 @dataclass
 class Admission:
     """Room reserved in hard-limit budgets for one spend; hand it to `budget_settle` afterwards."""
@@ -96,9 +40,6 @@ class Admission:
     reservations: tuple[tuple[int, Decimal], ...] = ()
     budget_names: tuple[str, ...] = ()
     settled: bool = field(default=False, compare=False)
-    # Admitted on the fast path (far from every limit): nothing reserved, nothing to settle, and
-    # the spend may reach the ledger through the journal.
-    fast: bool = False
 
 
 def budget_admit(
@@ -111,7 +52,7 @@ def budget_admit(
     training_run_id: str = "",
     api_key_id: int | None = None,
     currency: str = "USD",
-    fast_ok: bool = False,
+    cached_budgets: bool = False,
 ) -> Admission:
     """Ask "may I spend about `estimate`?" of every hard-limit budget the spend falls under.
 
@@ -119,8 +60,14 @@ def budget_admit(
     when one has spent + reserved >= limit, and then reserves nothing.
     Otherwise reserves `estimate` in each (same-currency) budget and returns
     the Admission; after the real cost is in the ledger, call budget_settle.
-    A budget in another currency still refuses once it is spent. `fast_ok`: the caller accepts
-    the fast path (see ADMISSION_CACHE_SECONDS) and budgets read from this process's cache.
+    A budget in another currency still refuses once it is spent. `cached_budgets`: which budgets
+    exist is read from this process's copy (billing.budgets.targets); their spend never is.
+
+    Every admission under a hard limit reserves, in a locked row, whatever the concurrency: an
+    admission that did not (a per-process "far from the limit" shortcut, as there once was)
+    lets simultaneous calls from other processes spend past the limit together. So a hard
+    budget is overspent by at most one call's `estimate` when the estimate is that call's worst
+    case (inference.admission).
     """
     if not isinstance(estimate, Decimal) or estimate < 0:
         raise ValueError("estimate must be a non-negative Decimal")
@@ -134,19 +81,12 @@ def budget_admit(
     )
     now = timezone.now()
     hard: list[tuple[Budget, datetime, datetime]] = []
-    for budget in budgets_for_target(target=target, cached=fast_ok):
+    for budget in budgets_for_target(target=target, cached=cached_budgets):
         span = budget_period_bounds(budget=budget, at=now) if budget.hard_limit else None
         if span is not None:
             hard.append((budget, *span))
     if not hard:
         return Admission(estimate=estimate, currency=currency)
-    if fast_ok and _fast_admit(hard, estimate, currency):
-        return Admission(
-            estimate=estimate,
-            currency=currency,
-            budget_names=tuple(budget.name for budget, _, _ in hard),
-            fast=True,
-        )
     by_id = {budget.pk: budget for budget, _, _ in hard}
     with transaction.atomic():
         # Create missing periods first (that takes the ledger head lock), then
@@ -173,7 +113,6 @@ def budget_admit(
             period.reserved += estimate
             period.save(update_fields=["reserved"])
             reservations.append((period.pk, estimate))
-        _remember(periods)
     return Admission(
         estimate=estimate,
         currency=currency,
@@ -211,7 +150,7 @@ def budget_admission(
     training_run_id: str = "",
     api_key_id: int | None = None,
     currency: str = "USD",
-    fast_ok: bool = False,
+    cached_budgets: bool = False,
 ) -> Iterator[Admission]:
     """`with budget_admission(estimate=..., workflow=wf): call; usage_record(...)` — admit, then settle.
 
@@ -227,7 +166,7 @@ def budget_admission(
         training_run_id=training_run_id,
         api_key_id=api_key_id,
         currency=currency,
-        fast_ok=fast_ok,
+        cached_budgets=cached_budgets,
     )
     try:
         yield admission

@@ -12,7 +12,6 @@ from django.db.models import F
 from django.urls import reverse
 from django.utils import timezone
 
-from billing.budgets.admission import admission_spent
 from billing.budgets.delivery import budget_alert_deliver_task
 from billing.budgets.periods import ZERO, budget_period_bounds, budget_period_open
 from billing.budgets.state import HUNDRED
@@ -75,7 +74,6 @@ def budget_record_spend(*, rows: Sequence[UsageRecord]) -> list[BudgetAlert]:
         budget_id, start = period_ids[period_id]
         delta = deltas[(budget_id, start)]
         spent = _add_spend(period_id, delta)
-        admission_spent(budget_id=budget_id, start=start, spent=spent, delta=delta)
         before = None if period_id in opened else spent - delta
         alerts += _raise_alerts(budget=by_id[budget_id], start=start, spent=spent, before=before, now=now)
     return alerts

@@ -143,19 +143,18 @@ def attempt_calls(ctx: Context, stack: ExitStack, *, stream: bool) -> Iterator[A
                     continue
             try:
                 if needs_admission(ctx, entry):
-                    admission = stack.enter_context(
+                    stack.enter_context(
                         budget_admission(
                             estimate=cost_estimate(entry, ctx.request),
                             workflow=ctx.workflow,
                             provider=entry.deployment.provider,
                             api_key_id=ctx.api_key_id,
                             currency=entry.currency,
-                            fast_ok=True,
+                            cached_budgets=True,
                         )
                     )
-                    # A reservation is held until the spend is in the ledger (inline recording);
-                    # a fast admission holds none, so the journal may record it.
-                    ctx.admitted = ctx.admitted or not admission.fast
+                    # The worst case is held until the spend is in the ledger (inline recording).
+                    ctx.admitted = True
             except BudgetExhausted as exc:
                 ctx.budget_error = exc
                 ctx.attempts.append(

@@ -10,11 +10,11 @@ from django.conf import settings
 
 from billing.budgets import BudgetExhausted, spend_target
 from inference.adapters.base import (
-    ChatRequest,
     EmbeddingRequest,
     RoutedInput,
     request_features,
 )
+from inference.admission import request_tokens, worst_case_cost
 from inference.models import InferenceAttempt
 from inference.recording import AttemptInfo
 from inference.router.errors import CapabilityMissing, CostLimitExceeded, NoRoute
@@ -38,18 +38,8 @@ def setting(name: str, default: float) -> float:
 
 
 def cost_estimate(entry: PlanEntry, request: RoutedInput) -> Decimal:
-    """A rough upper estimate of the call's cost, for the budget's reservation."""
-    if isinstance(request, ChatRequest):
-        chars = sum(len(m.content) for m in request.messages)
-    else:
-        chars = len(request.prompt)
-    tokens_in = Decimal(chars // 4 + 1)
-    if isinstance(request, EmbeddingRequest):
-        tokens_out = Decimal(0)
-    else:
-        tokens_out = Decimal(request.max_tokens or 256) * request.n
-    million = Decimal(1_000_000)
-    return (tokens_in * (entry.input_price or 0) + tokens_out * (entry.output_price or 0)) / million
+    """The call's worst-case cost on `entry`: what a hard budget reserves (inference.admission)."""
+    return worst_case_cost(entry, request)
 
 
 def needs_admission(ctx: Context, entry: PlanEntry) -> bool:
@@ -169,12 +159,8 @@ def candidates(ctx: Context) -> list[PlanEntry]:
 
 
 def context_tokens(request: RoutedInput) -> int:
-    """A rough count of the tokens the request occupies (prompt characters / 4 plus max_tokens)."""
-    if isinstance(request, ChatRequest):
-        chars = sum(len(m.content) for m in request.messages)
-    else:
-        chars = len(request.prompt)
-    return chars // 4 + 1 + (request.max_tokens or 0)
+    """The tokens the request occupies: its whole input plus max_tokens (inference.admission)."""
+    return request_tokens(request)
 
 
 def capable(ctx: Context, order: list[PlanEntry]) -> list[PlanEntry]:

@@ -9,14 +9,13 @@ from contextlib import ExitStack
 from django.db import IntegrityError
 
 from inference.adapters.base import (
-    ChatRequest,
     Completion,
-    CompletionRequest,
     InferenceInput,
     ProviderError,
     RoutedInput,
     StreamChunk,
 )
+from inference.admission import input_tokens
 from inference.models import Endpoint, InferenceAttempt
 from inference.router.calls import attempt_calls, ok_attempt
 from inference.router.context import Context, prepare
@@ -163,12 +162,10 @@ class RouteStream:
         try:
             if winner is not None:
                 # Providers that send no usage: count the pieces (one token each, the usual
-                # granularity of OpenAI-compatible streams) and the prompt as bytes/4.
+                # granularity of OpenAI-compatible streams) and the input as admission did
+                # (the whole request: messages, parts, tools, template).
                 if usage is None or usage.tokens_in is None:
-                    prompt = ctx.request.prompt if isinstance(ctx.request, CompletionRequest) else ""
-                    if isinstance(ctx.request, ChatRequest):
-                        prompt = "".join(m.content for m in ctx.request.messages)
-                    usage = StreamChunk(text="", tokens_in=len(prompt.encode()) // 4 + 1, tokens_out=pieces)
+                    usage = StreamChunk(text="", tokens_in=input_tokens(ctx.request), tokens_out=pieces)
                 completion = Completion(
                     text="".join(texts),
                     tokens_in=usage.tokens_in or 0,

@@ -40,14 +40,14 @@ from billing.budgets import BudgetExhausted
 from billing.models import UsageRecord
 from inference import scorers
 from inference.adapters.base import ChatMessage, ChatRequest
+from inference.admission import CallTooLarge, call_pace, request_tokens
 from inference.batch import batch_job_create, batch_job_execute, stale_after
-from inference.batch_pacing import LineTooLarge, batch_limits, batch_line_pace, batch_line_settle
+from inference.batch_pacing import batch_limits
 from inference.idempotency import replay_judge_request_id
 from inference.models import BatchJob, Endpoint, InferenceRequest, RetainedPrompt
 from inference.recording import journal_fold_all
 from inference.retention import batch_jobs_scrub
 from inference.router import CapabilityMissing, CostLimitExceeded, NoRoute, route
-from inference.router.context import context_tokens
 from stack.decisions.models import ReplayCandidate, ReplayResult, ReplayStudy
 from stack.decisions.models.replay import MAX_REPLAY_SAMPLE
 from stack.decisions.recommendation_selectors import replay_ledger_cost
@@ -393,11 +393,7 @@ def _score(
         ):
             # The judge's calls count against the same limits and pace as the replay's lines
             # (a call answered before a crash is replayed from its row and costs no capacity).
-            paced = batch_line_pace(
-                limits=batch_limits(candidate.batch_job),
-                tokens=context_tokens(request),
-                keep_lease=lambda: True,
-            )
+            paced = call_pace(limits=batch_limits(candidate.batch_job), tokens=request_tokens(request))
         else:
             paced = None
         verdict = route(
@@ -408,11 +404,11 @@ def _score(
             deployment=judge,
             api_key_id=study.api_key_id,
         )
-    except (CostLimitExceeded, CapabilityMissing, NoRoute, LineTooLarge, BudgetExhausted) as exc:
+    except (CostLimitExceeded, CapabilityMissing, NoRoute, CallTooLarge, BudgetExhausted) as exc:
         return Decimal(0), f"judge {judge.slug}: {exc}"[:500], None
     if paced is not None:
         c = verdict.completion
-        batch_line_settle(paced, (c.tokens_in + c.tokens_out) if c is not None else 0)
+        paced.settle((c.tokens_in + c.tokens_out) if c is not None else 0)
     row = InferenceRequest.objects.filter(pk=verdict.request_id).first() if verdict.request_id else None
     if not verdict.ok or verdict.completion is None:
         return Decimal(0), f"judge {judge.slug} failed: {verdict.error}"[:500], row

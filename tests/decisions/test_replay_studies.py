@@ -10,16 +10,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import time_machine
 from django.contrib.auth.models import User
 from django.test import Client
+from django.utils import timezone
+from rest_framework.test import APIClient
 
 from billing.models import UsageRecord
+from inference import admission
 from inference.mockprovider import MockProviderServer
 from inference.models import BatchJob, InferenceRequest, RetainedPrompt
 from inference.ratelimit import rate_limiter_reset
 from stack.decisions import tasks
 from stack.decisions.models import ReplayCandidate, ReplayResult, ReplayStudy
 from stack.decisions.replay import replay_ledger_total
+from stack.keys import api_key_issue
 from stack.registry.models import Deployment, Workflow
 from stack.registry.objectstore import default_store
 from stack.registry.roles import Role
@@ -351,3 +356,49 @@ def test_a_study_whose_worker_died_is_resumed_by_beat_without_billing_twice(
         ).count()
     )
     assert all(c.cost_total == replay_ledger_total(candidate=c) for c in candidates)
+
+
+def test_a_replay_asked_for_with_a_key_paces_its_calls_in_the_keys_v1_window(
+    operator: User,
+    mock_provider: Start,
+    settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    # Issue 25 finding 4: every provider call counts in the caller's /v1 windows. The windows
+    # live in this process here, so a wait moves the frozen clock on instead of sleeping.
+    settings.RATE_LIMIT_REDIS_URL = ""
+    rate_limiter_reset()
+    try:
+        server = mock_provider(text="pong")
+        team = make_team("search")
+        primary = priced_deployment(server)
+        workflow = routed_workflow(
+            operator, [primary], team=team, retain_prompts=True, prompt_retention_days=2
+        )
+        _send(operator, workflow, 4)
+        issued = api_key_issue(user=operator, name="rpm3", team=team, rpm_limit=3)
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {issued.secret}")
+        response = _create(
+            client,
+            {"workflow": workflow.slug, "deployments": [primary.slug]},
+            django_capture_on_commit_callbacks,
+        )
+        assert response.status_code == 201, response.content
+        waits: list[int] = []
+        with time_machine.travel(timezone.now(), tick=False) as traveller:
+
+            def wait(seconds: float) -> None:
+                waits.append(server.behaviour.total_calls())
+                traveller.shift(seconds)
+
+            monkeypatch.setattr(admission, "_sleep", wait)
+            study = _run(response.json()["id"])
+        assert study.state == ReplayStudy.State.SUCCEEDED, study.error
+        assert study.candidates.get().succeeded == 4
+        # The 4 /v1 requests were another key's; the replay's 4 calls go 3 in a window, then 1.
+        assert set(waits) == {4 + 3}
+        assert server.behaviour.total_calls() == 8
+    finally:
+        rate_limiter_reset()

@@ -83,16 +83,17 @@ def test_a_key_of_60_rpm_gets_429_on_the_61st_request_and_passes_after_the_windo
 def test_a_token_limit_counts_the_estimate_and_corrects_it_with_the_reported_usage(
     viewer: User, workflow: Workflow
 ) -> None:
-    # "ping" is 4 // 4 + 1 = 2 tokens, plus max_tokens: 82 estimated; the provider reports 10.
+    # "ping" is 1 token, its message 4 and the reply's priming 3 (inference.admission), plus
+    # max_tokens: 88 estimated; the provider reports 10.
     client = _client(viewer, tpm_limit=100)
     first = _ask(client, workflow, max_tokens=80)
     assert first.status_code == 200
     assert first["x-ratelimit-limit-tokens"] == "100"
-    assert first["x-ratelimit-remaining-tokens"] == "18"
-    # Corrected to 10: another 82 fits (without the correction, 164 would not).
+    assert first["x-ratelimit-remaining-tokens"] == "12"
+    # Corrected to 10: another 88 fits (without the correction, 176 would not).
     second = _ask(client, workflow, max_tokens=80)
     assert second.status_code == 200
-    assert second["x-ratelimit-remaining-tokens"] == "8"
+    assert second["x-ratelimit-remaining-tokens"] == "2"
     third = _ask(client, workflow, max_tokens=80)
     assert third.status_code == 429
     assert int(third["Retry-After"]) >= 1
