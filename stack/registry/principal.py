@@ -179,7 +179,9 @@ ANONYMOUS = Principal(user_id=None, active=False, global_roles=frozenset())
 def _memberships(user: User) -> tuple[dict[int, frozenset[Role]], frozenset[int]]:
     roles: dict[int, frozenset[Role]] = {}
     admin_of: set[int] = set()
-    for team_id, role in TeamMembership.objects.filter(user=user).values_list("team_id", "role"):
+    if user.pk is None:  # a user without a row (a test's admin object) is a member of nothing
+        return roles, frozenset()
+    for team_id, role in TeamMembership.objects.filter(user_id=user.pk).values_list("team_id", "role"):
         roles[team_id] = roles.get(team_id, frozenset()) | TEAM_ROLE_GRANTS.get(role, frozenset())
         if role == Role.ADMIN:
             admin_of.add(team_id)
