@@ -30,15 +30,16 @@ from stack.decisions.models import ReplayStudy
 from stack.decisions.recommendation_services import LedgerPending, recommendations_from_study
 from stack.decisions.replay import replay_study_create
 from stack.demo_providers import LabelProvider, demo_ticket, ticket_prompt
-from stack.demo_seed import TicketProvider, demo_ticket_providers, demo_ticket_workflow_seed
+from stack.demo_seed import (
+    FULL_SCALE,
+    DemoScale,
+    TicketProvider,
+    demo_ticket_providers,
+    demo_ticket_workflow_seed,
+)
 from stack.registry.models import Cluster, Deployment, Workflow
 from stack.registry.services import api_token_create
 from stack.supervisor import Supervisor
-
-TICKET_REQUESTS = 100
-# The demo's trained model is scored every 50 global versions (3 versions and the final one
-# over its 150 outer steps): each scoring serves the version on the control worker.
-REGISTER_EVERY_VERSIONS = 50
 
 
 @dataclass
@@ -47,9 +48,11 @@ class CostQualityDemo:
     specs: list[TicketProvider]
     servers: list[LabelProvider]
     workflow: Workflow
+    # How many tickets to send and replay, how often to score the run's versions.
+    scale: DemoScale = FULL_SCALE
 
     @classmethod
-    def start(cls, *, admin: User, base_port: int) -> CostQualityDemo:
+    def start(cls, *, admin: User, base_port: int, scale: DemoScale = FULL_SCALE) -> CostQualityDemo:
         """Start the loopback providers and seed their workflow."""
         specs = demo_ticket_providers(base_port=base_port)
         servers: list[LabelProvider] = []
@@ -66,12 +69,15 @@ class CostQualityDemo:
                 ) from exc
             servers.append(server.start())
         workflow = demo_ticket_workflow_seed(providers=specs, admin=admin, now=timezone.now())
-        return cls(admin=admin, specs=specs, servers=servers, workflow=workflow)
+        return cls(admin=admin, specs=specs, servers=servers, workflow=workflow, scale=scale)
 
     def run_options(self, cluster: Cluster) -> dict[str, Any]:
-        """The training run's build-or-buy option: score its versions on ticket-labels."""
+        """The training run's build-or-buy option: score its versions on ticket-labels.
+
+        Every k-th global version is scored (and the final one): each scoring serves the
+        version on the control worker."""
         return {
-            "register_every_versions": REGISTER_EVERY_VERSIONS,
+            "register_every_versions": self.scale.register_every_versions,
             "build_or_buy": {
                 "workflows": [self.workflow.slug],
                 "serve_cluster": cluster.slug,
@@ -86,7 +92,8 @@ class CostQualityDemo:
         """Send the tickets, replay them through both deployments and print the recommendation."""
         _, key = api_token_create(user=self.admin, name=f"demo tickets {timezone.now():%Y-%m-%d %H:%M:%S}")
         errors = 0
-        for n in range(TICKET_REQUESTS):
+        tickets = self.scale.ticket_requests
+        for n in range(tickets):
             text, _ = demo_ticket(n)
             body = json.dumps(
                 {"model": self.workflow.slug, "messages": [{"role": "user", "content": ticket_prompt(text)}]}
@@ -103,7 +110,7 @@ class CostQualityDemo:
                 errors += 1
                 cmd.stdout.write(cmd.style.WARNING(f"ticket {n}: HTTP {exc.code}"))
         self._wait(
-            lambda: RetainedPrompt.objects.filter(workflow=self.workflow).count() >= TICKET_REQUESTS - errors,
+            lambda: RetainedPrompt.objects.filter(workflow=self.workflow).count() >= tickets - errors,
             supervisor,
             deadline,
             what="the tickets' kept prompts",
@@ -114,12 +121,12 @@ class CostQualityDemo:
                 workflow=self.workflow,
                 deployments=[small],
                 user=self.admin,
-                sample_size=TICKET_REQUESTS,
+                sample_size=tickets,
                 scorer="judge",
                 judge_deployment=grader,
             )
         cmd.stdout.write(
-            f"{TICKET_REQUESTS - errors} tickets sent to {self.workflow.slug} (its prompts are kept 14 days); "
+            f"{tickets - errors} tickets sent to {self.workflow.slug} (its prompts are kept 14 days); "
             f"replaying them through {large.slug} and {small.slug}, graded by {grader.slug}…"
         )
         self._wait(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
+from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import User
@@ -33,6 +34,46 @@ CLUSTERS = [
     ("onprem-a100", "onprem", "eu-west-lab", "A100-80GB", 8, 1024, "on-demand", 2, Decimal("1.100000")),
     ("aws-g5-use1", "aws", "us-east-1", "A10G", 4, 192, "spot", 2, Decimal("0.452500")),
 ]
+
+
+@dataclass(frozen=True)
+class DemoScale:
+    """How much work each stage of `manage.py demo` does; `--quick` picks QUICK_SCALE.
+
+    Every stage runs at either scale (probes, the DiLoCo run with its scored versions, the
+    ticket traffic and its replay, serving and the chaos drill); the quick one only does less
+    of each, so a test can run the demo end to end (tests/integration/test_demo_e2e.py).
+    """
+
+    probe_steps: int  # inner steps of each cluster's probe job
+    run: dict[str, Any]  # overrides of training.run_config.demo_config()
+    register_every_versions: int  # the run's versions scored for build or buy, every k-th
+    ticket_requests: int  # tickets sent through /v1 to ticket-labels, then replayed
+    drill_requests: int  # chat requests of the chaos drill through local-chat
+
+
+FULL_SCALE = DemoScale(
+    probe_steps=300,
+    run={},
+    # 3 scored versions and the final one over the demo run's 150 outer steps.
+    register_every_versions=50,
+    ticket_requests=100,
+    drill_requests=24,
+)
+# About a tenth of each stage. 16 drill requests against a primary failing half its calls
+# leave a run of 16 answers without one failover at 1 in 65536.
+QUICK_SCALE = DemoScale(
+    probe_steps=30,
+    run={
+        "h": 10,
+        "stop": {"outer_steps": 20},
+        "data": {"max_train_bytes": 200_000, "max_eval_bytes": 20_000},
+        "eval_windows": 16,
+    },
+    register_every_versions=10,
+    ticket_requests=20,
+    drill_requests=16,
+)
 
 
 # The demo's two teams and a team-scoped operator of each: (team slug, name, user name).

@@ -12,6 +12,7 @@ from django.utils import timezone
 from billing.models import PriceBook, Unit
 from stack.demo_cost_quality import CostQualityDemo
 from stack.demo_seed import (
+    QUICK_SCALE,
     TICKET_EVAL_CASES,
     TICKET_WORKFLOW,
     demo_stack_seed,
@@ -66,3 +67,27 @@ def test_the_cost_quality_seed_opts_a_platform_workflow_in_and_the_demo_run_scor
     )
     assert run.config["build_or_buy"]["workflows"] == [TICKET_WORKFLOW]
     assert run.config["register_every_versions"] == 50
+
+
+def test_the_quick_demo_run_is_a_valid_shorter_run_scored_as_often_relative_to_its_length() -> None:
+    """`manage.py demo --quick` builds its run as the full demo does, with QUICK_SCALE's overrides."""
+    stack = demo_stack_seed(admin_password="admin-pw-1", now=timezone.now(), team_password="team-pw-1")
+    specs = demo_ticket_providers(base_port=18_200)
+    workflow = demo_ticket_workflow_seed(providers=specs, admin=stack.admin, now=timezone.now())
+    demo = CostQualityDemo(admin=stack.admin, specs=specs, servers=[], workflow=workflow, scale=QUICK_SCALE)
+    run = training_run_create(
+        config={
+            **demo_config(),
+            **QUICK_SCALE.run,
+            "team": "platform",
+            **demo.run_options(stack.clusters[0]),
+        },
+        created_by=stack.admin,
+        name="demo-run-quick",
+    )
+    assert run.config["stop"]["outer_steps"] == 20 and run.config["h"] == 10
+    assert run.config["register_every_versions"] == 10
+    assert run.config["build_or_buy"]["workflows"] == [TICKET_WORKFLOW]
+    # The full demo's model, on less data.
+    assert run.config["model"].items() >= demo_config()["model"].items()
+    assert run.config["data"]["max_train_bytes"] == 200_000

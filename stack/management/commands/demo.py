@@ -7,6 +7,11 @@ served by two `serve_model` replicas (one per cluster) behind the `local-chat`
 workflow, and a chaos drill (the primary failing half its calls) sends requests
 through the /v1 gateway so failovers show on the workflow's page.
 
+`--quick` runs every stage with less work in each (stack.demo_seed.QUICK_SCALE: shorter
+probes, a 20-outer-step run, fewer tickets and drill requests); the integration test
+tests/integration/test_demo_e2e.py runs it end to end. Each finished stage prints a line
+`stage <name>: done` (probes, replay, training, serving, drill), so a script can follow it.
+
 Every process runs under a `stack.supervisor.Supervisor`: one that exits is started
 again with capped exponential backoff (1 s, doubling to 60 s), and one that crashes
 five times in a row within a minute of starting is given up; each restart and the
@@ -35,15 +40,19 @@ from django.utils import timezone
 from billing.selectors import usage_for_subject
 from inference.services import chaos_config_set
 from stack.demo_cost_quality import CostQualityDemo
-from stack.demo_seed import demo_local_replicas, demo_local_workflow_seed, demo_stack_seed
+from stack.demo_seed import (
+    FULL_SCALE,
+    QUICK_SCALE,
+    demo_local_replicas,
+    demo_local_workflow_seed,
+    demo_stack_seed,
+)
 from stack.registry.models import Deployment, Workflow
 from stack.registry.services import api_token_create
 from stack.supervisor import Supervisor
 from training.models import ProbeJob, TrainingRun
 from training.run_config import demo_config
 from training.services import probe_job_create, training_run_create
-
-DRILL_REQUESTS = 24
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -65,6 +74,11 @@ class Command(BaseCommand):
             help="stop after the training run and the local-model drill finish",
         )
         parser.add_argument(
+            "--quick",
+            action="store_true",
+            help="run every stage, each with less work (a short DiLoCo run, fewer requests)",
+        )
+        parser.add_argument(
             "--run-timeout", type=float, default=900.0, help="with --once: seconds to wait for the run"
         )
 
@@ -74,12 +88,13 @@ class Command(BaseCommand):
             if probe.connect_ex((host, port)) == 0:
                 raise CommandError(f"{host}:{port} is already in use; stop what runs there or pass --port")
         started = time.monotonic()
+        scale = QUICK_SCALE if options["quick"] else FULL_SCALE
         password = os.environ.get("DEMO_ADMIN_PASSWORD") or secrets.token_urlsafe(12)
         team_password = os.environ.get("DEMO_TEAM_PASSWORD") or secrets.token_urlsafe(12)
         stack = demo_stack_seed(admin_password=password, now=timezone.now(), team_password=team_password)
         # The loopback "API" providers of the cost-quality part: in this process, before the
         # run is created (its build-or-buy option names their workflow).
-        cost_quality = CostQualityDemo.start(admin=stack.admin, base_port=port + 200)
+        cost_quality = CostQualityDemo.start(admin=stack.admin, base_port=port + 200, scale=scale)
         log_dir = Path(settings.VAR_DIR) / "demo-logs"
         log_dir.mkdir(parents=True, exist_ok=True)
         manage = [sys.executable, str(Path(settings.BASE_DIR) / "manage.py")]
@@ -115,14 +130,17 @@ class Command(BaseCommand):
             self.stdout.write(self.style.SUCCESS(f"stack healthy after {time.monotonic() - started:.1f}s"))
             with transaction.atomic():
                 jobs = [
-                    probe_job_create(cluster=c, created_by=stack.admin, steps=300) for c in stack.clusters
+                    probe_job_create(cluster=c, created_by=stack.admin, steps=scale.probe_steps)
+                    for c in stack.clusters
                 ]
             self._wait_jobs([j.pk for j in jobs], supervisor, deadline=started + options["timeout"])
+            _stage_done(self, "probes")
             with transaction.atomic():
                 run = training_run_create(
                     # The platform team's run, its versions scored against buying (build or buy).
                     config={
                         **demo_config(),
+                        **scale.run,
                         "team": "platform",
                         **cost_quality.run_options(stack.clusters[0]),
                     },
@@ -140,11 +158,19 @@ class Command(BaseCommand):
             self.stdout.write(f"  health:    {base}/healthz     API schema: {base}/api/schema/")
             self.stdout.write(f"  logs:      {log_dir}")
             cost_quality.replay(self, base, supervisor, deadline=time.monotonic() + options["timeout"])
+            _stage_done(self, "replay")
             self.stdout.write(
                 f"  build or buy: {base}/training/{run.pk}/ (the panel fills in as versions are scored)"
             )
             self.stdout.write("Press Ctrl-C to stop.")
-            drill = _Drill(run_id=run.pk, base=base, port=port, manage=manage, log_dir=log_dir)
+            drill = _Drill(
+                run_id=run.pk,
+                base=base,
+                port=port,
+                manage=manage,
+                log_dir=log_dir,
+                requests=scale.drill_requests,
+            )
             run_deadline = time.monotonic() + options["run_timeout"]
             while True:
                 outcome = drill.step(self, stack.admin, supervisor)
@@ -209,6 +235,11 @@ class Command(BaseCommand):
             raise CommandError(f"probe jobs {sorted(pending)} did not finish in time")
 
 
+def _stage_done(cmd: BaseCommand, stage: str) -> None:
+    """The line a script following the demo waits for (tests/integration/test_demo_e2e.py)."""
+    cmd.stdout.write(f"stage {stage}: done")
+
+
 def _supervise(supervisor: Supervisor) -> None:
     """Restart what crashed while the demo waits; stop waiting once a process was given up."""
     supervisor.poll()
@@ -220,8 +251,11 @@ def _supervise(supervisor: Supervisor) -> None:
 class _Drill:
     """Follows the demo's training run; once it succeeds, serves its model and runs the chaos drill."""
 
-    def __init__(self, *, run_id: int, base: str, port: int, manage: list[str], log_dir: Path) -> None:
+    def __init__(
+        self, *, run_id: int, base: str, port: int, manage: list[str], log_dir: Path, requests: int
+    ) -> None:
         self.run_id = run_id
+        self.requests = requests
         self.base = base
         self.replicas = demo_local_replicas(base_port=port + 100)
         self.manage = manage
@@ -254,6 +288,7 @@ class _Drill:
                 f"registered model {model.slug}"
             )
         )
+        _stage_done(cmd, "training")
         workflow = demo_local_workflow_seed(
             model=model, replicas=self.replicas, admin=admin, now=timezone.now()
         )
@@ -273,7 +308,9 @@ class _Drill:
             cmd.stdout.write(f"started {name} (pid {child.pid}) on port {replica.port}")
         for replica in self.replicas:
             _wait_http(f"http://127.0.0.1:{replica.port}/v1/models", timeout=60)
+        _stage_done(cmd, "serving")
         self._chaos_drill(cmd, admin, workflow)
+        _stage_done(cmd, "drill")
         self.outcome = "drilled"
         return self.outcome
 
@@ -283,7 +320,7 @@ class _Drill:
         _, key = api_token_create(user=admin, name=f"demo drill {timezone.now():%Y-%m-%d %H:%M:%S}")
         answered: dict[str, int] = {}
         errors = 0
-        for i in range(DRILL_REQUESTS):
+        for i in range(self.requests):
             body = json.dumps(
                 {
                     "model": workflow.slug,
@@ -306,7 +343,7 @@ class _Drill:
         cmd.stdout.write(
             cmd.style.SUCCESS(
                 f"chaos drill on {workflow.slug} ({primary.slug} failing 50% with 503): "
-                f"{DRILL_REQUESTS - errors}/{DRILL_REQUESTS} answered "
+                f"{self.requests - errors}/{self.requests} answered "
                 f"({', '.join(f'{k}: {v}' for k, v in sorted(answered.items()))}); "
                 f"see {self.base}/inference/workflows/{workflow.slug}/"
             )
