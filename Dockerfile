@@ -4,6 +4,8 @@ FROM python:3.11-slim
 # secure cookies; SECRET_KEY and ALLOWED_HOSTS must then be given (README "Configuration").
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 SWITCHYARD_ENV=production
 WORKDIR /app
+# The runtime lock only: test and dev tools are in requirements-dev.txt, which never enters the image
+# (.dockerignore; tests/stack/test_requirements.py).
 COPY requirements.txt .
 # PyPI's default torch wheel is a CUDA build; the CPU index keeps the image small.
 # Use an image with CUDA and drop the extra index for GPU clusters.

@@ -3,18 +3,40 @@ SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
-# The stamp is named after the lock file's hash, so a changed lock reinstalls.
-STAMP := $(VENV)/.installed-$(shell sha256sum requirements.txt | cut -c1-16)
+# Two locks: requirements.txt is what the app runs on (the Docker image, `make demo`);
+# requirements-dev.txt adds what `make test` runs (pytest, Playwright, moto, ruff, mypy, ...).
+# Each stamp is named after its lock's hash, so a changed lock reinstalls.
+STAMP := $(VENV)/.installed-runtime-$(shell sha256sum requirements.txt | cut -c1-16)
+DEV_STAMP := $(VENV)/.installed-dev-$(shell sha256sum requirements-dev.txt | cut -c1-16)
 
-.PHONY: install demo test lint typecheck pytest browser oidc-provider fmt bench-diloco clean focus-validator
+.PHONY: install install-dev lock demo test lint typecheck pytest browser oidc-provider fmt bench-diloco clean focus-validator
 
 install: $(STAMP)
 
 $(STAMP): requirements.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
-	@rm -f $(VENV)/.installed-*
+	@rm -f $(VENV)/.installed-runtime-*
 	@touch $@
+
+install-dev: $(DEV_STAMP)
+
+$(DEV_STAMP): requirements-dev.txt $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	@rm -f $(VENV)/.installed-dev-*
+	@touch $@
+
+# Recompiles both locks from requirements.in and requirements-dev.in, keeping every existing pin
+# (LOCK_ARGS="--upgrade-package NAME" moves one). pip-compile comes from pip-tools,
+# best in a venv of its own: python3.11 -m venv /tmp/piptools && /tmp/piptools/bin/pip install pip-tools
+# then make lock LOCK_COMPILER=/tmp/piptools/bin/pip-compile. It writes the CPU wheel's local
+# label (torch==2.13.0+cpu); the locks drop it so that a CUDA build of the same release fits too.
+LOCK_COMPILER ?= pip-compile
+LOCK_FLAGS := --allow-unsafe --strip-extras --no-emit-index-url --no-emit-find-links --no-emit-trusted-host --annotation-style=line
+lock:
+	$(LOCK_COMPILER) $(LOCK_FLAGS) $(LOCK_ARGS) --output-file=requirements.txt requirements.in
+	$(LOCK_COMPILER) $(LOCK_FLAGS) $(LOCK_ARGS) --output-file=requirements-dev.txt requirements-dev.in
+	sed -i -E 's/^(torch==[0-9.]+)\+cpu/\1    /' requirements.txt requirements-dev.txt
 
 # The FinOps focus-validator needs Python >= 3.12 and numpy < 2: its own venv, from its own lock.
 FOCUS_VENV := .venv-focus
@@ -35,14 +57,14 @@ demo: install
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py demo
 
-test: install lint typecheck browser pytest
+test: install-dev lint typecheck browser pytest
 
-lint: install
+lint: install-dev
 	$(PY) -m ruff format --check .
 	$(PY) -m ruff check .
 	$(VENV)/bin/lint-imports --no-cache
 
-typecheck: install
+typecheck: install-dev
 	$(PY) -m mypy stack billing training inference storage
 
 # The browser tests drive Debian's chromium through Playwright (never a downloaded browser).
@@ -69,10 +91,10 @@ $(OIDC_PROVIDER_STAMP): tests/oidc_provider/package-lock.json
 	npm ci --prefix tests/oidc_provider --no-audit --no-fund --loglevel=error
 	@touch $@
 
-pytest: install focus-validator oidc-provider
+pytest: install-dev focus-validator oidc-provider
 	$(PY) -m pytest
 
-fmt: install
+fmt: install-dev
 	$(PY) -m ruff format .
 	$(PY) -m ruff check --fix .
 
