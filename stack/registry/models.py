@@ -285,6 +285,9 @@ class SsoIdentity(models.Model):
     issuer = models.CharField(max_length=255)
     subject = models.CharField(max_length=255)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
+    # The last login (interactive or silent re-authentication) that resynced this user from
+    # the provider: the user's API keys stop working SWITCHYARD_SSO_KEY_SECONDS after it.
+    synced_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         constraints = [

@@ -9,6 +9,7 @@ import secrets
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
@@ -16,6 +17,7 @@ from django.utils import timezone
 from stack.registry.auth_version import auth_version_bump
 from stack.registry.models import (
     ApiToken,
+    SsoIdentity,
     Team,
     Workflow,
 )
@@ -107,6 +109,17 @@ def api_token_create(
     return token, f"{TOKEN_PREFIX}_{prefix}_{secret}"
 
 
+def _sso_user_unsynced(user: User, now: datetime) -> bool:
+    """Whether `user` signs in through SSO and has not done so (nor re-authenticated silently)
+    for SWITCHYARD_SSO_KEY_SECONDS. A key cannot ask the provider about its user, so this is
+    the bound within which a user removed at the provider loses what its keys reach."""
+    try:
+        identity = user.sso_identity
+    except SsoIdentity.DoesNotExist:
+        return False
+    return now - identity.synced_at > timedelta(seconds=settings.SWITCHYARD_SSO_KEY_SECONDS)
+
+
 def api_token_authenticate(*, raw: str) -> ApiToken | None:
     parts = raw.split("_", 2)
     if len(parts) != 3 or parts[0] != TOKEN_PREFIX:
@@ -116,11 +129,15 @@ def api_token_authenticate(*, raw: str) -> ApiToken | None:
         return None
     # An expired token is returned (callers answer 401 saying so: ApiToken.expired).
     token = (
-        ApiToken.objects.select_related("user", "team").filter(prefix=prefix, revoked_at__isnull=True).first()
+        ApiToken.objects.select_related("user", "team", "user__sso_identity")
+        .filter(prefix=prefix, revoked_at__isnull=True)
+        .first()
     )
     if token is None or not hmac.compare_digest(token.key_hash, _hash_secret(secret)):
         return None
     now = timezone.now()
+    if _sso_user_unsynced(token.user, now):
+        return None
     # Touch at most once a minute: a token used in a hot loop must not turn
     # every request into a write.
     if token.last_used_at is None or now - token.last_used_at > timedelta(minutes=1):
