@@ -21,10 +21,10 @@ from stack.registry.models import (
     Team,
     Workflow,
 )
-from stack.registry.roles import ALL_ROLES
+from stack.registry.roles import ALL_ROLES, Role, global_roles
 from stack.registry.services.errors import RegistryError
 from stack.registry.services.limits import rate_limit_check
-from stack.registry.teams import user_team_scope, user_teams_with_role
+from stack.registry.teams import user_team_admin_of, user_team_scope, user_teams_with_role
 from stack.registry.validation import text_problem
 
 TOKEN_PREFIX = "sy"  # noqa: S105 (a label, not a secret)
@@ -145,12 +145,41 @@ def api_token_authenticate(*, raw: str) -> ApiToken | None:
     return token
 
 
+def api_token_limits_may_raise(*, user: User, token: ApiToken) -> bool:
+    """Whether `user` may raise or clear `token`'s limits: a platform admin, or an admin of the
+    key's team. Anyone else (the key's owner among them) may only lower them."""
+    if Role.ADMIN in global_roles(user):
+        return True
+    return token.team_id is not None and token.team_id in user_team_admin_of(user)
+
+
 def api_token_limits_set(
-    *, token: ApiToken, rpm_limit: int | None, tpm_limit: int | None, rate_limit_fail_closed: bool
+    *,
+    token: ApiToken,
+    rpm_limit: int | None,
+    tpm_limit: int | None,
+    rate_limit_fail_closed: bool,
+    may_raise: bool,
 ) -> ApiToken:
     """Change a token's /v1 rate limits (None: no limit). Saving moves the authorisation version
-    (stack.registry.signals), so the gateway applies them from the next request."""
+    (stack.registry.signals), so the gateway applies them from the next request.
+
+    Without `may_raise` (api_token_limits_may_raise) a limit may only go down: a new value must
+    be a number no higher than the current one (clearing a limit raises it to none)."""
     rate_limit_check(rpm_limit=rpm_limit, tpm_limit=tpm_limit)
+    if not may_raise:
+        for field, current, wanted in (
+            ("rpm_limit", token.rpm_limit, rpm_limit),
+            ("tpm_limit", token.tpm_limit, tpm_limit),
+        ):
+            if wanted == current:
+                continue
+            if wanted is None or (current is not None and wanted > current):
+                raise RegistryError(
+                    f"you may lower this key's limit only (now {current if current is not None else 'none'}); "
+                    "a platform admin or the key's team admin may raise or clear it",
+                    field=field,
+                )
     token.rpm_limit, token.tpm_limit = rpm_limit, tpm_limit
     token.rate_limit_fail_closed = rate_limit_fail_closed
     token.save(update_fields=["rpm_limit", "tpm_limit", "rate_limit_fail_closed"])
