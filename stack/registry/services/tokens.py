@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.contrib.auth.models import User
+from django.contrib.auth.models import AnonymousUser, User
 from django.db import transaction
 from django.utils import timezone
 
@@ -145,7 +145,7 @@ def api_token_authenticate(*, raw: str) -> ApiToken | None:
     return token
 
 
-def api_token_limits_may_raise(*, user: User, token: ApiToken) -> bool:
+def api_token_limits_may_raise(*, user: User | AnonymousUser, token: ApiToken) -> bool:
     """Whether `user` may raise or clear `token`'s limits: a platform admin, or an admin of the
     key's team. Anyone else (the key's owner among them) may only lower them."""
     if Role.ADMIN in global_roles(user):
