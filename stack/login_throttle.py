@@ -4,7 +4,8 @@ AXES_LOCKOUT_CALLABLE).
 Axes counts failed logins per username and client address and refuses further attempts from
 that pair for SWITCHYARD_LOGIN_COOLOFF_SECONDS once SWITCHYARD_LOGIN_FAILURE_LIMIT is reached
 (see the settings). Only `django.contrib.auth.authenticate()` is watched: the login page and the
-admin's; SSO callbacks name no username and are not counted (not_a_password_attempt). API bearer tokens never pass through it, so a locked-out login leaves tokens working.
+admin's; SSO callbacks name no username and are not counted (not_a_password_attempt). API
+bearer tokens never pass through it, so a locked-out login leaves tokens working.
 """
 
 from __future__ import annotations

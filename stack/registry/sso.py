@@ -4,9 +4,11 @@ finds and keeps its users (README "SSO").
 The library runs the authorisation-code flow (state, nonce, PKCE), fetches the token, checks
 the ID token's signature against the provider's JWKS and reads the userinfo endpoint. This
 backend adds what the library leaves to its users: the ID token's issuer and audience are
-checked (with `exp`, `iat` and `sub` required and `azp` for a token with several audiences),
-every refused token is a failed login rather than an error page, the user is found by (issuer, subject) rather than by email, and the groups claim is
-turned into team memberships (stack.registry.services.sso_user_login).
+checked (with `exp`, `iat` and `sub` required, and `azp` for a token with several audiences),
+every refused token is a failed login rather than an error page, the user is found by
+(issuer, subject) rather than by email, and the groups claim is turned into team memberships
+(stack.registry.services.sso_user_login). SwitchyardOIDCCallbackView logs out a session whose
+silent re-authentication (SessionRefresh, every SWITCHYARD_SSO_SESSION_SECONDS) we refuse.
 """
 
 from __future__ import annotations
