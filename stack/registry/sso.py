@@ -70,6 +70,10 @@ class SwitchyardOIDCBackend(OIDCAuthenticationBackend):  # type: ignore[misc]
                 leeway=ID_TOKEN_LEEWAY_SECONDS,
                 options={"require": ["exp", "iat", "iss", "aud", "sub"]},
             )
+        except jwt.InvalidIssuerError:
+            raise SuspiciousOperation("the ID token was issued by another provider") from None
+        except jwt.InvalidAudienceError:
+            raise SuspiciousOperation("the ID token was issued to another client") from None
         except jwt.PyJWTError as error:
             raise SuspiciousOperation(f"the ID token is not valid: {error}") from None
         return claims
