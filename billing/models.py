@@ -293,6 +293,9 @@ class Budget(models.Model):
     # Fernet token (stack.registry.crypto); the HMAC key for webhook signatures, write-only.
     webhook_secret_encrypted = models.TextField(blank=True, editable=False)
     active = models.BooleanField(default=True)
+    # Made or last changed by a platform-wide writer: a team's operators may then lower its
+    # limit only (billing.budgets.writes.budget_save), never raise, disable, soften or delete it.
+    platform_set = models.BooleanField(default=False, editable=False)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
 
     class Meta:

@@ -168,7 +168,22 @@ class TokenView(RoleRequiredMixin, View):
                 limits_form=form,
                 editing=token,
             )
-        services.api_token_limits_set(token=token, **form.cleaned_data)
+        try:
+            services.api_token_limits_set(
+                token=token,
+                may_raise=services.api_token_limits_may_raise(user=request.user, token=token),
+                **form.cleaned_data,
+            )
+        except DomainError as exc:
+            form.add_error(exc.field if exc.field in form.fields else None, str(exc))
+            return self._render(
+                request,
+                ApiKeyForm(user=request.user),
+                issued=None,
+                status=400,
+                limits_form=form,
+                editing=token,
+            )
         messages.success(request, f"Rate limits of token {token.name} changed.")
         return HttpResponseRedirect(reverse("tokens"))
 

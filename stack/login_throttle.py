@@ -4,7 +4,8 @@ AXES_LOCKOUT_CALLABLE).
 Axes counts failed logins per username and client address and refuses further attempts from
 that pair for SWITCHYARD_LOGIN_COOLOFF_SECONDS once SWITCHYARD_LOGIN_FAILURE_LIMIT is reached
 (see the settings). Only `django.contrib.auth.authenticate()` is watched: the login page and the
-admin's. API bearer tokens never pass through it, so a locked-out login leaves tokens working.
+admin's; SSO callbacks name no username and are not counted (not_a_password_attempt). API
+bearer tokens never pass through it, so a locked-out login leaves tokens working.
 """
 
 from __future__ import annotations
@@ -35,6 +36,14 @@ def client_ip(request: HttpRequest) -> str:
     if len(hops) < proxies:
         return remote  # not through the configured proxies; the direct peer is all we know
     return hops[-proxies]
+
+
+def not_a_password_attempt(request: HttpRequest, credentials: dict[str, Any] | None = None) -> bool:
+    """Whether axes should leave this attempt alone: one that names no username guesses no
+    password here. That is the SSO callback (stack.registry.sso), whose password is checked by
+    the identity provider: counted, its failures would be (no username, address) pairs, and a
+    few broken callbacks would lock every SSO user behind that address out."""
+    return not (credentials or {}).get("username")
 
 
 def lockout_response(

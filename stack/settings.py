@@ -207,6 +207,12 @@ def _idp_url(name: str) -> str:
     return env_identity_provider_url(name, allow_loopback_http=not PRODUCTION)
 
 
+# How long an SSO login holds before the session re-authenticates silently at the provider
+# (which resyncs memberships and ends the session of a user the provider dropped), and how long
+# an SSO user's API keys keep working after that user's last login (a key cannot ask the
+# provider; a user who stops signing in loses the keys' access after this bound).
+SWITCHYARD_SSO_SESSION_SECONDS = env_int("SWITCHYARD_SSO_SESSION_SECONDS", 3600, minimum=60)
+SWITCHYARD_SSO_KEY_SECONDS = env_int("SWITCHYARD_SSO_KEY_SECONDS", 7 * 24 * 3600, minimum=60)
 OIDC_RP_CLIENT_ID = env_str("OIDC_RP_CLIENT_ID", "").strip()
 OIDC_ENABLED = bool(OIDC_RP_CLIENT_ID)
 if OIDC_ENABLED:
@@ -237,6 +243,17 @@ if OIDC_ENABLED:
     # A refused login (bad claims, a username taken by a local account) lands on the login page.
     LOGIN_REDIRECT_URL_FAILURE = "/login/?sso=failed"
     AUTHENTICATION_BACKENDS.append("stack.registry.sso.SwitchyardOIDCBackend")
+    # A failed callback (a silent re-authentication included) also ends the session it ran in.
+    OIDC_CALLBACK_CLASS = "stack.registry.sso.SwitchyardOIDCCallbackView"
+    # An SSO session re-authenticates at the provider (prompt=none, no user interaction) every
+    # SWITCHYARD_SSO_SESSION_SECONDS; that login resyncs the groups claim into memberships, and
+    # a user the provider no longer signs in is logged out (SECURITY.md "Single sign-on").
+    OIDC_RENEW_ID_TOKEN_EXPIRY_SECONDS = SWITCHYARD_SSO_SESSION_SECONDS
+    OIDC_EXEMPT_URLS = ["login", "logout"]
+    MIDDLEWARE.insert(
+        MIDDLEWARE.index("django.contrib.auth.middleware.AuthenticationMiddleware") + 1,
+        "mozilla_django_oidc.middleware.SessionRefresh",
+    )
 # The claim listing the user's groups; "switchyard:<team-slug>:<role>" entries become team
 # memberships (stack.registry.services.team_memberships_sync_from_claims).
 SWITCHYARD_OIDC_GROUPS_CLAIM = env_str("SWITCHYARD_OIDC_GROUPS_CLAIM", "groups").strip()
@@ -256,6 +273,8 @@ AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True  # a successful login clears that pair's count
 AXES_CLIENT_IP_CALLABLE = "stack.login_throttle.client_ip"
 AXES_LOCKOUT_CALLABLE = "stack.login_throttle.lockout_response"
+# SSO callbacks guess no password (the provider checks it): not counted, never locked out.
+AXES_WHITELIST_CALLABLE = "stack.login_throttle.not_a_password_attempt"
 # Attempts are rows in the database (axes' default handler), so they roll back with each test.
 AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
 AXES_VERBOSE = False  # no banner at every process start; lockouts are still logged

@@ -15,6 +15,7 @@ from billing.budgets import (
     BudgetInvalid,
     BudgetState,
     budget_alert_acknowledge,
+    budget_delete,
     budget_errors,
     budget_save,
     budget_state,
@@ -147,12 +148,17 @@ class BudgetSerializer(ModelSerializer[Budget]):
             raise serializers.ValidationError(errors)
         return attrs
 
+    def _by_platform(self) -> bool:
+        """Whether the caller writes platform-wide (not as a team's operator)."""
+        write_roles = frozenset(getattr(self.context.get("view"), "write_roles", OPERATORS))
+        return request_scope_teams(self.context["request"], write_roles) is None
+
     def _save(self, budget: Budget, validated_data: dict[str, Any]) -> Budget:
         secret = validated_data.pop("webhook_secret", None)
         for name, value in validated_data.items():
             setattr(budget, name, value)
         try:
-            return budget_save(budget=budget, webhook_secret=secret)
+            return budget_save(budget=budget, webhook_secret=secret, by_platform=self._by_platform())
         except BudgetInvalid as exc:
             raise serializers.ValidationError(exc.errors) from exc
 
@@ -175,6 +181,15 @@ class BudgetViewSet(viewsets.ModelViewSet[Budget]):
     def team_scope_queryset(self, queryset: QuerySet[Budget], teams: frozenset[int]) -> QuerySet[Budget]:
         """Workflow, team and training-run budgets of the caller's teams (billing.budgets.teams)."""
         return queryset.filter(budgets_of_teams(teams))
+
+    def perform_destroy(self, instance: Budget) -> None:
+        try:
+            budget_delete(
+                budget=instance,
+                by_platform=request_scope_teams(self.request, frozenset(self.write_roles)) is None,
+            )
+        except BudgetInvalid as exc:
+            raise serializers.ValidationError(exc.errors) from exc
 
 
 class BudgetAlertSerializer(ModelSerializer[BudgetAlert]):

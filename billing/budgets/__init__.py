@@ -63,7 +63,7 @@ from billing.budgets.state import (
 )
 from billing.budgets.targets import SpendTarget, budget_hard_limit_keys, budgets_for_target, spend_target
 from billing.budgets.teams import PLATFORM_SCOPES, budget_team_errors, budgets_of_teams
-from billing.budgets.writes import budget_alert_acknowledge, budget_errors, budget_save
+from billing.budgets.writes import budget_alert_acknowledge, budget_delete, budget_errors, budget_save
 
 __all__ = [
     "HUNDRED",
@@ -85,6 +85,7 @@ __all__ = [
     "budget_alert_deliver_task",
     "budget_alert_payload",
     "budget_alerts_open",
+    "budget_delete",
     "budget_errors",
     "budget_forecast",
     "budget_hard_limit_keys",

@@ -87,13 +87,59 @@ def email_addresses(email_to: str) -> list[str]:
     return [a.strip() for a in email_to.split(",") if a.strip()]
 
 
-def budget_save(*, budget: Budget, webhook_secret: str | None = None) -> Budget:
-    """Validate and save a budget. `webhook_secret`: a new secret, "" to clear, None to keep."""
+PLATFORM_SET = "a platform admin set this budget: you may lower its limit only"
+# What a platform-set budget binds: changing any of these would let spending through that the
+# platform's budget stops (another target, another period, no hard stop, switched off).
+_PLATFORM_FIXED = (
+    "scope",
+    "workflow_id",
+    "provider_id",
+    "cluster_id",
+    "team",
+    "training_run_id",
+    "api_key_id",
+    "period",
+    "custom_start",
+    "custom_end",
+    "currency",
+)
+
+
+def budget_platform_errors(*, budget: Budget, by_platform: bool) -> dict[str, list[str]]:
+    """Why a team-scoped writer may not make this change to a platform-set budget (empty: it may):
+    the limit may go down, the alerts may change, nothing else that lets spending through."""
+    if by_platform or budget.pk is None:
+        return {}
+    stored = Budget.objects.filter(pk=budget.pk, platform_set=True).first()
+    if stored is None:
+        return {}
+    errors: dict[str, list[str]] = defaultdict(list)
+    if budget.limit_amount is not None and budget.limit_amount > stored.limit_amount:
+        errors["limit_amount"].append(f"{PLATFORM_SET} (now {stored.limit_amount} {stored.currency})")
+    if stored.hard_limit and not budget.hard_limit:
+        errors["hard_limit"].append(PLATFORM_SET)
+    if stored.active and not budget.active:
+        errors["active"].append(PLATFORM_SET)
+    for attname in _PLATFORM_FIXED:
+        if getattr(budget, attname) != getattr(stored, attname):
+            errors[attname.removesuffix("_id")].append(PLATFORM_SET)
+    return dict(errors)
+
+
+def budget_save(*, budget: Budget, webhook_secret: str | None = None, by_platform: bool = False) -> Budget:
+    """Validate and save a budget. `webhook_secret`: a new secret, "" to clear, None to keep.
+
+    `by_platform`: the writer is platform-wide (not scoped to teams); the budget becomes
+    platform-set, and later team-scoped writers may only lower it (budget_platform_errors)."""
     has_secret = bool(webhook_secret) if webhook_secret is not None else bool(budget.webhook_secret_encrypted)
     values = {f.name: getattr(budget, f.name) for f in Budget._meta.concrete_fields}
     errors = budget_errors(values=values, has_secret=has_secret)
+    for field, problems in budget_platform_errors(budget=budget, by_platform=by_platform).items():
+        errors.setdefault(field, []).extend(problems)
     if errors:
         raise BudgetInvalid(errors)
+    if by_platform:
+        budget.platform_set = True
     budget.thresholds = sorted(set(budget.thresholds))
     if webhook_secret is not None:
         budget.webhook_secret_encrypted = encrypt_secret(webhook_secret) if webhook_secret else ""
@@ -113,3 +159,10 @@ def budget_alert_acknowledge(*, alert: BudgetAlert) -> BudgetAlert:
     )
     alert.refresh_from_db()
     return alert
+
+
+def budget_delete(*, budget: Budget, by_platform: bool) -> None:
+    """Delete a budget; a platform-set one only by a platform-wide writer."""
+    if budget.platform_set and not by_platform:
+        raise BudgetInvalid({"limit_amount": [f"{PLATFORM_SET}; a platform admin may delete it"]})
+    budget.delete()

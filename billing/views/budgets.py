@@ -94,7 +94,11 @@ class BudgetFormView(RoleRequiredMixin, View):
             budget = form.save(commit=False)
             budget.thresholds = form.cleaned_data["thresholds"]
             try:
-                budget_save(budget=budget, webhook_secret=form.webhook_secret_change())
+                budget_save(
+                    budget=budget,
+                    webhook_secret=form.webhook_secret_change(),
+                    by_platform=user_teams_with_role(request.user, OPERATORS) is None,
+                )
             except BudgetInvalid as exc:
                 for name, problems in exc.errors.items():
                     for problem in problems:

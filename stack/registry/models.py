@@ -241,6 +241,10 @@ class Team(models.Model):
     # Limits for every key of this team together, on /v1 (inference.ratelimit); empty means none.
     rpm_limit = models.PositiveIntegerField(null=True, blank=True, help_text="Requests per minute, all keys")
     tpm_limit = models.PositiveIntegerField(null=True, blank=True, help_text="Tokens per minute, all keys")
+    # The limits as a platform admin last set them: the team's admins may lower rpm_limit and
+    # tpm_limit under these, never raise or clear them past (stack.registry.team_services).
+    rpm_cap = models.PositiveIntegerField(null=True, blank=True, editable=False)
+    tpm_cap = models.PositiveIntegerField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["slug"]
@@ -285,6 +289,9 @@ class SsoIdentity(models.Model):
     issuer = models.CharField(max_length=255)
     subject = models.CharField(max_length=255)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
+    # The last login (interactive or silent re-authentication) that resynced this user from
+    # the provider: the user's API keys stop working SWITCHYARD_SSO_KEY_SECONDS after it.
+    synced_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         constraints = [

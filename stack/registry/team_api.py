@@ -149,6 +149,7 @@ class TeamViewSet(viewsets.ModelViewSet[Team]):
             name=data.get("name", team.name),
             rpm_limit=data["rpm_limit"] if "rpm_limit" in data else team.rpm_limit,
             tpm_limit=data["tpm_limit"] if "tpm_limit" in data else team.tpm_limit,
+            by_platform=request_team_admin_of(request) is None,
         )
         return Response(TeamSerializer(team).data)
 

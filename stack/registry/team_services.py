@@ -4,7 +4,7 @@ registry's signals move the authorisation version when a membership changes).
 
 Who may call them is the caller's business (stack.registry.teams.request_team_admin_of): a
 platform admin creates and deletes teams, a platform admin or the team's admin changes its name,
-limits and members. These functions check the values.
+limits and members (a team admin only under the limits a platform admin set: team_update). These functions check the values.
 """
 
 from __future__ import annotations
@@ -67,16 +67,42 @@ def team_create(*, slug: str, name: str, rpm_limit: int | None = None, tpm_limit
         errors["slug"] = [f"a team {slug} exists already"]
     if errors:
         raise TeamInvalid(errors)
-    return Team.objects.create(slug=slug, name=name.strip(), rpm_limit=rpm_limit, tpm_limit=tpm_limit)
+    # Teams are made by platform admins: the limits they start with are the platform's caps.
+    return Team.objects.create(
+        slug=slug,
+        name=name.strip(),
+        rpm_limit=rpm_limit,
+        tpm_limit=tpm_limit,
+        rpm_cap=rpm_limit,
+        tpm_cap=tpm_limit,
+    )
 
 
-def team_update(*, team: Team, name: str, rpm_limit: int | None, tpm_limit: int | None) -> Team:
-    """Change a team's name and limits (its slug never changes: the ledger names it)."""
+def team_update(
+    *, team: Team, name: str, rpm_limit: int | None, tpm_limit: int | None, by_platform: bool
+) -> Team:
+    """Change a team's name and limits (its slug never changes: the ledger names it).
+
+    Limits a platform admin sets (`by_platform`) become the team's caps; the team's own admins
+    may set a limit at or under its cap, never above it or cleared (no limit), while a cap is set."""
     errors = _values_errors(name=name, rpm_limit=rpm_limit, tpm_limit=tpm_limit)
+    if not by_platform:
+        for field, cap, wanted in (
+            ("rpm_limit", team.rpm_cap, rpm_limit),
+            ("tpm_limit", team.tpm_cap, tpm_limit),
+        ):
+            if cap is not None and (wanted is None or wanted > cap) and field not in errors:
+                errors[field] = [
+                    f"a platform admin capped this at {cap}: you may lower it, not raise or clear it"
+                ]
     if errors:
         raise TeamInvalid(errors)
     team.name, team.rpm_limit, team.tpm_limit = name.strip(), rpm_limit, tpm_limit
-    team.save(update_fields=["name", "rpm_limit", "tpm_limit"])
+    fields = ["name", "rpm_limit", "tpm_limit"]
+    if by_platform:
+        team.rpm_cap, team.tpm_cap = rpm_limit, tpm_limit
+        fields += ["rpm_cap", "tpm_cap"]
+    team.save(update_fields=fields)
     return team
 
 

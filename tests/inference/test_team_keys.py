@@ -21,8 +21,9 @@ from billing.selectors import ledger_verify
 from inference.mockprovider import MockProviderServer
 from stack.keys import KeyBudget, api_key_issue
 from stack.registry.models import ApiToken, Team, Workflow
+from stack.registry.roles import Role
 from stack.registry.services import api_token_create
-from tests.factories import make_team
+from tests.factories import api_client, make_member, make_team, make_user
 from tests.inference.helpers import priced_deployment, routed_workflow
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -140,3 +141,32 @@ def test_a_team_key_gets_404_for_another_teams_workflow_and_lists_only_its_own(
     _, platform_key = api_token_create(user=operator, name="platform")
     assert _ask(platform_key, foreign.slug).status_code == 200
     assert UsageRecord.objects.filter(api_key__isnull=True).count() == 0
+
+
+def test_a_team_operator_raising_a_platform_budget_is_refused_and_calls_still_get_402(
+    operator: User, mock_provider: Start
+) -> None:
+    team = make_team("vision")
+    workflow = _team_workflow(operator, mock_provider, team)
+    platform = api_client(make_user(Role.ADMIN))
+    created = platform.post(
+        "/api/budgets/",
+        {
+            "name": "vision daily",
+            "scope": "team",
+            "team": "vision",
+            "period": "daily",
+            "limit_amount": "2.5",
+            "hard_limit": True,
+        },
+        format="json",
+    )
+    assert created.status_code == 201, created.json()
+    team_operator = make_member(team, Role.OPERATOR)
+    raised = api_client(team_operator, team=team).patch(
+        f"/api/budgets/{created.json()['id']}/", {"limit_amount": "1000000"}, format="json"
+    )
+    assert raised.status_code == 400 and "limit_amount" in raised.json()
+    _, raw = api_token_create(user=team_operator, name="a", team=team)
+    assert _ask(raw, workflow.slug).status_code == 200
+    assert _ask(raw, workflow.slug).status_code == 402

@@ -11,6 +11,7 @@ from django.contrib.auth.models import User
 from django.contrib.auth.validators import UnicodeUsernameValidator
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.utils import timezone
 
 from stack.registry.models import (
     SsoIdentity,
@@ -157,6 +158,9 @@ def sso_user_login(
     login with an unusable password), its email and name brought up to date, and its team
     memberships synced from `claims[groups_claim]`.
 
+    Each login records when it synced (SsoIdentity.synced_at): an SSO user's API keys work
+    for SWITCHYARD_SSO_KEY_SECONDS after it.
+
     A first login whose username is already taken by another account is refused: a provider's
     user named like a local admin must not become that admin."""
     subject = _claim_text(claims, "sub", max_length=SSO_MAX_SUBJECT_LENGTH)
@@ -165,6 +169,7 @@ def sso_user_login(
     email = _claim_text(claims, "email", max_length=254)
     first_name = _claim_text(claims, "given_name", max_length=150)
     last_name = _claim_text(claims, "family_name", max_length=150)
+    now = timezone.now()
     with transaction.atomic():
         identity = SsoIdentity.objects.select_related("user").filter(issuer=issuer, subject=subject).first()
         if identity is None:
@@ -177,8 +182,10 @@ def sso_user_login(
             user = User(username=username, email=email, first_name=first_name, last_name=last_name)
             user.set_unusable_password()
             user.save()
-            SsoIdentity.objects.create(user=user, issuer=issuer, subject=subject)
+            SsoIdentity.objects.create(user=user, issuer=issuer, subject=subject, synced_at=now)
         else:
+            # Keeps the user's API keys working (api_token_authenticate's SSO bound).
+            SsoIdentity.objects.filter(pk=identity.pk).update(synced_at=now)
             user = identity.user
             current = {"email": email, "first_name": first_name, "last_name": last_name}
             stale = [name for name, value in current.items() if getattr(user, name) != value]

@@ -9,20 +9,22 @@ import secrets
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from django.contrib.auth.models import User
+from django.conf import settings
+from django.contrib.auth.models import AnonymousUser, User
 from django.db import transaction
 from django.utils import timezone
 
 from stack.registry.auth_version import auth_version_bump
 from stack.registry.models import (
     ApiToken,
+    SsoIdentity,
     Team,
     Workflow,
 )
-from stack.registry.roles import ALL_ROLES
+from stack.registry.roles import ALL_ROLES, Role, global_roles
 from stack.registry.services.errors import RegistryError
 from stack.registry.services.limits import rate_limit_check
-from stack.registry.teams import user_team_scope, user_teams_with_role
+from stack.registry.teams import user_team_admin_of, user_team_scope, user_teams_with_role
 from stack.registry.validation import text_problem
 
 TOKEN_PREFIX = "sy"  # noqa: S105 (a label, not a secret)
@@ -107,6 +109,17 @@ def api_token_create(
     return token, f"{TOKEN_PREFIX}_{prefix}_{secret}"
 
 
+def _sso_user_unsynced(user: User, now: datetime) -> bool:
+    """Whether `user` signs in through SSO and has not done so (nor re-authenticated silently)
+    for SWITCHYARD_SSO_KEY_SECONDS. A key cannot ask the provider about its user, so this is
+    the bound within which a user removed at the provider loses what its keys reach."""
+    try:
+        identity = user.sso_identity
+    except SsoIdentity.DoesNotExist:
+        return False
+    return now - identity.synced_at > timedelta(seconds=settings.SWITCHYARD_SSO_KEY_SECONDS)
+
+
 def api_token_authenticate(*, raw: str) -> ApiToken | None:
     parts = raw.split("_", 2)
     if len(parts) != 3 or parts[0] != TOKEN_PREFIX:
@@ -116,11 +129,15 @@ def api_token_authenticate(*, raw: str) -> ApiToken | None:
         return None
     # An expired token is returned (callers answer 401 saying so: ApiToken.expired).
     token = (
-        ApiToken.objects.select_related("user", "team").filter(prefix=prefix, revoked_at__isnull=True).first()
+        ApiToken.objects.select_related("user", "team", "user__sso_identity")
+        .filter(prefix=prefix, revoked_at__isnull=True)
+        .first()
     )
     if token is None or not hmac.compare_digest(token.key_hash, _hash_secret(secret)):
         return None
     now = timezone.now()
+    if _sso_user_unsynced(token.user, now):
+        return None
     # Touch at most once a minute: a token used in a hot loop must not turn
     # every request into a write.
     if token.last_used_at is None or now - token.last_used_at > timedelta(minutes=1):
@@ -128,12 +145,41 @@ def api_token_authenticate(*, raw: str) -> ApiToken | None:
     return token
 
 
+def api_token_limits_may_raise(*, user: User | AnonymousUser, token: ApiToken) -> bool:
+    """Whether `user` may raise or clear `token`'s limits: a platform admin, or an admin of the
+    key's team. Anyone else (the key's owner among them) may only lower them."""
+    if Role.ADMIN in global_roles(user):
+        return True
+    return token.team_id is not None and token.team_id in user_team_admin_of(user)
+
+
 def api_token_limits_set(
-    *, token: ApiToken, rpm_limit: int | None, tpm_limit: int | None, rate_limit_fail_closed: bool
+    *,
+    token: ApiToken,
+    rpm_limit: int | None,
+    tpm_limit: int | None,
+    rate_limit_fail_closed: bool,
+    may_raise: bool,
 ) -> ApiToken:
     """Change a token's /v1 rate limits (None: no limit). Saving moves the authorisation version
-    (stack.registry.signals), so the gateway applies them from the next request."""
+    (stack.registry.signals), so the gateway applies them from the next request.
+
+    Without `may_raise` (api_token_limits_may_raise) a limit may only go down: a new value must
+    be a number no higher than the current one (clearing a limit raises it to none)."""
     rate_limit_check(rpm_limit=rpm_limit, tpm_limit=tpm_limit)
+    if not may_raise:
+        for field, current, wanted in (
+            ("rpm_limit", token.rpm_limit, rpm_limit),
+            ("tpm_limit", token.tpm_limit, tpm_limit),
+        ):
+            if wanted == current:
+                continue
+            if wanted is None or (current is not None and wanted > current):
+                raise RegistryError(
+                    f"you may lower this key's limit only (now {current if current is not None else 'none'}); "
+                    "a platform admin or the key's team admin may raise or clear it",
+                    field=field,
+                )
     token.rpm_limit, token.tpm_limit = rpm_limit, tpm_limit
     token.rate_limit_fail_closed = rate_limit_fail_closed
     token.save(update_fields=["rpm_limit", "tpm_limit", "rate_limit_fail_closed"])

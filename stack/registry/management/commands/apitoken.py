@@ -65,6 +65,8 @@ class Command(CheckedCommand):
                     rpm_limit=options["rpm"],
                     tpm_limit=options["tpm"],
                     rate_limit_fail_closed=options["fail_closed"],
+                    # Whoever runs manage.py on the server acts as the platform.
+                    may_raise=True,
                 )
             except RegistryError as exc:
                 raise CommandError(str(exc)) from None
