@@ -39,7 +39,7 @@ from django.views.decorators.csrf import csrf_exempt
 from billing.budgets import BudgetExhausted
 from billing.services import NoPriceError
 from inference.adapters.base import CLIENT_ERROR_STATUSES, Completion, InferenceInput
-from inference.idempotency import caller_key_problem, v1_request_id
+from inference.idempotency import IdempotencyConflict, caller_key_problem, request_digest, v1_request_id
 from inference.models import Endpoint
 from inference.openai_request import (
     InvalidRequest,
@@ -285,6 +285,7 @@ _REFUSALS = (
     CapabilityMissing,
     NoRoute,
     NoPriceError,
+    IdempotencyConflict,
 )
 
 
@@ -306,6 +307,8 @@ def _refusal(exc: Exception) -> HttpResponse:
         return error_response(400, str(exc), "invalid_request_error", "unsupported_feature", param=exc.param)
     if isinstance(exc, NoRoute):
         return error_response(503, str(exc), "api_error", "no_route")
+    if isinstance(exc, IdempotencyConflict):  # a retry of a used key (inference.idempotency)
+        return error_response(exc.status, str(exc), "invalid_request_error", exc.code, param="Idempotency-Key")
     # NoPriceError: a price ended between routing and recording. Nothing was recorded (the
     # ledger refuses unpriced usage), so the answer is not handed out unbilled either.
     return error_response(502, f"Pricing changed while answering; retry: {exc}", "api_error", "no_price")
@@ -367,7 +370,8 @@ def _complete_checked(
             caller, verify = _caller_deferred(request)
         # The whole request is checked before the workflow is looked up or a provider called.
         parse = chat_request_parse if chat else completion_request_parse
-        parsed = parse(_body(request))
+        document = _body(request)
+        parsed = parse(document)
         key = _idempotency_key(request)
         assert parsed.model is not None  # noqa: S101 (required by the parser)
         workflow = _workflow(parsed.model, caller)
@@ -401,6 +405,7 @@ def _complete_checked(
             request=payload,
             endpoint=endpoint,
             client_request_id=client_request_id,
+            request_digest=request_digest(document) if key is not None else None,
             api_key_id=caller.token_id,
             # Only an opted-in workflow's requests are kept (inference.retention); the fold
             # checks the setting again, so an opt-out is not delayed by this cached row.

@@ -430,7 +430,16 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": env_float("SWITCHYARD_RETENTION_PURGE_SECONDS", 3600.0, minimum=10.0),
         "options": {"queue": "control", "expires": 3600},
     },
+    # Answers kept for an Idempotency-Key replay (opted-in workflows only) past their window.
+    "inference-idempotent-answers-purge": {
+        "task": "inference.idempotent_answers_purge",
+        "schedule": env_float("SWITCHYARD_IDEMPOTENCY_PURGE_SECONDS", 60.0, minimum=1.0),
+        "options": {"queue": "control", "expires": 60},
+    },
 }
+# How long a /v1 answer is kept for a retry with the same Idempotency-Key, and only for a
+# workflow that keeps prompts (inference.idempotency); other requests keep a hash and the status.
+IDEMPOTENCY_REPLAY_SECONDS = env_int("SWITCHYARD_IDEMPOTENCY_REPLAY_SECONDS", 600, minimum=0)
 # A running batch job's lease: longer than one line can take (deadline plus retries).
 INFERENCE_BATCH_STALE_SECONDS = env_float("SWITCHYARD_BATCH_STALE_SECONDS", 120.0, minimum=1.0)
 INFERENCE_BATCH_PART_LINES = env_int("SWITCHYARD_BATCH_PART_LINES", 20, minimum=1)
