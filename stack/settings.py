@@ -476,14 +476,15 @@ INFERENCE_JOURNAL_FOLD_DELAY_SECONDS = env_float("SWITCHYARD_JOURNAL_FOLD_DELAY_
 # --- Metrics and traces (stack.metrics, stack.registry.tracing) ---------------------------
 # The router's counters and histograms (inference.metrics); off only to measure what they cost.
 METRICS_ENABLED = env_bool("SWITCHYARD_METRICS", True)
-# Who may scrape /metrics: a bearer token (compared in constant time) and/or client networks.
-# With neither set, loopback only; with a token and no networks, any address holding the token.
+# Who may scrape /metrics: a bearer holding the token (compared in constant time), from the
+# client networks when they are set. Without a token nobody may, unless METRICS_ALLOW_LOOPBACK
+# lets loopback in without one (off by default: behind a proxy on the same host that is not in
+# SWITCHYARD_TRUSTED_PROXIES every client looks like loopback).
 METRICS_TOKEN = env_str("SWITCHYARD_METRICS_TOKEN", "")
 if METRICS_TOKEN and len(METRICS_TOKEN) < 16:
     raise ImproperlyConfigured("SWITCHYARD_METRICS_TOKEN must be at least 16 characters")
-METRICS_ALLOW_NETWORKS = env_networks("SWITCHYARD_METRICS_ALLOW_NETWORKS") or (
-    [] if METRICS_TOKEN else ["127.0.0.0/8", "::1/128"]
-)
+METRICS_ALLOW_NETWORKS = env_networks("SWITCHYARD_METRICS_ALLOW_NETWORKS")
+METRICS_ALLOW_LOOPBACK = env_bool("SWITCHYARD_METRICS_ALLOW_LOOPBACK", False)
 # How long a scrape reuses the values read from the database and Redis (spend, budgets,
 # breakers, queues, heartbeats, training): several Prometheus servers or a short scrape
 # interval then cost one read per this many seconds.
