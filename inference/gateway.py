@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from datetime import UTC
 from typing import Any
 
-from django.core.exceptions import RequestDataTooBig
+from django.conf import settings
 from django.db import transaction
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.utils import timezone
@@ -195,15 +195,18 @@ def _authorize(caller: TokenGrant, workflow: Workflow) -> None:
 
 
 def _body(request: HttpRequest) -> dict[str, Any]:
-    """The JSON object of the body (inference.openai_request checks shape, Unicode, depth)."""
-    try:
-        raw = request.body
-    except RequestDataTooBig:
+    """The JSON object of the body (inference.openai_request checks shape, Unicode, depth).
+
+    Read with its own limit, SWITCHYARD_V1_MAX_BODY_BYTES, not through `request.body`, whose
+    DATA_UPLOAD_MAX_MEMORY_SIZE is the pages' and /api's."""
+    limit = settings.V1_MAX_BODY_BYTES
+    raw = request.read(limit + 1)
+    if len(raw) > limit:
         # Normally refused before the view by GatewayErrorsMiddleware (Content-Length); this is
-        # the same answer for a body whose length was not announced.
+        # the same answer for a body longer than it said.
         raise InvalidRequest(
-            "The request body is over the size limit", code="request_too_large", status=413
-        ) from None
+            f"The request body is over the limit of {limit} bytes", code="request_too_large", status=413
+        )
     return json_document(raw or b"null")
 
 

@@ -473,6 +473,10 @@ INFERENCE_JOURNAL_IDLE_SECONDS = env_float("SWITCHYARD_JOURNAL_IDLE_SECONDS", 2.
 # How long a woken folder waits for more requests before folding them in one transaction.
 INFERENCE_JOURNAL_FOLD_DELAY_SECONDS = env_float("SWITCHYARD_JOURNAL_FOLD_DELAY_SECONDS", 0.05, minimum=0.0)
 
+# The largest /v1 request body (long contexts, images as data URLs); over it: a 413 in the
+# OpenAI shape. The pages and /api keep Django's DATA_UPLOAD_MAX_MEMORY_SIZE.
+V1_MAX_BODY_BYTES = env_int("SWITCHYARD_V1_MAX_BODY_BYTES", 32 * 1024 * 1024, minimum=1024)
+
 # --- Metrics and traces (stack.metrics, stack.registry.tracing) ---------------------------
 # The router's counters and histograms (inference.metrics); off only to measure what they cost.
 METRICS_ENABLED = env_bool("SWITCHYARD_METRICS", True)
