@@ -311,7 +311,9 @@ def _refusal(exc: Exception) -> HttpResponse:
     if isinstance(exc, NoRoute):
         return error_response(503, str(exc), "api_error", "no_route")
     if isinstance(exc, IdempotencyConflict):  # a retry of a used key (inference.idempotency)
-        return error_response(exc.status, str(exc), "invalid_request_error", exc.code, param="Idempotency-Key")
+        return error_response(
+            exc.status, str(exc), "invalid_request_error", exc.code, param="Idempotency-Key"
+        )
     # NoPriceError: a price ended between routing and recording. Nothing was recorded (the
     # ledger refuses unpriced usage), so the answer is not handed out unbilled either.
     return error_response(502, f"Pricing changed while answering; retry: {exc}", "api_error", "no_price")

@@ -292,7 +292,9 @@ _scrape_registry: CollectorRegistry | None = None
 
 def _refusal(request: HttpRequest) -> HttpResponse | None:
     try:
-        address: ipaddress.IPv4Address | ipaddress.IPv6Address | None = ipaddress.ip_address(client_ip(request))
+        address: ipaddress.IPv4Address | ipaddress.IPv6Address | None = ipaddress.ip_address(
+            client_ip(request)
+        )
     except ValueError:
         address = None
     networks = settings.METRICS_ALLOW_NETWORKS
@@ -301,7 +303,11 @@ def _refusal(request: HttpRequest) -> HttpResponse | None:
     token = settings.METRICS_TOKEN
     header = str(request.META.get("HTTP_AUTHORIZATION", ""))
     scheme, _, presented = header.partition(" ")
-    if token and scheme.lower() == "bearer" and hmac.compare_digest(presented.strip().encode(), token.encode()):
+    if (
+        token
+        and scheme.lower() == "bearer"
+        and hmac.compare_digest(presented.strip().encode(), token.encode())
+    ):
         return None
     # Loopback without the token only when asked for: behind a proxy on the same host that is
     # not declared (SWITCHYARD_TRUSTED_PROXIES) every client reads as loopback.
@@ -309,7 +315,9 @@ def _refusal(request: HttpRequest) -> HttpResponse | None:
         return None
     if not token:
         return HttpResponse(
-            "forbidden: set SWITCHYARD_METRICS_TOKEN to scrape /metrics\n", status=403, content_type="text/plain"
+            "forbidden: set SWITCHYARD_METRICS_TOKEN to scrape /metrics\n",
+            status=403,
+            content_type="text/plain",
         )
     response = HttpResponse("unauthorized\n", status=401, content_type="text/plain")
     response["WWW-Authenticate"] = 'Bearer realm="metrics"'

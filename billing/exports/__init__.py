@@ -60,10 +60,10 @@ from billing.exports.jobs import (
     export_job_create,
     export_job_file_chunks,
     export_job_file_names,
-    export_jobs_of_teams,
     export_job_prefix,
     export_job_run,
     export_job_run_task,
+    export_jobs_of_teams,
 )
 from billing.exports.manifest import (
     MANIFEST_VERSION,

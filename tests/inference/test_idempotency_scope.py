@@ -53,7 +53,9 @@ def test_a_users_tokens_share_their_replays_and_another_user_gets_a_fresh_answer
 ) -> None:
     server = mock_provider(text="first answer")
     # Only a workflow that keeps prompts keeps an answer to replay (test_idempotent_answers).
-    workflow = routed_workflow(viewer, [priced_deployment(server)], retain_prompts=True, prompt_retention_days=1)
+    workflow = routed_workflow(
+        viewer, [priced_deployment(server)], retain_prompts=True, prompt_retention_days=1
+    )
     _, mine = _token(viewer)
     _, my_other = _token(viewer)
     _, theirs = _token(make_user(Role.VIEWER))

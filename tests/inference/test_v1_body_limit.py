@@ -60,7 +60,9 @@ def port(request: pytest.FixtureRequest) -> Iterator[int]:
 
 
 @pytest.fixture
-def gateway(viewer: User, mock_provider: Callable[..., MockProviderServer]) -> tuple[Workflow, str, MockProviderServer]:
+def gateway(
+    viewer: User, mock_provider: Callable[..., MockProviderServer]
+) -> tuple[Workflow, str, MockProviderServer]:
     server = mock_provider(text="read it all")
     workflow = routed_workflow(viewer, [priced_deployment(server)])
     _, raw = api_token_create(user=viewer, name="big bodies")
@@ -68,7 +70,9 @@ def gateway(viewer: User, mock_provider: Callable[..., MockProviderServer]) -> t
 
 
 def _chat(workflow: Workflow, size: int) -> bytes:
-    return json.dumps({"model": workflow.slug, "messages": [{"role": "user", "content": "x" * size}]}).encode()
+    return json.dumps(
+        {"model": workflow.slug, "messages": [{"role": "user", "content": "x" * size}]}
+    ).encode()
 
 
 def test_a_body_over_the_limit_is_an_openai_413_under_the_server(
