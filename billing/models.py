@@ -17,6 +17,7 @@ from stack.registry.models import (
     ImmutableRowError,
     Provider,
     RegisteredModel,
+    Team,
     Workflow,
 )
 
@@ -390,6 +391,10 @@ class ExportJob(models.Model):
     manifest = models.JSONField(default=dict, blank=True)
     row_count = models.BigIntegerField(default=0)
     error = models.TextField(blank=True)
+    # The teams whose ledger rows the job may hold (its filters' `teams` and `team`), set once
+    # when it is made: a team-scoped caller lists a job whose teams are all among its own; a job
+    # with none (every row, or a scope that named no team) is the platform's only.
+    teams = models.ManyToManyField(Team, blank=True, related_name="+")
 
     class Meta:
         ordering = ["-created_at"]

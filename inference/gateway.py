@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from datetime import UTC
 from typing import Any
 
-from django.core.exceptions import RequestDataTooBig
+from django.conf import settings
 from django.db import transaction
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.utils import timezone
@@ -39,7 +39,7 @@ from django.views.decorators.csrf import csrf_exempt
 from billing.budgets import BudgetExhausted
 from billing.services import NoPriceError
 from inference.adapters.base import CLIENT_ERROR_STATUSES, Completion, InferenceInput
-from inference.idempotency import caller_key_problem, v1_request_id
+from inference.idempotency import IdempotencyConflict, caller_key_problem, request_digest, v1_request_id
 from inference.models import Endpoint
 from inference.openai_request import (
     InvalidRequest,
@@ -195,15 +195,18 @@ def _authorize(caller: TokenGrant, workflow: Workflow) -> None:
 
 
 def _body(request: HttpRequest) -> dict[str, Any]:
-    """The JSON object of the body (inference.openai_request checks shape, Unicode, depth)."""
-    try:
-        raw = request.body
-    except RequestDataTooBig:
+    """The JSON object of the body (inference.openai_request checks shape, Unicode, depth).
+
+    Read with its own limit, SWITCHYARD_V1_MAX_BODY_BYTES, not through `request.body`, whose
+    DATA_UPLOAD_MAX_MEMORY_SIZE is the pages' and /api's."""
+    limit = settings.V1_MAX_BODY_BYTES
+    raw = request.read(limit + 1)
+    if len(raw) > limit:
         # Normally refused before the view by GatewayErrorsMiddleware (Content-Length); this is
-        # the same answer for a body whose length was not announced.
+        # the same answer for a body longer than it said.
         raise InvalidRequest(
-            "The request body is over the size limit", code="request_too_large", status=413
-        ) from None
+            f"The request body is over the limit of {limit} bytes", code="request_too_large", status=413
+        )
     return json_document(raw or b"null")
 
 
@@ -286,6 +289,7 @@ _REFUSALS = (
     CapabilityMissing,
     NoRoute,
     NoPriceError,
+    IdempotencyConflict,
 )
 
 
@@ -307,6 +311,10 @@ def _refusal(exc: Exception) -> HttpResponse:
         return error_response(400, str(exc), "invalid_request_error", "unsupported_feature", param=exc.param)
     if isinstance(exc, NoRoute):
         return error_response(503, str(exc), "api_error", "no_route")
+    if isinstance(exc, IdempotencyConflict):  # a retry of a used key (inference.idempotency)
+        return error_response(
+            exc.status, str(exc), "invalid_request_error", exc.code, param="Idempotency-Key"
+        )
     # NoPriceError: a price ended between routing and recording. Nothing was recorded (the
     # ledger refuses unpriced usage), so the answer is not handed out unbilled either.
     return error_response(502, f"Pricing changed while answering; retry: {exc}", "api_error", "no_price")
@@ -368,7 +376,8 @@ def _complete_checked(
             caller, verify = _caller_deferred(request)
         # The whole request is checked before the workflow is looked up or a provider called.
         parse = chat_request_parse if chat else completion_request_parse
-        parsed = parse(_body(request))
+        document = _body(request)
+        parsed = parse(document)
         key = _idempotency_key(request)
         assert parsed.model is not None  # noqa: S101 (required by the parser)
         workflow = _workflow(parsed.model, caller)
@@ -402,6 +411,7 @@ def _complete_checked(
             request=payload,
             endpoint=endpoint,
             client_request_id=client_request_id,
+            request_digest=request_digest(document) if key is not None else None,
             api_key_id=caller.token_id,
             # Only an opted-in workflow's requests are kept (inference.retention); the fold
             # checks the setting again, so an opt-out is not delayed by this cached row.

@@ -1,8 +1,9 @@
 """OpenAI-style JSON errors on every /v1 answer, whoever produced the error.
 
 The gateway's views answer their own errors in the OpenAI shape; this middleware covers the rest
-under the /v1 prefix, in one place: a body over DATA_UPLOAD_MAX_MEMORY_SIZE (413, refused from
-its Content-Length before anything reads it), an unknown path (Django's 404), an exception in a
+under the /v1 prefix, in one place: a body over SWITCHYARD_V1_MAX_BODY_BYTES (413, refused from
+its Content-Length before anything reads it; the pages' and /api's DATA_UPLOAD_MAX_MEMORY_SIZE is
+not /v1's, whose long contexts and images need more), an unknown path (Django's 404), an exception in a
 view (500, logged here), and any other error page Django or a middleware renders (400 for a bad
 Host, 403...), which is rewritten into the same shape with its status kept. Other paths are
 left alone.
@@ -65,8 +66,8 @@ def _too_big(request: HttpRequest) -> HttpResponse | None:
         length = -1
     if length < 0:
         return error_response(400, "Content-Length is not a length", "invalid_request_error", "bad_request")
-    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-    if limit is not None and length > limit:
+    limit = settings.V1_MAX_BODY_BYTES
+    if length > limit:
         return error_response(
             413,
             f"The request body is {length} bytes; the limit is {limit} bytes",
@@ -85,8 +86,12 @@ class GatewayErrorsMiddleware:
             return self.get_response(request)
         refused = _too_big(request)
         if refused is not None:
-            # The body was not read: the connection cannot carry another request.
-            refused["Connection"] = "close"
+            # No `Connection: close` here although the body was not read: a WSGI application may
+            # not set hop-by-hop headers (wsgiref and runserver answer a plain 500 instead). The
+            # servers deal with the unread body themselves: runserver drains it, gunicorn drains
+            # or closes the connection before the next request, wsgiref speaks HTTP/1.0 and closes.
+            # Content-Length lets a client read the answer while the server still drains.
+            refused["Content-Length"] = str(len(refused.content))
             return refused
         response = self.get_response(request)
         if response.status_code >= 400 and not response.get("Content-Type", "").startswith(

@@ -56,9 +56,15 @@ class InferenceRequest(models.Model):
     # Client-supplied request id / idempotency key: a batch retry with the same key is
     # answered from this row instead of calling (and billing) again.
     client_request_id = models.CharField(max_length=128, null=True, blank=True, unique=True)
-    # The answer's text, kept only for requests with a client_request_id (batch and eval
-    # retries re-read it); gateway traffic does not store prompts or answers.
+    # The answer's text, kept only for requests with a client_request_id: batch and eval
+    # retries re-read it; a /v1 Idempotency-Key's answer only for a workflow that keeps prompts
+    # and only until answer_kept_until (inference.idempotency).
     response_text = models.TextField(blank=True)
+    # A /v1 Idempotency-Key request: sha256 of its body, so a retry naming the same key with
+    # another body is refused rather than answered with this request's answer.
+    request_digest = models.CharField(max_length=64, blank=True, default="")
+    # Until when a /v1 replay may hand out response_text; NULL: not kept (or purged).
+    answer_kept_until = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
     # The journal entry (attempts and billed units) of a request whose ledger rows are still to
     # be written; NULL once folded (inference.recording.journal). Holds "error" when its fold
@@ -75,6 +81,12 @@ class InferenceRequest(models.Model):
                 fields=["id"],
                 name="infreq_ledger_pending_idx",
                 condition=models.Q(ledger_pending__isnull=False),
+            ),
+            # The idempotent answers' purge: only the few answers still kept are in this index.
+            models.Index(
+                fields=["answer_kept_until"],
+                name="infreq_answer_kept_idx",
+                condition=models.Q(answer_kept_until__isnull=False),
             ),
         ]
 

@@ -129,6 +129,10 @@ def retained_prompts_forget(*, workflow_id: int) -> int:
     """A workflow opted out (or was never in): delete every kept request of it and every replay
     object that holds one. Returns how many kept requests went."""
     deleted, _ = RetainedPrompt.objects.filter(workflow_id=workflow_id).delete()
+    # Answers kept for Idempotency-Key replays (inference.idempotency) go too.
+    InferenceRequest.objects.filter(workflow_id=workflow_id, answer_kept_until__isnull=False).update(
+        response_text="", answer_kept_until=None
+    )
     if connection.vendor == "postgresql":
         # A journal entry whose fold failed keeps its kept input until an operator refolds it:
         # drop the input from it now (jsonb `-` removes the key; the fold then keeps nothing).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from inference import batch, quality, retention
+from inference import batch, idempotency, quality, retention
 from inference.recording import journal_fold_all
 
 
@@ -42,3 +42,9 @@ def journal_fold() -> int:
 def retained_prompts_purge() -> dict[str, int]:
     """Periodic (beat): delete kept prompts past their retention, and replay objects holding them."""
     return retention.retained_prompts_purge()
+
+
+@shared_task(name="inference.idempotent_answers_purge", ignore_result=True)
+def idempotent_answers_purge() -> int:
+    """Periodic (beat): drop answers kept for Idempotency-Key replays once their window passed."""
+    return idempotency.idempotent_answers_purge()

@@ -14,6 +14,7 @@ from django.contrib.auth.models import AnonymousUser, User
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
+from django.utils import timezone
 from django.views import View
 
 from billing.models import Budget
@@ -196,6 +197,7 @@ class TokenView(RoleRequiredMixin, View):
         limits_form: ApiTokenLimitsForm | None = None,
         editing: ApiToken | None = None,
     ) -> HttpResponse:
+        now = timezone.now()
         tokens = ApiToken.objects.filter(user_id=request.user.pk).select_related("team")  # type: ignore[misc]
         budgets = {b.api_key_id: b for b in Budget.objects.filter(api_key__in=tokens, active=True)}
         response = render(
@@ -205,7 +207,7 @@ class TokenView(RoleRequiredMixin, View):
                 "form": form,
                 "issued": issued,
                 "new_token": issued.secret if issued is not None else None,
-                "tokens": [(t, budgets.get(t.pk)) for t in tokens],
+                "tokens": [(t, budgets.get(t.pk), t.state_at(now)) for t in tokens],
                 "roles": _role_labels(request.user),
                 "limits_form": limits_form,
                 "editing": editing,

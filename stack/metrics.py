@@ -13,9 +13,13 @@ Two kinds of series:
   runs' tokens, eval loss and cost. These reads are shared across scrapes for
   SWITCHYARD_METRICS_CACHE_SECONDS, so several Prometheus servers cost one read per period.
 
-Who may scrape (SWITCHYARD_METRICS_TOKEN, SWITCHYARD_METRICS_ALLOW_NETWORKS): a request must come
-from an allowed network when networks are set, and present `Authorization: Bearer <token>` when a
-token is set (compared in constant time). With neither, loopback only.
+Who may scrape (SWITCHYARD_METRICS_TOKEN, SWITCHYARD_METRICS_ALLOW_NETWORKS,
+SWITCHYARD_METRICS_ALLOW_LOOPBACK): a request must come from an allowed network when networks are
+set, and present `Authorization: Bearer <token>` (compared in constant time). Without a token
+/metrics answers nobody, unless SWITCHYARD_METRICS_ALLOW_LOOPBACK=1 lets loopback in without one.
+The token is the platform's, not a team's: the series name every team (spend per team, budgets
+with their team and workflow slugs), so whoever holds it reads all teams' spend. No label carries
+an API key's name or prefix: a key's budget is `budget-<id>` with the key's id as its target.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from billing.budgets.state import budgets_standing
+from billing.models import Budget
 from billing.selectors import spend_grouped
 from inference.breaker import CLOSED, HALF_OPEN, OPEN, breakers
 from stack.login_throttle import client_ip
@@ -106,12 +111,20 @@ def _budgets(families: list[Metric], now: datetime) -> None:
     )
     for standing in budgets_standing(now=now):
         budget = standing.budget
-        target = getattr(budget, budget.SCOPE_FIELDS[budget.scope])
-        values = [budget.name, budget.scope, str(getattr(target, "slug", target) or ""), budget.currency]
+        values = [*_budget_labels(budget), budget.currency]
         limit.add_metric(values, _money(budget.limit_amount))
         spent.add_metric(values, _money(standing.spent))
         remaining.add_metric(values, _money(standing.remaining))
     families += [limit, spent, remaining]
+
+
+def _budget_labels(budget: Budget) -> tuple[str, str, str]:
+    """(budget, scope, target). An API key's budget is named by ids only: its name and target
+    would carry the key's name and prefix (stack.keys names a key's budget after them)."""
+    if budget.scope == Budget.Scope.API_KEY:
+        return f"budget-{budget.pk}", budget.scope, str(budget.api_key_id or "")
+    target = getattr(budget, budget.SCOPE_FIELDS[budget.scope])
+    return budget.name, budget.scope, str(getattr(target, "slug", target) or "")
 
 
 def _breakers(families: list[Metric]) -> None:
@@ -278,23 +291,37 @@ _scrape_registry: CollectorRegistry | None = None
 
 
 def _refusal(request: HttpRequest) -> HttpResponse | None:
+    try:
+        address: ipaddress.IPv4Address | ipaddress.IPv6Address | None = ipaddress.ip_address(
+            client_ip(request)
+        )
+    except ValueError:
+        address = None
     networks = settings.METRICS_ALLOW_NETWORKS
-    if networks:
-        try:
-            address = ipaddress.ip_address(client_ip(request))
-        except ValueError:
-            return HttpResponse("forbidden\n", status=403, content_type="text/plain")
-        if not any(address in ipaddress.ip_network(n) for n in networks):
-            return HttpResponse("forbidden\n", status=403, content_type="text/plain")
+    if networks and (address is None or not any(address in ipaddress.ip_network(n) for n in networks)):
+        return HttpResponse("forbidden\n", status=403, content_type="text/plain")
     token = settings.METRICS_TOKEN
-    if token:
-        header = str(request.META.get("HTTP_AUTHORIZATION", ""))
-        scheme, _, presented = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(presented.strip().encode(), token.encode()):
-            response = HttpResponse("unauthorized\n", status=401, content_type="text/plain")
-            response["WWW-Authenticate"] = 'Bearer realm="metrics"'
-            return response
-    return None
+    header = str(request.META.get("HTTP_AUTHORIZATION", ""))
+    scheme, _, presented = header.partition(" ")
+    if (
+        token
+        and scheme.lower() == "bearer"
+        and hmac.compare_digest(presented.strip().encode(), token.encode())
+    ):
+        return None
+    # Loopback without the token only when asked for: behind a proxy on the same host that is
+    # not declared (SWITCHYARD_TRUSTED_PROXIES) every client reads as loopback.
+    if settings.METRICS_ALLOW_LOOPBACK and address is not None and address.is_loopback:
+        return None
+    if not token:
+        return HttpResponse(
+            "forbidden: set SWITCHYARD_METRICS_TOKEN to scrape /metrics\n",
+            status=403,
+            content_type="text/plain",
+        )
+    response = HttpResponse("unauthorized\n", status=401, content_type="text/plain")
+    response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+    return response
 
 
 @require_safe  # GET and HEAD

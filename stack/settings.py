@@ -449,6 +449,12 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": env_float("SWITCHYARD_RETENTION_PURGE_SECONDS", 3600.0, minimum=10.0),
         "options": {"queue": "control", "expires": 3600},
     },
+    # Answers kept for an Idempotency-Key replay (opted-in workflows only) past their window.
+    "inference-idempotent-answers-purge": {
+        "task": "inference.idempotent_answers_purge",
+        "schedule": env_float("SWITCHYARD_IDEMPOTENCY_PURGE_SECONDS", 60.0, minimum=1.0),
+        "options": {"queue": "control", "expires": 60},
+    },
 }
 # Admission (inference.admission): a hard budget reserves each call's worst case. An image part
 # counts this many input tokens (the most a provider bills one image at its largest detail:
@@ -456,6 +462,9 @@ CELERY_BEAT_SCHEDULE = {
 # deployment without a context window may generate this many output tokens.
 INFERENCE_IMAGE_TOKENS = env_int("SWITCHYARD_IMAGE_TOKENS", 1600, minimum=1)
 INFERENCE_MAX_OUTPUT_TOKENS = env_int("SWITCHYARD_MAX_OUTPUT_TOKENS", 4096, minimum=1)
+# How long a /v1 answer is kept for a retry with the same Idempotency-Key, and only for a
+# workflow that keeps prompts (inference.idempotency); other requests keep a hash and the status.
+IDEMPOTENCY_REPLAY_SECONDS = env_int("SWITCHYARD_IDEMPOTENCY_REPLAY_SECONDS", 600, minimum=0)
 # A running batch job's lease: longer than one line can take (deadline plus retries).
 INFERENCE_BATCH_STALE_SECONDS = env_float("SWITCHYARD_BATCH_STALE_SECONDS", 120.0, minimum=1.0)
 INFERENCE_BATCH_PART_LINES = env_int("SWITCHYARD_BATCH_PART_LINES", 20, minimum=1)
@@ -489,17 +498,22 @@ INFERENCE_JOURNAL_IDLE_SECONDS = env_float("SWITCHYARD_JOURNAL_IDLE_SECONDS", 2.
 # How long a woken folder waits for more requests before folding them in one transaction.
 INFERENCE_JOURNAL_FOLD_DELAY_SECONDS = env_float("SWITCHYARD_JOURNAL_FOLD_DELAY_SECONDS", 0.05, minimum=0.0)
 
+# The largest /v1 request body (long contexts, images as data URLs); over it: a 413 in the
+# OpenAI shape. The pages and /api keep Django's DATA_UPLOAD_MAX_MEMORY_SIZE.
+V1_MAX_BODY_BYTES = env_int("SWITCHYARD_V1_MAX_BODY_BYTES", 32 * 1024 * 1024, minimum=1024)
+
 # --- Metrics and traces (stack.metrics, stack.registry.tracing) ---------------------------
 # The router's counters and histograms (inference.metrics); off only to measure what they cost.
 METRICS_ENABLED = env_bool("SWITCHYARD_METRICS", True)
-# Who may scrape /metrics: a bearer token (compared in constant time) and/or client networks.
-# With neither set, loopback only; with a token and no networks, any address holding the token.
+# Who may scrape /metrics: a bearer holding the token (compared in constant time), from the
+# client networks when they are set. Without a token nobody may, unless METRICS_ALLOW_LOOPBACK
+# lets loopback in without one (off by default: behind a proxy on the same host that is not in
+# SWITCHYARD_TRUSTED_PROXIES every client looks like loopback).
 METRICS_TOKEN = env_str("SWITCHYARD_METRICS_TOKEN", "")
 if METRICS_TOKEN and len(METRICS_TOKEN) < 16:
     raise ImproperlyConfigured("SWITCHYARD_METRICS_TOKEN must be at least 16 characters")
-METRICS_ALLOW_NETWORKS = env_networks("SWITCHYARD_METRICS_ALLOW_NETWORKS") or (
-    [] if METRICS_TOKEN else ["127.0.0.0/8", "::1/128"]
-)
+METRICS_ALLOW_NETWORKS = env_networks("SWITCHYARD_METRICS_ALLOW_NETWORKS")
+METRICS_ALLOW_LOOPBACK = env_bool("SWITCHYARD_METRICS_ALLOW_LOOPBACK", False)
 # How long a scrape reuses the values read from the database and Redis (spend, budgets,
 # breakers, queues, heartbeats, training): several Prometheus servers or a short scrape
 # interval then cost one read per this many seconds.

@@ -232,13 +232,12 @@ class TeamDetailView(RoleRequiredMixin, View):
     def _render(
         self, request: HttpRequest, team: Team, form: TeamMemberForm, status: int = 200
     ) -> HttpResponse:
+        keys = ApiToken.objects.filter(team=team).select_related("user").prefetch_related("workflows")
+        at = timezone.now()
         context: dict[str, object] = {
             "team": team,
             "members": team.memberships.select_related("user").order_by("user__username"),
-            "keys": ApiToken.objects.filter(team=team)
-            .select_related("user")
-            .prefetch_related("workflows")
-            .order_by("revoked_at", "name"),
+            "keys": [(key, key.state_at(at)) for key in keys.order_by("revoked_at", "name")],
             "workflows": team.workflows.order_by("slug"),
             "form": form,
             "can_manage": _may_manage_members(request, team),

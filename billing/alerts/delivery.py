@@ -1,7 +1,8 @@
 """Sending one AlertDelivery to its channel, at most once, retried on transient failures.
 
 Slack and Teams webhooks authenticate by their secret URL; the generic webhook is signed like a
-budget's (X-Switchyard-Signature: HMAC-SHA256 of the body with the channel's secret). Every URL
+budget's (X-Switchyard-Timestamp, and X-Switchyard-Signature: HMAC-SHA256 of `<timestamp>.<body>`
+with the channel's secret, so a receiver refuses a replay by its age). Every URL
 goes through the outbound guard (stack.registry.outbound): no loopback, private, link-local or
 metadata address unless an admin listed its network, and redirects are not followed.
 """
@@ -16,7 +17,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing.alerts.formats import generic_body, slack_body, teams_body
-from billing.budgets.delivery import SIGNATURE_HEADER, budget_webhook_signature, webhook_post
+from billing.budgets.delivery import webhook_post, webhook_signed_headers
 from billing.budgets.errors import AlertDeliveryError
 from billing.models import AlertChannel, AlertDelivery
 from stack.registry.crypto import decrypt_secret
@@ -41,9 +42,7 @@ def _body(delivery: AlertDelivery) -> tuple[bytes, dict[str, str]]:
         )
     body = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
     if channel.kind == AlertChannel.Kind.WEBHOOK:
-        headers[SIGNATURE_HEADER] = budget_webhook_signature(
-            secret=decrypt_secret(channel.secret_encrypted), body=body
-        )
+        headers.update(webhook_signed_headers(secret=decrypt_secret(channel.secret_encrypted), body=body))
     return body, headers
 
 

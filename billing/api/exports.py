@@ -25,6 +25,7 @@ from billing.exports import (
     export_filters_parse,
     export_job_create,
     export_job_file_names,
+    export_jobs_of_teams,
 )
 from billing.models import ExportJob, Unit
 from stack.registry.api_fields import ModelSerializer, RefuseUnknownFields, ResponseSerializer
@@ -228,10 +229,9 @@ class ExportJobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet[Ex
     def team_scope_queryset(
         self, queryset: QuerySet[ExportJob], teams: frozenset[int]
     ) -> QuerySet[ExportJob]:
-        """A team-scoped caller sees the jobs limited to its teams' rows (the teams stored in
-        the job's filters, all of them among the caller's); a job of every row is the
-        platform's."""
-        return queryset.filter(filters__teams__contained_by=sorted(team_slugs(teams) or ()))
+        """A team-scoped caller sees the jobs limited to its teams' rows (ExportJob.teams, all
+        of them among the caller's); a job of every row, or of no team, is the platform's."""
+        return export_jobs_of_teams(queryset, teams)
 
     def workflow_scope_queryset(self, queryset: QuerySet[ExportJob], request: Request) -> QuerySet[ExportJob]:
         """A token limited to workflows sees the exports of those workflows (WorkflowScopeFilter)."""

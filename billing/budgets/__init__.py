@@ -44,11 +44,15 @@ from billing.budgets.admission import (
 )
 from billing.budgets.delivery import (
     SIGNATURE_HEADER,
+    SIGNATURE_TOLERANCE_S,
+    TIMESTAMP_HEADER,
     WEBHOOK_TIMEOUT_S,
     budget_alert_deliver,
     budget_alert_deliver_task,
     budget_alert_payload,
     budget_webhook_signature,
+    webhook_signature_verify,
+    webhook_signed_headers,
 )
 from billing.budgets.errors import AlertDeliveryError, BudgetExhausted, BudgetInvalid
 from billing.budgets.ledger_hook import budget_record_spend
@@ -69,6 +73,8 @@ __all__ = [
     "HUNDRED",
     "PLATFORM_SCOPES",
     "SIGNATURE_HEADER",
+    "SIGNATURE_TOLERANCE_S",
+    "TIMESTAMP_HEADER",
     "WEBHOOK_TIMEOUT_S",
     "ZERO",
     "Admission",
@@ -97,6 +103,8 @@ __all__ = [
     "budget_state",
     "budget_team_errors",
     "budget_webhook_signature",
+    "webhook_signature_verify",
+    "webhook_signed_headers",
     "budgets_for_target",
     "budgets_of_teams",
     "spend_target",

@@ -26,6 +26,10 @@ logger = logging.getLogger(__name__)
 
 WEBHOOK_TIMEOUT_S = 5.0  # connect, then each read: the alert row stays locked while we wait
 SIGNATURE_HEADER = "X-Switchyard-Signature"
+TIMESTAMP_HEADER = "X-Switchyard-Timestamp"
+# How far a receiver should let a webhook's timestamp be from its own clock (README, "Budget
+# webhooks"): a captured request replayed later than this is refused.
+SIGNATURE_TOLERANCE_S = 300
 
 
 @dataclass(frozen=True)
@@ -78,9 +82,42 @@ def budget_alert_payload(*, alert: BudgetAlert) -> dict[str, Any]:
     }
 
 
-def budget_webhook_signature(*, secret: str, body: bytes) -> str:
-    """The X-Switchyard-Signature value: sha256=<hex HMAC-SHA256 of the body>."""
-    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+def budget_webhook_signature(*, secret: str, body: bytes, timestamp: str) -> str:
+    """The X-Switchyard-Signature value: sha256=<hex HMAC-SHA256 of `<timestamp>.<body>`>, the
+    timestamp being X-Switchyard-Timestamp's (Unix seconds), so a replayed request can be told
+    by its age and a changed timestamp breaks the signature."""
+    signed = timestamp.encode() + b"." + body
+    return "sha256=" + hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
+
+
+def webhook_signed_headers(*, secret: str, body: bytes) -> dict[str, str]:
+    """The timestamp and signature headers of a signed webhook (budgets and alert channels)."""
+    timestamp = str(int(timezone.now().timestamp()))
+    return {
+        TIMESTAMP_HEADER: timestamp,
+        SIGNATURE_HEADER: budget_webhook_signature(secret=secret, body=body, timestamp=timestamp),
+    }
+
+
+def webhook_signature_verify(
+    *,
+    secret: str,
+    body: bytes,
+    timestamp: str,
+    signature: str,
+    tolerance_s: int = SIGNATURE_TOLERANCE_S,
+) -> bool:
+    """What a receiver does (the reference for README's recipe): the signature matches
+    `<timestamp>.<body>` (compared in constant time) and the timestamp is within `tolerance_s`
+    of now. A receiver should also drop an alert_id / delivery_id it has already handled."""
+    try:
+        sent_at = int(timestamp)
+    except ValueError:
+        return False
+    if abs(timezone.now().timestamp() - sent_at) > tolerance_s:
+        return False
+    expected = budget_webhook_signature(secret=secret, body=body, timestamp=timestamp)
+    return hmac.compare_digest(expected.encode(), signature.encode())
 
 
 def budget_alert_deliver(*, alert_id: int) -> None:
@@ -144,9 +181,7 @@ def _deliver_webhook(alert_id: int) -> str:
         body = json.dumps(budget_alert_payload(alert=alert), sort_keys=True, separators=(",", ":")).encode()
         headers = {
             "Content-Type": "application/json",
-            SIGNATURE_HEADER: budget_webhook_signature(
-                secret=decrypt_secret(budget.webhook_secret_encrypted), body=body
-            ),
+            **webhook_signed_headers(secret=decrypt_secret(budget.webhook_secret_encrypted), body=body),
         }
         outcome = webhook_post(budget.webhook_url, body=body, headers=headers)
         alert.webhook_status = outcome.status if not outcome.failure else f"webhook: {outcome.failure}"[:200]

@@ -63,6 +63,7 @@ from billing.exports.jobs import (
     export_job_prefix,
     export_job_run,
     export_job_run_task,
+    export_jobs_of_teams,
 )
 from billing.exports.manifest import (
     MANIFEST_VERSION,
@@ -126,6 +127,7 @@ __all__ = [
     "export_job_prefix",
     "export_job_run",
     "export_job_run_task",
+    "export_jobs_of_teams",
     "export_key_id",
     "export_parquet_tempfile",
     "export_public_keys",

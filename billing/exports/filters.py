@@ -94,6 +94,14 @@ class ExportFilters:
             teams=tuple(sorted(str(t) for t in teams)) if teams is not None else None,
         )
 
+    def team_scope(self) -> frozenset[str] | None:
+        """The teams (slugs) whose rows these filters can reach; None: any team's (every row).
+        An empty set reaches no team's rows."""
+        if self.teams is not None:
+            scope = frozenset(self.teams)
+            return scope & {self.team} if self.team else scope
+        return frozenset({self.team}) if self.team else None
+
     def for_teams(self, slugs: Iterable[str] | None) -> ExportFilters:
         """These filters limited to the rows of the teams named by `slugs` (None: unchanged)."""
         if slugs is None:

@@ -10,12 +10,14 @@ from typing import TYPE_CHECKING
 
 from celery import shared_task
 from django.db import transaction
+from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
 
 from billing.exports.columns import MANIFEST_NAME
 from billing.exports.filters import ExportFilters, export_formats_clean
 from billing.exports.manifest import export_write_files
 from billing.models import ExportJob
+from stack.registry.models import Team
 from stack.registry.objectstore import default_store
 from stack.registry.queues import CONTROL_QUEUE
 
@@ -95,9 +97,23 @@ def export_job_create(
     job = ExportJob.objects.create(
         created_by=created_by, filters=filters.pinned().as_json(), formats=export_formats_clean(formats)
     )
+    scope = filters.team_scope()
+    if scope:
+        teams = list(Team.objects.filter(slug__in=scope).values_list("pk", flat=True))
+        if len(teams) == len(scope):  # a slug that names no team leaves the job the platform's
+            job.teams.set(teams)
     job_id = job.pk
     transaction.on_commit(lambda: export_job_run_task.apply_async(args=(job_id,), queue=CONTROL_QUEUE))
     return job
+
+
+def export_jobs_of_teams(jobs: QuerySet[ExportJob], teams: frozenset[int] | None) -> QuerySet[ExportJob]:
+    """The jobs a caller scoped to `teams` may see (None: platform-wide, every job): those whose
+    teams (ExportJob.teams) are all among `teams`; a job of no team is the platform's only."""
+    if teams is None:
+        return jobs
+    of_job = ExportJob.teams.through.objects.filter(exportjob_id=OuterRef("pk"))
+    return jobs.filter(Exists(of_job)).exclude(Exists(of_job.exclude(team_id__in=teams)))
 
 
 def export_job_file_names(job: ExportJob) -> list[str]:

@@ -28,6 +28,7 @@ from billing.exports import (
     export_job_create,
     export_job_file_chunks,
     export_job_file_names,
+    export_jobs_of_teams,
     export_public_keys_json,
 )
 from billing.forms import ExportPageForm
@@ -38,11 +39,10 @@ from stack.registry.views import RoleRequiredMixin
 
 
 def export_jobs_visible(request: HttpRequest) -> QuerySet[ExportJob]:
-    """Export jobs the caller may see: all for a platform role, those of one of its teams (the
-    job's `team` filter) for a team-scoped user."""
-    jobs = ExportJob.objects.select_related("created_by")
-    slugs = team_slugs(user_teams_with_role(request.user, LEDGER_READERS))
-    return jobs if slugs is None else jobs.filter(filters__team__in=sorted(slugs))
+    """Export jobs the caller may see: all for a platform role, those whose teams are all the
+    caller's for a team-scoped user (billing.exports.export_jobs_of_teams, as the API)."""
+    teams = user_teams_with_role(request.user, LEDGER_READERS)  # the role held in each team
+    return export_jobs_of_teams(ExportJob.objects.select_related("created_by"), teams)
 
 
 class ExportPageView(RoleRequiredMixin, View):

@@ -7,6 +7,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
@@ -35,6 +36,8 @@ def inference_request_record(
     error: str,
     client_request_id: str | None = None,
     response_text: str = "",
+    request_digest: str = "",
+    answer_kept_until: datetime | None = None,
     demoted: Sequence[tuple[PlanEntry, float]] = (),
     inline: bool = False,
     breaker_transitions: Sequence[tuple[int, str, str]] = (),
@@ -96,6 +99,8 @@ def inference_request_record(
         "error": db_text(error[:4000]),
         "client_request_id": client_request_id or None,
         "response_text": db_text(response_text),
+        "request_digest": request_digest,
+        "answer_kept_until": answer_kept_until,
         "created_at": now,
         "ledger_pending": None,
     }

@@ -83,6 +83,8 @@ class Context:
     # Keep the input and answer (inference.retention): the gateway asks for it for a workflow
     # that opted in; batch lines, evals and replays never do.
     retain: bool = False
+    # A /v1 Idempotency-Key request's body hash (inference.idempotency); "" for the others.
+    request_digest: str = ""
 
 
 def prepare(

@@ -40,6 +40,7 @@ def route(
     api_key_id: int | None = None,
     bill_to: str = "",
     retain: bool = False,
+    request_digest: str | None = None,
 ) -> RouteResult:
     """Serve `request` for `workflow` by its current policy version (see the module docstring).
 
@@ -50,18 +51,21 @@ def route(
     subject "<type>:<id>" the request's usage rows are billed to instead of the request itself
     (an eval run scoring a training run's model version bills the run: "training_run:<id>").
     `retain`: keep the input and answer (the gateway, for a workflow that opted in:
-    inference.retention).
+    inference.retention); for a /v1 Idempotency-Key it also keeps the answer for the replay
+    window. `request_digest`: the /v1 body's hash, which a retry with the same key must match
+    (inference.idempotency; IdempotencyConflict otherwise).
     """
     if client_request_id:
         # A replay answers only inside the key's own scope: the key names its namespace
         # (inference.idempotency) and the recorded request must be this workflow's.
         row = recorded(client_request_id, workflow)
         if row is not None:
-            return replay(row)
+            return replay(row, digest=request_digest)
     ctx = prepare(
         workflow, request, endpoint, deadline_s, deployment=deployment, api_key_id=api_key_id, retain=retain
     )
     ctx.bill_to = bill_to
+    ctx.request_digest = request_digest or ""
     completion: Completion | None = None
     winner: PlanEntry | None = None
     with ExitStack() as stack:
@@ -88,7 +92,7 @@ def route(
             row = recorded(client_request_id, workflow)
             if row is None:
                 raise
-            return replay(row)
+            return replay(row, digest=request_digest)
     raise_refusal(ctx, winner)
     return result
 

@@ -5,10 +5,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from django.utils import timezone
+
 from inference.adapters.base import (
     Completion,
 )
 from inference.breaker import breakers, monotonic_now
+from inference.idempotency import answer_kept, answer_kept_until, replay_check
 from inference.metrics import route_observe
 from inference.models import InferenceAttempt, InferenceRequest
 from inference.recording import inference_request_record
@@ -53,6 +56,7 @@ def finish_request(
         retry_after = min(waits.values()) if waits else None
     else:
         retry_after = None
+    keep_answer = answer_kept(client_request_id=client_request_id, retain=ctx.retain)
     row = inference_request_record(
         workflow=ctx.workflow,
         plan=ctx.plan,
@@ -64,7 +68,14 @@ def finish_request(
         ttft_ms=ttft_ms,
         error=error,
         client_request_id=client_request_id,
-        response_text=completion.text if (completion is not None and client_request_id) else "",
+        # A /v1 key's answer only for a workflow that keeps prompts, for the replay window.
+        response_text=completion.text if (completion is not None and keep_answer) else "",
+        request_digest=ctx.request_digest,
+        answer_kept_until=answer_kept_until(
+            client_request_id=client_request_id, retain=ctx.retain, now=timezone.now()
+        )
+        if completion is not None and keep_answer
+        else None,
         demoted=ctx.demoted,
         inline=ctx.admitted,
         breaker_transitions=ctx.breaker_transitions,
@@ -133,7 +144,10 @@ def recorded(client_request_id: str, workflow: Workflow) -> InferenceRequest | N
     return rows.filter(client_request_id=client_request_id, workflow=workflow).first()
 
 
-def replay(row: InferenceRequest) -> RouteResult:
+def replay(row: InferenceRequest, *, digest: str | None = None) -> RouteResult:
+    """The recorded request's result again (IdempotencyConflict when a /v1 key's answer may not
+    be handed out: inference.idempotency.replay_check)."""
+    replay_check(row, digest=digest)
     completion = None
     if row.status == InferenceRequest.Status.SUCCEEDED:
         completion = Completion(text=row.response_text, tokens_in=row.tokens_in, tokens_out=row.tokens_out)

@@ -501,3 +501,9 @@ class ApiToken(models.Model):
 
     def expired(self, at: datetime) -> bool:
         return self.expires_at is not None and self.expires_at <= at
+
+    def state_at(self, at: datetime) -> str:
+        """What lists show: "revoked", "expired" (it answers 401 as a revoked one) or "active"."""
+        if self.revoked_at is not None:
+            return "revoked"
+        return "expired" if self.expired(at) else "active"

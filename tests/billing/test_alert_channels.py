@@ -24,7 +24,7 @@ from billing.alerts import (
     alert_raise,
 )
 from billing.alerts.formats import slack_body, teams_body
-from billing.budgets import AlertDeliveryError, budget_save
+from billing.budgets import AlertDeliveryError, budget_save, webhook_signature_verify
 from billing.models import AlertChannel, AlertDelivery, AlertKind, Budget, Unit
 from billing.services import usage_record
 from stack.registry import outbound
@@ -111,8 +111,14 @@ def test_a_generic_webhook_is_signed_with_the_channels_secret(receiver: CaptureS
     _channel(AlertChannel.Kind.WEBHOOK, f"{receiver.url}/hook")
     (delivery,) = _raise_and_send(dedup_key="budget:1")
     (seen,) = receiver.seen
-    expected = "sha256=" + hmac.new(b"whsec", seen.body, hashlib.sha256).hexdigest()
+    timestamp = seen.headers["X-Switchyard-Timestamp"]
+    signed = timestamp.encode() + b"." + seen.body  # the signature covers the timestamp
+    expected = "sha256=" + hmac.new(b"whsec", signed, hashlib.sha256).hexdigest()
     assert seen.headers["X-Switchyard-Signature"] == expected
+    signature = seen.headers["X-Switchyard-Signature"]
+    assert webhook_signature_verify(secret="whsec", body=seen.body, timestamp=timestamp, signature=signature)
+    later = str(int(timestamp) + 1)
+    assert not webhook_signature_verify(secret="whsec", body=seen.body, timestamp=later, signature=signature)
     body = json.loads(seen.body)
     assert (body["delivery_id"], body["kind"], body["dedup_key"]) == (delivery.pk, "budget", "budget:1")
     assert body["facts"] == {"Spent": "80 USD", "Limit": "100 USD"}

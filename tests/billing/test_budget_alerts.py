@@ -9,14 +9,22 @@ import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+import time_machine
 from django.utils import timezone
 
-from billing.budgets import AlertDeliveryError, budget_alert_deliver, budget_save
+from billing.budgets import (
+    SIGNATURE_TOLERANCE_S,
+    AlertDeliveryError,
+    budget_alert_deliver,
+    budget_save,
+    webhook_signature_verify,
+)
 from billing.models import Budget, BudgetAlert, Unit
 from billing.services import usage_record
 from billing.tasks import budget_alert_deliver_task
@@ -122,7 +130,11 @@ def test_an_alert_is_emailed_and_posted_signed_with_the_budget_secret_and_a_reru
 
     assert len(receiver.received) == 1
     headers, body = receiver.received[0]
-    expected = "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
+    # The signature covers the timestamp: `<X-Switchyard-Timestamp>.<body>`.
+    timestamp = headers["X-Switchyard-Timestamp"]
+    assert abs(int(timestamp) - timezone.now().timestamp()) < SIGNATURE_TOLERANCE_S
+    signed = timestamp.encode() + b"." + body
+    expected = "sha256=" + hmac.new(SECRET.encode(), signed, hashlib.sha256).hexdigest()
     assert headers["X-Switchyard-Signature"] == expected
     assert headers["Content-Type"] == "application/json"
     payload = json.loads(body)
@@ -202,3 +214,28 @@ def test_an_unreachable_webhook_is_a_transient_error(cluster: Cluster) -> None:
 def test_delivering_an_alert_that_is_gone_is_a_no_op(mailoutbox: list[Any]) -> None:
     budget_alert_deliver_task.apply(args=[987654]).get()
     assert mailoutbox == []
+
+
+def test_a_webhooks_signature_breaks_when_its_timestamp_changes_or_is_too_old(
+    cluster: Cluster, receiver: Receiver
+) -> None:
+    alert = _alert(cluster, webhook_url=receiver.url)
+    start = timezone.now()
+    with time_machine.travel(start, tick=False):
+        budget_alert_deliver_task.apply(args=[alert.pk]).get()
+    headers, body = receiver.received[0]
+    timestamp, signature = headers["X-Switchyard-Timestamp"], headers["X-Switchyard-Signature"]
+    assert int(timestamp) == int(start.timestamp())
+
+    def verify(**changed: Any) -> bool:
+        given = {"secret": SECRET, "body": body, "timestamp": timestamp, "signature": signature, **changed}
+        return webhook_signature_verify(**given)
+
+    with time_machine.travel(start + timedelta(seconds=60), tick=False):
+        assert verify()
+        # A replay that claims a fresh timestamp no longer matches the signature.
+        assert not verify(timestamp=str(int(timestamp) + 60))
+        assert not verify(body=body + b" ")
+        assert not verify(secret="another secret")
+    with time_machine.travel(start + timedelta(seconds=SIGNATURE_TOLERANCE_S + 1), tick=False):
+        assert not verify()  # the captured request, replayed after the tolerance

@@ -52,7 +52,10 @@ def test_a_users_tokens_share_their_replays_and_another_user_gets_a_fresh_answer
     viewer: User, mock_provider: Start
 ) -> None:
     server = mock_provider(text="first answer")
-    workflow = routed_workflow(viewer, [priced_deployment(server)])
+    # Only a workflow that keeps prompts keeps an answer to replay (test_idempotent_answers).
+    workflow = routed_workflow(
+        viewer, [priced_deployment(server)], retain_prompts=True, prompt_retention_days=1
+    )
     _, mine = _token(viewer)
     _, my_other = _token(viewer)
     _, theirs = _token(make_user(Role.VIEWER))
@@ -70,8 +73,8 @@ def test_a_token_limited_to_workflow_b_never_gets_an_answer_recorded_for_workflo
     viewer: User, mock_provider: Start
 ) -> None:
     server = mock_provider(text="A's private answer")
-    a = routed_workflow(viewer, [priced_deployment(server)])
-    b = routed_workflow(viewer, [priced_deployment(server)])
+    a = routed_workflow(viewer, [priced_deployment(server)], retain_prompts=True, prompt_retention_days=1)
+    b = routed_workflow(viewer, [priced_deployment(server)], retain_prompts=True, prompt_retention_days=1)
     token, client = _token(viewer)
     assert _text(_ask(client, a, "same-key")) == "A's private answer"
 

@@ -32,6 +32,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 WORKERS = 2
 CLIENTS = 8
 PER_CLIENT = 5
+METRICS_TOKEN = "metrics-token-for-the-workers-test"
 GUNICORN_CONF = Path(settings.BASE_DIR) / "stack" / "gunicorn_conf.py"
 
 
@@ -57,6 +58,7 @@ def server(transactional_db: Any, tmp_path: Path) -> Iterator[tuple[subprocess.P
         "SWITCHYARD_WEB_WORKERS": str(WORKERS),
         "SWITCHYARD_WEB_THREADS": "2",
         "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
+        "SWITCHYARD_METRICS_TOKEN": METRICS_TOKEN,
     }
     process = subprocess.Popen(  # noqa: S603 (our interpreter, fixed arguments)
         [sys.executable, "-m", "gunicorn", "-c", str(GUNICORN_CONF), "stack.wsgi:application"],
@@ -86,7 +88,9 @@ def server(transactional_db: Any, tmp_path: Path) -> Iterator[tuple[subprocess.P
 
 
 def _requests_counted(url: str, workflow: str) -> float:
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as answer:  # noqa: S310 (loopback)
+    headers = {"Authorization": f"Bearer {METRICS_TOKEN}"}
+    scrape = urllib.request.Request(f"{url}/metrics", headers=headers)  # noqa: S310 (loopback)
+    with urllib.request.urlopen(scrape, timeout=10) as answer:  # noqa: S310 (loopback)
         text = answer.read().decode()
     total = 0.0
     for family in text_string_to_metric_families(text):

@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import hashlib
+import re
+from datetime import timedelta
 from io import StringIO
 
 import pytest
 from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 from django.db import connection
+from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from stack.registry.models import ApiToken
+from stack.registry.roles import Role
+from stack.registry.services import api_token_create
+from tests.factories import make_member, make_team
 
 pytestmark = pytest.mark.django_db
 
@@ -111,3 +119,31 @@ def test_apitoken_create_with_an_unknown_workflow_is_a_command_error_and_creates
     with pytest.raises(CommandError, match="no workflow named 'nope'"):
         _run("apitoken", "create", "--user", viewer.username, "--workflow", "nope")
     assert not ApiToken.objects.filter(user=viewer).exists()
+
+
+def test_apitoken_list_shows_an_expired_token_as_expired(viewer: User) -> None:
+    raw = _run("apitoken", "create", "--user", viewer.username, "--name", "old").strip()
+    _, prefix, _ = raw.split("_", 2)
+    ApiToken.objects.filter(prefix=prefix).update(expires_at=timezone.now() - timedelta(minutes=1))
+    assert f"{prefix}\told\texpired" in _run("apitoken", "list", "--user", viewer.username)
+
+
+def test_the_keys_and_team_pages_show_an_expired_key_as_expired(viewer: User) -> None:
+    team = make_team("keys-team")
+    make_member(team, Role.ADMIN, user=viewer)
+    expired, _ = api_token_create(user=viewer, name="lapsed", team=team)
+    live, _ = api_token_create(user=viewer, name="current", team=team)
+    ApiToken.objects.filter(pk=expired.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    client = Client()
+    client.force_login(viewer)
+    for page in (client.get("/tokens/"), client.get(reverse("team-page", args=[team.slug]))):
+        assert page.status_code == 200
+        rows = {name: row for name, row in _key_rows(page.content.decode())}
+        assert ">expired<" in rows["lapsed"] and ">active<" not in rows["lapsed"]
+        assert ">active<" in rows["current"]
+
+
+def _key_rows(html: str) -> list[tuple[str, str]]:
+    """(key name, its table row) of every row of a keys table."""
+    rows = re.findall(r"<tr><td>(.*?)</td>(.*?)</tr>", html, flags=re.S)
+    return [(name, row) for name, row in rows if name in ("lapsed", "current")]

@@ -164,6 +164,21 @@ def _mounted_files(service: dict[str, Any]) -> dict[str, Path]:
     return mounts
 
 
+def test_every_published_port_but_the_web_entry_is_bound_to_loopback() -> None:
+    """Grafana and Prometheus show every team's series with no team limits: reachable from the
+    host only (an SSH tunnel), never from the network. The web service is the one entry."""
+    published = {
+        name: [str(port) for port in service.get("ports", [])]
+        for name, service in _compose()["services"].items()
+        if service.get("ports")
+    }
+    assert published.pop("web") == ["8000:8000"]
+    assert published, "grafana and prometheus publish ports"
+    for name, ports in published.items():
+        for port in ports:
+            assert port.startswith("127.0.0.1:") and port.count(":") == 2, (name, port)
+
+
 def test_prometheus_scrapes_the_web_services_metrics_with_the_token() -> None:
     compose = _compose()
     prometheus = compose["services"]["prometheus"]

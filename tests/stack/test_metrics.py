@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.test import Client
+from django.test import Client, override_settings
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -24,6 +24,7 @@ from inference.router import RouteResult, route, route_stream
 from inference.selectors import route_cache_invalidate
 from stack.metrics import stack_collector
 from stack.registry.models import Cluster, Deployment, Workflow
+from stack.registry.services import api_token_create
 from tests.factories import make_cluster, tiny_run_config
 from tests.inference.helpers import priced_deployment, routed_workflow
 from training import orchestrator, services
@@ -59,8 +60,13 @@ def _fresh_scrape(settings: Any, tmp_path: Path) -> Iterator[None]:
 
 
 def _scrape(client: Client | None = None, **extra: Any) -> dict[str, Any]:
-    """The samples of GET /metrics, parsed by prometheus-client's text parser: name -> [(labels, value)]."""
-    response = (client or Client()).get("/metrics", **extra)
+    """The samples of GET /metrics, parsed by prometheus-client's text parser: name -> [(labels, value)].
+    Without `client`, a scrape holding the token (as Prometheus in docker-compose.yml)."""
+    if client is None:
+        with override_settings(METRICS_TOKEN=TOKEN):
+            response = Client(HTTP_AUTHORIZATION=f"Bearer {TOKEN}").get("/metrics", **extra)
+    else:
+        response = client.get("/metrics", **extra)
     assert response.status_code == 200, response.content
     assert response["Content-Type"].startswith("text/plain; version=0.0.4")
     samples: dict[str, list[tuple[dict[str, str], float]]] = {}
@@ -248,11 +254,42 @@ def test_with_metrics_off_the_router_counts_nothing(
     ]
 
 
-def test_by_default_only_loopback_may_scrape(settings: Any) -> None:
-    assert settings.METRICS_TOKEN == "" and settings.METRICS_ALLOW_NETWORKS == ["127.0.0.0/8", "::1/128"]
-    assert Client(REMOTE_ADDR="10.1.2.3").get("/metrics").status_code == 403
+def test_by_default_nobody_scrapes_without_the_token_not_even_loopback(settings: Any) -> None:
+    assert settings.METRICS_TOKEN == "" and settings.METRICS_ALLOW_NETWORKS == []
+    assert settings.METRICS_ALLOW_LOOPBACK is False
+    for address in ("10.1.2.3", "::1", "127.0.0.1"):  # a proxy on the same host reads as loopback
+        refused = Client(REMOTE_ADDR=address).get("/metrics")
+        assert refused.status_code == 403 and b"SWITCHYARD_METRICS_TOKEN" in refused.content
+        assert b"switchyard_" not in refused.content
+    settings.METRICS_TOKEN = TOKEN
+    assert Client().get("/metrics").status_code == 401  # the test client is 127.0.0.1
+
+
+def test_loopback_scrapes_without_the_token_only_when_allowed_explicitly(settings: Any) -> None:
+    settings.METRICS_ALLOW_LOOPBACK = True
     assert Client(REMOTE_ADDR="::1").get("/metrics").status_code == 200
-    assert Client().get("/metrics").status_code == 200  # the test client is 127.0.0.1
+    assert Client().get("/metrics").status_code == 200
+    assert Client(REMOTE_ADDR="10.1.2.3").get("/metrics").status_code == 403
+    settings.METRICS_TOKEN = TOKEN
+    assert Client(REMOTE_ADDR="10.1.2.3").get("/metrics").status_code == 401
+    assert Client(REMOTE_ADDR="127.0.0.1").get("/metrics").status_code == 200
+
+
+def test_no_label_carries_an_api_keys_name_or_prefix(admin_user: User) -> None:
+    token, _ = api_token_create(user=admin_user, name="payroll-bot-secret-name")
+    budget = Budget.objects.create(
+        name=f"key {token.prefix} ({token.name})",  # how stack.keys names a key's budget
+        scope=Budget.Scope.API_KEY,
+        api_key=token,
+        limit_amount=Decimal("5"),
+    )
+    response = Client(HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+    with override_settings(METRICS_TOKEN=TOKEN):
+        text = response.get("/metrics").content.decode()
+    assert token.name not in text and token.prefix not in text
+    samples = _scrape()
+    labels = {"budget": f"budget-{budget.pk}", "scope": "api_key", "target": str(token.pk)}
+    assert _value(samples, "switchyard_budget_limit", **labels) == 5.0
 
 
 def test_with_a_token_a_scrape_must_present_it(settings: Any) -> None:
@@ -280,7 +317,8 @@ def test_a_token_and_networks_are_both_required_when_both_are_set(settings: Any)
 def test_behind_trusted_proxies_the_forwarded_client_address_is_checked(settings: Any) -> None:
     settings.SWITCHYARD_TRUSTED_PROXIES = 1
     settings.METRICS_ALLOW_NETWORKS = ["10.0.0.0/8"]
-    proxy = {"REMOTE_ADDR": "127.0.0.1"}
+    settings.METRICS_TOKEN = TOKEN
+    proxy = {"REMOTE_ADDR": "127.0.0.1", "HTTP_AUTHORIZATION": f"Bearer {TOKEN}"}
     assert Client(**proxy, HTTP_X_FORWARDED_FOR="10.2.3.4").get("/metrics").status_code == 200
     assert Client(**proxy, HTTP_X_FORWARDED_FOR="10.2.3.4, 8.8.8.8").get("/metrics").status_code == 403
 

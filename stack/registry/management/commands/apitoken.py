@@ -7,6 +7,7 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import CommandError, CommandParser
+from django.utils import timezone
 
 from stack.registry.cli import CheckedCommand
 from stack.registry.models import ApiToken, Team, Workflow
@@ -109,6 +110,7 @@ class Command(CheckedCommand):
                 raise CommandError(str(exc)) from None
             self.stdout.write(raw)
         else:
+            now = timezone.now()
             for token in ApiToken.objects.filter(user=user):
-                state = "revoked" if token.revoked_at else "active"
+                state = token.state_at(now)
                 self.stdout.write(f"{token.prefix}\t{token.name}\t{state}\t{token.created_at:%Y-%m-%d %H:%M}")

@@ -1,0 +1,150 @@
+"""What a /v1 Idempotency-Key keeps: without retention opt-in a hash of the body and the status,
+never the answer (a retry is a 409 that calls nothing); with opt-in the answer too, but only for
+the replay window, blanked by beat's purge after it and by an opt-out at once."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import time_machine
+from django.contrib.auth.models import User
+from django.test import Client
+from django.utils import timezone
+
+from inference import tasks
+from inference.mockprovider import MockProviderServer
+from inference.models import InferenceRequest
+from stack.registry.models import Workflow
+from stack.registry.services import api_token_create
+from tests.factories import api_client
+from tests.inference.helpers import priced_deployment, routed_workflow
+
+pytestmark = pytest.mark.django_db
+Start = Callable[..., MockProviderServer]
+
+
+def _client(user: User) -> Client:
+    _, raw = api_token_create(user=user, name="idempotent")
+    return Client(HTTP_AUTHORIZATION=f"Bearer {raw}")
+
+
+def _ask(client: Client, workflow: Workflow, key: str, content: str = "ping") -> Any:
+    body = {"model": workflow.slug, "messages": [{"role": "user", "content": content}]}
+    return client.post(
+        "/v1/chat/completions", json.dumps(body), content_type="application/json", HTTP_IDEMPOTENCY_KEY=key
+    )
+
+
+def _text(response: Any) -> str:
+    assert response.status_code == 200, response.content
+    return str(response.json()["choices"][0]["message"]["content"])
+
+
+def _kept_workflow(owner: User, server: MockProviderServer) -> Workflow:
+    return routed_workflow(owner, [priced_deployment(server)], retain_prompts=True, prompt_retention_days=7)
+
+
+def test_without_opt_in_a_keyed_request_keeps_a_hash_and_its_status_and_a_retry_is_a_409(
+    operator: User, mock_provider: Start
+) -> None:
+    server = mock_provider(text="private answer")
+    workflow = routed_workflow(operator, [priced_deployment(server)])
+    gateway = _client(operator)
+    assert _text(_ask(gateway, workflow, "k-1")) == "private answer"
+
+    row = InferenceRequest.objects.get()
+    assert row.response_text == "" and row.answer_kept_until is None
+    assert row.status == InferenceRequest.Status.SUCCEEDED
+    body = {"messages": [{"content": "ping", "role": "user"}], "model": workflow.slug}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    assert row.request_digest == hashlib.sha256(canonical.encode()).hexdigest()
+
+    retry = _ask(gateway, workflow, "k-1")
+    assert retry.status_code == 409
+    error = retry.json()["error"]
+    assert error["code"] == "idempotent_answer_not_kept" and error["param"] == "Idempotency-Key"
+    assert f"request {row.pk}" in error["message"] and "private answer" not in retry.content.decode()
+    assert server.behaviour.total_calls() == 1  # nothing called (or billed) twice
+    assert InferenceRequest.objects.count() == 1
+
+
+def test_a_retry_naming_a_used_key_with_another_body_is_refused_and_calls_nothing(
+    operator: User, mock_provider: Start
+) -> None:
+    server = mock_provider(text="the answer to ping")
+    workflow = _kept_workflow(operator, server)
+    gateway = _client(operator)
+    assert _text(_ask(gateway, workflow, "k-2")) == "the answer to ping"
+
+    other = _ask(gateway, workflow, "k-2", content="something else")
+    assert other.status_code == 422, other.content
+    assert other.json()["error"]["code"] == "idempotency_key_reused"
+    assert "the answer to ping" not in other.content.decode()
+    assert server.behaviour.total_calls() == 1
+    assert InferenceRequest.objects.count() == 1
+
+
+def test_with_opt_in_the_answer_is_replayed_in_the_window_only_and_purged_after(
+    operator: User, mock_provider: Start, settings: Any
+) -> None:
+    settings.IDEMPOTENCY_REPLAY_SECONDS = 300
+    server = mock_provider(text="kept answer")
+    workflow = _kept_workflow(operator, server)
+    gateway = _client(operator)
+    start = timezone.now()
+    with time_machine.travel(start, tick=False):
+        assert _text(_ask(gateway, workflow, "k-3")) == "kept answer"
+    row = InferenceRequest.objects.get()
+    assert row.response_text == "kept answer"
+    assert row.answer_kept_until == start + timedelta(seconds=300)
+
+    server.behaviour.text = "a second call"
+    with time_machine.travel(start + timedelta(seconds=299), tick=False):
+        assert _text(_ask(gateway, workflow, "k-3")) == "kept answer"  # replayed, not called
+        assert tasks.idempotent_answers_purge.apply().get() == 0
+    with time_machine.travel(start + timedelta(seconds=301), tick=False):
+        # Past the window the answer is not handed out, even before beat's purge ran ...
+        late = _ask(gateway, workflow, "k-3")
+        assert late.status_code == 409 and late.json()["error"]["code"] == "idempotent_answer_not_kept"
+        # ... and the purge blanks it.
+        assert tasks.idempotent_answers_purge.apply().get() == 1
+    row.refresh_from_db()
+    assert row.response_text == "" and row.answer_kept_until is None
+    assert server.behaviour.total_calls() == 1
+
+
+def test_opting_out_blanks_the_answers_kept_for_replays_at_once(operator: User, mock_provider: Start) -> None:
+    server = mock_provider(text="kept until opt-out")
+    workflow = _kept_workflow(operator, server)
+    gateway = _client(operator)
+    assert _text(_ask(gateway, workflow, "k-4")) == "kept until opt-out"
+    assert InferenceRequest.objects.get().response_text == "kept until opt-out"
+
+    response = api_client(operator).patch(
+        f"/api/workflows/{workflow.slug}/", {"retain_prompts": False}, format="json"
+    )
+    assert response.status_code == 200, response.content
+    row = InferenceRequest.objects.get()
+    assert row.response_text == "" and row.answer_kept_until is None
+    assert _ask(gateway, workflow, "k-4").status_code == 409
+    assert server.behaviour.total_calls() == 1
+
+
+def test_a_retry_of_a_failed_request_gets_the_failure_again_without_a_call(
+    operator: User, mock_provider: Start
+) -> None:
+    server = mock_provider(status=503)
+    workflow = routed_workflow(operator, [priced_deployment(server)])
+    gateway = _client(operator)
+    first = _ask(gateway, workflow, "k-5")
+    assert first.status_code == 502, first.content
+    calls = server.behaviour.total_calls()
+    again = _ask(gateway, workflow, "k-5")
+    assert again.status_code == 502 and again.json()["error"]["code"] == "upstream_error"
+    assert server.behaviour.total_calls() == calls
+    assert InferenceRequest.objects.count() == 1
