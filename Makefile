@@ -91,8 +91,12 @@ $(OIDC_PROVIDER_STAMP): tests/oidc_provider/package-lock.json
 	npm ci --prefix tests/oidc_provider --no-audit --no-fund --loglevel=error
 	@touch $@
 
+# The suite runs in parallel (pytest-xdist: each worker gets its own test database and Redis
+# database); DATABASE_URL / REDIS_URL are used when set, else scripts/with_test_services.sh starts
+# a throwaway PostgreSQL and Redis for the run. The 20 slowest tests are listed at the end.
+PYTEST_WORKERS ?= 3
 pytest: install-dev focus-validator oidc-provider
-	$(PY) -m pytest
+	scripts/with_test_services.sh $(PY) -m pytest -n $(PYTEST_WORKERS) --durations=20
 
 fmt: install-dev
 	$(PY) -m ruff format .
