@@ -254,6 +254,7 @@ def test_a_row_in_the_old_format_hashes_as_before_and_an_api_key_is_covered_only
 
 
 @pytest.mark.django_db
+@pytest.mark.postgres  # checks with the database's (PostgreSQL SQL) verifier as well
 def test_old_rows_and_keyed_rows_verify_together_and_a_changed_api_key_is_named(operator: User) -> None:
     cluster = make_cluster()
     token, _ = api_token_create(user=operator, name="k")

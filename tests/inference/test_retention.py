@@ -182,6 +182,7 @@ def _objects_holding(marker: str, root: Path) -> list[str]:
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.postgres  # scans PostgreSQL's information_schema
 def test_no_prompt_of_a_workflow_that_did_not_opt_in_is_kept_in_any_table_or_object(
     operator: User, mock_provider: Start, settings: Any, tmp_path: Path
 ) -> None:
@@ -285,6 +286,7 @@ def test_the_workflow_page_turns_retention_on_with_a_period_and_off_deleting_wha
 
 
 @pytest.mark.django_db
+@pytest.mark.postgres  # the journal is PostgreSQL's recording; the entry is edited with its JSON operators
 def test_opting_out_drops_the_kept_input_from_a_journal_entry_whose_fold_failed(operator: User) -> None:
     deployment = priced_deployment(base_url="http://127.0.0.1:9/v1")
     workflow = routed_workflow(operator, [deployment], retain_prompts=True, prompt_retention_days=3)
