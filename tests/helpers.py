@@ -11,7 +11,8 @@ LEDGER_SETTLE_TIMEOUT_S = 30.0
 
 def ledger_settled(*, timeout_s: float = LEDGER_SETTLE_TIMEOUT_S) -> None:
     """Fold the request journal now, as the folder thread would moments later, so that a test
-    reads the ledger rows, attempts and failover events of the requests it has made.
+    reads what the fold writes for the requests it has made: ledger rows, attempts, failover
+    events, kept prompts.
 
     On PostgreSQL requests are journaled as in production (inference.recording.journal); on
     SQLite, or inside a test's transaction, they are written inline and there is nothing to
