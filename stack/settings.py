@@ -482,12 +482,12 @@ LEDGER_PARTITIONS = env_int("SWITCHYARD_LEDGER_PARTITIONS", 4, minimum=1)
 # How a routed request is recorded (inference.recording; README "Recording requests"):
 # "journal" commits the request row and its journal entry in one INSERT before answering and
 # folds the ledger rows in batches right after; "inline" writes everything in the request's
-# own transaction. Production on PostgreSQL uses the journal. SQLite (the embedded demo) and the
-# test suite default to inline (a test that reads the ledger right after a request needs it
-# written); the journal's own tests and the kill drill switch it on.
+# own transaction. PostgreSQL defaults to the journal, SQLite (the embedded demo) to inline, in
+# every SWITCHYARD_ENV: the test suite records as production does, and a test that reads the
+# ledger right after a request waits for the fold (tests/helpers.py ledger_settled).
 INFERENCE_RECORDING = env_str(
     "SWITCHYARD_INFERENCE_RECORDING",
-    "journal" if _db["ENGINE"] != "django.db.backends.sqlite3" and SWITCHYARD_ENV != "test" else "inline",
+    "journal" if _db["ENGINE"] != "django.db.backends.sqlite3" else "inline",
 )
 if INFERENCE_RECORDING not in {"journal", "inline"}:
     raise ImproperlyConfigured(

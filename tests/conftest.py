@@ -7,15 +7,64 @@ with none."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.conf import settings as django_settings
 from django.contrib.auth.models import User
 from moto.server import ThreadedMotoServer
 
+from inference.recording import journal_folder_stop
 from stack.registry.roles import Role
 from tests.factories import make_user
+
+# What a `postgres` or `redis` test needs, and the one command that provides it. Such a test
+# fails, never skips, where it is missing: `make test` always has both, and a developer without
+# them says so explicitly with -m "not postgres and not redis" (README "Testing").
+_NEEDS = {
+    "postgres": (
+        "PostgreSQL (DATABASE_URL=postgres://...)",
+        "run `make test` (which provides one) or export "
+        "DATABASE_URL=postgres://postgres@127.0.0.1:5432/switchyard",
+    ),
+    "redis": (
+        "Redis (REDIS_URL=redis://...)",
+        "run `make test` (which provides one) or export REDIS_URL=redis://127.0.0.1:6379/0",
+    ),
+    "redis_server": (
+        "the redis-server program on PATH (the test starts its own)",
+        "install it (apt-get install redis-server) or run `make test`",
+    ),
+}
+
+
+def _missing(marker: str) -> bool:
+    if marker == "postgres":
+        return not django_settings.DATABASES["default"]["ENGINE"].endswith("postgresql")
+    if marker == "redis":
+        return not django_settings.REDIS_URL
+    return shutil.which("redis-server") is None
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for marker in _NEEDS:
+        if item.get_closest_marker(marker) is not None and _missing(marker):
+            what, how = _NEEDS[marker]
+            pytest.fail(
+                f"this test needs {what}: {how}; to leave such tests out, "
+                f'deselect them with -m "not {marker}"',
+                pytrace=False,
+            )
+
+
+@pytest.fixture(autouse=True)
+def _journal_folder_stopped() -> Iterator[None]:
+    """A test that journals a request starts this process's folder thread; it ends with the
+    test, so that no folder outlives the database it folds into (or folds the next test's rows)."""
+    yield
+    journal_folder_stop()
 
 
 @pytest.fixture(autouse=True)

@@ -133,6 +133,7 @@ class _Folder:
     def __init__(self) -> None:
         self._wake = threading.Event()
         self._lock = threading.Lock()
+        self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._pid = 0
 
@@ -144,6 +145,7 @@ class _Folder:
                 if thread is None or self._pid != os.getpid() or not thread.is_alive():
                     self._pid = os.getpid()
                     self._wake = threading.Event()
+                    self._stop = threading.Event()
                     self._thread = threading.Thread(target=self._run, name="journal-folder", daemon=True)
                     self._thread.start()
                     atexit.register(self.final_fold)
@@ -152,14 +154,16 @@ class _Folder:
     def _run(self) -> None:
         idle = float(getattr(settings, "INFERENCE_JOURNAL_IDLE_SECONDS", 2.0))
         delay = float(getattr(settings, "INFERENCE_JOURNAL_FOLD_DELAY_SECONDS", 0.05))
-        wake = self._wake
-        while True:
-            if wake.wait(idle) and delay:
+        wake, stop = self._wake, self._stop
+        while not stop.is_set():
+            if wake.wait(idle) and delay and not stop.is_set():
                 # Let the requests of the next moments join this fold: a fold's cost is mostly
                 # per transaction, so one per request (sequential traffic) would cost more CPU
                 # than recording inline; under load the batches grow by themselves.
                 time.sleep(delay)
             wake.clear()
+            if stop.is_set():
+                break
             if settings.INFERENCE_RECORDING != "journal":
                 continue  # switched to inline recording (tests do): beat folds what is left
             try:
@@ -169,7 +173,22 @@ class _Folder:
             except Exception:  # noqa: BLE001 (the thread must outlive a database outage; logged)
                 log.exception("journal folder: fold failed; retrying shortly")
                 connection.close()
-                time.sleep(1.0)
+                stop.wait(1.0)
+        connection.close()  # stopped: this thread's connection must not hold the database open
+
+    def stop(self, *, timeout_s: float = 10.0) -> None:
+        """End this process's folder thread (a fold under way finishes first), without the
+        final fold at exit: for a caller whose database goes away before the process does (the
+        test suite, where each test that journals leaves no folder behind it). A later nudge
+        starts a new thread."""
+        thread = self._thread
+        if thread is None or self._pid != os.getpid():
+            return
+        self._stop.set()
+        self._wake.set()
+        thread.join(timeout_s)
+        atexit.unregister(self.final_fold)
+        self._thread = None
 
     def final_fold(self) -> None:
         """At a clean exit (gunicorn's graceful restart, a management command): fold what this
@@ -189,3 +208,8 @@ _folder = _Folder()
 def journal_nudge() -> None:
     """Wake this process's folder thread (starting it if needed): a request was journaled."""
     _folder.nudge()
+
+
+def journal_folder_stop() -> None:
+    """Stop this process's folder thread, if it runs (see _Folder.stop)."""
+    _folder.stop()

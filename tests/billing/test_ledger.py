@@ -194,23 +194,15 @@ def test_the_orm_refuses_to_change_or_delete_a_record(cluster: Cluster) -> None:
 
 def _trigger_names() -> set[str]:
     with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute(
-                "SELECT tgname FROM pg_trigger WHERE tgrelid = 'billing_usagerecord'::regclass AND NOT tgisinternal"
-            )
-        else:
-            cursor.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'billing_usagerecord'"
-            )
+        cursor.execute(
+            "SELECT tgname FROM pg_trigger WHERE tgrelid = 'billing_usagerecord'::regclass AND NOT tgisinternal"
+        )
         return {row[0] for row in cursor.fetchall()}
 
 
-def test_the_database_refuses_raw_updates_and_deletes_on_postgresql_only(cluster: Cluster) -> None:
+@pytest.mark.postgres  # SQLite, the embedded default, has only the ORM guard (no trigger)
+def test_the_database_refuses_raw_updates_and_deletes(cluster: Cluster) -> None:
     record = _bill(cluster, at=FEB_1)
-    if connection.vendor != "postgresql":
-        # SQLite, the embedded default, keeps only the ORM guard.
-        assert _trigger_names() == set()
-        return
     assert _trigger_names() == {"billing_usage_no_update_delete"}
     for sql in (
         "UPDATE billing_usagerecord SET amount = 0 WHERE id = %s",

@@ -191,6 +191,7 @@ def test_concurrent_writers_from_several_connections_keep_every_chain_unbroken()
 
 
 @pytest.mark.django_db
+@pytest.mark.postgres  # the database's check is PostgreSQL SQL
 def test_the_python_and_database_checks_agree_on_awkward_rows() -> None:
     cluster = make_cluster()
     awkward = usage_record(
@@ -205,7 +206,7 @@ def test_the_python_and_database_checks_agree_on_awkward_rows() -> None:
     )
     usage_reverse(record=awkward, reason="zero-ish", occurred_at=timezone.now())
     _bill(cluster, "plain")
-    methods = ["python", "sql"] if connection.vendor == "postgresql" else ["python"]
+    methods = ["python", "sql"]
     assert all(ledger_verify(method=m).ok for m in methods)
 
     _raw(
@@ -253,6 +254,7 @@ def test_a_row_in_the_old_format_hashes_as_before_and_an_api_key_is_covered_only
 
 
 @pytest.mark.django_db
+@pytest.mark.postgres  # checks with the database's (PostgreSQL SQL) verifier as well
 def test_old_rows_and_keyed_rows_verify_together_and_a_changed_api_key_is_named(operator: User) -> None:
     cluster = make_cluster()
     token, _ = api_token_create(user=operator, name="k")

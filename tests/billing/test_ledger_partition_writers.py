@@ -8,7 +8,6 @@ import threading
 from decimal import Decimal
 
 import pytest
-from django.conf import settings
 from django.db import connections, transaction
 from django.db.models import Sum
 from django.utils import timezone
@@ -19,13 +18,8 @@ from billing.selectors import ledger_verify
 from billing.services import ledger_partition_names, usage_record
 from tests.factories import make_cluster
 
-pytestmark = [
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        not settings.DATABASES["default"]["ENGINE"].endswith("postgresql"),
-        reason="partitioned writers need SKIP LOCKED (PostgreSQL)",
-    ),
-]
+# Partitioned writers need SKIP LOCKED: PostgreSQL.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
 
 
 def _bill(cluster, key: str) -> UsageRecord:  # type: ignore[no-untyped-def]

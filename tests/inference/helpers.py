@@ -5,7 +5,6 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
-from django.conf import settings as django_settings
 from django.contrib.auth.models import User
 
 from billing.models import Unit
@@ -37,7 +36,3 @@ def priced_deployment(
 
 def routed_workflow(owner: User, deployments: list[Deployment], **policy: Any) -> Workflow:
     return make_workflow(owner=owner, deployments=deployments, **policy)
-
-
-def redis_enabled() -> bool:
-    return bool(getattr(django_settings, "REDIS_URL", ""))

@@ -23,6 +23,7 @@ from inference.models import InferenceRequest
 from stack.registry.models import Deployment, Provider
 from stack.registry.services import api_token_create, provider_set_credentials
 from tests.factories import make_provider
+from tests.helpers import ledger_settled
 from tests.inference.converse_server import ConverseServer
 from tests.inference.helpers import priced_deployment, routed_workflow
 
@@ -184,6 +185,7 @@ def test_a_two_turn_tool_round_trip_maps_to_converse_and_back(
     ]
     assert converse.behaviour.last_body()["toolConfig"] == {"tools": [WEATHER_SPEC]}  # no tool_choice sent
 
+    ledger_settled()
     # Both turns billed at Converse's counts (11 in, 4 out); the ledger is the sum of the costs.
     rows = InferenceRequest.objects.filter(status="succeeded", stream=stream)
     assert sorted(rows.values_list("tokens_in", "tokens_out")) == [(11, 4), (11, 4)]
@@ -352,6 +354,7 @@ def test_a_request_botocore_refuses_is_a_client_error_not_a_failover(
     with pytest.raises(openai.BadRequestError):
         _ask(sdk, stream=False, messages=messages, tools=[WEATHER_TOOL])
     assert converse.behaviour.requests == []
+    ledger_settled()
     attempt = InferenceRequest.objects.get().attempt_rows.get()
     assert (attempt.outcome, attempt.status_code) == ("non_retryable", 400)
 

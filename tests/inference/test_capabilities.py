@@ -15,6 +15,7 @@ from inference.models import InferenceAttempt
 from stack.registry.models import Provider
 from stack.registry.services import api_token_create
 from tests.factories import make_provider
+from tests.helpers import ledger_settled
 from tests.inference.converse_server import ConverseServer
 from tests.inference.helpers import priced_deployment, routed_workflow
 from tests.inference.recording_provider import RecordingProvider, chat_answer
@@ -61,6 +62,7 @@ def test_a_tool_request_skips_a_deployment_without_tools_and_never_gets_plain_te
     assert response.status_code == 200
     assert response.json()["choices"][0]["message"]["tool_calls"] == [CALL]
     assert plain.script.calls() == 0
+    ledger_settled()
     skipped = InferenceAttempt.objects.get(deployment=route[0])
     assert (skipped.outcome, skipped.error) == ("unsupported", "cannot serve tools")
     # A request without tools still goes to the first deployment.
@@ -123,6 +125,7 @@ def test_a_bedrock_deployment_serves_tools_only_as_declared(
     able = providers()
     workflow = routed_workflow(viewer, [bedrock, priced_deployment(base_url=able.base_url)])
     assert _post(viewer, workflow.slug, tools=[TOOL]).status_code == 200
+    ledger_settled()
     skipped = InferenceAttempt.objects.get(deployment=bedrock)
     assert (skipped.outcome, skipped.error) == ("unsupported", "cannot serve tools")
 
@@ -151,6 +154,7 @@ def test_tool_arguments_that_are_not_a_json_object_skip_bedrock_for_a_deployment
     assert response.status_code == 200, response.content
     assert able.script.last_body["messages"][1]["tool_calls"] == [call]
     assert converse.behaviour.requests == []
+    ledger_settled()
     skipped = InferenceAttempt.objects.get(deployment=bedrock)
     assert (skipped.outcome, skipped.error) == (
         "unsupported",

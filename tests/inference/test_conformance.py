@@ -23,6 +23,7 @@ from django.db.models import Sum
 from billing.models import UsageRecord
 from inference.models import InferenceRequest
 from stack.registry.services import api_token_create
+from tests.helpers import ledger_settled
 from tests.inference.helpers import priced_deployment, routed_workflow
 from tests.inference.recording_provider import RecordingProvider, chat_answer
 
@@ -292,6 +293,7 @@ def test_a_two_turn_tool_round_trip_is_carried_both_ways(
     # Four billed requests; the ledger total is the sum of their costs to the cent.
     rows = InferenceRequest.objects.filter(status="succeeded")
     assert rows.count() == 2
+    ledger_settled()
     ledger = UsageRecord.objects.aggregate(total=Sum("amount"))["total"]
     assert ledger == rows.aggregate(total=Sum("cost"))["total"] > 0
 

@@ -18,6 +18,7 @@ from billing.models import Unit, UsageRecord
 from inference.models import InferenceRequest
 from stack.registry.services import api_token_create
 from tests.factories import make_model
+from tests.helpers import ledger_settled
 from tests.inference.helpers import priced_deployment, routed_workflow
 from tests.inference.recording_provider import RecordingProvider
 
@@ -67,6 +68,7 @@ def test_the_sdk_gets_the_providers_vectors_and_the_request_is_billed_per_input_
     assert through.model_dump(exclude={"model"}) == straight.model_dump(exclude={"model"})
     assert through.model == workflow.slug
 
+    ledger_settled()
     row = InferenceRequest.objects.get()
     assert (row.endpoint, row.tokens_in, row.tokens_out) == ("embedding", 8, 0)
     records = UsageRecord.objects.filter(subject_id=str(row.pk))

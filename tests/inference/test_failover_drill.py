@@ -22,6 +22,7 @@ from inference.mockprovider import MockProviderServer
 from inference.models import InferenceAttempt, InferenceRequest
 from stack.registry.models import FailoverEvent
 from stack.registry.services import api_token_create
+from tests.helpers import ledger_settled
 from tests.inference.helpers import priced_deployment, routed_workflow
 
 Outcome = InferenceAttempt.Outcome
@@ -77,6 +78,7 @@ def test_primary_fails_mid_traffic_clients_see_no_errors(
     assert served.count(primary.slug) == total // 2  # every request before the break
     assert breaker_state(primary.pk) == "open"
 
+    ledger_settled()
     requests = InferenceRequest.objects.filter(workflow=workflow)
     assert requests.count() == total and not requests.exclude(status="succeeded").exists()
     attempts = InferenceAttempt.objects.filter(request__workflow=workflow)

@@ -20,11 +20,11 @@ from stack.registry.auth_version import AUTH_VERSION_KEY, auth_version
 from stack.registry.models import ApiToken, Workflow
 from stack.registry.roles import Role
 from stack.registry.services import api_token_create, api_token_revoke
-from tests.inference.helpers import priced_deployment, redis_enabled, routed_workflow
+from tests.inference.helpers import priced_deployment, routed_workflow
 
 pytestmark = pytest.mark.django_db
 Start = Callable[..., MockProviderServer]
-needs_redis = pytest.mark.skipif(not redis_enabled(), reason="the shared version lives in Redis (REDIS_URL)")
+needs_redis = pytest.mark.redis  # the shared version lives in Redis (REDIS_URL)
 
 
 @pytest.fixture

@@ -16,15 +16,24 @@ from inference.adapters.base import ChatMessage, ChatRequest
 from inference.mockprovider import MockProviderServer
 from inference.models import InferenceAttempt, InferenceRequest
 from inference.router import RouteResult, route
+from tests.helpers import ledger_settled
 from tests.inference.helpers import priced_deployment, routed_workflow
 
 PING = ChatRequest(messages=(ChatMessage("user", "ping"),))
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    "recording",
+    [
+        "inline",  # SQLite's (the embedded demo's) recording: group commit
+        pytest.param("journal", marks=pytest.mark.postgres),  # PostgreSQL's: folded after answering
+    ],
+)
 def test_concurrent_requests_are_each_recorded_and_billed_once(
-    admin_user: User, mock_provider: Callable[..., MockProviderServer]
+    admin_user: User, mock_provider: Callable[..., MockProviderServer], settings: Any, recording: str
 ) -> None:
+    settings.INFERENCE_RECORDING = recording
     server = mock_provider(tokens_in=100, tokens_out=10, delay_ms=5)
     workflow = routed_workflow(admin_user, [priced_deployment(server)])
     results: list[RouteResult] = []
@@ -61,6 +70,7 @@ def test_concurrent_requests_are_each_recorded_and_billed_once(
     assert sorted(keyed) == sorted(f"line-{j}" for j in range(10))
     for r in results:
         assert r.request_id in set(rows.values_list("pk", flat=True))
+    ledger_settled()
     usage = UsageRecord.objects.filter(workflow=workflow)
     assert usage.count() == 2 * 70
     assert sum(usage.values_list("amount", flat=True), Decimal(0)) == sum(

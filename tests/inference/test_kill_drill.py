@@ -67,7 +67,7 @@ class Gateway:
             "PYTHONUNBUFFERED": "1",
             "SWITCHYARD_WEB_BIND": f"127.0.0.1:{self.port}",
             "SWITCHYARD_WEB_WORKERS": str(WORKERS),
-            # Production's recording (the test settings record inline): answered requests are
+            # Production's recording, set here for the server whatever the test settings say: answered requests are
             # journaled and folded into the ledger by each worker's folder thread.
             "SWITCHYARD_INFERENCE_RECORDING": "journal",
             "SWITCHYARD_JOURNAL_IDLE_SECONDS": "0.5",

@@ -13,6 +13,7 @@ from django.test import Client
 
 from inference.models import InferenceAttempt, InferenceRequest
 from stack.registry.services import api_token_create
+from tests.helpers import ledger_settled
 from tests.inference.helpers import priced_deployment, routed_workflow
 from tests.inference.recording_provider import RecordingProvider
 
@@ -55,6 +56,7 @@ def test_a_429_with_retry_after_cools_the_deployment_down_and_the_route_fails_ov
     # closed (one failure is far below the breaker's threshold).
     second = _post(viewer, workflow.slug)
     assert second.status_code == 200 and limited.script.calls() == 1 and spare.script.calls() == 2
+    ledger_settled()
     outcomes = list(
         InferenceAttempt.objects.filter(deployment=route[0])
         .order_by("request_id")
@@ -94,6 +96,7 @@ def test_max_cost_per_request_refuses_a_request_estimated_above_it_before_any_ca
     assert (error["code"], error["param"]) == ("max_cost_exceeded", "max_tokens")
     assert "max_cost_per_request 0.001" in error["message"]
     assert provider.script.calls() == 0
+    ledger_settled()
     refused = InferenceRequest.objects.get()
     assert refused.status == "failed" and refused.cost == 0
     assert list(refused.attempt_rows.values_list("outcome", flat=True)) == ["over_cost"]

@@ -31,6 +31,7 @@ from inference.router import route
 from stack.registry.models import Deployment, FailoverEvent, Provider
 from stack.registry.services import api_token_create
 from tests.factories import make_cluster, make_deployment, make_price, make_provider, make_workflow
+from tests.helpers import ledger_settled
 from tests.inference.helpers import priced_deployment, routed_workflow
 
 SURROGATE = "hi \ud800"
@@ -52,6 +53,7 @@ def _gateway(user: User) -> Client:
 
 
 def _assert_no_circuit_opened(*deployments: Deployment) -> None:
+    ledger_settled()
     assert [breaker_state(d.pk) for d in deployments] == ["closed"] * len(deployments)
     assert not FailoverEvent.objects.exists()
 

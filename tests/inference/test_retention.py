@@ -4,7 +4,6 @@ beat, deleted on opt-out, and found nowhere (database or object store) for the o
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
@@ -21,11 +20,11 @@ from inference import tasks
 from inference.batch import batch_job_create, batch_job_execute
 from inference.mockprovider import MockProviderServer
 from inference.models import BatchJob, InferenceRequest, RetainedPrompt
-from inference.recording import journal_fold_all
 from stack.registry.models import Workflow
 from stack.registry.objectstore import default_store
 from stack.registry.services import api_token_create
 from tests.factories import api_client
+from tests.helpers import ledger_settled
 from tests.inference.helpers import priced_deployment, routed_workflow
 
 Start = Callable[..., MockProviderServer]
@@ -182,18 +181,8 @@ def _objects_holding(marker: str, root: Path) -> list[str]:
     return [str(p) for p in root.rglob("*") if p.is_file() and marker.encode() in p.read_bytes()]
 
 
-def _folded() -> None:
-    """Fold the journal; this process's folder thread may hold some entries (SKIP LOCKED), so
-    wait until it has folded them too."""
-    for _ in range(600):
-        journal_fold_all()
-        if not InferenceRequest.objects.filter(ledger_pending__isnull=False).exists():
-            return
-        time.sleep(0.05)
-    raise AssertionError("journal entries still pending")
-
-
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.postgres  # scans PostgreSQL's information_schema
 def test_no_prompt_of_a_workflow_that_did_not_opt_in_is_kept_in_any_table_or_object(
     operator: User, mock_provider: Start, settings: Any, tmp_path: Path
 ) -> None:
@@ -208,7 +197,7 @@ def test_no_prompt_of_a_workflow_that_did_not_opt_in_is_kept_in_any_table_or_obj
     secret, control = f"secret-{uuid.uuid4().hex}", f"control-{uuid.uuid4().hex}"
     _traffic(gateway, plain, secret)
     _traffic(gateway, kept, control)
-    _folded()
+    ledger_settled()
     assert InferenceRequest.objects.filter(workflow=plain).count() == 4
 
     assert _tables_holding(secret) == []
@@ -297,6 +286,7 @@ def test_the_workflow_page_turns_retention_on_with_a_period_and_off_deleting_wha
 
 
 @pytest.mark.django_db
+@pytest.mark.postgres  # the journal is PostgreSQL's recording; the entry is edited with its JSON operators
 def test_opting_out_drops_the_kept_input_from_a_journal_entry_whose_fold_failed(operator: User) -> None:
     deployment = priced_deployment(base_url="http://127.0.0.1:9/v1")
     workflow = routed_workflow(operator, [deployment], retain_prompts=True, prompt_retention_days=3)

@@ -29,6 +29,7 @@ from tests.factories import (
     make_provider,
     make_workflow,
 )
+from tests.helpers import ledger_settled
 from tests.integration.processes import session_database_url as database_url_for_children
 
 pytestmark = pytest.mark.integration
@@ -74,6 +75,7 @@ def test_served_artifact_answers_like_the_model_in_process(
         assert b"tiny-gpt" in answer.read()
 
     # Tokens are in the ledger at the zero token price; the $/1M figure is billing's.
+    ledger_settled()
     usage = UsageRecord.objects.filter(deployment=local, subject_type="inference_request")
     assert sorted(usage.values_list("unit", "quantity")) == [
         ("input_tokens_1m", Decimal("0.000005000")),

@@ -24,6 +24,7 @@ from stack.registry.models import ApiToken, Team, Workflow
 from stack.registry.roles import Role
 from stack.registry.services import api_token_create
 from tests.factories import api_client, make_member, make_team, make_user
+from tests.helpers import ledger_settled
 from tests.inference.helpers import priced_deployment, routed_workflow
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -70,6 +71,7 @@ def test_a_key_with_a_5_dollar_daily_hard_budget_gets_402_once_the_ledger_shows_
     assert sum(r.amount for r in UsageRecord.objects.filter(api_key=issued.token)) == Decimal("5")
     # The budget is the key's own: another key of the same team still spends.
     assert _ask(other.secret, workflow.slug).status_code == 200
+    ledger_settled()
     assert {(r.team, r.api_key_id) for r in UsageRecord.objects.all()} == {
         ("search", issued.token.pk),
         ("search", other.token.pk),
@@ -118,6 +120,7 @@ def test_an_expired_key_answers_401_on_v1_and_on_the_api_saying_so(
     assert "expired at" in refused.json()["error"]["message"]
     api = Client(HTTP_AUTHORIZATION=f"Bearer {raw}").get("/api/workflows/")
     assert api.status_code == 401 and "expired at" in api.json()["detail"]
+    ledger_settled()
     assert UsageRecord.objects.count() == 2  # the one request before: input and output tokens
 
 
@@ -140,6 +143,7 @@ def test_a_team_key_gets_404_for_another_teams_workflow_and_lists_only_its_own(
     # A platform key of a platform-wide user still reaches every team's workflow.
     _, platform_key = api_token_create(user=operator, name="platform")
     assert _ask(platform_key, foreign.slug).status_code == 200
+    ledger_settled()
     assert UsageRecord.objects.filter(api_key__isnull=True).count() == 0
 
 

@@ -26,6 +26,7 @@ from stack.registry.principal import principal_of_user
 from stack.registry.roles import Role
 from stack.registry.services import api_token_create
 from tests.factories import api_client, make_member, make_team, make_user, make_workflow
+from tests.helpers import ledger_settled
 from tests.inference.helpers import priced_deployment
 from training.models import TrainingRun
 
@@ -96,6 +97,7 @@ def test_a_member_removed_from_a_team_loses_its_team_key_on_v1_at_once(stage: di
     token, raw = api_token_create(user=mixed, name="alpha-key", team=alpha)
     assert _ask(raw, "wf-alpha").status_code == 200
     assert "wf-alpha" in _models(raw)
+    ledger_settled()
     billed = UsageRecord.objects.filter(api_key=token).count()
 
     admin = api_client(stage["alpha_admin"], team=alpha)
@@ -104,6 +106,7 @@ def test_a_member_removed_from_a_team_loses_its_team_key_on_v1_at_once(stage: di
     # Its role in beta does not carry over to alpha's key (a key of no role anywhere: 403).
     assert _ask(raw, "wf-alpha").status_code == 403
     assert _models(raw) == set()
+    ledger_settled()
     assert UsageRecord.objects.filter(api_key=token).count() == billed  # nothing billed since
 
 
@@ -159,6 +162,7 @@ def _spend(stage: dict[str, Any]) -> None:
     assert _ask(alpha_raw, "wf-alpha").status_code == 200
     _, beta_raw = api_token_create(user=stage["mixed"], name="beta-op", team=stage["beta"])
     assert _ask(beta_raw, "wf-beta").status_code == 200
+    ledger_settled()
     alpha_rows = UsageRecord.objects.filter(team="alpha")
     assert sum(r.amount for r in alpha_rows) == Decimal("19.74")
 

@@ -17,6 +17,7 @@ from billing.models import Unit, UsageRecord
 from inference.models import InferenceRequest
 from stack.registry.services import api_token_create
 from tests.factories import make_price
+from tests.helpers import ledger_settled
 from tests.inference.helpers import priced_deployment, routed_workflow
 from tests.inference.recording_provider import RecordingProvider, chat_answer
 
@@ -48,11 +49,13 @@ def _post(user: User, workflow: str, **extra: Any) -> Any:
 
 
 def _ledger(row: InferenceRequest) -> dict[str, tuple[Decimal, Decimal]]:
+    ledger_settled()
     records = UsageRecord.objects.filter(subject_type="inference_request", subject_id=str(row.pk))
     return {r.unit: (r.quantity, r.amount) for r in records}
 
 
 def _ledger_equals_requests() -> None:
+    ledger_settled()
     ledger = UsageRecord.objects.aggregate(total=Sum("amount"))["total"]
     assert ledger == InferenceRequest.objects.aggregate(total=Sum("cost"))["total"]
 

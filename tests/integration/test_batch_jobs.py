@@ -18,6 +18,7 @@ from inference.models import BatchJob, InferenceRequest
 from stack.registry.objectstore import default_store
 from stack.registry.roles import Role
 from tests.factories import make_user
+from tests.helpers import ledger_settled
 from tests.inference.helpers import priced_deployment, routed_workflow
 from tests.integration.processes import Processes, wait_until
 
@@ -82,6 +83,7 @@ def test_a_batch_job_survives_a_sigkilled_worker_and_bills_every_line_once(
     # Every line is one recorded request, billed once: one input and one output ledger row each.
     requests = InferenceRequest.objects.filter(client_request_id__startswith=f"batch:{job.pk}:")
     assert requests.count() == LINES
+    ledger_settled()
     assert UsageRecord.objects.count() == 2 * LINES
     assert finished.cost == sum(r.cost for r in requests)
     out = [json.loads(x) for x in default_store().get(finished.output_uri).splitlines()]

@@ -16,7 +16,6 @@ batch lines routed then are answered rather than failing the job.
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from decimal import Decimal
@@ -46,10 +45,7 @@ from training.services import training_run_create
 LINES = 30
 PROCESSES = ("control0", "control1", "beat", "cluster-a", "cluster-b")
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server"),
-]
+pytestmark = [pytest.mark.integration, pytest.mark.redis_server]
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ from stack.registry.objectstore import default_store
 from stack.registry.roles import Role
 from stack.registry.services import api_token_create
 from tests.factories import api_client, make_user
+from tests.helpers import ledger_settled
 from tests.inference.helpers import priced_deployment, routed_workflow
 from tests.integration.processes import Processes, wait_until
 
@@ -60,6 +61,7 @@ def test_a_replay_study_runs_on_the_control_worker_reconciles_and_its_recommenda
             body = {"model": workflow.slug, "messages": [{"role": "user", "content": f"ticket {i}"}]}
             answer = gateway.post("/v1/chat/completions", json.dumps(body), content_type="application/json")
             assert answer.status_code == 200
+        ledger_settled()  # the fold writes the kept prompts
         assert RetainedPrompt.objects.filter(workflow=workflow).count() == KEPT
 
         processes.start(

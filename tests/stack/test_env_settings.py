@@ -45,6 +45,7 @@ SETTINGS_VARIABLES = [
     "CSRF_COOKIE_SECURE",
     "SWITCHYARD_LOGIN_FAILURE_LIMIT",
     "SWITCHYARD_LOGIN_COOLOFF_SECONDS",
+    "SWITCHYARD_INFERENCE_RECORDING",
 ]
 
 
@@ -162,6 +163,22 @@ def test_settings_parse_good_urls_from_the_environment(load_settings: Any) -> No
     assert loaded["CELERY_BROKER_URL"] == "redis://cache:6379/2"
     assert loaded["OBJECT_STORE_URL"] == "s3://bucket/prefix"
     assert loaded["OBJECT_STORE_ENDPOINT_URL"] == "http://127.0.0.1:9000"
+
+
+@pytest.mark.parametrize("switchyard_env", ["development", "test"])
+def test_the_recording_default_follows_the_database_not_the_environment_name(
+    load_settings: Any, switchyard_env: str
+) -> None:
+    # Tests record as production does: the journal on PostgreSQL, inline on SQLite.
+    postgres = load_settings(SWITCHYARD_ENV=switchyard_env, DATABASE_URL="postgres://app@db:5432/switchyard")
+    assert postgres["INFERENCE_RECORDING"] == "journal"
+    assert load_settings(SWITCHYARD_ENV=switchyard_env)["INFERENCE_RECORDING"] == "inline"
+    explicit = load_settings(
+        SWITCHYARD_ENV=switchyard_env,
+        DATABASE_URL="postgres://app@db:5432/switchyard",
+        SWITCHYARD_INFERENCE_RECORDING="inline",
+    )
+    assert explicit["INFERENCE_RECORDING"] == "inline"
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,6 @@ no more than a connection error (stack/redis_broker.py), or a Celery worker exit
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import stack.celery  # noqa: F401  (installs the transport for redis:// URLs)
 from stack.redis_broker import Transport
 from tests.integration.redis_server import RedisServer, redis_server
 
-pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
+pytestmark = pytest.mark.redis_server
 
 
 @pytest.fixture
