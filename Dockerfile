@@ -1,7 +1,7 @@
 # Image for web, beat and workers (see docker-compose.yml).
 FROM python:3.11-slim
 # Production mode unless the container is told otherwise: no DEBUG pages, HTTPS redirects, HSTS,
-# secure cookies; SECRET_KEY and ALLOWED_HOSTS must then be given (README "Configuration").
+# secure cookies; SECRET_KEY and ALLOWED_HOSTS must then be given (docs/configuration.md).
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 SWITCHYARD_ENV=production
 WORKDIR /app
 # The runtime lock only: test and dev tools are in requirements-dev.txt, which never enters the image

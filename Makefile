@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-runtime-$(shell sha256sum requirements.txt | cut -c1-16)
 DEV_STAMP := $(VENV)/.installed-dev-$(shell sha256sum requirements-dev.txt | cut -c1-16)
 
-.PHONY: install install-dev lock demo test lint typecheck pytest browser oidc-provider fmt bench-diloco clean focus-validator
+.PHONY: install install-dev lock demo test lint docs docs-check typecheck pytest browser oidc-provider fmt bench-diloco clean focus-validator
 
 install: $(STAMP)
 
@@ -57,12 +57,20 @@ demo: install
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py demo
 
-test: install-dev lint typecheck browser pytest
+test: install-dev lint docs-check typecheck browser pytest
 
 lint: install-dev
 	$(PY) -m ruff format --check .
 	$(PY) -m ruff check .
 	$(VENV)/bin/lint-imports --no-cache
+
+# The docs site (mkdocs.yml, docs/): `make docs` serves it on http://127.0.0.1:8001 and rebuilds
+# it on every save; `make docs-check` builds it with --strict, so a broken link or anchor fails.
+docs: install-dev
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
+
+docs-check: install-dev
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir var/site
 
 typecheck: install-dev
 	$(PY) -m mypy stack billing training inference storage

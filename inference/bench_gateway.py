@@ -56,7 +56,7 @@ that file's definition for the environment the bench gave it. --gunicorn-workers
 
 Targets (2 cores, PostgreSQL, issue 14): router <= 1.0 ms, gateway <= 1.5 ms, failover <= 2.0
 ms, circuit open <= 1.0 ms, gateway_rps_16 >= 900 with 0 errors, gateway_cpu_ms_per_request <=
-2.5 (inference/README.md has the measured figures).
+2.5 (docs/inference-internals.md has the measured figures).
 
 `manage.py bench` sets Django up before it imports this module.
 """

@@ -1,5 +1,5 @@
 """The web server's production configuration: the one definition that the Dockerfile,
-docker-compose.yml, the README's systemd unit and `manage.py bench gateway` all run.
+docker-compose.yml, the systemd unit of docs/production.md and `manage.py bench gateway` all run.
 
     gunicorn -c stack/gunicorn_conf.py stack.wsgi:application
 

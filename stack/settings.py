@@ -197,7 +197,7 @@ AUTHENTICATION_BACKENDS = [
     "django.contrib.auth.backends.ModelBackend",
 ]
 
-# --- Single sign-on (OpenID Connect, mozilla-django-oidc; README "SSO") ---------------
+# --- Single sign-on (OpenID Connect, mozilla-django-oidc; docs/registry-and-teams.md "SSO") ---------------
 # Off unless a client id is given; then every other value must be set and valid, or the process
 # stops at start. The provider's URLs are a trust boundary (env_identity_provider_url): https,
 # or http to a loopback host outside production.
@@ -479,7 +479,7 @@ BUILD_OR_BUY_STALE_SECONDS = env_float("SWITCHYARD_BUILD_OR_BUY_STALE_SECONDS", 
 # (billing.services.usage_record_batch), so writers do not queue on one lock. 1 keeps one chain.
 LEDGER_PARTITIONS = env_int("SWITCHYARD_LEDGER_PARTITIONS", 4, minimum=1)
 
-# How a routed request is recorded (inference.recording; README "Recording requests"):
+# How a routed request is recorded (inference.recording; docs/inference-internals.md "Recording requests"):
 # "journal" commits the request row and its journal entry in one INSERT before answering and
 # folds the ledger rows in batches right after; "inline" writes everything in the request's
 # own transaction. PostgreSQL defaults to the journal, SQLite (the embedded demo) to inline, in

@@ -1,7 +1,7 @@
 """Run long-lived child processes and start again the ones that exit, with capped exponential backoff.
 
 `manage.py demo` runs the stack (web, workers, beat) through a `Supervisor`; in production a
-process manager does this job (README, "Running in production").
+process manager does this job (docs/production.md, "Running in production").
 
 Any exit of a child counts as a crash: these processes are meant to run until they are stopped.
 A crashed child is started again after `RestartPolicy.initial_delay_s`, doubled for each further

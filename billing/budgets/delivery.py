@@ -27,8 +27,8 @@ logger = logging.getLogger(__name__)
 WEBHOOK_TIMEOUT_S = 5.0  # connect, then each read: the alert row stays locked while we wait
 SIGNATURE_HEADER = "X-Switchyard-Signature"
 TIMESTAMP_HEADER = "X-Switchyard-Timestamp"
-# How far a receiver should let a webhook's timestamp be from its own clock (README, "Budget
-# webhooks"): a captured request replayed later than this is refused.
+# How far a receiver should let a webhook's timestamp be from its own clock (docs/billing.md,
+# "Budgets"): a captured request replayed later than this is refused.
 SIGNATURE_TOLERANCE_S = 300
 
 
@@ -107,7 +107,7 @@ def webhook_signature_verify(
     signature: str,
     tolerance_s: int = SIGNATURE_TOLERANCE_S,
 ) -> bool:
-    """What a receiver does (the reference for README's recipe): the signature matches
+    """What a receiver does (the reference for docs/billing.md's recipe): the signature matches
     `<timestamp>.<body>` (compared in constant time) and the timestamp is within `tolerance_s`
     of now. A receiver should also drop an alert_id / delivery_id it has already handled."""
     try:

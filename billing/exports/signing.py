@@ -95,7 +95,7 @@ def export_signing_private_key() -> Ed25519PrivateKey:
     if settings.PRODUCTION:
         raise ImproperlyConfigured(
             "export signing needs EXPORT_ED25519_KEY or EXPORT_ED25519_KEY_FILE in production "
-            "(an Ed25519 private key in PEM; see the README's Exports section)"
+            "(an Ed25519 private key in PEM; see docs/billing.md, Verifying an export)"
         )
     return _development_key(Path(settings.VAR_DIR) / DEVELOPMENT_KEY_NAME)
 

@@ -47,7 +47,7 @@ def inference_request_record(
 ) -> InferenceRequest:
     """Record one routed request durably; returns its row (whose `cost` the answer reports).
 
-    Two ways, chosen by settings.INFERENCE_RECORDING (README "Recording requests"):
+    Two ways, chosen by settings.INFERENCE_RECORDING (docs/inference-internals.md, "Recording requests"):
 
     - journal (production on PostgreSQL): one INSERT, committed before the answer is sent,
       writes the request row together with its journal entry (the attempts and billed units as

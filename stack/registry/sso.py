@@ -1,5 +1,5 @@
 """Single sign-on through OpenID Connect: mozilla-django-oidc's backend, told how Switchyard
-finds and keeps its users (README "SSO").
+finds and keeps its users (docs/registry-and-teams.md, "SSO").
 
 The library runs the authorisation-code flow (state, nonce, PKCE), fetches the token, checks
 the ID token's signature against the provider's JWKS and reads the userinfo endpoint. This

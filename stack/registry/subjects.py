@@ -1,7 +1,7 @@
 """Which ids name real things, and which team owns them, for apps below the app that owns them.
 
 The ledger and budgets name work by (subject_type, subject_id): a budget on a training run holds
-the run's id, but billing may not import training (README, "Import layers"). The app that owns
+the run's id, but billing may not import training (docs/architecture.md, "Import layers"). The app that owns
 a kind registers how to tell whether an id exists and which of its rows belong to some teams
 (training does in TrainingConfig.ready), and billing and the registry ask here: a budget on a
 run that does not exist is refused instead of never counting anything, and a team sees the

@@ -253,9 +253,9 @@ def test_the_development_key_is_made_once_under_var_and_production_refuses_to_si
         export_signing_private_key()
 
 
-def test_the_readme_shows_the_verification_script_as_it_is() -> None:
-    readme = (Path(django_settings.BASE_DIR) / "README.md").read_text()
-    section = readme[readme.index("### Exports: FOCUS 1.2 columns and verification") :]
+def test_the_docs_show_the_verification_script_as_it_is() -> None:
+    page = (Path(django_settings.BASE_DIR) / "docs" / "billing.md").read_text()
+    section = page[page.index("## Exports: FOCUS 1.2 columns and verification") :]
     block = section[section.index("```python\n") + len("```python\n") :]
     block = block[: block.index("```")]
     script = SCRIPT.read_text()

@@ -15,7 +15,7 @@ from django.conf import settings
 from django.core.management import get_commands
 
 COMPOSE = Path(settings.BASE_DIR) / "docker-compose.yml"
-# The one web server configuration (the Dockerfile, the README's unit and the bench run it too).
+# The one web server configuration (the Dockerfile, the docs' systemd unit and the bench run it too).
 GUNICORN_CONF = "stack/gunicorn_conf.py"
 WEB_COMMAND = ["gunicorn", "-c", GUNICORN_CONF, "stack.wsgi:application"]
 APP_SERVICES = {"init", "web", "beat", "control", "worker-onprem-a100", "worker-aws-g5-use1"}
@@ -132,7 +132,7 @@ def test_the_app_services_environment_starts_production_mode(tmp_path: Path) -> 
 
 
 def test_the_web_service_runs_the_one_web_server_configuration() -> None:
-    """docker-compose, the Dockerfile's CMD and the README's systemd unit start gunicorn the same
+    """docker-compose, the Dockerfile's CMD and the docs' systemd unit start gunicorn the same
     way: with stack/gunicorn_conf.py and no flag of their own that would override it."""
     import json
 
@@ -142,7 +142,7 @@ def test_the_web_service_runs_the_one_web_server_configuration() -> None:
     assert [json.loads(line.removeprefix("CMD ")) for line in cmd] == [WEB_COMMAND]
     units = [
         line.removeprefix("ExecStart=")
-        for line in (base / "README.md").read_text().splitlines()
+        for line in (base / "docs" / "production.md").read_text().splitlines()
         if line.startswith("ExecStart=") and "gunicorn" in line
     ]
     assert units and all(shlex.split(unit)[1:] == WEB_COMMAND[1:] for unit in units), units

@@ -274,7 +274,7 @@ def test_settings_refuse_heartbeat_timings_out_of_order(load_settings: Any) -> N
 
 
 def test_metrics_are_for_loopback_unless_a_token_or_networks_are_set(load_settings: Any) -> None:
-    """/metrics' default (README, Observability): loopback only; a token opens it to any address
+    """/metrics' default (docs/observability.md): loopback only; a token opens it to any address
     holding the token; allowed networks narrow either."""
     assert load_settings()["METRICS_ALLOW_NETWORKS"] == ["127.0.0.0/8", "::1/128"]
     with_token = load_settings(SWITCHYARD_METRICS_TOKEN="t" * 32)

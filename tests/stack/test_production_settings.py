@@ -1,5 +1,5 @@
 """Production mode, run for real: `manage.py check --deploy` passes with the environment file that
-README documents, the process refuses to start without a secret key or allowed hosts, and the
+docs/production.md documents, the process refuses to start without a secret key or allowed hosts, and the
 Docker image runs in production mode."""
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ _KEEP = {"PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "VIRTUAL_ENV", "PYTHONPATH"
 
 
 def documented_production_env() -> dict[str, str]:
-    """The `/etc/switchyard/env` block of README's "Running in production", `…` filled in."""
-    readme = (ROOT / "README.md").read_text()
-    block = re.search(r"`/etc/switchyard/env`.*?```sh\n(.*?)```", readme, re.DOTALL)
-    assert block, "README lost its production environment file"
+    """The `/etc/switchyard/env` block of docs/production.md's "Running in production", `…` filled in."""
+    page = (ROOT / "docs" / "production.md").read_text()
+    block = re.search(r"`/etc/switchyard/env`.*?```sh\n(.*?)```", page, re.DOTALL)
+    assert block, "docs/production.md lost its production environment file"
     env: dict[str, str] = {}
     for line in block.group(1).splitlines():
         if not line.strip() or line.startswith("#"):

@@ -1,7 +1,7 @@
 """Switchyard's DiLoCo engine: pure torch, no Django.
 
 DiLoCo (arXiv 2311.08105), Streaming DiLoCo (arXiv 2501.18512) and Decoupled DiLoCo
-(arXiv 2604.21428) at small scale. See README.md in this folder for the API.
+(arXiv 2604.21428) at small scale. See docs/training-engine.md for the API.
 """
 
 from __future__ import annotations

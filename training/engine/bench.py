@@ -114,7 +114,7 @@ def _profile(name: str) -> Profile:
         steps=500,
         batch=32,
         # Inner lr 1e-3 for every method (as the DiLoCo paper does, one inner lr for the
-        # baseline and DiLoCo). README.md shows how the ratios move with it: data-parallel
+        # baseline and DiLoCo). docs/training-engine.md shows how the ratios move with it: data-parallel
         # alone prefers a higher lr here, and DiLoCo's gap grows with the lr.
         h=25,
         inner=InnerConfig(lr=1e-3, warmup_steps=50, total_steps=500),

@@ -1,4 +1,4 @@
-"""Single sign-on (stack.registry.sso; README "SSO"): users by (issuer, sub), memberships from the groups claim."""
+"""Single sign-on (stack.registry.sso; docs/registry-and-teams.md "SSO"): users by (issuer, sub), memberships from the groups claim."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The bench CLI's contract (not its numbers): keys the Django command and the README rely on."""
+"""The bench CLI's contract (not its numbers): keys the Django command and the docs rely on."""
 
 from __future__ import annotations
 
