@@ -213,7 +213,8 @@ def test_pages_and_exports_hold_no_money_of_a_team_where_the_caller_is_a_viewer(
     ledger = client.get("/billing/ledger/")
     assert ledger.status_code == 200
     body = ledger.content.decode()
-    assert "2.50" in body and not any(figure in body for figure in ("9.87", "1.41")), body
+    # Beta's rows (its unit price 250000) are there; none of alpha's (9.87 a call, 1410000 a 1M).
+    assert "250000.0" in body and not any(figure in body for figure in ("9.87", "1410000")), body
     refused = client.post(
         "/billing/export/", {"team": "alpha", "format": "csv", "start": "2020-01-01", "end": "2100-01-01"}
     )

@@ -273,10 +273,13 @@ def test_settings_refuse_heartbeat_timings_out_of_order(load_settings: Any) -> N
         load_settings(SWITCHYARD_DEGRADED_AFTER_SECONDS="60", SWITCHYARD_DOWN_AFTER_SECONDS="30")
 
 
-def test_metrics_are_for_loopback_unless_a_token_or_networks_are_set(load_settings: Any) -> None:
-    """/metrics' default (docs/observability.md): loopback only; a token opens it to any address
-    holding the token; allowed networks narrow either."""
-    assert load_settings()["METRICS_ALLOW_NETWORKS"] == ["127.0.0.0/8", "::1/128"]
+def test_metrics_need_a_token_and_loopback_only_when_allowed_explicitly(load_settings: Any) -> None:
+    """/metrics' default (docs/observability.md): nobody without the token, loopback not even;
+    SWITCHYARD_METRICS_ALLOW_LOOPBACK opens it to loopback; allowed networks narrow the token."""
+    default = load_settings()
+    assert default["METRICS_TOKEN"] == "" and default["METRICS_ALLOW_NETWORKS"] == []
+    assert default["METRICS_ALLOW_LOOPBACK"] is False
+    assert load_settings(SWITCHYARD_METRICS_ALLOW_LOOPBACK="1")["METRICS_ALLOW_LOOPBACK"] is True
     with_token = load_settings(SWITCHYARD_METRICS_TOKEN="t" * 32)
     assert (with_token["METRICS_TOKEN"], with_token["METRICS_ALLOW_NETWORKS"]) == ("t" * 32, [])
     both = load_settings(
