@@ -160,23 +160,16 @@ class TokenView(RoleRequiredMixin, View):
             raise Http404("no such token")
         token = get_object_or_404(ApiToken, pk=token_id, user_id=request.user.pk, revoked_at__isnull=True)
         form = ApiTokenLimitsForm(request.POST)
-        if not form.is_valid():
-            return self._render(
-                request,
-                ApiKeyForm(user=request.user),
-                issued=None,
-                status=400,
-                limits_form=form,
-                editing=token,
-            )
-        try:
-            services.api_token_limits_set(
-                token=token,
-                may_raise=services.api_token_limits_may_raise(user=request.user, token=token),
-                **form.cleaned_data,
-            )
-        except DomainError as exc:
-            form.add_error(exc.field if exc.field in form.fields else None, str(exc))
+        if form.is_valid():
+            try:
+                services.api_token_limits_set(
+                    token=token,
+                    may_raise=services.api_token_limits_may_raise(user=request.user, token=token),
+                    **form.cleaned_data,
+                )
+            except DomainError as exc:
+                form.add_error(exc.field if exc.field in form.fields else None, str(exc))
+        if form.errors:
             return self._render(
                 request,
                 ApiKeyForm(user=request.user),

@@ -25,7 +25,7 @@ change to memberships, groups, keys or users moves the authorisation version
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from django.contrib.auth.models import AnonymousUser, User
@@ -214,16 +214,8 @@ def principal_of_key(
     the caller has one), narrowed to the key's team (or to global roles for a key with no team)
     and to the workflows it is limited to."""
     owner = user if user is not None and user.pk == token.user_id else token.user
-    user_principal = principal_of_user(owner)
-    return Principal(
-        user_id=user_principal.user_id,
-        active=user_principal.active,
-        global_roles=user_principal.global_roles,
-        team_roles=user_principal.team_roles,
-        team_admin_of=user_principal.team_admin_of,
-        via_key=True,
-        key_team_id=token.team_id,
-        workflow_ids=workflow_ids,
+    return replace(
+        principal_of_user(owner), via_key=True, key_team_id=token.team_id, workflow_ids=workflow_ids
     )
 
 
