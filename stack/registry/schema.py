@@ -24,7 +24,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from stack.registry.authentication import BearerTokenAuthentication
-from stack.registry.costs import MONEY_KEYS
+from stack.registry.costs import is_money_key
 
 
 class BearerTokenScheme(OpenApiAuthenticationExtension):
@@ -116,10 +116,10 @@ def money_keys_optional(
         required = component.get("required")
         if not required:
             continue
-        money = [name for name in required if name in MONEY_KEYS]
+        money = [name for name in required if is_money_key(name)]
         if not money:
             continue
-        component["required"] = [name for name in required if name not in MONEY_KEYS]
+        component["required"] = [name for name in required if not is_money_key(name)]
         if not component["required"]:
             del component["required"]
         for name in money:

