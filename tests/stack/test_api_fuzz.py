@@ -88,10 +88,11 @@ EXCLUDED_CHECKS = (
     "positive_data_acceptance",
     "use_after_free",
     "ensure_resource_availability",
-    # A wall-clock limit (10 s by default) is no behaviour: on a shared 2-core machine running the
-    # suite in parallel a 403 took 26 s once. Speed is measured by the benchmarks.
-    "max_response_time",
 )
+# `--checks all` includes a response-time limit (10 s unless set). A wall clock is no behaviour:
+# on a shared 2-core machine running the suite in parallel a 403 once took 26 s. The limit is set
+# to the request timeout, so only a request that times out fails; speed is the benchmarks'.
+RESPONSE_SECONDS = 60
 
 
 def _deep() -> bool:
@@ -437,7 +438,9 @@ def _start(base_url: str, token: str, role: Role, world: World, workdir: Path) -
         "--report-json-path",
         str(report),
         "--request-timeout",
-        "60",
+        str(RESPONSE_SECONDS),
+        "--max-response-time",
+        str(RESPONSE_SECONDS),
         "--wait-for-schema",
         "30",
     ]
