@@ -18,14 +18,13 @@ from typing import Any
 
 from stack.registry.auth_version import auth_version, grant_cache_register
 from stack.registry.models import ApiToken, Workflow
-from stack.registry.principal import Principal, principal_of_key, request_key
+from stack.registry.principal import Principal, principal_of_key, request_key, token_workflow_scope
 from stack.registry.services import api_token_authenticate
 
 TOKEN_MAX_LENGTH = 256
 # A backstop only: a grant is re-read from the database at least this often even when the
 # version says nothing changed (a change made while Redis was unreachable could not move it).
 GRANT_MAX_AGE_SECONDS = 30.0
-_SCOPE_ATTR = "_switchyard_workflow_scope"
 
 
 @dataclass(frozen=True)
@@ -74,18 +73,6 @@ class TokenGrant:
         `allows_workflow` instead."""
         teams = self.principal.visible_teams
         return teams is None or not teams or team_id in teams
-
-
-def token_workflow_scope(token: ApiToken) -> frozenset[int] | None:
-    """The ids of the workflows a token is limited to; None when it is not limited (a token with
-    no workflows listed reaches every workflow its user's roles reach). Cached on the token
-    object, which lives for one request."""
-    if hasattr(token, _SCOPE_ATTR):
-        cached: frozenset[int] | None = getattr(token, _SCOPE_ATTR)
-        return cached
-    scope = frozenset(token.workflows.values_list("id", flat=True)) or None
-    setattr(token, _SCOPE_ATTR, scope)
-    return scope
 
 
 def token_grant(token: ApiToken) -> TokenGrant:

@@ -25,6 +25,7 @@ change to memberships, groups, keys or users moves the authorisation version
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import suppress
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -35,6 +36,7 @@ from stack.registry.roles import ALL_ROLES, COST_READERS, Role, global_roles
 
 _PRINCIPAL_ATTR = "_switchyard_principal"
 _USER_PRINCIPAL_ATTR = "_switchyard_user_principal"
+_SCOPE_ATTR = "_switchyard_workflow_scope"
 
 # What a role in a team amounts to inside that team. A team admin is an operator and an auditor
 # of it (it reads the team's ledger and changes its objects) and manages its members and keys;
@@ -207,6 +209,18 @@ def principal_of_user(user: User | AnonymousUser) -> Principal:
     return cached
 
 
+def token_workflow_scope(token: ApiToken) -> frozenset[int] | None:
+    """The ids of the workflows a token is limited to; None when it is not limited (a token with
+    no workflows listed reaches every workflow its user's roles reach). Cached on the token
+    object, which lives for one request."""
+    if hasattr(token, _SCOPE_ATTR):
+        cached: frozenset[int] | None = getattr(token, _SCOPE_ATTR)
+        return cached
+    scope = frozenset(token.workflows.values_list("id", flat=True)) or None
+    setattr(token, _SCOPE_ATTR, scope)
+    return scope
+
+
 def principal_of_key(
     token: ApiToken, workflow_ids: frozenset[int] | None, *, user: User | AnonymousUser | None = None
 ) -> Principal:
@@ -234,16 +248,13 @@ def principal_of(request: Any) -> Principal:
     key = request_key(request)
     user = getattr(request, "user", None)
     if key is not None:
-        scope = frozenset(key.workflows.values_list("id", flat=True)) or None
-        principal = principal_of_key(key, scope, user=user)
+        principal = principal_of_key(key, token_workflow_scope(key), user=user)
     elif user is not None:
         principal = principal_of_user(user)
     else:
         principal = ANONYMOUS
-    try:
+    with suppress(AttributeError):  # a request object that takes no attributes: resolve again next time
         setattr(request, _PRINCIPAL_ATTR, principal)
-    except AttributeError:  # a request object that takes no attributes: resolve again next time
-        pass
     return principal
 
 
