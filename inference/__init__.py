@@ -2,5 +2,5 @@
 eval sets and quality scores, batch jobs.
 
 The routing policies it executes are versioned in the registry
-(stack.registry.models.RoutingPolicyVersion); docs/inference-internals.md maps the modules.
+(registry.models.RoutingPolicyVersion); docs/inference-internals.md maps the modules.
 """

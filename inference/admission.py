@@ -6,8 +6,8 @@ one passes the same two gates:
 
 * Rate limits: the call counts against the RPM/TPM windows of its key, its team and its
   workflow (and a batch job's own `max_rpm`): the same Redis windows whoever calls
-  (inference.ratelimit.rate_decide counts every one). `/v1` answers a full window with 429
-  (inference.ratelimit.RateCheck); a job waits until the window lets it through (`call_pace`),
+  (inference.ratelimit.limits.rate_decide counts every one). `/v1` answers a full window with 429
+  (inference.ratelimit.limits.RateCheck); a job waits until the window lets it through (`call_pace`),
   so it is paced, never fast.
   Tokens are counted before the call with `request_tokens` (the whole request plus
   `max_tokens`) and corrected with what the provider reported.
@@ -37,12 +37,12 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 
 from inference.adapters.base import ChatRequest, EmbeddingRequest, RoutedInput
-from inference.ratelimit import RateStoreDown, rate_decide, rate_settle, scope_limits
-from inference.ratelimit_window import Decision, Limit
+from inference.ratelimit.limits import RateStoreDown, rate_decide, rate_settle, scope_limits
+from inference.ratelimit.window import Decision, Limit
 
 if TYPE_CHECKING:
     from inference.selectors import PlanEntry
-    from stack.registry.models import ApiToken, Team, Workflow
+    from registry.models import ApiToken, Team, Workflow
 
 BYTES_PER_TOKEN = 4
 # The chat template: each message is wrapped in role and separator tokens, and the reply is

@@ -7,13 +7,13 @@
   and runs: any role reads, operators write. POST /api/eval-sets/<id>/cases/ adds a case (a bad
   regex or schema answers 400 naming the field). POST /api/eval-runs/ {eval_set, deployment}
   queues a run (201). POST /api/feedback/ records an application's score for a request or a
-  deployment (201 with the QualityRecord). The work is in inference.quality.
+  deployment (201 with the QualityRecord). The work is in inference.quality.services.
 - /api/batch-jobs/: create (operators), list and detail with progress (any role). POST
   {workflow, input_uri} (a key in the object store) or {workflow, input_jsonl} (the JSONL text,
   stored for the job); a bad line answers 400 naming the line. POST .../<id>/cancel/ stops a
-  pending or running job (400 when it has finished). The work is in inference.batch.
+  pending or running job (400 when it has finished). The work is in inference.batch.jobs.
 
-The /v1 gateway is plain Django views (inference.gateway); the pages are inference.views.
+The /v1 gateway is plain Django views (inference.gateway.views); the pages are inference.views.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.routers import BaseRouter
 
-from inference import batch, quality
-from inference.batch_selectors import batch_job_progress, batch_jobs
+from inference.batch import jobs as batch
+from inference.batch.selectors import batch_job_progress, batch_jobs
 from inference.models import (
     BatchJob,
     ChaosConfig,
@@ -40,19 +40,21 @@ from inference.models import (
     InferenceRequest,
     QualityRecord,
 )
+from inference.quality import services as quality
 from inference.services import chaos_config_set
-from stack.registry.access import request_token
-from stack.registry.api_fields import FloatField, IntegerField, JSONField, ModelSerializer, ResponseSerializer
-from stack.registry.models import Deployment, Workflow
-from stack.registry.roles import ALL_ROLES, OPERATORS
-from stack.registry.scoping import (
+from registry.api.fields import FloatField, IntegerField, JSONField, ModelSerializer, ResponseSerializer
+from registry.api.workflow_rows import WorkflowRowViewSet
+from registry.auth.access import request_token
+from registry.auth.roles import ALL_ROLES, OPERATORS
+from registry.auth.scoping import (
     WorkflowScopedPrimaryKeyRelatedField,
     request_scope_teams,
     scope_requires_team_workflow,
     scope_requires_workflow,
     scoped_workflow_field,
 )
-from stack.registry.validation import INTEGER_MAX, id_parse
+from registry.models import Deployment, Workflow
+from registry.validation import INTEGER_MAX, id_parse
 
 # --- Chaos drills ------------------------------------------------------------------------------
 
@@ -188,39 +190,21 @@ class EvalRunSerializer(ModelSerializer[EvalRun]):
         read_only_fields = [f for f in fields if f not in ("eval_set", "deployment")]
 
 
-@extend_schema_view(
-    list=extend_schema(parameters=[OpenApiParameter("workflow", str, description="a workflow's slug")])
-)
-class EvalSetViewSet(
-    mixins.ListModelMixin,
-    mixins.RetrieveModelMixin,
-    mixins.CreateModelMixin,
-    viewsets.GenericViewSet[EvalSet],
-):
-    read_roles = ALL_ROLES
-    write_roles = OPERATORS
+class EvalSetViewSet(WorkflowRowViewSet[EvalSet]):
+    """Eval sets: a workflow's cases, scored against its deployments (any role reads, operators write)."""
+
+    queryset = EvalSet.objects.select_related("workflow").prefetch_related("cases__judge_deployment")
     serializer_class = EvalSetSerializer
-    query_params_known = ("workflow",)
-    workflow_field = "workflow"
 
-    def get_queryset(self) -> Any:
-        qs = EvalSet.objects.select_related("workflow").prefetch_related("cases__judge_deployment")
-        workflow = self.request.query_params.get("workflow")
-        return qs.filter(workflow__slug=workflow) if workflow else qs
-
-    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        body = self.get_serializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        data = body.validated_data
-        eval_set = quality.eval_set_create(
+    def create_row(self, data: dict[str, Any]) -> EvalSet:
+        return quality.eval_set_create(
             workflow=data["workflow"],
             name=data["name"],
             description=data.get("description", ""),
             schedule_enabled=data.get("schedule_enabled", False),
             cases=[dict(c) for c in data.get("cases", [])],
-            user=request.user,  # type: ignore[arg-type]
+            user=self.request.user,  # type: ignore[arg-type]
         )
-        return Response(self.get_serializer(eval_set).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=EvalCaseSerializer, responses={201: EvalCaseSerializer})
     @action(detail=True, methods=["post"], serializer_class=EvalCaseSerializer)
@@ -390,38 +374,22 @@ class BatchJobSerializer(ModelSerializer[BatchJob]):
         return progress
 
 
-@extend_schema_view(
-    list=extend_schema(parameters=[OpenApiParameter("workflow", str, description="a workflow's slug")])
-)
-class BatchJobViewSet(
-    mixins.ListModelMixin,
-    mixins.RetrieveModelMixin,
-    mixins.CreateModelMixin,
-    viewsets.GenericViewSet[BatchJob],
-):
-    read_roles = ALL_ROLES
-    write_roles = OPERATORS
+class BatchJobViewSet(WorkflowRowViewSet[BatchJob]):
+    """Batch jobs: a workflow's JSONL of requests, run line by line (any role reads, operators write)."""
+
+    queryset = batch_jobs()
     serializer_class = BatchJobSerializer
-    query_params_known = ("workflow",)
-    workflow_field = "workflow"
 
-    def get_queryset(self) -> Any:
-        return batch_jobs(workflow_slug=self.request.query_params.get("workflow"))
-
-    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        body = self.get_serializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        data = body.validated_data
-        job = batch.batch_job_create(
+    def create_row(self, data: dict[str, Any]) -> BatchJob:
+        return batch.batch_job_create(
             workflow=data["workflow"],
-            user=request.user,  # type: ignore[arg-type]
+            user=self.request.user,  # type: ignore[arg-type]
             input_uri=data.get("input_uri", ""),
             input_jsonl=data.get("input_jsonl"),
-            api_key=request_token(request),
+            api_key=request_token(self.request),
             # A team-scoped caller names keys of the workflow's team only.
-            teams=request_scope_teams(request, self.write_roles),
+            teams=request_scope_teams(self.request, self.write_roles),
         )
-        return Response(self.get_serializer(job).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=None, responses=BatchJobSerializer)
     @action(detail=True, methods=["post"])

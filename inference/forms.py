@@ -7,8 +7,8 @@ from typing import Any
 from django import forms
 
 from inference.models import EvalSet
-from stack.registry.form_fields import FloatField
-from stack.registry.models import Deployment, Workflow
+from registry.form_fields import FloatField
+from registry.models import Deployment, Workflow
 
 
 class ChaosForm(forms.Form):

@@ -80,7 +80,7 @@ def eval_request_id(*, run_id: int, case_id: int, judge: bool = False) -> str:
 
 
 def replay_judge_request_id(*, candidate_id: int, request_id: int) -> str:
-    """The judge's call scoring a replayed answer (stack.decisions): billed once per result."""
+    """The judge's call scoring a replayed answer (decisions): billed once per result."""
     return f"replay:{candidate_id}:{request_id}:judge"
 
 

@@ -1,8 +1,8 @@
 """Inference records: requests and their attempts, eval sets and quality scores, batch jobs,
 and the chaos settings used for failover drills.
 
-Writes go through inference.services: InferenceRequest/InferenceAttempt only through the
-router's request recorder, QualityRecord only through `quality_record_create`.
+InferenceRequest and InferenceAttempt rows are written only by inference.recording (the journal
+and its fold); QualityRecord only through inference.services.quality_record_create.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
-from stack.registry.models import ApiToken, Deployment, RoutingPolicyVersion, Workflow
+from registry.models import ApiToken, Deployment, RoutingPolicyVersion, Workflow
 
 
 class Endpoint(models.TextChoices):
@@ -309,12 +309,12 @@ class BatchJob(models.Model):
     # name it. None: asked for from a page (a session).
     api_key = models.ForeignKey(ApiToken, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     # Every line calls this deployment only (route(deployment=...)): a replay of kept requests
-    # on one candidate (stack.decisions). None: the workflow's route, as for any batch.
+    # on one candidate (decisions). None: the workflow's route, as for any batch.
     deployment = models.ForeignKey(
         Deployment, null=True, blank=True, on_delete=models.PROTECT, related_name="batch_jobs"
     )
     # Lines per minute for this job, below the workflow's, team's and key's own limits, which
-    # every line respects too (inference.batch_pacing waits rather than fails).
+    # every line respects too (inference.batch.pacing waits rather than fails).
     max_rpm = models.PositiveIntegerField(null=True, blank=True)
     # The input and output objects hold kept prompts (a replay): they are deleted when the
     # replay ends, at this time at the latest (the kept rows' expiry, by the retention purge),
@@ -336,7 +336,7 @@ class RetainedPrompt(models.Model):
     """A gateway request's input and answer, kept only for a workflow that opted in
     (Workflow.retain_prompts) and only until `expires_at` (its prompt_retention_days then).
 
-    Counterfactual routing (stack.decisions) samples these and replays them through candidate
+    Counterfactual routing (decisions) samples these and replays them through candidate
     deployments. Written in one place (inference.retention); deleted by beat once expired. A
     workflow that never opted in has no rows here, and no prompt of it is stored elsewhere.
     """

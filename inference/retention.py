@@ -3,7 +3,7 @@
 A workflow that opted in (Workflow.retain_prompts, with prompt_retention_days) has each answered
 /v1 chat or completion request kept as a RetainedPrompt: the input as a batch line takes it
 (`messages` or `prompt` plus the sampling parameters the caller set) and the answer's text,
-until `created_at + prompt_retention_days`. Counterfactual routing (stack.decisions) replays
+until `created_at + prompt_retention_days`. Counterfactual routing (decisions) replays
 them through candidate deployments.
 
 Where the kept input travels: the gateway asks for it (`route(retain=True)`), the router builds
@@ -30,7 +30,7 @@ from django.utils import timezone
 
 from inference.adapters.base import ChatRequest, CompletionRequest, RoutedInput
 from inference.models import BatchJob, InferenceRequest, RetainedPrompt
-from stack.registry.models import Workflow
+from registry.models import Workflow
 
 # The caller's settings that change the answer, kept with the prompt so a replay asks the same
 # question (a batch line accepts each of them; `stream`, `n` and `user` are left out).
@@ -150,7 +150,7 @@ def retained_prompts_forget(*, workflow_id: int) -> int:
 def batch_jobs_scrub(*, jobs: Any) -> int:
     """Delete the input, parts and output objects of batch jobs that hold kept prompts (replays)
     and the answers kept on their request rows; the rows, counters and costs stay."""
-    from inference.batch import batch_job_objects_delete  # noqa: PLC0415 (batch imports the router)
+    from inference.batch.jobs import batch_job_objects_delete  # noqa: PLC0415 (batch imports the router)
 
     count = 0
     for job in list(jobs.filter(holds_prompts_until__isnull=False)):

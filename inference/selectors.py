@@ -2,7 +2,7 @@
 
 A route plan is everything the router needs about a workflow's current policy version: its
 policy and its enabled deployments in the policy's order, as candidates of the routing core
-(inference.routing) with the deployment (provider, model and hosting cluster loaded), the
+(inference.router.policy) with the deployment (provider, model and hosting cluster loaded), the
 adapter target with chaos settings, and the token prices. It is cached per process and
 invalidated through a generation counter that every save of a policy, deployment, provider,
 chaos config, price or budget bumps (inference.signals): in Redis when REDIS_URL is set, so every web process sees a switch on its
@@ -30,12 +30,14 @@ from billing.selectors import PriceResolver
 from billing.selfhosted import self_hosted_cost
 from inference.adapters.base import Target
 from inference.adapters.registry import ADAPTER_FEATURES, ADAPTER_INHERENT, adapter_kind
-from inference.breaker import GENERATION_UNKNOWN, breakers, redis_unreachable
+from inference.breaker.breakers import breakers
+from inference.breaker.state import GENERATION_UNKNOWN, redis_unreachable
 from inference.models import ChaosConfig, InferenceRequest, QualityRecord
-from inference.routing import Candidate, Policy, Strategy
-from stack.registry.crypto import decrypt_secret
-from stack.registry.endpoints import deployment_endpoint_problem
-from stack.registry.models import Deployment, RoutingPolicyVersion, Workflow
+from inference.router.policy import Candidate, Policy, Strategy
+from registry.crypto import decrypt_secret
+from registry.models import Deployment, RoutingPolicyVersion, Workflow
+from registry.outbound.endpoints import deployment_endpoint_problem
+from registry.shared_redis.generation import GenerationCounter
 
 GENERATION_KEY = "sy:routegen"  # Redis key of the route-cache generation
 LOCAL_PLAN_TTL_S = 1.0
@@ -46,7 +48,7 @@ LATENCY_TTL_S = 2.0
 
 @dataclass(frozen=True, kw_only=True)
 class PlanEntry(Candidate):
-    """A candidate of the route (inference.routing) with what calling it needs: the deployment
+    """A candidate of the route (inference.router.policy) with what calling it needs: the deployment
     (provider, model and hosting cluster loaded) and its adapter target."""
 
     deployment: Deployment
@@ -85,30 +87,24 @@ class RoutePlan:
 
 
 class _Generation:
-    """The route-cache generation: Redis INCR, or a process-local counter."""
+    """The route-cache generation: shared through Redis (REDIS_URL), or this process's own
+    count of its bumps (the embedded demo, whose plans also expire after LOCAL_PLAN_TTL_S)."""
 
     def __init__(self) -> None:
-        self.local = 0
-        self._redis = None
-        url = getattr(settings, "REDIS_URL", "")
-        if url:
-            import redis  # only with REDIS_URL (the embedded demo runs without it)
-
-            self._redis = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
-            self._down_errors = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+        self.counter = GenerationCounter(
+            GENERATION_KEY, url=settings.REDIS_URL, name="route generation", on_unreachable=redis_unreachable
+        )
 
     @property
     def shared(self) -> bool:
-        return self._redis is not None
+        return self.counter.shared
 
     def read(self) -> int:
         """The shared generation; GENERATION_UNKNOWN while Redis is unreachable (plans rebuild)."""
-        if self._redis is None:
-            return self.local
-        try:
-            value = self._redis.get(GENERATION_KEY)
-        except self._down_errors:
-            redis_unreachable("read the route generation")
+        if not self.counter.shared:
+            return self.counter.local
+        value = self.counter.read()
+        if value is None:
             return GENERATION_UNKNOWN
         return int(value) if value else 0
 
@@ -116,12 +112,7 @@ class _Generation:
         """Move the generation. A save must not fail because Redis is away: plans built while it
         is away are never current (GENERATION_UNKNOWN), and the next bump after it returns
         reaches every process."""
-        self.local += 1
-        if self._redis is not None:
-            try:
-                self._redis.incr(GENERATION_KEY)
-            except self._down_errors:
-                redis_unreachable("bump the route generation")
+        self.counter.bump()
 
 
 _gen: _Generation | None = None

@@ -11,8 +11,8 @@ from django.utils import timezone
 
 from inference.models import ChaosConfig, EvalCase, EvalRun, InferenceRequest, QualityRecord
 from inference.selectors import rolling_caches_clear
-from stack.registry.models import Deployment, Workflow
-from stack.registry.services import RegistryError
+from registry.models import Deployment, Workflow
+from registry.services import RegistryError
 
 # --- Quality -----------------------------------------------------------------------------------
 

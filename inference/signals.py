@@ -16,7 +16,7 @@ from billing.models import Budget, PriceBook
 from inference.models import ChaosConfig
 from inference.retention import retained_prompts_forget
 from inference.selectors import route_cache_invalidate
-from stack.registry.models import Deployment, Provider, RoutingPolicyEntry, RoutingPolicyVersion, Workflow
+from registry.models import Deployment, Provider, RoutingPolicyEntry, RoutingPolicyVersion, Workflow
 
 
 def _invalidate(**kwargs: Any) -> None:

@@ -14,14 +14,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
 
-from django.db.models import Count, Q, QuerySet, Sum
+from django.db.models import Avg, Count, Q, QuerySet, Sum
 from django.utils import timezone
 
-from inference.breaker import breaker_state
-from inference.models import InferenceAttempt, InferenceRequest
-from inference.routing import blended_price
+from inference.breaker.breakers import breaker_state
+from inference.models import InferenceAttempt, InferenceRequest, QualityRecord
+from inference.router.policy import blended_price
 from inference.selectors import DeploymentPrice, deployment_price_per_1m, deployment_quality_mean
-from stack.registry.models import Deployment, FailoverEvent, Provider, Workflow
+from registry.models import Deployment, FailoverEvent, Provider, Workflow
 
 STATS_DAYS = 7
 LATENCY_SAMPLE = 2000  # most recent successful calls per deployment used for p50/p95
@@ -229,3 +229,15 @@ def provider_totals(stats: Sequence[DeploymentStats]) -> ProviderTotals:
     return ProviderTotals(
         calls=sum(s.calls for s in stats), failures=sum(s.failures for s in stats), spend=dict(spend)
     )
+
+
+def deployment_quality_means(since: datetime) -> dict[int, tuple[float, int]]:
+    """Every deployment's mean quality score since `since` and how many scores it rests on (the
+    billing dashboard's cost per quality point reads this through billing.quality)."""
+    rows = (
+        QualityRecord.objects.filter(created_at__gte=since)
+        .values("deployment_id")
+        .annotate(mean=Avg("score"), count=Count("pk"))
+        .order_by()
+    )
+    return {row["deployment_id"]: (float(row["mean"]), row["count"]) for row in rows}

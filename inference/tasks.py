@@ -1,14 +1,16 @@
-"""Inference tasks of the control queue (thin: the work is in inference.quality / inference.batch)."""
+"""Inference tasks of the control queue (thin: the work is in inference.quality and inference.batch)."""
 
 from __future__ import annotations
 
 from celery import shared_task
 
-from inference import batch, idempotency, quality, retention
+from inference import idempotency, retention
+from inference.batch import jobs as batch
+from inference.quality import services as quality
 from inference.recording import journal_fold_all
 
 
-@shared_task(name="inference.eval_set_run", ignore_result=True)
+@shared_task(name=quality.EVAL_SET_RUN, ignore_result=True)
 def eval_set_run(run_id: int) -> None:
     """Run one pending EvalRun against its deployment (claims it; a duplicate delivery does nothing)."""
     quality.eval_run_execute(run_id=run_id)
@@ -20,7 +22,7 @@ def eval_sets_scheduled() -> int:
     return len(quality.eval_sets_scheduled())
 
 
-@shared_task(name="inference.batch_job_run", ignore_result=True)
+@shared_task(name=batch.BATCH_JOB_RUN, ignore_result=True)
 def batch_job_run(job_id: int) -> None:
     """Run or resume one batch job under its lease (a duplicate delivery finds it held and returns)."""
     batch.batch_job_execute(job_id=job_id)

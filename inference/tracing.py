@@ -3,7 +3,7 @@
 Built once the request is recorded (inference.router.finish), from what the router already
 measured: each attempt's start (perf_counter) and latency become its span's start and end, so
 the calls themselves carry no tracing code and a process with tracing off (the default; see
-stack.registry.tracing) pays one `if`. The request span is a child of whatever span is current
+registry.tracing) pays one `if`. The request span is a child of whatever span is current
 (a Celery task's, a batch line's), else the root of its own trace.
 
 Attributes follow OpenTelemetry's GenAI semantic conventions: gen_ai.operation.name,

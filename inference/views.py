@@ -10,9 +10,10 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.views import View
 
-from inference import charts, quality
+from inference import charts
 from inference.forms import ChaosForm, EvalRunForm
 from inference.models import BatchJob, ChaosConfig, EvalRun, EvalSet
+from inference.quality import services as quality
 from inference.selectors import workflow_requests
 from inference.services import chaos_config_set
 from inference.stats_selectors import (
@@ -22,12 +23,12 @@ from inference.stats_selectors import (
     workflow_failovers,
     workflow_latency,
 )
-from stack.registry.models import Deployment, Provider, Workflow
-from stack.registry.principal import principal_of_user
-from stack.registry.selectors import get_workflow_for_user, workflow_current_policy, workflows_visible
-from stack.registry.services import RegistryError
-from stack.registry.teams import user_may_change_team_object
-from stack.registry.views import RoleRequiredMixin, require_team_write, shared_writer
+from registry.auth.principal import principal_of_user
+from registry.auth.teams import user_may_change_team_object
+from registry.models import Deployment, Provider, Workflow
+from registry.selectors import get_workflow_for_user, workflow_current_policy, workflows_visible
+from registry.services import RegistryError
+from registry.views import RoleRequiredMixin, require_team_write, shared_writer
 
 
 class InferenceHomeView(RoleRequiredMixin, View):

@@ -1,7 +1,7 @@
 """The one interface every provider adapter implements, and the request/response types.
 
 Adapters know nothing about the ORM: they get plain dataclasses and a deadline (and open their
-connections through the outbound guard, stack.registry.outbound) and return
+connections through the outbound guard, registry.outbound.guard) and return
 a Completion, or raise ProviderError with `retryable` set the way the router needs it
 (connect errors, timeouts, 429 and 5xx are retryable; other 4xx are not) and the provider's
 HTTP status, from which `client_error` (400, 413, 422: the request is at fault) follows.
@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from stack.registry.failover_codes import FailoverCode, failover_code_for_status
+from registry.failover_codes import FailoverCode, failover_code_for_status
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class ChatRequest:
     """An OpenAI-style chat request; `model` is resolved by the router, not the caller.
 
     The typed fields are the ones Switchyard acts on (cost estimates, capability checks, the
-    Bedrock mapping). `wire` is the client's body as checked by inference.openai_request, less
+    Bedrock mapping). `wire` is the client's body as checked by inference.gateway.openai_request, less
     `model`: OpenAI-compatible adapters send it unchanged (only `model` and the stream flags are
     set), so every field, known to Switchyard or not, reaches the provider as it was written.
     Requests built in-process (evals, batch lines of old, the bench) have no `wire`; the
@@ -191,7 +191,7 @@ class ProviderError(Exception):
     """A failed call; `retryable` says whether another try (here or elsewhere) may succeed, and
     `client_error` whether the request itself was refused (see CLIENT_ERROR_STATUSES).
     `retry_after` is the provider's own wait in seconds (a 429's Retry-After), when it said one.
-    `code` is the failover code of the cause (stack.registry.failover_codes): the adapter names
+    `code` is the failover code of the cause (registry.failover_codes): the adapter names
     it where it knows (a timeout, a broken connection, an unreadable answer), else it follows
     from the HTTP status."""
 

@@ -9,7 +9,7 @@ botocore's own retries are off (the router decides about retries and fallbacks, 
 request's deadline). Credentials are the provider's secret as "ACCESS_KEY:SECRET_KEY"; an
 empty secret uses boto3's default chain. The deployment's (or provider's) base_url, when set,
 is the endpoint URL (a VPC endpoint, or the loopback server the tests run); every request the
-client sends is checked by the outbound guard (stack.registry.outbound) first, and what the
+client sends is checked by the outbound guard (registry.outbound.guard) first, and what the
 endpoint answers in an error is logged, never passed on.
 
 boto3 and botocore are imported inside the functions that call Bedrock: they take a noticeable
@@ -41,8 +41,8 @@ from inference.adapters.converse_mapping import (
     chat_answer,
     converse_request,
 )
-from stack.registry.failover_codes import FailoverCode
-from stack.registry.outbound import PRIVATE_ALLOWED, PUBLIC_ONLY, OutboundRefused, botocore_guard
+from registry.failover_codes import FailoverCode
+from registry.outbound.guard import PRIVATE_ALLOWED, PUBLIC_ONLY, OutboundRefused, botocore_guard
 
 logger = logging.getLogger(__name__)
 _clients: dict[tuple[str, str, str, float, bool], Any] = {}

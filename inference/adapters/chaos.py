@@ -21,7 +21,7 @@ from inference.adapters.base import (
     Target,
     classify_status,
 )
-from stack.registry.failover_codes import FailoverCode
+from registry.failover_codes import FailoverCode
 
 _rng = random.Random()  # noqa: S311 (fault injection, not security)
 

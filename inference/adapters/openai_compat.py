@@ -6,7 +6,7 @@ tenths of a millisecond of bookkeeping. A connection the server closed while idl
 on the next use and reopened once (the request had not been processed: the server closed
 before reading it).
 
-Connections are opened through the outbound guard (stack.registry.outbound) under the provider's
+Connections are opened through the outbound guard (registry.outbound.guard) under the provider's
 policy; redirects are not followed; an upstream error body is logged here and never becomes part
 of an error message (which reaches callers, attempts, failover events and batch output).
 """
@@ -34,8 +34,8 @@ from inference.adapters.base import (
     Target,
     classify_status,
 )
-from stack.registry.failover_codes import FailoverCode
-from stack.registry.outbound import PRIVATE_ALLOWED, PUBLIC_ONLY, OutboundRefused, guarded_connection
+from registry.failover_codes import FailoverCode
+from registry.outbound.guard import PRIVATE_ALLOWED, PUBLIC_ONLY, OutboundRefused, guarded_connection
 
 logger = logging.getLogger(__name__)
 _local = threading.local()
@@ -65,7 +65,7 @@ def _key(base_url: str, allow_private: bool) -> ConnKey:
 def _connection(key: ConnKey, timeout: float) -> tuple[http.client.HTTPConnection, bool]:
     """A kept-alive connection for this thread, and whether it is fresh.
 
-    A fresh one is opened through the outbound guard (stack.registry.outbound): the host is
+    A fresh one is opened through the outbound guard (registry.outbound.guard): the host is
     resolved (cached briefly), its addresses checked against the provider's policy, and the
     socket connected to the address checked. A kept-alive one costs no lookup at all.
     """

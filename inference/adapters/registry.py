@@ -17,7 +17,7 @@ from inference.adapters.base import (
 from inference.adapters.bedrock import BedrockAdapter
 from inference.adapters.chaos import ChaosAdapter
 from inference.adapters.openai_compat import OpenAICompatibleAdapter
-from stack.registry.failover_codes import FailoverCode
+from registry.failover_codes import FailoverCode
 
 _openai = OpenAICompatibleAdapter()
 _bedrock = BedrockAdapter()

@@ -32,7 +32,7 @@ class AttemptInfo:
     cost: Decimal = Decimal("0")
     error: str = ""
     started_at: float = 0.0  # perf_counter at the start, for time lost between attempts
-    code: str = ""  # a failed call's failover code (stack.registry.failover_codes)
+    code: str = ""  # a failed call's failover code (registry.failover_codes)
 
     @property
     def deployment_id(self) -> int:

@@ -18,14 +18,14 @@ from django.utils import timezone
 
 from billing.selectors import PriceResolver
 from billing.services import UsageInput, usage_record_batch
-from inference.breaker import breakers
+from inference.breaker.breakers import breakers
 from inference.models import InferenceAttempt, InferenceRequest
 from inference.recording.attempts import UNIT_SUFFIX, Outcome
 from inference.retention import retained_prompts_write
 from inference.selectors import fold_cache
-from stack.registry.failover_codes import FailoverCode, failover_code_for_status
-from stack.registry.models import Deployment, FailoverEvent, Workflow
-from stack.registry.services import failover_event_record
+from registry.failover_codes import FailoverCode, failover_code_for_status
+from registry.models import Deployment, FailoverEvent, Workflow
+from registry.services import failover_event_record
 
 DEMOTION_EVENT_TTL_S = 600.0  # one quality-demotion event per workflow and deployment per 10 min
 JOURNAL_VERSION = 1
@@ -316,7 +316,7 @@ def _breaker_event(
 
 
 def breaker_transition_record(*, deployment_id: int, transition: str, cause: str) -> None:
-    """A circuit transition no request carries (see inference.breaker._SuccessRecorder)."""
+    """A circuit transition no request carries (see inference.breaker.breakers._SuccessRecorder)."""
     deployment = Deployment.objects.select_related("provider").filter(pk=deployment_id).first()
     if deployment is not None:
         _breaker_event(deployment, transition=transition, cause=cause, at=timezone.now(), details={})

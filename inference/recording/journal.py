@@ -56,6 +56,9 @@ def journal_fold(*, limit: int = FOLD_BATCH, retry_failed: bool = False) -> int:
     """Fold up to `limit` journaled requests into the ledger; returns how many were folded."""
     from inference.recording.fold import FoldJob, fold_jobs  # noqa: PLC0415 (fold imports billing's writers)
 
+    # Not registry.claims: the fold picks up a batch of rows, not one row by id, and skips the
+    # rows another folder holds (SKIP LOCKED) instead of waiting for them or taking them over;
+    # the locks last the fold's transaction, so there is no lease to renew or to go stale.
     with transaction.atomic():
         rows = list(
             _pending(retry_failed=retry_failed)
@@ -152,8 +155,8 @@ class _Folder:
         self._wake.set()
 
     def _run(self) -> None:
-        idle = float(getattr(settings, "INFERENCE_JOURNAL_IDLE_SECONDS", 2.0))
-        delay = float(getattr(settings, "INFERENCE_JOURNAL_FOLD_DELAY_SECONDS", 0.05))
+        idle = settings.INFERENCE_JOURNAL_IDLE_SECONDS
+        delay = settings.INFERENCE_JOURNAL_FOLD_DELAY_SECONDS
         wake, stop = self._wake, self._stop
         while not stop.is_set():
             if wake.wait(idle) and delay and not stop.is_set():

@@ -20,7 +20,7 @@ from inference.recording.attempts import AttemptInfo, Outcome, billable_units, d
 from inference.recording.fold import FoldAttempt, FoldJob, fold_jobs
 from inference.recording.journal import journal_nudge
 from inference.selectors import PlanEntry, RoutePlan
-from stack.registry.models import Workflow
+from registry.models import Workflow
 
 
 def inference_request_record(
@@ -44,6 +44,7 @@ def inference_request_record(
     api_key_id: int | None = None,
     bill_to: str = "",
     kept: dict[str, Any] | None = None,
+    request_id: int | None = None,
 ) -> InferenceRequest:
     """Record one routed request durably; returns its row (whose `cost` the answer reports).
 
@@ -104,6 +105,8 @@ def inference_request_record(
         "created_at": now,
         "ledger_pending": None,
     }
+    if request_id is not None:  # reserved up front (request_id_reserve): a streamed answer's id
+        values["id"] = request_id
     fold = FoldJob(
         request_id=0,  # known once the row is inserted
         workflow_id=workflow.pk,
@@ -252,23 +255,49 @@ def _write_jobs(jobs: Sequence[_Job]) -> None:
 # trip on the router's path (measured by `manage.py bench gateway`). Values are adapted by each
 # field's own get_db_prep_save, as the ORM would.
 _REQUEST_FIELDS = [f for f in InferenceRequest._meta.concrete_fields if not f.primary_key]
-_REQUEST_SQL: dict[str, str] = {}
+_REQUEST_SQL: dict[tuple[str, bool], str] = {}
 
 
 def _request_insert(values: dict[str, Any]) -> InferenceRequest:
-    sql = _REQUEST_SQL.get(connection.vendor)
+    """INSERT one request row; its id is drawn by the database unless `values` carries a reserved one."""
+    reserved = values.get("id")
+    fields = _REQUEST_FIELDS if reserved is None else [InferenceRequest._meta.pk, *_REQUEST_FIELDS]
+    key = (connection.vendor, reserved is not None)
+    sql = _REQUEST_SQL.get(key)
     if sql is None:
         table = connection.ops.quote_name(InferenceRequest._meta.db_table)
-        columns = ", ".join(connection.ops.quote_name(f.column) for f in _REQUEST_FIELDS)
-        marks = ", ".join(["%s"] * len(_REQUEST_FIELDS))
-        sql = _REQUEST_SQL[connection.vendor] = (
-            f"INSERT INTO {table} ({columns}) VALUES ({marks}) RETURNING id"  # noqa: S608
-        )
-    params = [f.get_db_prep_save(values[f.attname], connection) for f in _REQUEST_FIELDS]
+        columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
+        marks = ", ".join(["%s"] * len(fields))
+        sql = _REQUEST_SQL[key] = f"INSERT INTO {table} ({columns}) VALUES ({marks}) RETURNING id"  # noqa: S608
+    params = [f.get_db_prep_save(values[f.attname], connection) for f in fields]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         (pk,) = cursor.fetchone()
-    row = InferenceRequest(pk=pk, **values)
+    row = InferenceRequest(**{**values, "id": pk})
     row._state.adding = False
     row._state.db = connection.alias
     return row
+
+
+def request_id_reserve() -> int:
+    """Draw the id the next recorded request will carry, before it is recorded: a streamed answer
+    names its request in every chunk's id (`chatcmpl-sy<id>`, as a plain answer does) but is
+    recorded only once it has ended. PostgreSQL: the id column's sequence. SQLite (AUTOINCREMENT,
+    as Django declares ids there): the table's counter in sqlite_sequence, moved under SQLite's
+    write lock. An id drawn and never used leaves a gap, as a rolled-back insert does."""
+    table = InferenceRequest._meta.db_table
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT nextval(pg_get_serial_sequence(%s, 'id'))", [table])
+            return int(cursor.fetchone()[0])
+        with transaction.atomic():
+            cursor.execute("UPDATE sqlite_sequence SET seq = seq + 1 WHERE name = %s RETURNING seq", [table])
+            row = cursor.fetchone()
+            if row is None:  # no row inserted yet: the counter starts after the largest id
+                quoted = connection.ops.quote_name(table)
+                cursor.execute(
+                    f"INSERT INTO sqlite_sequence (name, seq) SELECT %s, coalesce(max(id), 0) + 1 FROM {quoted} RETURNING seq",  # noqa: S608
+                    [table],
+                )
+                row = cursor.fetchone()
+        return int(row[0])

@@ -1,11 +1,11 @@
 """The router: executes a workflow's current routing-policy version.
 
-The order to try comes from the routing core (inference.routing, pure) over the plan that
-inference.selectors loads and caches; this module makes the calls (adapters), keeps the
-circuit breakers (inference.breaker), asks the budgets, retries, and has every attempt recorded
-(inference.services).
+The order to try comes from the routing core (inference.router.policy, pure: no Django) over the
+plan that inference.selectors loads and caches; this package makes the calls (adapters), keeps
+the circuit breakers (inference.breaker.breakers), asks the budgets, retries, and has every attempt
+recorded (inference.recording).
 
-Public entry points (used by the gateway, the eval runner and batch jobs):
+Public entry points, in inference.router.entry (used by the gateway, the eval runner and batch jobs):
 
     route(*, workflow, request, endpoint=Endpoint.CHAT, client_request_id=None, deadline_s=None,
           deployment=None) -> RouteResult     (deployment: call only that one, e.g. for evals)
@@ -20,7 +20,7 @@ NoRoute when the workflow has no usable policy. With a client_request_id seen be
 result is returned and nothing is called or billed again.
 
 How a request moves along the route:
-- the strategy orders the deployments (inference.routing.order_candidates); a deployment whose
+- the strategy orders the deployments (inference.router.policy.order_candidates); a deployment whose
   rolling quality is below the policy's floor is skipped;
 - a deployment whose circuit is open is skipped; after its cooldown one request probes it;
 - before each call the budget is asked (billing.budgets.budget_admission) when a hard-limit
@@ -32,20 +32,8 @@ How a request moves along the route:
 - a non-retryable error caused by the request itself (400, 413, 422) stops at once; other 4xx
   (bad key, unknown model: the deployment's fault) move on without a retry of that deployment.
 
-Modules: errors (RouteResult and the refusals), context (the plan and the capable deployments),
-calls (walking the route), finish (recording, replays), entry (route, route_stream).
+Modules: policy (the pure routing core: how a strategy orders the deployments), errors
+(RouteResult and the refusals), context (the plan and the capable deployments), calls (walking
+the route), finish (recording, replays), entry (route, route_stream). This file imports nothing,
+so that the pure core loads without Django: import from the module that defines a name.
 """
-
-from inference.router.entry import RouteStream, route, route_stream
-from inference.router.errors import FEATURE_PARAM, CapabilityMissing, CostLimitExceeded, NoRoute, RouteResult
-
-__all__ = [
-    "FEATURE_PARAM",
-    "CapabilityMissing",
-    "CostLimitExceeded",
-    "NoRoute",
-    "RouteResult",
-    "RouteStream",
-    "route",
-    "route_stream",
-]

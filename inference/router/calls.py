@@ -8,6 +8,8 @@ from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 
+from django.conf import settings
+
 from billing.budgets import BudgetExhausted, budget_admission
 from inference.adapters.base import (
     Completion,
@@ -16,12 +18,14 @@ from inference.adapters.base import (
     StreamChunk,
 )
 from inference.adapters.registry import adapter_for
-from inference.breaker import RedisBreakers, breaker_settings, breakers, monotonic_now, record_success
+from inference.breaker.breakers import breakers, record_success
+from inference.breaker.redis_breakers import RedisBreakers
+from inference.breaker.state import breaker_settings, monotonic_now
 from inference.models import InferenceAttempt
 from inference.recording import AttemptInfo
-from inference.router.context import Context, candidates, cost_estimate, needs_admission, setting
+from inference.router.context import Context, call_target, candidates, cost_estimate, needs_admission
 from inference.router.errors import CostLimitExceeded, NoRoute
-from inference.routing import Peek
+from inference.router.policy import Peek
 from inference.selectors import (
     GENERATION_KEY,
     PlanEntry,
@@ -90,8 +94,8 @@ def attempt_calls(ctx: Context, stack: ExitStack, *, stream: bool) -> Iterator[A
         ids = [e.deployment_id for e in order]
         states = store.peek(ids, now=monotonic_now(), cfg=cfg)
     refused_by: set[int] = set()
-    max_rounds = int(setting("INFERENCE_MAX_ROUNDS", 2))
-    backoff = setting("INFERENCE_BACKOFF_SECONDS", 0.05)
+    max_rounds = settings.INFERENCE_MAX_ROUNDS
+    backoff = settings.INFERENCE_BACKOFF_SECONDS
     for round_no in range(max_rounds):
         if round_no:
             # Full-jitter exponential backoff (AWS Architecture Blog, "Exponential Backoff And
@@ -142,13 +146,12 @@ def attempt_calls(ctx: Context, stack: ExitStack, *, stream: bool) -> Iterator[A
                     )
                     continue
             try:
-                if needs_admission(ctx, entry):
+                target = call_target(ctx, entry)
+                if needs_admission(ctx, target):
                     stack.enter_context(
                         budget_admission(
                             estimate=cost_estimate(entry, ctx.request),
-                            workflow=ctx.workflow,
-                            provider=entry.deployment.provider,
-                            api_key_id=ctx.api_key_id,
+                            target=target,
                             currency=entry.currency,
                             cached_budgets=True,
                         )
@@ -220,7 +223,7 @@ def attempt_calls(ctx: Context, stack: ExitStack, *, stream: bool) -> Iterator[A
                     # The provider said how long to stay away (429/503 Retry-After): every
                     # process skips this deployment for that long (capped), and the route
                     # moves on to the next one now.
-                    wait = min(exc.retry_after, setting("INFERENCE_MAX_RETRY_AFTER_SECONDS", 300.0))
+                    wait = min(exc.retry_after, settings.INFERENCE_MAX_RETRY_AFTER_SECONDS)
                     store.cool_down(entry.deployment_id, until=monotonic_now() + wait)
                 if not exc.retryable:
                     refused_by.add(entry.deployment_id)

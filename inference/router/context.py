@@ -8,7 +8,7 @@ from decimal import Decimal
 
 from django.conf import settings
 
-from billing.budgets import BudgetExhausted, spend_target
+from billing.budgets import BudgetExhausted, SpendTarget, spend_target
 from inference.adapters.base import (
     EmbeddingRequest,
     RoutedInput,
@@ -18,7 +18,7 @@ from inference.admission import request_tokens, worst_case_cost
 from inference.models import InferenceAttempt
 from inference.recording import AttemptInfo
 from inference.router.errors import CapabilityMissing, CostLimitExceeded, NoRoute
-from inference.routing import order_candidates
+from inference.router.policy import order_candidates
 from inference.selectors import (
     PlanEntry,
     RoutePlan,
@@ -28,13 +28,9 @@ from inference.selectors import (
     route_plan,
     route_plan_cached,
 )
-from stack.registry.models import Deployment, Workflow
+from registry.models import Deployment, Workflow
 
 Outcome = InferenceAttempt.Outcome
-
-
-def setting(name: str, default: float) -> float:
-    return float(getattr(settings, name, default))
 
 
 def cost_estimate(entry: PlanEntry, request: RoutedInput) -> Decimal:
@@ -42,16 +38,17 @@ def cost_estimate(entry: PlanEntry, request: RoutedInput) -> Decimal:
     return worst_case_cost(entry, request)
 
 
-def needs_admission(ctx: Context, entry: PlanEntry) -> bool:
+def call_target(ctx: Context, entry: PlanEntry) -> SpendTarget:
+    """What a call on `entry` spends on, as its ledger row will name it: the workflow (and its
+    team), the deployment's provider, the API key."""
+    return spend_target(workflow=ctx.workflow, provider=entry.deployment.provider, api_key_id=ctx.api_key_id)
+
+
+def needs_admission(ctx: Context, target: SpendTarget) -> bool:
     """Only a spend under some active hard-limit budget needs admission (the others would be
     admitted without a reservation); the plan knows those budgets' targets."""
     hard = ctx.plan.hard_budget_keys
-    if not hard:
-        return False
-    keys = spend_target(
-        workflow=ctx.workflow, provider=entry.deployment.provider, api_key_id=ctx.api_key_id
-    ).keys()
-    return any(key in hard for key in keys)
+    return bool(hard) and any(key in hard for key in target.keys())
 
 
 @dataclass
@@ -111,7 +108,7 @@ def prepare(
             raise NoRoute(f"workflow {workflow.slug} has no routing policy")
         if not plan.entries:
             raise NoRoute(f"workflow {workflow.slug} has no enabled deployment in its route")
-    deadline_s = deadline_s if deadline_s is not None else setting("INFERENCE_DEADLINE_SECONDS", 30.0)
+    deadline_s = deadline_s if deadline_s is not None else settings.INFERENCE_DEADLINE_SECONDS
     return Context(
         workflow=workflow,
         plan=plan,
@@ -126,7 +123,7 @@ def prepare(
 
 
 def candidates(ctx: Context) -> list[PlanEntry]:
-    """The plan's entries in the order its policy gives (inference.routing); the ones demoted
+    """The plan's entries in the order its policy gives (inference.router.policy); the ones demoted
     for quality are recorded as skipped attempts."""
     plan = ctx.plan
     policy = plan.policy

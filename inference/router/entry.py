@@ -17,6 +17,7 @@ from inference.adapters.base import (
 )
 from inference.admission import input_tokens
 from inference.models import Endpoint, InferenceAttempt
+from inference.recording.record import request_id_reserve
 from inference.router.calls import attempt_calls, ok_attempt
 from inference.router.context import Context, prepare
 from inference.router.errors import RouteResult
@@ -24,7 +25,7 @@ from inference.router.finish import finish_request, raise_refusal, recorded, rep
 from inference.selectors import (
     PlanEntry,
 )
-from stack.registry.models import Deployment, Workflow
+from registry.models import Deployment, Workflow
 
 Outcome = InferenceAttempt.Outcome
 
@@ -113,6 +114,7 @@ class RouteStream:
         self._call_started = 0.0
         self._probe = False
         self.ttft_ms: float | None = None
+        self.request_id: int | None = None  # reserved once a deployment answers
 
     @property
     def ok(self) -> bool:
@@ -190,6 +192,7 @@ class RouteStream:
                 stream=True,
                 ttft_ms=self.ttft_ms,
                 client_request_id=None,
+                request_id=self.request_id,
             )
         finally:
             self._stack.close()
@@ -227,4 +230,10 @@ def route_stream(
     if out.winner is None:
         out._close([], None, 0, "stop", None)
         raise_refusal(ctx, None)
+    # The id the request will be recorded under when the stream ends: every chunk names it.
+    try:
+        out.request_id = request_id_reserve()
+    except BaseException:
+        stack.close()  # the provider's stream, already open (the database may be down)
+        raise
     return out

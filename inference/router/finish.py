@@ -10,7 +10,8 @@ from django.utils import timezone
 from inference.adapters.base import (
     Completion,
 )
-from inference.breaker import breakers, monotonic_now
+from inference.breaker.breakers import breakers
+from inference.breaker.state import monotonic_now
 from inference.idempotency import answer_kept, answer_kept_until, replay_check
 from inference.metrics import route_observe
 from inference.models import InferenceAttempt, InferenceRequest
@@ -22,8 +23,8 @@ from inference.selectors import (
     PlanEntry,
 )
 from inference.tracing import route_trace
-from stack.registry.models import Workflow
-from stack.registry.tracing import tracer
+from registry.models import Workflow
+from registry.tracing import tracer
 
 Outcome = InferenceAttempt.Outcome
 
@@ -36,6 +37,7 @@ def finish_request(
     stream: bool,
     ttft_ms: float | None,
     client_request_id: str | None,
+    request_id: int | None = None,
 ) -> RouteResult:
     latency_ms = (time.perf_counter() - ctx.started) * 1000.0
     error = ""
@@ -82,6 +84,7 @@ def finish_request(
         api_key_id=ctx.api_key_id,
         bill_to=ctx.bill_to,
         kept=_kept(ctx, completion),
+        request_id=request_id,
     )
     # Observed once the request is recorded: counters in this process, spans (when tracing is
     # on) handed to the exporter's background thread.

@@ -1,6 +1,6 @@
 """python manage.py serve_model --model <slug> --port N: an OpenAI-compatible server for a
 registered model's artifact: a switchyard artifact or an open-weights directory such as a
-training run's final export (inference.local_serving)."""
+training run's final export (inference.serving.local)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import close_old_connections
 from django.utils import timezone
 
-from inference.hosting import hosting_interval_bill
-from inference.local_serving import local_server_for_artifact
-from stack.registry.models import Deployment, RegisteredModel
+from inference.serving.hosting import hosting_interval_bill
+from inference.serving.local import local_server_for_artifact
+from registry.models import Deployment, RegisteredModel
 from storage.artifacts import ArtifactError
 
 

@@ -6,7 +6,7 @@ scores, rolling p50 latencies), so every strategy is tested without a database o
 from the database; inference.router executes the order (adapters, breakers, budgets, retries,
 recording).
 
-Strategies (stack.registry.models.RoutingPolicyVersion.strategy stores the same values):
+Strategies (registry.models.RoutingPolicyVersion.strategy stores the same values):
 
 - priority: the policy's order;
 - cheapest: lowest blended token price first (`blended_price`), unpriced last;
@@ -38,7 +38,7 @@ class Strategy(enum.StrEnum):
 
 
 class Peek(enum.IntEnum):
-    """What a deployment's circuit breaker says before a call (inference.breaker's `peek`; its
+    """What a deployment's circuit breaker says before a call (inference.breaker.breakers's `peek`; its
     Lua scripts answer these numbers)."""
 
     OPEN = 0  # skip it: open (or its probe is in flight) and the cooldown has not passed

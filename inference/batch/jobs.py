@@ -31,38 +31,37 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser, User
 from django.db import transaction
-from django.db.models import Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from billing.budgets import BudgetExhausted
-from inference.adapters.base import InferenceInput
 from inference.admission import CallTooLarge, Paced, PacingStopped, call_pace, request_tokens
-from inference.batch_pacing import batch_limits
-from inference.idempotency import batch_request_id, caller_key_problem
+from inference.batch.lines import batch_lines_parse, job_prefix, output_key, part_key
+from inference.batch.pacing import batch_limits
+from inference.idempotency import batch_request_id
 from inference.models import BatchJob, Endpoint, InferenceRequest
-from inference.openai_request import (
-    InvalidRequest,
-    chat_request_parse,
-    completion_request_parse,
-    json_document,
-)
-from inference.router import CapabilityMissing, CostLimitExceeded, NoRoute, route
-from stack.registry.models import ApiToken, Deployment, Workflow
-from stack.registry.object_keys import ObjectReach, team_object_prefix
-from stack.registry.objectstore import default_store
-from stack.registry.queues import CONTROL_QUEUE
-from stack.registry.services import RegistryError
-from stack.registry.tracing import span_attributes, tracer
-from stack.registry.validation import id_parse
+from inference.router.entry import route
+from inference.router.errors import CapabilityMissing, CostLimitExceeded, NoRoute
+from registry.claims import lease_claim, lease_release, lease_renew
+from registry.models import ApiToken, Deployment, Workflow
+from registry.queues import CONTROL_QUEUE, task_send
+from registry.services import RegistryError
+from registry.store.keys import ObjectReach, team_object_prefix
+from registry.store.objectstore import default_store
+from registry.tracing import span_attributes, tracer
 from storage.objectstore import ObjectNotFoundError
 
-MAX_LINES = 100_000
+BATCH_JOB_RUN = "inference.batch_job_run"  # inference.tasks registers it under this name
+
+if TYPE_CHECKING:
+    from inference.batch.lines import BatchLine
+
+
 # One answer for every input_uri the caller may not name, whether or not the key exists: another
 # team's key, a key of the platform's, a path that climbs out (`..`) or a URI instead of a key.
 INPUT_URI_REFUSED = (
@@ -72,112 +71,13 @@ INPUT_URI_REFUSED = (
 _ACTIVE = (BatchJob.State.PENDING, BatchJob.State.RUNNING)
 
 
-def _setting(name: str, default: float) -> float:
-    return float(getattr(settings, name, default))
-
-
 def stale_after() -> timedelta:
     """How long a running job's lease lasts without renewal; longer than one line can take."""
-    return timedelta(seconds=_setting("INFERENCE_BATCH_STALE_SECONDS", 120.0))
+    return timedelta(seconds=settings.INFERENCE_BATCH_STALE_SECONDS)
 
 
 def part_lines() -> int:
-    return max(1, int(_setting("INFERENCE_BATCH_PART_LINES", 20)))
-
-
-# --- Input lines -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class BatchLine:
-    number: int  # 1-based line number in the input file
-    key: str  # custom_id, or "line-<number>"
-    custom_id: str | None
-    request: InferenceInput
-
-
-def _line_request(obj: dict[str, Any], where: str) -> InferenceInput:
-    """The line's request, checked as the gateway checks a body (inference.openai_request)."""
-    if "messages" in obj:
-        parse = chat_request_parse
-    elif "prompt" in obj:
-        parse = completion_request_parse
-    else:
-        raise RegistryError(f"{where}: needs 'messages' (list) or 'prompt' (string)", field="input")
-    try:
-        return parse(obj, require_model=False).request
-    except InvalidRequest as exc:
-        raise RegistryError(f"{where}: {exc}", field="input") from None
-
-
-def batch_lines_parse(data: bytes) -> list[BatchLine]:
-    """The requests of a JSONL input (blank lines skipped); RegistryError names the bad line."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise RegistryError("input is not UTF-8 text", field="input") from None
-    lines: list[BatchLine] = []
-    seen: set[str] = set()
-    for number, raw in enumerate(text.splitlines(), start=1):
-        if not raw.strip():
-            continue
-        where = f"line {number}"
-        try:
-            # Strict JSON, an object, valid Unicode throughout (a lone surrogate in a custom_id
-            # or a message is refused here, not by the database or a provider), bounded depth.
-            obj = json_document(raw)
-        except InvalidRequest as exc:
-            message = str(exc).replace("The request body", "the line")
-            raise RegistryError(f"{where}: {message}", field="input") from None
-        custom_id = obj.get("custom_id")
-        if custom_id is not None:
-            # It becomes part of the request's client_request_id: checked as every caller's key.
-            problem = caller_key_problem(custom_id) if isinstance(custom_id, str) else "must be a string"
-            if problem is not None:
-                raise RegistryError(f"{where}: custom_id {problem}", field="input")
-        key = custom_id if custom_id is not None else f"line-{number}"
-        if key in seen:
-            raise RegistryError(f"{where}: duplicate custom_id {key!r}", field="input")
-        seen.add(key)
-        lines.append(BatchLine(number, key, custom_id, _line_request(obj, where)))
-        if len(lines) > MAX_LINES:
-            raise RegistryError(f"input has more than {MAX_LINES} lines", field="input")
-    if not lines:
-        raise RegistryError("input has no lines", field="input")
-    return lines
-
-
-def _job_prefix(job: BatchJob) -> str:
-    # The creation time keeps a job's parts apart from an older job that had the same id
-    # (a database restored or recreated over the same store).
-    stamp = job.created_at.strftime("%Y%m%dT%H%M%S%f")
-    return f"inference/batch/{job.pk}-{stamp}/"
-
-
-def _part_key(job: BatchJob, index: int) -> str:
-    return f"{_job_prefix(job)}part-{index:05d}.jsonl"
-
-
-def output_key(job: BatchJob) -> str:
-    return f"{_job_prefix(job)}output.jsonl"
-
-
-def batch_key_team(rest: str) -> int | None:
-    """The team that owns the object-store keys `inference/<rest>`: a job's parts and output
-    (`inference/batch/<id>-<stamp>/...`) are its workflow's team's; anything else under
-    `inference/` (inputs stored before teams owned keys) is the platform's (None)."""
-    kind, _, rest = rest.partition("/")
-    folder = rest.partition("/")[0]
-    job_id = id_parse(folder.partition("-")[0])
-    if kind != "batch" or job_id is None:
-        return None
-    job = BatchJob.objects.select_related("workflow").filter(pk=job_id).first()
-    if job is None or _job_prefix(job) != f"inference/batch/{folder}/":
-        return None  # the folder of an older job that had the same id
-    return job.workflow.team_id
-
-
-# --- Create / cancel -------------------------------------------------------------------------------
+    return settings.INFERENCE_BATCH_PART_LINES
 
 
 def _user(user: User | AnonymousUser | None) -> User:
@@ -205,7 +105,7 @@ def batch_job_create(
     `holds_prompts_until`: its objects hold kept prompts (inference.retention deletes them);
     `enqueue=False`: the caller runs it (batch_job_execute) itself, as a replay study does.
     `teams`: the teams in which the caller may create jobs (None: platform-wide roles); a key
-    it names must belong to the workflow's team (stack.registry.object_keys), checked before the
+    it names must belong to the workflow's team (registry.store.keys), checked before the
     store is read, and JSONL text is stored under that team's prefix."""
     if deployment is not None and not deployment.enabled:
         raise RegistryError(f"deployment {deployment.slug} is disabled", field="deployment")
@@ -254,7 +154,7 @@ def batch_job_objects_delete(*, job: BatchJob) -> None:
     """Delete a job's input, parts and output objects and the answers kept on its request rows
     (a replay's hold kept prompts: inference.retention). Rows, counters and costs stay."""
     store = default_store()
-    for key in [job.input_uri, *store.list(_job_prefix(job))]:
+    for key in [job.input_uri, *store.list(job_prefix(job))]:
         if key:
             store.delete(key)
     InferenceRequest.objects.filter(
@@ -264,51 +164,53 @@ def batch_job_objects_delete(*, job: BatchJob) -> None:
 
 
 def batch_job_enqueue(*, job_id: int) -> None:
-    """Send a job to its task on the control queue."""
-    # inference.tasks imports this module (a task calls its service); the task object is
-    # imported when a job is queued. Sending the task by name instead would bypass
-    # CELERY_TASK_ALWAYS_EAGER.
-    from inference.tasks import batch_job_run
-
-    batch_job_run.apply_async(args=(job_id,), queue=CONTROL_QUEUE)
+    """Send a job to its task on the control queue (by name: registry.queues.task_send)."""
+    task_send(BATCH_JOB_RUN, job_id, queue=CONTROL_QUEUE)
 
 
 def batch_job_cancel(*, job: BatchJob) -> BatchJob:
     """Stop a pending or running job; its runner sees the lost lease after the current line."""
     now = timezone.now()
-    n = BatchJob.objects.filter(pk=job.pk, state__in=_ACTIVE).update(
-        state=BatchJob.State.CANCELLED, finished_at=now, updated_at=now
+    cancelled = lease_release(
+        BatchJob,
+        pk=job.pk,
+        states=_ACTIVE,
+        to_state=BatchJob.State.CANCELLED,
+        heartbeat="updated_at",
+        now=now,
+        finished_at=now,
     )
-    if not n:
+    if not cancelled:
         raise RegistryError(f"batch {job.pk} is {job.state}, not pending or running", field="state")
     job.refresh_from_db()
     return job
 
 
-# --- Running ----------------------------------------------------------------------------------------------
-
-
 def _claim(job_id: int) -> datetime | None:
     """Take the job's lease: a pending job, or a running one whose runner stopped renewing."""
     now = timezone.now()
-    claimable = Q(state=BatchJob.State.PENDING) | Q(
-        state=BatchJob.State.RUNNING, updated_at__lt=now - stale_after()
+    return lease_claim(
+        BatchJob,
+        pk=job_id,
+        pending=BatchJob.State.PENDING,
+        running=BatchJob.State.RUNNING,
+        heartbeat="updated_at",
+        stale_after=stale_after(),
+        now=now,
+        started_at=Coalesce("started_at", now),
     )
-    n = BatchJob.objects.filter(claimable, pk=job_id).update(
-        state=BatchJob.State.RUNNING, updated_at=now, started_at=Coalesce("started_at", now)
-    )
-    return now if n else None
 
 
 def _renew(job_id: int, token: datetime, **counters: Any) -> datetime | None:
     """Compare-and-set the lease; None when another runner took it or the job was cancelled."""
-    now = timezone.now()
-    if now <= token:  # the token must change on every renewal
-        now = token + timedelta(microseconds=1)
-    n = BatchJob.objects.filter(pk=job_id, state=BatchJob.State.RUNNING, updated_at=token).update(
-        updated_at=now, **counters
+    return lease_renew(
+        BatchJob,
+        pk=job_id,
+        states=[BatchJob.State.RUNNING],
+        heartbeat="updated_at",
+        holder={"updated_at": token},
+        **counters,
     )
-    return now if n else None
 
 
 @dataclass
@@ -445,12 +347,12 @@ def batch_job_execute(*, job_id: int) -> BatchJob | None:
 def _execute(job: BatchJob, lines: list[BatchLine], lease: _Lease) -> BatchJob | None:
     job_id = job.pk
     store = default_store()
-    existing = set(store.list(_job_prefix(job)))
+    existing = set(store.list(job_prefix(job)))
     size = part_lines()
     finished = _Tally()
     keys: list[str] = []
     for index, start in enumerate(range(0, len(lines), size)):
-        key = _part_key(job, index)
+        key = part_key(job, index)
         keys.append(key)
         if key in existing:
             # Written before a crash: its lines are done; re-read its counters only.
@@ -474,26 +376,41 @@ def _execute(job: BatchJob, lines: list[BatchLine], lease: _Lease) -> BatchJob |
         store.put(key, _dump(records))
         for record in records:
             finished.add(record)
-    store.put(output_key(job), b"".join(store.get(k) for k in keys))
+    # Streamed a part file at a time: the output is never joined into one byte string.
+    store.put_stream(output_key(job), (store.get(k) for k in keys))
     now = timezone.now()
-    n = BatchJob.objects.filter(pk=job_id, state=BatchJob.State.RUNNING, updated_at=lease.token).update(
-        state=BatchJob.State.SUCCEEDED,
+    succeeded = lease_release(
+        BatchJob,
+        pk=job_id,
+        states=[BatchJob.State.RUNNING],
+        to_state=BatchJob.State.SUCCEEDED,
+        heartbeat="updated_at",
+        holder={"updated_at": lease.token},
+        now=now,
         output_uri=output_key(job),
         finished_at=now,
-        updated_at=now,
         **finished.counters(),
     )
-    return BatchJob.objects.get(pk=job_id) if n else None
+    return BatchJob.objects.get(pk=job_id) if succeeded else None
 
 
 def _fail(
     job_id: int, token: datetime, error: str, counters: dict[str, Any] | None = None
 ) -> BatchJob | None:
     now = timezone.now()
-    n = BatchJob.objects.filter(pk=job_id, state=BatchJob.State.RUNNING, updated_at=token).update(
-        state=BatchJob.State.FAILED, error=error[:2000], finished_at=now, updated_at=now, **(counters or {})
+    failed = lease_release(
+        BatchJob,
+        pk=job_id,
+        states=[BatchJob.State.RUNNING],
+        to_state=BatchJob.State.FAILED,
+        heartbeat="updated_at",
+        holder={"updated_at": token},
+        now=now,
+        error=error[:2000],
+        finished_at=now,
+        **(counters or {}),
     )
-    return BatchJob.objects.get(pk=job_id) if n else None
+    return BatchJob.objects.get(pk=job_id) if failed else None
 
 
 def batch_jobs_resume() -> list[int]:

@@ -23,18 +23,22 @@ from django.db.models import F, Max
 from django.utils import timezone
 
 from billing.budgets import BudgetExhausted
-from inference import scorers
 from inference.adapters.base import ChatMessage, ChatRequest
 from inference.admission import CallTooLarge, call_limits, call_pace, job_team, request_tokens
 from inference.idempotency import eval_request_id
 from inference.models import Endpoint, EvalCase, EvalRun, EvalSet, InferenceRequest, QualityRecord
+from inference.quality import scorers
 from inference.recording.fold import bill_to_subject
-from inference.router import RouteResult, route
+from inference.router.entry import route
+from inference.router.errors import RouteResult
 from inference.selectors import route_plan
 from inference.services import quality_record_create
-from stack.registry.models import ApiToken, Deployment, Workflow
-from stack.registry.queues import CONTROL_QUEUE
-from stack.registry.services import RegistryError
+from registry.claims import lease_release, row_claim
+from registry.models import ApiToken, Deployment, Workflow
+from registry.queues import CONTROL_QUEUE, task_send
+from registry.services import RegistryError
+
+EVAL_SET_RUN = "inference.eval_set_run"  # inference.tasks registers it under this name
 
 
 def _user(user: User | AnonymousUser | None) -> User | None:
@@ -148,13 +152,8 @@ def eval_run_start(
 
 
 def eval_run_enqueue(*, run_id: int) -> None:
-    """Send a run to its task on the control queue."""
-    # inference.tasks imports this module (a task calls its service); the task object is
-    # imported when a run is queued. Sending the task by name instead would bypass
-    # CELERY_TASK_ALWAYS_EAGER.
-    from inference.tasks import eval_set_run
-
-    eval_set_run.apply_async(args=(run_id,), queue=CONTROL_QUEUE)
+    """Send a run to its task on the control queue (by name: registry.queues.task_send)."""
+    task_send(EVAL_SET_RUN, run_id, queue=CONTROL_QUEUE)
 
 
 def _chat(text: str) -> ChatRequest:
@@ -167,9 +166,12 @@ def eval_run_execute(*, run_id: int) -> EvalRun | None:
     A case that already has its QualityRecord in this run is skipped, so a run re-claimed after
     its worker died goes on where it stopped.
     """
-    now = timezone.now()
-    claimed = EvalRun.objects.filter(pk=run_id, state=EvalRun.State.PENDING).update(
-        state=EvalRun.State.RUNNING, started_at=now
+    claimed = row_claim(
+        EvalRun,
+        pk=run_id,
+        from_states=[EvalRun.State.PENDING],
+        to_state=EvalRun.State.RUNNING,
+        started_at=timezone.now(),
     )
     if not claimed:
         return None
@@ -312,7 +314,7 @@ def eval_runs_requeue_stale(*, stale_after_s: float | None = None) -> list[int]:
     run; a re-claimed run skips the cases it scored and replays the calls it already paid for.
     """
     if stale_after_s is None:
-        stale_after_s = float(getattr(settings, "EVAL_RUN_STALE_SECONDS", 1800.0))
+        stale_after_s = settings.EVAL_RUN_STALE_SECONDS
     cutoff = timezone.now() - timedelta(seconds=stale_after_s)
     requeued: list[int] = []
     candidates = EvalRun.objects.filter(state__in=[EvalRun.State.PENDING, EvalRun.State.RUNNING]).annotate(
@@ -322,9 +324,15 @@ def eval_runs_requeue_stale(*, stale_after_s: float | None = None) -> list[int]:
         progress = max(t for t in (run.created_at, run.started_at, run.last_score) if t is not None)
         if progress >= cutoff:
             continue
-        # Conditional UPDATE: only one beat tick (or process) re-queues a given stale state.
-        if EvalRun.objects.filter(pk=run.pk, state=run.state, started_at=run.started_at).update(
-            state=EvalRun.State.PENDING, started_at=timezone.now()
+        # Compare-and-set on the state and started_at read above: only one beat tick (or
+        # process) re-queues a given stale state.
+        if lease_release(
+            EvalRun,
+            pk=run.pk,
+            states=[run.state],
+            to_state=EvalRun.State.PENDING,
+            heartbeat="started_at",
+            holder={"started_at": run.started_at},
         ):
             transaction.on_commit(partial(eval_run_enqueue, run_id=run.pk))
             requeued.append(run.pk)

@@ -12,7 +12,7 @@ from decimal import Decimal
 
 from billing.models import UsageRecord
 from billing.services import accelerator_time_bill
-from stack.registry.models import Deployment
+from registry.models import Deployment
 
 
 def hosting_interval_bill(

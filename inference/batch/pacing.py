@@ -1,6 +1,6 @@
 """The rate limits a batch line counts against (its calls are paced by inference.admission).
 
-A batch line counts against the same windows as a /v1 request (inference.ratelimit: the same
+A batch line counts against the same windows as a /v1 request (inference.ratelimit.limits: the same
 Redis keys): its API key's limits, its key's team's (or, for a job asked for from a page, its
 workflow's team's), the workflow's, and the job's own `max_rpm` (scope "batch"). Where /v1
 answers 429, a line waits until the window lets it through (inference.admission.call_pace), so
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from inference.admission import call_limits, job_team
 from inference.models import BatchJob
-from inference.ratelimit_window import Limit
+from inference.ratelimit.window import Limit
 
 
 def batch_limits(job: BatchJob) -> list[Limit]:

@@ -3,7 +3,7 @@
 Every scorer returns a score in [0, 1]. `expected` holds what the scorer compares with: the exact
 text, the substring, the regular expression, the JSON schema (as JSON text) or the number;
 `scorer_config` holds options (`ignore_case` for exact/contains/regex, `tolerance` and
-`relative` for numeric). The judge scorer asks another deployment (inference.quality runs that
+`relative` for numeric). The judge scorer asks another deployment (inference.quality.services runs that
 call); here it only builds the judge's prompt and reads its verdict.
 
 `case_config_validate` is called when a case is created, so a bad regex or schema is refused
@@ -20,7 +20,7 @@ from typing import Any
 from jsonschema import exceptions as jsonschema_exceptions
 from jsonschema import validators
 
-from stack.registry.services import RegistryError
+from registry.services import RegistryError
 
 EXACT = "exact"
 CONTAINS = "contains"

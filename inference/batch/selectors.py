@@ -10,9 +10,8 @@ from django.db.models import QuerySet
 from inference.models import BatchJob
 
 
-def batch_jobs(*, workflow_slug: str | None = None) -> QuerySet[BatchJob]:
-    qs = BatchJob.objects.select_related("workflow", "created_by")
-    return qs.filter(workflow__slug=workflow_slug) if workflow_slug else qs
+def batch_jobs() -> QuerySet[BatchJob]:
+    return BatchJob.objects.select_related("workflow", "created_by")
 
 
 def batch_job_progress(*, job: BatchJob) -> dict[str, Any]:

@@ -11,7 +11,7 @@ counter" of Cloudflare's rate limiting write-up
 one previous window so no weighting guess is needed. A refused request waits until enough of the
 oldest slots have left (Retry-After); the window is "reset" when the newest counted slot has left.
 
-The same arithmetic runs in Redis as one Lua script (inference.ratelimit_redis) and here, in
+The same arithmetic runs in Redis as one Lua script (inference.ratelimit.redis_counters) and here, in
 process, for the embedded demo without REDIS_URL (counters per process then).
 """
 
@@ -62,7 +62,7 @@ class Decision:
     costs: list[int]
     retry_after_s: float | None = None  # refused: when it may pass; None: never (cost > limit)
     corrected: bool = field(default=False)
-    # The authorisation version read in the same call (inference.ratelimit_redis); None: not read.
+    # The authorisation version read in the same call (inference.ratelimit.redis_counters); None: not read.
     auth_version: bytes | None = None
 
 
@@ -83,7 +83,7 @@ def window_decide(
 ) -> Decision:
     """Decide, and on admission count, one request against every limit (mutates the slot maps).
 
-    The reference of the Lua script in inference.ratelimit_redis, which does the same."""
+    The reference of the Lua script in inference.ratelimit.redis_counters, which does the same."""
     cur = now_ms // slot_ms
     oldest = cur - nslots + 1
     used: list[int] = []

@@ -1,6 +1,6 @@
 """The /v1 rate-limit counters in Redis: one Lua script call per request for every limit.
 
-The script is inference.ratelimit_window.window_decide in Lua (same slots, same answers), so
+The script is inference.ratelimit.window.window_decide in Lua (same slots, same answers), so
 checking a key's and its workflow's requests and tokens is atomic and costs one round trip
 (EVALSHA; redis-py's Script loads it again after a Redis restart). Time is Redis's own (TIME),
 so web processes on hosts with different clocks agree on the window.
@@ -24,10 +24,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from inference.ratelimit_window import Decision, Limit, Usage, window_ms
+import redis
+
+from inference.ratelimit.window import Decision, Limit, Usage, window_ms
+from registry.shared_redis.client import redis_client
 
 # KEYS: one hash per limit (field: slot number, value: what was counted in it), then, when
-# ARGV[3] is 1, the authorisation version's key (stack.registry.auth_version), read here so the
+# ARGV[3] is 1, the authorisation version's key (registry.auth.version), read here so the
 # gateway needs no GET of its own.
 # ARGV: slot_ms, nslots, 0/1, then per limit: limit, cost, m, and m pairs (slot, delta) of
 # corrections.
@@ -111,10 +114,8 @@ DOWN_BACKOFF_SECONDS = 1.0
 
 class RedisWindows:
     def __init__(self, url: str, window_s: float) -> None:
-        import redis  # only with a Redis URL (the embedded demo runs without it)
-
         # Short timeouts: a Redis that does not answer must not hold every /v1 request long.
-        self._redis = redis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
+        self._redis = redis_client(url, timeout=0.5)
         self._script: Any = self._redis.register_script(SCRIPT)
         self.down_errors: tuple[type[BaseException], ...] = (
             redis.exceptions.ConnectionError,

@@ -1,10 +1,10 @@
-"""The OpenAI-compatible gateway, mounted at /v1/ (inference.gateway)."""
+"""The OpenAI-compatible gateway, mounted at /v1/ (inference.gateway.views)."""
 
 from __future__ import annotations
 
 from django.urls import URLPattern, URLResolver, path
 
-from inference import gateway
+from inference.gateway import views as gateway
 
 urlpatterns: list[URLPattern | URLResolver] = [
     path("chat/completions", gateway.chat_completions, name="gateway-chat"),

@@ -8,6 +8,13 @@ view (500, logged here), and any other error page Django or a middleware renders
 Host, 403...), which is rewritten into the same shape with its status kept. Other paths are
 left alone.
 
+A database that is down or restarting (an OperationalError or InterfaceError out of the view:
+refused or timed-out connects, connections the server dropped) is a 503 `database_unavailable`
+with Retry-After, not a 500: an answer that could not be recorded is not handed out, and the
+client may retry. Django closes the broken connection at the end of the request and checks a
+kept one before the next request uses it (CONN_HEALTH_CHECKS), so answers resume by themselves
+once the database is back (tests/integration/test_restart_drills.py).
+
 Installed in settings.MIDDLEWARE right after SecurityMiddleware, so it sees the answers of every
 middleware below it.
 """
@@ -15,13 +22,15 @@ middleware below it.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 from django.conf import settings
 from django.core.exceptions import BadRequest, PermissionDenied, RequestDataTooBig, SuspiciousOperation
+from django.db import InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase
 
-from inference.gateway import error_response
+from inference.gateway.responses import error_response
 
 PREFIX = "/v1"
 logger = logging.getLogger(__name__)
@@ -55,6 +64,35 @@ def _generic(status: int, request: HttpRequest) -> HttpResponse:
     else:
         message = f"The request was refused (HTTP {status})"
     return error_response(status, message, type_, code)
+
+
+# Seconds a client is asked to wait before retrying a request the database could not take.
+DATABASE_RETRY_AFTER_S = 1
+_DATABASE_WARN_EVERY_S = 10.0
+_database_warned_at = 0.0
+
+
+def _database_unavailable(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """503 for a request the database could not take; logged once per 10 s, not once per
+    request (an outage under traffic would flood the log)."""
+    global _database_warned_at
+    now = time.monotonic()
+    if now - _database_warned_at > _DATABASE_WARN_EVERY_S:
+        _database_warned_at = now
+        logger.warning(
+            "database unavailable: answering 503 on %s (%s: %s)",
+            request.path,
+            type(exception).__name__,
+            str(exception).strip()[:300],
+        )
+    response = error_response(
+        503,
+        "The database is unavailable; retry shortly",
+        "api_error",
+        "database_unavailable",
+    )
+    response["Retry-After"] = str(DATABASE_RETRY_AFTER_S)
+    return response
 
 
 def _too_big(request: HttpRequest) -> HttpResponse | None:
@@ -114,5 +152,7 @@ class GatewayErrorsMiddleware:
             return _generic(403, request)
         if isinstance(exception, BadRequest | SuspiciousOperation):
             return _generic(400, request)
+        if isinstance(exception, OperationalError | InterfaceError):
+            return _database_unavailable(request, exception)
         logger.error("unhandled error on %s %s", request.method, request.path, exc_info=exception)
         return _generic(500, request)

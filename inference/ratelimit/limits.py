@@ -3,7 +3,7 @@
 A request is checked after its key, body and workflow are, before it is routed: every limit
 that applies (the key's RPM and TPM, its team's RPM and TPM, counting every key of the team
 together, and the workflow's RPM and TPM) is decided at once, all or nothing, in one Redis script call
-(inference.ratelimit_redis); a key and a workflow without limits cost nothing. Tokens are
+(inference.ratelimit.redis_counters); a key and a workflow without limits cost nothing. Tokens are
 counted before the call with the whole request's count (inference.admission.request_tokens:
 input with tools, images and template, plus max_tokens) and corrected with the usage the provider
 reported afterwards (`RateCheck.settle`). "Per minute" is SWITCHYARD_RATE_LIMIT_WINDOW_SECONDS
@@ -16,7 +16,7 @@ a refusal is a 429 with Retry-After (whole seconds).
 
 Redis unreachable: the request is let through (fail open, logged) unless its key has
 `rate_limit_fail_closed`, which makes it a 503. Without a Redis URL the counters are kept per
-process (inference.ratelimit_window.LocalWindows): the embedded demo's single web process.
+process (inference.ratelimit.window.LocalWindows): the embedded demo's single web process.
 """
 
 from __future__ import annotations
@@ -30,14 +30,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from django.conf import settings
 
-from inference.ratelimit_window import REQUESTS, TOKENS, Decision, Limit, LocalWindows
-from stack.registry.auth_version import AUTH_VERSION_KEY, auth_version
+from inference.ratelimit.redis_counters import RedisWindows
+from inference.ratelimit.window import REQUESTS, TOKENS, Decision, Limit, LocalWindows
+from registry.auth.version import AUTH_VERSION_KEY, auth_version
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from stack.registry.access import TokenGrant
-    from stack.registry.models import Workflow
+    from registry.auth.access import TokenGrant
+    from registry.models import Workflow
 
 logger = logging.getLogger(__name__)
 
@@ -77,8 +78,6 @@ def rate_limiter() -> _Store:
                 url = settings.RATE_LIMIT_REDIS_URL
                 window = settings.RATE_LIMIT_WINDOW_SECONDS
                 if url:
-                    from inference.ratelimit_redis import RedisWindows
-
                     _store = RedisWindows(url, window)
                 else:
                     _store = LocalWindows(window)
@@ -172,7 +171,7 @@ class RateCheck:
         """Count the request against every applicable limit, or raise RateLimited.
 
         `verify`: `caller` is a cached grant read at this authorisation version and not checked
-        since (stack.registry.access.cached_grant_unverified); the version is read in the same
+        since (registry.auth.access.cached_grant_unverified); the version is read in the same
         script call as the limits (one Redis round trip for both) and StaleGrant raised when it
         moved. The limits were counted with the stale grant then: an over-count of one request
         at the moment some authorisation changed."""
@@ -240,7 +239,7 @@ class RateCheck:
 def version_folded() -> bool:
     """Is the authorisation version in the rate limits' Redis (read in their script call)?"""
     url = settings.RATE_LIMIT_REDIS_URL
-    return bool(url) and url == getattr(settings, "REDIS_URL", "")
+    return bool(url) and url == settings.REDIS_URL
 
 
 def version_check(expected: bytes) -> None:

@@ -8,7 +8,7 @@ counts its tokens, and its end-of-sequence token ends the answer). Generation ap
 greedily (temperature 0 or unset) or by sampling softmax(logits / temperature); the answer is
 decoded with errors="replace". Chat messages become one prompt
 ("role: content" lines, then "assistant:"). Requests are checked as the gateway checks them
-(inference.openai_request): bad input is answered 400 with an OpenAI-style body.
+(inference.gateway.openai_request): bad input is answered 400 with an OpenAI-style body.
 
 A deployment whose base_url points here (and whose hosting_cluster is the cluster it runs on)
 is routed like any OpenAI-compatible provider; its cost per token comes from
@@ -27,14 +27,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, Protocol
 
 from inference.adapters.base import prompt_text
-from inference.loopback_http import KeepAliveHandler
-from inference.openai_request import (
-    InvalidRequest,
-    chat_request_parse,
-    completion_request_parse,
-    error_document,
-    json_document,
-)
+from inference.gateway.openai_body import InvalidRequest, error_document, json_document
+from inference.gateway.openai_request import chat_request_parse, completion_request_parse
+from inference.serving.loopback_http import KeepAliveHandler
 
 if TYPE_CHECKING:
     import torch
@@ -184,7 +179,7 @@ class _Generation:
 
 
 def _generation(path: str, raw: bytes) -> _Generation:
-    """The request, checked as the gateway checks it (inference.openai_request)."""
+    """The request, checked as the gateway checks it (inference.gateway.openai_request)."""
     doc = json_document(raw)
     chat = path in ("/v1/chat/completions", "/chat/completions")
     parse = chat_request_parse if chat else completion_request_parse
