@@ -2,7 +2,7 @@
 
 Pure Decimal arithmetic (no Django), used for a trained model's deployments (billing.selfhosted,
 shown on the inference pages) and for each model version of a build-or-buy run
-(stack.decisions.buildbuy_maths):
+(decisions.buildbuy.maths):
 
     amortised $/1M = hosting $/1M + (training cost / horizon months) / (tokens a month / 1e6)
 

@@ -9,6 +9,8 @@ class BillingConfig(AppConfig):
     def ready(self) -> None:
         from django.db.models.signals import post_delete, post_save
 
+        # The tasks register in every process, so that sends by name (registry.queues.task_send) find them.
+        from billing import tasks  # noqa: F401
         from billing.budgets.targets import budget_cache_clear
         from billing.models import Budget
 

@@ -128,10 +128,6 @@ def focus_resource(*, unit: str, cluster_slug: str | None, deployment_slug: str 
     return FocusResource(service, "", "")
 
 
-def focus_pricing_unit(unit: str) -> str:
-    return unit_terms(unit).pricing_unit if unit in Unit.values else unit
-
-
 def focus_charge_period(*, start: datetime, end: datetime) -> tuple[datetime, datetime]:
     """FOCUS times are whole seconds (DateTimeFormat has no fraction): the start rounds down, the
     exclusive end rounds up, and a charge at an instant (tokens, requests) gets the second it falls

@@ -12,9 +12,9 @@ from billing.exports import FORMATS, ExportFilterForm
 from billing.models import AlertChannel, Budget, Unit
 from billing.reconciliation import DEFAULT_TOLERANCE, TOLERANCE_DIGITS, TOLERANCE_PLACES
 from billing.selectors import PURPOSE_BY_UNIT
-from stack.registry.form_fields import CurrencyField, DecimalField, IntegerField, model_formfield
-from stack.registry.models import Provider, Team, Workflow
-from stack.registry.validation import InputError, int_parse
+from registry.form_fields import CurrencyField, DecimalField, IntegerField, model_formfield
+from registry.models import Provider, Team, Workflow
+from registry.validation import InputError, int_parse
 
 FORMAT_LABELS = {"csv": "CSV", "jsonl": "JSON Lines", "parquet": "Parquet"}
 PRICE_FILE_FORMATS = [("", "from the file name (.json is a catalog file)"), ("csv", "CSV"), ("json", "JSON")]

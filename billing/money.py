@@ -32,3 +32,9 @@ def message_text(value: Decimal) -> str:
     """Cents when that is exact ("12.50"), else every digit ("0.000125"): a message must not round spend away."""
     cents = value.quantize(CENT)
     return str(cents) if cents == value else f"{value.normalize():f}"
+
+
+def shown_text(value: Decimal) -> str:
+    """How pages show an amount: message_text at the ledger's 9 places ("12.50", "0.000125";
+    "0.00" for what rounds to nothing there), so a small amount never reads as zero."""
+    return message_text(value.quantize(LEDGER_QUANTUM))

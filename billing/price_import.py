@@ -41,8 +41,8 @@ from django.utils import timezone
 from billing.models import PriceBook, PriceSource, Unit, UsageRecord
 from billing.selectors import PriceResolver
 from billing.services import price_book_publish
-from stack.registry.models import Cluster, Deployment, Provider
-from stack.registry.validation import (
+from registry.models import Cluster, Deployment, Provider
+from registry.validation import (
     InputError,
     JSONSyntaxError,
     currency_parse,

@@ -54,8 +54,8 @@ from billing.models import DailyRollup, InvoiceImport, InvoiceLine, UsageRecord
 from billing.money import LEDGER_QUANTUM
 from billing.price_import import FileImportError, RowError, csv_records
 from billing.rollups import unfolded_rows
-from stack.registry.models import Provider
-from stack.registry.validation import (
+from registry.models import Provider
+from registry.validation import (
     InputError,
     currency_parse,
     date_parse,

@@ -25,13 +25,12 @@ from billing.models import (
     DailyRollup,
     LedgerHead,
     PriceBook,
-    RollupWatermark,
     Unit,
     UsageRecord,
 )
 from billing.rollups import unfolded_rows, with_rollup_dimensions
-from stack.registry.models import Cluster, Deployment, Provider
-from stack.registry.teams import team_slugs
+from registry.auth.teams import team_slugs
+from registry.models import Cluster, Deployment, Provider
 
 
 class PriceResolver:
@@ -218,12 +217,6 @@ def spend_per_provider_per_day(
             totals.items(), key=lambda kv: (kv[0][0], kv[0][1] or "", kv[0][2])
         )
     ]
-
-
-def rollup_watermark(*, partition: str) -> int:
-    """The last ledger sequence already counted in DailyRollup."""
-    mark = RollupWatermark.objects.filter(partition=partition).first()
-    return mark.last_sequence if mark is not None else 0
 
 
 def spend_total(*, subject_type: str | None = None, subject_id: str | None = None) -> Decimal:

@@ -23,7 +23,7 @@ from django.utils import timezone
 from billing.amortisation import MILLION, PER_1M, amortised_per_1m
 from billing.models import Unit
 from billing.selectors import spend_grouped
-from stack.registry.models import Deployment
+from registry.models import Deployment
 
 DAYS_PER_MONTH = 30
 TOKEN_UNITS = (

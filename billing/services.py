@@ -18,10 +18,10 @@ from billing.chain import ALL_CHAINED_FIELDS, GENESIS_HASH, chain_hash_values
 from billing.models import LEDGER_PARTITION, LedgerHead, PriceBook, PriceSource, Unit, UsageRecord
 from billing.money import LEDGER_QUANTUM
 from billing.selectors import PriceResolver, price_book_next_version
-from stack.registry.errors import DomainError
-from stack.registry.models import Cluster, Deployment, Provider, RegisteredModel, Workflow
+from registry.errors import DomainError
+from registry.models import Cluster, Deployment, Provider, RegisteredModel, Workflow
 
-AMOUNT_QUANTUM = LEDGER_QUANTUM  # UsageRecord.amount's 9 places (the name inference.services imports)
+AMOUNT_QUANTUM = LEDGER_QUANTUM  # UsageRecord.amount's 9 places (the name inference.recording imports)
 
 
 class NoPriceError(DomainError, LookupError):
@@ -120,8 +120,25 @@ def ledger_partition_names() -> list[str]:
     Each partition is its own hash chain with its own head; `ledger verify` checks each, exports
     merge them by time. Lowering the setting leaves the other chains as they are (read, verified
     and exported like any other), only no longer appended to."""
-    count = max(1, int(getattr(settings, "LEDGER_PARTITIONS", 1)))
+    count = settings.LEDGER_PARTITIONS
     return [LEDGER_PARTITION] + [f"{LEDGER_PARTITION}-{i}" for i in range(1, count)]
+
+
+_heads_made: set[tuple[str, ...]] = set()
+
+
+def _make_missing_heads(cursor: Any, names: list[str]) -> None:
+    """Insert the heads of `names` that do not exist. Only the missing ones: an INSERT that meets
+    an existing head which another writer has updated but not committed waits for that writer
+    (PostgreSQL must learn whether the conflict stands), which is the queue partitions avoid."""
+    table = LedgerHead._meta.db_table
+    cursor.execute(
+        f"INSERT INTO {table} (partition, last_sequence, last_hash) "  # noqa: S608
+        f"SELECT name, 0, %s FROM unnest(%s::text[]) AS name "
+        f"WHERE NOT EXISTS (SELECT 1 FROM {table} WHERE partition = name) "
+        "ON CONFLICT (partition) DO NOTHING",
+        [GENESIS_HASH, names],
+    )
 
 
 def _lock_free_head() -> LedgerHead:
@@ -133,6 +150,11 @@ def _lock_free_head() -> LedgerHead:
         return _lock_head(names[0])  # SQLite serialises writers anyway
     table = LedgerHead._meta.db_table
     with connection.cursor() as cursor:
+        if tuple(names) not in _heads_made:
+            # Make every partition's head once per process and setting: the migrations make only
+            # "main", and a writer that finds "main" free would otherwise never make the others.
+            _make_missing_heads(cursor, names)
+            _heads_made.add(tuple(names))
         for attempt in range(2):
             cursor.execute(
                 f"SELECT partition, last_sequence, last_hash FROM {table} "  # noqa: S608
@@ -147,11 +169,7 @@ def _lock_free_head() -> LedgerHead:
                 return head
             if attempt == 0:
                 # Every head is held, or some do not exist yet (a new setting, a fresh ledger).
-                cursor.execute(
-                    f"INSERT INTO {table} (partition, last_sequence, last_hash) "  # noqa: S608
-                    "SELECT unnest(%s::text[]), 0, %s ON CONFLICT (partition) DO NOTHING",
-                    [names, GENESIS_HASH],
-                )
+                _make_missing_heads(cursor, names)
     return _lock_head(names[threading.get_ident() % len(names)])
 
 

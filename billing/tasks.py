@@ -1,10 +1,10 @@
-"""Billing's Celery tasks (control queue), imported here so that the worker's autodiscovery finds them.
+"""Billing's Celery tasks (control queue): thin, the work is in the modules they call.
 
-rollups_update_task is defined here. The two that billing's own code enqueues
-are defined next to the work they run, so that the code enqueueing them needs
-no import of this module: export_job_run_task in billing.exports.jobs (sent by
-export_job_create) and budget_alert_deliver_task in billing.budgets.delivery
-(sent by the ledger hook once a threshold alert commits).
+Billing's own code enqueues three of them by name (registry.queues.task_send), never importing
+this module: export_job_run_task (export_job_create, once the job commits), and
+alert_delivery_send_task and budget_alert_deliver_task (once an alert commits: alert_raise and
+the budgets' ledger hook). billing.apps imports this module in every process, so a send by name
+finds the task (and runs it in place under CELERY_TASK_ALWAYS_EAGER).
 """
 
 from __future__ import annotations
@@ -12,19 +12,36 @@ from __future__ import annotations
 from celery import shared_task
 from django.utils import timezone
 
-from billing.alerts import alert_delivery_send_task, spend_anomalies_detect, spend_digest_send
-from billing.budgets import budget_alert_deliver_task
-from billing.exports import export_job_run_task
+from billing.alerts import (
+    ALERT_DELIVERY_SEND,
+    BUDGET_ALERT_DELIVER,
+    alert_delivery_send,
+    budget_alert_deliver,
+    spend_anomalies_detect,
+    spend_digest_send,
+)
+from billing.alerts.sending import DELIVERY_RETRY
+from billing.exports import export_job_run
+from billing.exports.jobs import EXPORT_JOB_RUN
 from billing.rollups import rollups_update
 
-__all__ = [
-    "alert_delivery_send_task",
-    "budget_alert_deliver_task",
-    "export_job_run_task",
-    "rollups_update_task",
-    "spend_anomalies_detect_task",
-    "spend_digest_send_task",
-]
+
+@shared_task(name=EXPORT_JOB_RUN, ignore_result=True)
+def export_job_run_task(job_id: int) -> None:
+    """Write an export job's files and signed manifest to the object store (idempotent)."""
+    export_job_run(job_id=job_id)
+
+
+@shared_task(name=ALERT_DELIVERY_SEND, **DELIVERY_RETRY)
+def alert_delivery_send_task(delivery_id: int) -> None:
+    """One channel delivery (sent at most once; 5xx, 429 and unreachable retried with backoff)."""
+    alert_delivery_send(delivery_id=delivery_id)
+
+
+@shared_task(name=BUDGET_ALERT_DELIVER, **DELIVERY_RETRY)
+def budget_alert_deliver_task(alert_id: int) -> None:
+    """Email and webhook for one budget alert; each is sent at most once."""
+    budget_alert_deliver(alert_id=alert_id)
 
 
 @shared_task(name="billing.rollups_update", ignore_result=True)

@@ -35,7 +35,7 @@ from django.urls import reverse
 
 from billing.alerts.raising import AlertMessage, alert_raise
 from billing.models import AlertKind, DailyRollup, SpendAnomaly
-from stack.registry.models import Cluster, Provider, Workflow
+from registry.models import Cluster, Provider, Workflow
 
 BASELINE_DAYS = 28
 MIN_HISTORY_DAYS = 7
@@ -75,8 +75,7 @@ class Verdict:
 
     @property
     def fires(self) -> bool:
-        min_amount = Decimal(str(getattr(settings, "ANOMALY_MIN_AMOUNT", "1")))
-        return self.rate > self.threshold and self.rate - self.median >= min_amount
+        return self.rate > self.threshold and self.rate - self.median >= settings.ANOMALY_MIN_AMOUNT
 
 
 def anomaly_verdict(*, spent_so_far: Decimal, elapsed_fraction: Decimal, baseline: list[Decimal]) -> Verdict:

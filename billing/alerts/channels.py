@@ -2,7 +2,7 @@
 
 A channel's URL must be http(s) with a host and no user name or password (Slack and Teams:
 https, their URL is their credential), and an IP literal must pass the outbound guard
-(names are resolved and checked again on every send, stack.registry.outbound). The URL and the
+(names are resolved and checked again on every send, registry.outbound.guard). The URL and the
 signed webhook's secret are stored encrypted and never shown again.
 """
 
@@ -13,9 +13,9 @@ from collections import defaultdict
 from urllib.parse import urlsplit
 
 from billing.models import AlertChannel
-from stack.registry.crypto import encrypt_secret
-from stack.registry.errors import MultiFieldError
-from stack.registry.outbound import PUBLIC_ONLY, allowed_networks, url_literal_refusal
+from registry.crypto import encrypt_secret
+from registry.errors import MultiFieldError
+from registry.outbound.guard import PUBLIC_ONLY, allowed_networks, url_literal_refusal
 
 URL_MAX = 2000
 

@@ -1,84 +1,94 @@
-"""Sending one AlertDelivery to its channel, at most once, retried on transient failures.
+"""Delivering alerts: each AlertDelivery to its channel, and a budget alert to the budget's own
+email and webhook. Both send through billing.alerts.sending (signing, the outbound guard, the
+retry policy, at most once under a row lock); this module says what each one sends where.
 
-Slack and Teams webhooks authenticate by their secret URL; the generic webhook is signed like a
-budget's (X-Switchyard-Timestamp, and X-Switchyard-Signature: HMAC-SHA256 of `<timestamp>.<body>`
-with the channel's secret, so a receiver refuses a replay by its age). Every URL
-goes through the outbound guard (stack.registry.outbound): no loopback, private, link-local or
-metadata address unless an admin listed its network, and redirects are not followed.
+Slack and Teams webhooks authenticate by their secret URL; a generic channel webhook is signed
+with the channel's secret, a budget's webhook with the budget's.
 """
 
 from __future__ import annotations
 
-import json
-import logging
+from billing.alerts.formats import (
+    budget_alert_email,
+    budget_alert_payload,
+    generic_body,
+    slack_body,
+    teams_body,
+)
+from billing.alerts.sending import (
+    AlertDeliveryError,
+    Outcome,
+    Record,
+    deliver_once,
+    email_addresses,
+    email_send,
+    webhook_send,
+)
+from billing.models import AlertChannel, AlertDelivery, BudgetAlert
+from registry.crypto import decrypt_secret
 
-from celery import shared_task
-from django.db import transaction
-from django.utils import timezone
+CHANNEL = Record(sent_at="sent_at", status="status")
+BUDGET_EMAIL = Record(sent_at="email_sent_at", label="email")
+BUDGET_WEBHOOK = Record(sent_at="webhook_sent_at", status="webhook_status", label="webhook")
 
-from billing.alerts.formats import generic_body, slack_body, teams_body
-from billing.budgets.delivery import webhook_post, webhook_signed_headers
-from billing.budgets.errors import AlertDeliveryError
-from billing.models import AlertChannel, AlertDelivery
-from stack.registry.crypto import decrypt_secret
-
-logger = logging.getLogger(__name__)
+# The tasks (billing.tasks) are registered under these names; queued messages carry them: keep them.
+ALERT_DELIVERY_SEND = "billing.alert_delivery_send"
+BUDGET_ALERT_DELIVER = "billing.budget_alert_deliver"
 
 
-def _body(delivery: AlertDelivery) -> tuple[bytes, dict[str, str]]:
+def _to_channel(delivery: AlertDelivery) -> Outcome:
     channel = delivery.channel
-    headers = {"Content-Type": "application/json"}
+    url = decrypt_secret(channel.url_encrypted)
     if channel.kind == AlertChannel.Kind.SLACK:
-        doc = slack_body(message=delivery.message)
-    elif channel.kind == AlertChannel.Kind.TEAMS:
-        doc = teams_body(message=delivery.message)
-    else:
-        doc = generic_body(
-            message=delivery.message,
-            kind=delivery.kind,
-            dedup_key=delivery.dedup_key,
-            delivery_id=delivery.pk,
-            at=delivery.created_at.isoformat(),
-        )
-    body = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
-    if channel.kind == AlertChannel.Kind.WEBHOOK:
-        headers.update(webhook_signed_headers(secret=decrypt_secret(channel.secret_encrypted), body=body))
-    return body, headers
+        return webhook_send(url=url, doc=slack_body(message=delivery.message))
+    if channel.kind == AlertChannel.Kind.TEAMS:
+        return webhook_send(url=url, doc=teams_body(message=delivery.message))
+    doc = generic_body(
+        message=delivery.message,
+        kind=delivery.kind,
+        dedup_key=delivery.dedup_key,
+        delivery_id=delivery.pk,
+        at=delivery.created_at.isoformat(),
+    )
+    return webhook_send(url=url, doc=doc, secret=decrypt_secret(channel.secret_encrypted))
 
 
 def alert_delivery_send(*, delivery_id: int) -> None:
     """Send one delivery; a re-run after it was sent (or refused for good) does nothing.
     Raises AlertDeliveryError on a transient failure (unreachable, 5xx, 429) to be retried."""
-    failure = ""
-    with transaction.atomic():
-        delivery = (
-            AlertDelivery.objects.select_for_update(of=("self",))
-            .select_related("channel")
-            .filter(pk=delivery_id)
-            .first()
-        )
-        if delivery is None or delivery.sent_at is not None or "not retried" in delivery.status:
-            return  # sent, or refused for good (the outbound policy, a 4xx): sending again won't help
-        body, headers = _body(delivery)
-        outcome = webhook_post(decrypt_secret(delivery.channel.url_encrypted), body=body, headers=headers)
-        delivery.status, failure = outcome.status, outcome.failure
-        if outcome.sent:
-            delivery.sent_at = timezone.now()
-        delivery.save(update_fields=["sent_at", "status"])
+    rows = AlertDelivery.objects.select_related("channel")
+    failure = deliver_once(rows=rows, pk=delivery_id, record=CHANNEL, send=_to_channel)
     if failure:
-        logger.warning("alert delivery %s: %s", delivery_id, failure)
         raise AlertDeliveryError(f"alert delivery {delivery_id}: {failure}")
 
 
-@shared_task(
-    name="billing.alert_delivery_send",
-    ignore_result=True,
-    # Only transient failures, with exponential backoff capped at 10 minutes, 8 times (as budgets).
-    autoretry_for=(AlertDeliveryError,),
-    retry_backoff=True,
-    retry_backoff_max=600,
-    retry_jitter=True,
-    max_retries=8,
-)
-def alert_delivery_send_task(delivery_id: int) -> None:
-    alert_delivery_send(delivery_id=delivery_id)
+def _by_email(alert: BudgetAlert) -> Outcome | None:
+    to = email_addresses(alert.budget.email_to)
+    if not to:
+        return None
+    subject, body = budget_alert_email(alert=alert)
+    return email_send(to=to, subject=subject, body=body)
+
+
+def _by_webhook(alert: BudgetAlert) -> Outcome | None:
+    budget = alert.budget
+    if not budget.webhook_url:
+        return None
+    if not budget.webhook_secret_encrypted:
+        return Outcome(sent=False, status="not sent: the budget has no webhook secret")
+    secret = decrypt_secret(budget.webhook_secret_encrypted)
+    return webhook_send(url=budget.webhook_url, doc=budget_alert_payload(alert=alert), secret=secret)
+
+
+def budget_alert_deliver(*, alert_id: int) -> None:
+    """Send a budget alert to the budget's own email and webhook, each at most once; raise
+    AlertDeliveryError to retry. A failure of one does not stop the other; a transient failure
+    is raised after both were tried. (The alert channels' copy is an AlertDelivery each.)"""
+    rows = BudgetAlert.objects.select_related("budget")
+    failures = [
+        failure
+        for record, send in ((BUDGET_EMAIL, _by_email), (BUDGET_WEBHOOK, _by_webhook))
+        if (failure := deliver_once(rows=rows, pk=alert_id, record=record, send=send))
+    ]
+    if failures:
+        raise AlertDeliveryError(f"alert {alert_id}: " + "; ".join(failures))

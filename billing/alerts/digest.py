@@ -12,7 +12,7 @@ from django.urls import reverse
 
 from billing.alerts.raising import AlertMessage, alert_raise
 from billing.models import AlertDelivery, AlertKind, DailyRollup
-from stack.registry.models import Provider, Workflow
+from registry.models import Provider, Workflow
 
 TOP = 3
 NO_TEAM = "(no team)"

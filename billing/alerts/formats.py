@@ -1,13 +1,16 @@
 """How one alert message looks on each channel kind: the signed generic JSON, a Slack incoming
-webhook with Block Kit blocks, and a Microsoft Teams message carrying an Adaptive Card.
+webhook with Block Kit blocks, and a Microsoft Teams message carrying an Adaptive Card; and how
+a budget alert looks in the budget's own webhook and email.
 
 A message is plain data: {"title", "text", "facts": [[label, value], ...], "link"}. Nothing here
-touches the network or the ORM, so each shape is tested on its own.
+touches the network or queries the database, so each shape is tested on its own.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from billing.models import BudgetAlert
 
 # Block Kit limits (api.slack.com/reference/block-kit/blocks): a header's text is at most 150
 # characters, a section's text 3000, a section holds at most 10 fields of 2000 each.
@@ -98,3 +101,35 @@ def teams_body(*, message: dict[str, Any]) -> dict[str, Any]:
             {"contentType": "application/vnd.microsoft.card.adaptive", "contentUrl": None, "content": card}
         ],
     }
+
+
+def budget_alert_payload(*, alert: BudgetAlert) -> dict[str, Any]:
+    """A budget's own webhook's JSON body for one of its alerts."""
+    budget = alert.budget
+    return {
+        "alert_id": alert.pk,
+        "budget_id": budget.pk,
+        "budget": budget.name,
+        "scope": budget.scope,
+        "threshold_percent": alert.threshold_percent,
+        "spent": str(alert.spent),
+        "limit": str(alert.limit_amount),
+        "currency": budget.currency,
+        "hard_limit": budget.hard_limit,
+        "period_start": alert.period_start.isoformat(),
+        "triggered_at": alert.triggered_at.isoformat(),
+    }
+
+
+def budget_alert_email(*, alert: BudgetAlert) -> tuple[str, str]:
+    """The subject and text of a budget's own email for one of its alerts."""
+    budget = alert.budget
+    subject = f"[Switchyard] budget {budget.name} reached {alert.threshold_percent}%"
+    body = (
+        f"Budget {budget.name!r} ({budget.get_scope_display()}) has spent {alert.spent} of its "
+        f"{alert.limit_amount} {budget.currency} limit for the period starting "
+        f"{alert.period_start:%Y-%m-%d %H:%M} UTC ({alert.threshold_percent}% threshold).\n"
+    )
+    if budget.hard_limit and alert.threshold_percent >= 100:
+        body += "It is a hard limit: new spending under it is refused until the next period.\n"
+    return subject, body

@@ -18,7 +18,9 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Q
 
+from billing.alerts.delivery import ALERT_DELIVERY_SEND
 from billing.models import AlertChannel, AlertDelivery, AlertKind
+from registry.queues import CONTROL_QUEUE, task_send
 
 SUBSCRIPTION_FIELD = {
     AlertKind.BUDGET: "budget_alerts",
@@ -35,7 +37,7 @@ class AlertMessage:
     path: str = ""  # a page of Switchyard's, made absolute with SWITCHYARD_PUBLIC_URL when set
 
     def as_json(self) -> dict[str, Any]:
-        base = getattr(settings, "SWITCHYARD_PUBLIC_URL", "")
+        base = settings.SWITCHYARD_PUBLIC_URL
         return {
             "title": self.title,
             "text": self.text,
@@ -79,11 +81,7 @@ def alert_raise(
                 channel=channel, kind=kind, dedup_key=dedup_key, message=message.as_json(), created_at=now
             )
             created.append(delivery)
-            transaction.on_commit(functools.partial(_enqueue, delivery.pk))
+            transaction.on_commit(
+                functools.partial(task_send, ALERT_DELIVERY_SEND, delivery.pk, queue=CONTROL_QUEUE)
+            )
     return created
-
-
-def _enqueue(delivery_id: int) -> None:
-    from billing.alerts.delivery import alert_delivery_send_task  # noqa: PLC0415 (delivery imports this module)
-
-    alert_delivery_send_task.delay(delivery_id)

@@ -24,11 +24,11 @@ from billing.budgets import (
 )
 from billing.models import Budget, BudgetAlert
 from billing.money import CENT, ledger_text
-from stack.registry.api_fields import IntegerField, ModelSerializer, ResponseSerializer
-from stack.registry.models import Cluster, Provider
-from stack.registry.roles import LEDGER_READERS, OPERATORS
-from stack.registry.scoping import request_scope_teams, scope_requires_workflow, scoped_workflow_field
-from stack.registry.validation import id_parse
+from registry.api.fields import IntegerField, ModelSerializer, ResponseSerializer
+from registry.auth.roles import LEDGER_READERS, OPERATORS
+from registry.auth.scoping import request_scope_teams, scope_requires_workflow, scoped_workflow_field
+from registry.models import Cluster, Provider
+from registry.validation import id_parse
 
 
 def budget_state_json(state: BudgetState | None) -> dict[str, Any] | None:

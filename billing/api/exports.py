@@ -11,13 +11,15 @@ from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import NotFound
 from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from billing.downloads import export_response
+from billing.downloads import export_job_file_response, export_response
 from billing.exports import (
     FORMATS,
     ExportFilterError,
@@ -28,11 +30,11 @@ from billing.exports import (
     export_jobs_of_teams,
 )
 from billing.models import ExportJob, Unit
-from stack.registry.api_fields import ModelSerializer, RefuseUnknownFields, ResponseSerializer
-from stack.registry.models import Workflow
-from stack.registry.roles import LEDGER_READERS, Role
-from stack.registry.scoping import LIMITED_TOKEN_MESSAGE, visible_workflow_slugs
-from stack.registry.teams import request_teams_with_role, team_slugs
+from registry.api.fields import ModelSerializer, RefuseUnknownFields, ResponseSerializer
+from registry.auth.roles import LEDGER_READERS, Role
+from registry.auth.scoping import LIMITED_TOKEN_MESSAGE, visible_workflow_slugs
+from registry.auth.teams import request_teams_with_role, team_slugs
+from registry.models import Workflow
 
 
 class _FormatIsAFilter(DefaultContentNegotiation):
@@ -202,7 +204,8 @@ class ExportJobSerializer(RefuseUnknownFields, ModelSerializer[ExportJob]):
     @extend_schema_field(ExportFileSerializer(many=True))
     def get_files(self, job: ExportJob) -> list[dict[str, str]]:
         return [
-            {"name": name, "url": reverse("billing-export-file", args=[job.pk, name])}
+            # The API's own download (a token reaches it; the page's link wants a session).
+            {"name": name, "url": reverse("exportjob-file", args=[job.pk, name])}
             for name in export_job_file_names(job)
         ]
 
@@ -236,3 +239,30 @@ class ExportJobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet[Ex
     def workflow_scope_queryset(self, queryset: QuerySet[ExportJob], request: Request) -> QuerySet[ExportJob]:
         """A token limited to workflows sees the exports of those workflows (WorkflowScopeFilter)."""
         return queryset.filter(filters__workflow__in=sorted(visible_workflow_slugs(request) or ()))
+
+    @extend_schema(
+        operation_id="export_jobs_file",
+        parameters=[
+            OpenApiParameter("name", str, OpenApiParameter.PATH, description="a file's name, from `files`")
+        ],
+        responses={
+            (200, "text/csv"): OpenApiTypes.STR,
+            (200, "application/x-ndjson"): OpenApiTypes.STR,
+            (200, "application/vnd.apache.parquet"): OpenApiTypes.BINARY,
+            (200, "application/json"): OpenApiTypes.OBJECT,
+        },
+    )
+    @action(
+        detail=True,
+        methods=["get"],
+        url_path=r"files/(?P<name>[^/]+)",
+        content_negotiation_class=_FormatIsAFilter,
+    )
+    def file(self, request: Request, pk: str | None = None, name: str = "") -> HttpResponseBase:
+        """GET /api/export-jobs/{id}/files/{name}/: one of the job's files (as `files[].url` names it),
+        streamed from the object store, for the callers who may read the job."""
+        job = self.get_object()
+        try:
+            return export_job_file_response(job=job, name=name)
+        except LookupError:
+            raise NotFound(f"export #{job.pk} has no file {name}") from None

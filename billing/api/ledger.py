@@ -10,11 +10,11 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema
 from rest_framework import serializers, viewsets
 
 from billing.models import UsageRecord
-from stack.registry.api_fields import ModelSerializer
-from stack.registry.roles import LEDGER_READERS
-from stack.registry.teams import team_slugs
+from registry.api.fields import ModelSerializer
+from registry.auth.roles import LEDGER_READERS
+from registry.auth.teams import team_slugs
 
-API_KEY_PREFIX = re.compile(r"[0-9A-Za-z]{1,16}")  # stack.registry.models.ApiToken.prefix
+API_KEY_PREFIX = re.compile(r"[0-9A-Za-z]{1,16}")  # registry.models.ApiToken.prefix
 
 
 class UsageRecordSerializer(ModelSerializer[UsageRecord]):

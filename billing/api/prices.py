@@ -14,9 +14,9 @@ from rest_framework.response import Response
 from billing.models import PriceBook
 from billing.price_import import FileImportError, price_import_upload
 from billing.services import price_book_publish
-from stack.registry.api_fields import DecimalField, ModelSerializer, ResponseSerializer
-from stack.registry.models import Cluster, Deployment, Provider
-from stack.registry.roles import ADMINS, LEDGER_READERS
+from registry.api.fields import DecimalField, ModelSerializer, ResponseSerializer
+from registry.auth.roles import ADMINS, LEDGER_READERS
+from registry.models import Cluster, Deployment, Provider
 
 
 class PriceBookSerializer(ModelSerializer[PriceBook]):

@@ -33,9 +33,9 @@ from billing.reconciliation import (
     reconciliation_import,
     reconciliation_result,
 )
-from stack.registry.api_fields import DecimalField, ModelSerializer, ResponseSerializer
-from stack.registry.models import Provider
-from stack.registry.roles import LEDGER_READERS
+from registry.api.fields import DecimalField, ModelSerializer, ResponseSerializer
+from registry.auth.roles import LEDGER_READERS
+from registry.models import Provider
 
 
 class InvoiceImportSerializer(ModelSerializer[InvoiceImport]):

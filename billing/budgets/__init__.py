@@ -28,8 +28,9 @@ while other writers run (admit first in its own transaction, as
 The modules, lowest first: errors, targets (which budgets a spend falls under),
 periods (bounds and running-total rows), state (reads and forecast), writes
 (saving budgets, acknowledging alerts), teams (which budgets a team owns),
-delivery (email and webhook, and its Celery task), ledger_hook (called by the
-ledger writer), admission (hard limits). Import from here; the split is this
+ledger_hook (called by the ledger writer; its alerts are sent by billing.alerts,
+to the budget's own email and webhook and to the alert channels), admission
+(hard limits). Import from here; the split is this
 package's own business.
 """
 
@@ -42,19 +43,7 @@ from billing.budgets.admission import (
     budget_may_spend,
     budget_settle,
 )
-from billing.budgets.delivery import (
-    SIGNATURE_HEADER,
-    SIGNATURE_TOLERANCE_S,
-    TIMESTAMP_HEADER,
-    WEBHOOK_TIMEOUT_S,
-    budget_alert_deliver,
-    budget_alert_deliver_task,
-    budget_alert_payload,
-    budget_webhook_signature,
-    webhook_signature_verify,
-    webhook_signed_headers,
-)
-from billing.budgets.errors import AlertDeliveryError, BudgetExhausted, BudgetInvalid
+from billing.budgets.errors import BudgetExhausted, BudgetInvalid
 from billing.budgets.ledger_hook import budget_record_spend
 from billing.budgets.periods import ZERO, budget_period_bounds
 from billing.budgets.state import (
@@ -72,13 +61,8 @@ from billing.budgets.writes import budget_alert_acknowledge, budget_delete, budg
 __all__ = [
     "HUNDRED",
     "PLATFORM_SCOPES",
-    "SIGNATURE_HEADER",
-    "SIGNATURE_TOLERANCE_S",
-    "TIMESTAMP_HEADER",
-    "WEBHOOK_TIMEOUT_S",
     "ZERO",
     "Admission",
-    "AlertDeliveryError",
     "BudgetExhausted",
     "BudgetInvalid",
     "BudgetState",
@@ -87,9 +71,6 @@ __all__ = [
     "budget_admission",
     "budget_admit",
     "budget_alert_acknowledge",
-    "budget_alert_deliver",
-    "budget_alert_deliver_task",
-    "budget_alert_payload",
     "budget_alerts_open",
     "budget_delete",
     "budget_errors",
@@ -102,9 +83,6 @@ __all__ = [
     "budget_settle",
     "budget_state",
     "budget_team_errors",
-    "budget_webhook_signature",
-    "webhook_signature_verify",
-    "webhook_signed_headers",
     "budgets_for_target",
     "budgets_of_teams",
     "spend_target",

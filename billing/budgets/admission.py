@@ -14,10 +14,9 @@ from django.utils import timezone
 from billing.budgets.errors import BudgetExhausted
 from billing.budgets.periods import ZERO, budget_period_bounds, budget_period_open
 from billing.budgets.state import budget_state
-from billing.budgets.targets import budgets_for_target, spend_target
+from billing.budgets.targets import SpendTarget, budgets_for_target
 from billing.models import Budget, BudgetPeriod
 from billing.money import message_text
-from stack.registry.models import Cluster, Provider, Workflow
 
 
 def _exhausted_message(
@@ -43,18 +42,10 @@ class Admission:
 
 
 def budget_admit(
-    *,
-    estimate: Decimal,
-    workflow: Workflow | None = None,
-    provider: Provider | None = None,
-    cluster: Cluster | None = None,
-    team: str = "",
-    training_run_id: str = "",
-    api_key_id: int | None = None,
-    currency: str = "USD",
-    cached_budgets: bool = False,
+    *, estimate: Decimal, target: SpendTarget, currency: str = "USD", cached_budgets: bool = False
 ) -> Admission:
-    """Ask "may I spend about `estimate`?" of every hard-limit budget the spend falls under.
+    """Ask "may I spend about `estimate`?" of every hard-limit budget the spend on `target`
+    (spend_target(...)) falls under.
 
     Raises BudgetExhausted (naming the budget, its limit, spent and period)
     when one has spent + reserved >= limit, and then reserves nothing.
@@ -71,14 +62,6 @@ def budget_admit(
     """
     if not isinstance(estimate, Decimal) or estimate < 0:
         raise ValueError("estimate must be a non-negative Decimal")
-    target = spend_target(
-        workflow=workflow,
-        provider=provider,
-        cluster=cluster,
-        team=team,
-        training_run_id=training_run_id,
-        api_key_id=api_key_id,
-    )
     now = timezone.now()
     hard: list[tuple[Budget, datetime, datetime]] = []
     for budget in budgets_for_target(target=target, cached=cached_budgets):
@@ -141,32 +124,16 @@ def budget_settle(*, admission: Admission) -> None:
 
 @contextmanager
 def budget_admission(
-    *,
-    estimate: Decimal,
-    workflow: Workflow | None = None,
-    provider: Provider | None = None,
-    cluster: Cluster | None = None,
-    team: str = "",
-    training_run_id: str = "",
-    api_key_id: int | None = None,
-    currency: str = "USD",
-    cached_budgets: bool = False,
+    *, estimate: Decimal, target: SpendTarget, currency: str = "USD", cached_budgets: bool = False
 ) -> Iterator[Admission]:
-    """`with budget_admission(estimate=..., workflow=wf): call; usage_record(...)` — admit, then settle.
+    """`with budget_admission(estimate=..., target=spend_target(workflow=wf)): call; usage_record(...)`
+    — admit, then settle.
 
     The shape the inference router wants: call it outside a transaction, so
     the period locks are held only for the admission itself.
     """
     admission = budget_admit(
-        estimate=estimate,
-        workflow=workflow,
-        provider=provider,
-        cluster=cluster,
-        team=team,
-        training_run_id=training_run_id,
-        api_key_id=api_key_id,
-        currency=currency,
-        cached_budgets=cached_budgets,
+        estimate=estimate, target=target, currency=currency, cached_budgets=cached_budgets
     )
     try:
         yield admission
@@ -174,24 +141,8 @@ def budget_admission(
         budget_settle(admission=admission)
 
 
-def budget_may_spend(
-    *,
-    workflow: Workflow | None = None,
-    provider: Provider | None = None,
-    cluster: Cluster | None = None,
-    team: str = "",
-    training_run_id: str = "",
-    api_key_id: int | None = None,
-) -> tuple[bool, str]:
-    """Read-only: (False, why) when a hard-limit budget of this spend is spent, else (True, "")."""
-    target = spend_target(
-        workflow=workflow,
-        provider=provider,
-        cluster=cluster,
-        team=team,
-        training_run_id=training_run_id,
-        api_key_id=api_key_id,
-    )
+def budget_may_spend(*, target: SpendTarget) -> tuple[bool, str]:
+    """Read-only: (False, why) when a hard-limit budget of a spend on `target` is spent, else (True, "")."""
     now = timezone.now()
     for budget in budgets_for_target(target=target):
         if not budget.hard_limit:

@@ -1,8 +1,8 @@
-"""What budgets raise: a spend refused by a hard limit, a budget that does not fit together, a retryable send."""
+"""What budgets raise: a spend refused by a hard limit, a budget that does not fit together."""
 
 from __future__ import annotations
 
-from stack.registry.errors import DomainError, MultiFieldError
+from registry.errors import DomainError, MultiFieldError
 
 
 class BudgetExhausted(DomainError):
@@ -22,7 +22,3 @@ class BudgetExhausted(DomainError):
 
 class BudgetInvalid(MultiFieldError, ValueError):
     """A budget's fields do not fit together; `errors` maps field names to messages."""
-
-
-class AlertDeliveryError(Exception):
-    """A transient failure sending an alert (SMTP or webhook unreachable, 5xx, 429): retry later."""

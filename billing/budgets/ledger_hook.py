@@ -12,11 +12,12 @@ from django.db.models import F
 from django.urls import reverse
 from django.utils import timezone
 
-from billing.budgets.delivery import budget_alert_deliver_task
+from billing.alerts import BUDGET_ALERT_DELIVER, AlertMessage, alert_raise
 from billing.budgets.periods import ZERO, budget_period_bounds, budget_period_open
 from billing.budgets.state import HUNDRED
 from billing.budgets.targets import budgets_by_key, spend_target_of_row
 from billing.models import AlertKind, Budget, BudgetAlert, BudgetPeriod, UsageRecord
+from registry.queues import CONTROL_QUEUE, task_send
 
 
 def budget_record_spend(*, rows: Sequence[UsageRecord]) -> list[BudgetAlert]:
@@ -128,12 +129,10 @@ def _raise_alerts(
 
 
 def _raise_on_channels(*, alert: BudgetAlert, now: datetime) -> None:
-    """The alert channels' copy (Slack, Teams, signed webhooks). The key is the budget and its
-    period: thresholds crossed in quick succession (one incident) raise one alert per quiet
-    period, the later ones counted as its repeats."""
-    # Imported here: billing.alerts' delivery module imports this package's delivery helpers.
-    from billing.alerts.raising import AlertMessage, alert_raise  # noqa: PLC0415
-
+    """The alert channels' copy (Slack, Teams, signed webhooks). The key is the budget, its period
+    and the threshold: every threshold crossed alerts at once (a jump past 50, 80 and 100% sends
+    all three, the 100% one never waiting out the 50% one's quiet period); the quiet period only
+    folds repeats of the same threshold."""
     budget = alert.budget
     hard = (
         " It is a hard limit: new spending under it is refused."
@@ -142,7 +141,7 @@ def _raise_on_channels(*, alert: BudgetAlert, now: datetime) -> None:
     )
     alert_raise(
         kind=AlertKind.BUDGET,
-        dedup_key=f"budget:{budget.pk}:{alert.period_start.isoformat()}",
+        dedup_key=f"budget:{budget.pk}:{alert.period_start.isoformat()}:{alert.threshold_percent}",
         message=AlertMessage(
             title=f"Budget {budget.name} reached {alert.threshold_percent}%",
             text=f"{budget.target_label()} has spent {alert.spent} of its {alert.limit_amount} {budget.currency} limit.{hard}",
@@ -160,4 +159,4 @@ def _raise_on_channels(*, alert: BudgetAlert, now: datetime) -> None:
 
 def _enqueue_delivery(alert_id: int) -> None:
     # After commit: a rolled-back ledger write must not send an alert.
-    transaction.on_commit(functools.partial(budget_alert_deliver_task.delay, alert_id))
+    transaction.on_commit(functools.partial(task_send, BUDGET_ALERT_DELIVER, alert_id, queue=CONTROL_QUEUE))

@@ -45,6 +45,15 @@ class BudgetState:
     def remaining(self) -> Decimal:
         return self.limit - self.spent - self.reserved
 
+    def spend_to_come(self, *, now: datetime) -> Decimal:
+        """What the rest of the period spends at the period's burn rate so far (spent over the
+        time elapsed, times the time left), spent budget or not: the forecast stops at a spent
+        budget, the traffic does not."""
+        elapsed, left = _micros(now - self.start), _micros(self.end - now)
+        if self.spent <= 0 or elapsed <= 0 or left <= 0:
+            return ZERO
+        return self.spent * left / elapsed
+
 
 def _micros(delta: timedelta) -> Decimal:
     return Decimal(delta // timedelta(microseconds=1))

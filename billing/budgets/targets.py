@@ -5,18 +5,21 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from django.db.models import Q
 
 from billing.models import Budget, UsageRecord
-from stack.registry.models import Cluster, Provider, Workflow
+from registry.models import Cluster, Provider, Workflow
 
 
 @dataclass(frozen=True)
 class SpendTarget:
-    """The dimensions of a spend that budgets are scoped by (named as Budget's attributes)."""
+    """The dimensions of a spend that budgets are scoped by (named as Budget's attributes): what
+    the budget functions take (budget_admit, budget_admission, budget_may_spend,
+    budgets_for_target). Build one with spend_target(...) before a spend, spend_target_of_row
+    after it."""
 
     workflow_id: int | None = None
     provider_id: int | None = None
@@ -34,6 +37,10 @@ class SpendTarget:
             if value not in (None, ""):
                 keys.append(Budget.key_for(scope, value))
         return keys
+
+
+# Budget's attributes naming a target, one per scope: SpendTarget's fields.
+SPEND_DIMENSIONS: tuple[str, ...] = tuple(f.name for f in fields(SpendTarget))
 
 
 def spend_target(
@@ -133,7 +140,5 @@ def budget_hard_limit_keys() -> frozenset[tuple[str, str]]:
     is among them needs no admission (budget_admit would reserve nothing)."""
     return frozenset(
         budget.target_key()
-        for budget in Budget.objects.filter(active=True, hard_limit=True).only(
-            "scope", "workflow_id", "provider_id", "cluster_id", "team", "training_run_id", "api_key_id"
-        )
+        for budget in Budget.objects.filter(active=True, hard_limit=True).only("scope", *SPEND_DIMENSIONS)
     )

@@ -1,4 +1,4 @@
-"""Which budgets belong to which teams (stack.registry.teams' rule, for the API and pages).
+"""Which budgets belong to which teams (registry.auth.teams' rule, for the API and pages).
 
 A workflow's budget belongs to the workflow's team, a team's budget to the team it names (by
 slug, as the ledger does), a training run's budget to the run's team. Provider and cluster
@@ -15,9 +15,9 @@ from django.db.models import CharField, Q
 from django.db.models.functions import Cast
 
 from billing.models import Budget
-from stack.registry.subjects import subject_rows_in_teams
-from stack.registry.teams import team_slugs
-from stack.registry.validation import id_parse
+from registry.auth.subjects import subject_rows_in_teams
+from registry.auth.teams import team_slugs
+from registry.validation import id_parse
 
 PLATFORM_SCOPES = frozenset({Budget.Scope.PROVIDER, Budget.Scope.CLUSTER})
 PLATFORM_SCOPE_MESSAGE = "provider and cluster budgets cover every team's spend: a platform admin sets them"

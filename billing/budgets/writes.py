@@ -12,14 +12,16 @@ from django.db import transaction
 from django.forms import ValidationError as FormValidationError
 from django.utils import timezone
 
+from billing.alerts.sending import email_addresses
 from billing.budgets.errors import BudgetInvalid
 from billing.budgets.periods import ZERO
+from billing.budgets.targets import SPEND_DIMENSIONS
 from billing.models import Budget, BudgetAlert, BudgetPeriod
-from stack.registry.crypto import encrypt_secret
-from stack.registry.models import Team
-from stack.registry.outbound import PUBLIC_ONLY, url_literal_refusal
-from stack.registry.subjects import subject_exists
-from stack.registry.validation import id_parse
+from registry.auth.subjects import subject_exists
+from registry.crypto import encrypt_secret
+from registry.models import Team
+from registry.outbound.guard import PUBLIC_ONLY, url_literal_refusal
+from registry.validation import id_parse
 
 
 def budget_errors(*, values: Mapping[str, Any], has_secret: bool) -> dict[str, list[str]]:
@@ -75,16 +77,11 @@ def budget_errors(*, values: Mapping[str, Any], has_secret: bool) -> dict[str, l
         elif parts.username is not None or parts.password is not None:
             errors["webhook_url"].append("must not carry a user name or password")
         elif refusal := url_literal_refusal(webhook_url, policy=PUBLIC_ONLY):
-            # Names are resolved and checked when the alert is sent (stack.registry.outbound).
+            # Names are resolved and checked when the alert is sent (registry.outbound.guard).
             errors["webhook_url"].append(f"{refusal} (an admin may allow its network)")
     if webhook_url and not has_secret:
         errors["webhook_secret"].append("a webhook needs a secret to sign its requests with")
     return dict(errors)
-
-
-def email_addresses(email_to: str) -> list[str]:
-    """The addresses in a budget's comma-separated email_to."""
-    return [a.strip() for a in email_to.split(",") if a.strip()]
 
 
 PLATFORM_SET = "a platform admin set this budget: you may lower its limit only"
@@ -92,12 +89,7 @@ PLATFORM_SET = "a platform admin set this budget: you may lower its limit only"
 # platform's budget stops (another target, another period, no hard stop, switched off).
 _PLATFORM_FIXED = (
     "scope",
-    "workflow_id",
-    "provider_id",
-    "cluster_id",
-    "team",
-    "training_run_id",
-    "api_key_id",
+    *SPEND_DIMENSIONS,
     "period",
     "custom_start",
     "custom_end",

@@ -62,7 +62,6 @@ from billing.exports.jobs import (
     export_job_file_names,
     export_job_prefix,
     export_job_run,
-    export_job_run_task,
     export_jobs_of_teams,
 )
 from billing.exports.manifest import (
@@ -126,7 +125,6 @@ __all__ = [
     "export_job_file_names",
     "export_job_prefix",
     "export_job_run",
-    "export_job_run_task",
     "export_jobs_of_teams",
     "export_key_id",
     "export_parquet_tempfile",

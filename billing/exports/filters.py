@@ -12,9 +12,9 @@ from django.db.models import Q, QuerySet
 
 from billing.exports.columns import FORMATS, iso_text
 from billing.models import LedgerHead, Unit, UsageRecord
-from stack.registry.errors import MultiFieldError
-from stack.registry.form_fields import DateTimeField
-from stack.registry.models import Cluster, Provider, Workflow
+from registry.errors import MultiFieldError
+from registry.form_fields import DateTimeField
+from registry.models import Cluster, Provider, Workflow
 
 FILTER_FIELDS = (
     "start",
@@ -116,7 +116,9 @@ class ExportFilters:
         """
         if self.through is not None:
             return self
-        heads = LedgerHead.objects.order_by("partition")
+        # A partition whose head is still at 0 holds no row (writers make every partition's
+        # head up front): it has nothing to export or to verify, so it is not pinned.
+        heads = LedgerHead.objects.filter(last_sequence__gt=0).order_by("partition")
         if self.partition:
             heads = heads.filter(partition=self.partition)
         return replace(self, through=_through(dict(heads.values_list("partition", "last_sequence"))))

@@ -8,7 +8,6 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from celery import shared_task
 from django.db import transaction
 from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
@@ -17,9 +16,12 @@ from billing.exports.columns import MANIFEST_NAME
 from billing.exports.filters import ExportFilters, export_formats_clean
 from billing.exports.manifest import export_write_files
 from billing.models import ExportJob
-from stack.registry.models import Team
-from stack.registry.objectstore import default_store
-from stack.registry.queues import CONTROL_QUEUE
+from registry.claims import row_claim
+from registry.models import Team
+from registry.queues import CONTROL_QUEUE, task_send
+from registry.store.objectstore import default_store
+
+EXPORT_JOB_RUN = "billing.export_job_run"  # billing.tasks registers it under this name
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -38,10 +40,15 @@ def export_job_claim(*, job_id: int) -> bool:
     A job still `running` is claimed again: its worker died and the broker
     redelivered the message; the run starts over and overwrites the same keys.
     """
-    claimed = ExportJob.objects.filter(
-        pk=job_id, status__in=[ExportJob.Status.PENDING, ExportJob.Status.RUNNING]
-    ).update(status=ExportJob.Status.RUNNING, started_at=timezone.now(), error="")
-    return claimed == 1
+    return row_claim(
+        ExportJob,
+        pk=job_id,
+        field="status",
+        from_states=[ExportJob.Status.PENDING, ExportJob.Status.RUNNING],
+        to_state=ExportJob.Status.RUNNING,
+        started_at=timezone.now(),
+        error="",
+    )
 
 
 def export_job_run(*, job_id: int) -> ExportJob | None:
@@ -82,14 +89,6 @@ def export_job_run(*, job_id: int) -> ExportJob | None:
     return ExportJob.objects.filter(pk=job_id).first()
 
 
-# Defined here, next to the work it runs, so that export_job_create can enqueue it without
-# importing billing.tasks (which imports this module: the arrow would point both ways).
-@shared_task(name="billing.export_job_run", ignore_result=True)
-def export_job_run_task(job_id: int) -> None:
-    """Write an export job's files and signed manifest to the object store (idempotent)."""
-    export_job_run(job_id=job_id)
-
-
 def export_job_create(
     *, created_by: User | None, filters: ExportFilters, formats: Sequence[str]
 ) -> ExportJob:
@@ -103,7 +102,7 @@ def export_job_create(
         if len(teams) == len(scope):  # a slug that names no team leaves the job the platform's
             job.teams.set(teams)
     job_id = job.pk
-    transaction.on_commit(lambda: export_job_run_task.apply_async(args=(job_id,), queue=CONTROL_QUEUE))
+    transaction.on_commit(lambda: task_send(EXPORT_JOB_RUN, job_id, queue=CONTROL_QUEUE))
     return job
 
 

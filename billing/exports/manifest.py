@@ -38,7 +38,7 @@ MANIFEST_VERSION = 3
 
 def export_signing_key() -> bytes:
     """The HMAC key of manifests written before Ed25519 signing (version 2 and older)."""
-    configured: str = getattr(settings, "EXPORT_SIGNING_KEY", "")
+    configured = settings.EXPORT_SIGNING_KEY
     if configured:
         return configured.encode()
     # A dedicated key derived from SECRET_KEY, never SECRET_KEY itself.

@@ -12,7 +12,7 @@ from billing.exports.manifest import file_digest, manifest_signature_check
 from billing.exports.rows import ExportSummary
 from billing.exports.signing import ExportPublicKey
 from billing.exports.writers import parquet_schema
-from stack.registry.validation import json_parse
+from registry.validation import json_parse
 
 
 @dataclass(frozen=True)

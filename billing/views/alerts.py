@@ -15,9 +15,9 @@ from billing.alerts import AlertChannelInvalid, alert_channel_save
 from billing.alerts.anomalies import BASELINE_DAYS, MAD_TO_SIGMA, MIN_RELATIVE_SPREAD, K
 from billing.forms import AlertChannelForm
 from billing.models import AlertChannel, AlertDelivery, SpendAnomaly
-from stack.registry.principal import principal_of_user
-from stack.registry.roles import LEDGER_READERS, OPERATORS
-from stack.registry.views import RoleRequiredMixin
+from registry.auth.principal import principal_of_user
+from registry.auth.roles import LEDGER_READERS, OPERATORS
+from registry.views import RoleRequiredMixin
 
 
 class AlertChannelListView(RoleRequiredMixin, View):

@@ -22,9 +22,9 @@ from billing.budgets import (
 from billing.forms import BudgetForm
 from billing.models import Budget, BudgetAlert
 from billing.selectors import budgets_of_teams
-from stack.registry.roles import LEDGER_READERS, OPERATORS
-from stack.registry.teams import user_teams_with_role
-from stack.registry.views import RoleRequiredMixin
+from registry.auth.roles import LEDGER_READERS, OPERATORS
+from registry.auth.teams import user_teams_with_role
+from registry.views import RoleRequiredMixin
 
 
 class BudgetListView(RoleRequiredMixin, View):

@@ -19,6 +19,8 @@ from billing.budgets import budget_state
 from billing.exports import ExportFilters, export_queryset
 from billing.forms import LedgerFilterForm
 from billing.models import Unit, UsageRecord
+from billing.money import shown_text
+from billing.quality import cost_per_quality_point
 from billing.selectors import (
     PURPOSE_BY_UNIT,
     budgets_of_teams,
@@ -27,10 +29,10 @@ from billing.selectors import (
     spend_per_provider_per_day,
 )
 from billing.selfhosted import self_hosted_cost
-from stack.registry.models import Deployment, FailoverEvent
-from stack.registry.roles import LEDGER_READERS
-from stack.registry.teams import team_slugs, user_teams_with_role
-from stack.registry.views import RoleRequiredMixin, team_filter_from_request
+from registry.auth.roles import LEDGER_READERS
+from registry.auth.teams import team_slugs, user_teams_with_role
+from registry.models import Deployment, FailoverEvent
+from registry.views import RoleRequiredMixin, team_filter_from_request
 
 CHART_DAYS = 30
 TOP = 10
@@ -124,6 +126,8 @@ class BillingDashboardView(RoleRequiredMixin, View):
                 },
                 "failover_costs": list(failover),
                 "token_prices": _token_prices(since_day=first_day, now=now),
+                "quality_costs": cost_per_quality_point(since_day=first_day, teams=slugs),
+                "quality_days": CHART_DAYS,
             },
             status=pick.status,
         )
@@ -138,7 +142,7 @@ def _token_prices(*, since_day: date, now: datetime) -> list[dict[str, Any]]:
                 table.append(
                     {"deployment": deployment.slug, "kind": f"self-hosted on {deployment.hosting_cluster}",
                      "per_1m": cost.per_1m_tokens, "currency": cost.currency,
-                     "note": f"{cost.accelerator_cost:.4f} {cost.currency} over {cost.tokens_millions}M tokens"
+                     "note": f"{shown_text(cost.accelerator_cost)} {cost.currency} over {cost.tokens_millions}M tokens"
                      if cost.tokens_millions else "no tokens served yet"}
                 )  # fmt: skip
             continue

@@ -20,22 +20,19 @@ from django.urls import reverse
 from django.views import View
 from django.views.decorators.http import require_GET
 
-from billing.downloads import attachment, export_response
+from billing.downloads import export_job_file_response, export_response
 from billing.exports import (
-    CONTENT_TYPES,
     FORMATS,
-    MANIFEST_NAME,
     export_job_create,
-    export_job_file_chunks,
     export_job_file_names,
     export_jobs_of_teams,
     export_public_keys_json,
 )
 from billing.forms import ExportPageForm
 from billing.models import ExportJob
-from stack.registry.roles import LEDGER_READERS
-from stack.registry.teams import team_slugs, user_teams_with_role
-from stack.registry.views import RoleRequiredMixin
+from registry.auth.roles import LEDGER_READERS
+from registry.auth.teams import team_slugs, user_teams_with_role
+from registry.views import RoleRequiredMixin
 
 
 def export_jobs_visible(request: HttpRequest) -> QuerySet[ExportJob]:
@@ -117,13 +114,9 @@ class ExportJobFileView(RoleRequiredMixin, View):
     def get(self, request: HttpRequest, pk: int, name: str) -> StreamingHttpResponse:
         job = get_object_or_404(export_jobs_visible(request), pk=pk)
         try:
-            chunks = export_job_file_chunks(job=job, name=name)
+            return export_job_file_response(job=job, name=name)
         except LookupError:  # not one of the job's files, or gone from the store
             raise Http404(f"export #{pk} has no file {name}") from None
-        fmt = "json" if name == MANIFEST_NAME else job.manifest["files"][name]["format"]
-        response = StreamingHttpResponse(chunks, content_type=CONTENT_TYPES[fmt])
-        response["Content-Disposition"] = attachment(f"switchyard-export-{pk}-{name}")
-        return response
 
 
 @require_GET

@@ -10,8 +10,8 @@ from django.views import View
 
 from billing.forms import PriceImportForm
 from billing.price_import import FileImportError, RowError, price_book_listing, price_import_upload
-from stack.registry.roles import ADMINS, LEDGER_READERS
-from stack.registry.views import RoleRequiredMixin, shared_writer
+from registry.auth.roles import ADMINS, LEDGER_READERS
+from registry.views import RoleRequiredMixin, shared_writer
 
 
 class PriceListView(RoleRequiredMixin, View):

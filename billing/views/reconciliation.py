@@ -23,8 +23,8 @@ from billing.reconciliation import (
     reconciliation_import,
     reconciliation_result,
 )
-from stack.registry.roles import LEDGER_READERS
-from stack.registry.views import RoleRequiredMixin
+from registry.auth.roles import LEDGER_READERS
+from registry.views import RoleRequiredMixin
 
 
 class ReconciliationListView(RoleRequiredMixin, View):

@@ -25,7 +25,7 @@ from billing.exports import (
     export_write_files,
     public_keys_from_pem_files,
 )
-from stack.registry.cli import CheckedCommand
+from registry.cli import CheckedCommand
 
 
 class Command(CheckedCommand):

@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from billing.price_import import FileImportError, decode_upload, price_import_file, price_import_format_for
-from stack.registry.cli import CheckedCommand
+from registry.cli import CheckedCommand
 
 MAX_ERRORS_SHOWN = 20
 

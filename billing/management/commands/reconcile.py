@@ -15,9 +15,9 @@ from billing.reconciliation import (
     reconciliation_result,
     tolerance_parse,
 )
-from stack.registry.cli import CheckedCommand
-from stack.registry.models import Provider
-from stack.registry.validation import text_check
+from registry.cli import CheckedCommand
+from registry.models import Provider
+from registry.validation import text_check
 
 
 class Command(CheckedCommand):
