@@ -2,7 +2,8 @@
 
 The format is a tensor blob (storage.tensorblob: a JSON header and raw tensors, no pickle, so
 loading an artifact never runs code) whose header names the format and carries the model
-config as a plain dict. Training writes one when a run succeeds; the engine rebuilds the model
+config as a plain dict, streamed into and out of the store tensor by tensor (blob_write /
+blob_read), so no artifact exists as one byte string. Training writes one when a run succeeds; the engine rebuilds the model
 from it (training.engine.model.model_from_artifact) for local serving. Torch is imported
 lazily: the web process imports this module without needing torch.
 """
@@ -43,11 +44,11 @@ def model_artifact_write(
     endpoint_url: str | None = None,
 ) -> str:
     """Write the artifact at `key` under `store_url` and return its URI (write-once: same key, same bytes)."""
-    from storage.tensorblob import pack
+    from storage.tensorblob import blob_write  # lazily: it imports torch
 
     header = {"format": ARTIFACT_FORMAT, "model_config": dict(model_config), **(meta or {})}
-    blob = pack(header, {name: t.detach().float().cpu() for name, t in params.items()})
-    open_store(store_url, endpoint_url=endpoint_url).put_if_absent(key, blob)
+    tensors = {name: t.detach().float().cpu() for name, t in params.items()}
+    blob_write(open_store(store_url, endpoint_url=endpoint_url), key, header, tensors, if_absent=True)
     return f"{store_url.rstrip('/')}/{key.lstrip('/')}"
 
 
@@ -55,15 +56,13 @@ def model_artifact_read(
     *, uri: str, endpoint_url: str | None = None
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, object]]:
     """(model config as a dict, parameters, header meta) of the artifact at `uri`."""
-    from storage.tensorblob import unpack
+    from storage.tensorblob import blob_read  # lazily: it imports torch
 
     folder, name = _split(uri)
     try:
-        blob = open_store(folder, endpoint_url=endpoint_url).get(name)
+        meta, tensors = blob_read(open_store(folder, endpoint_url=endpoint_url), name)
     except ObjectNotFoundError as exc:
         raise ArtifactError(f"no artifact at {uri}") from exc
-    try:
-        meta, tensors = unpack(blob)
     except ValueError as exc:
         raise ArtifactError(f"{uri} is not a model artifact: {exc}") from exc
     if meta.get("format") != ARTIFACT_FORMAT:

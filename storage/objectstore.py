@@ -10,28 +10,40 @@ The engine keeps deltas and global versions here; the Django side reuses this mo
     store.put_if_absent("a/c", b"x")  # True if this call wrote it, False if it existed
     store.delete("a/b")               # gone (a missing key is not an error)
 
-``put_file`` and ``iter_chunks`` move large objects (exports) in blocks instead of one byte
-string: S3 multipart upload and a streamed body, a file copy and a chunked read.
+Large objects (tensor blobs, checkpoints, exports) move as streams with bounded memory, never
+as one byte string: ``put_stream`` writes an iterable of chunks, ``open_read`` returns a readable
+stream, ``put_file`` and ``iter_chunks`` copy a local file in and stream an object out in blocks.
+On S3 that is a multipart upload of part-sized parts and ranged reads (storage.multipart: part
+size and concurrency are settings); on ``file://`` chunked writes to a temp file renamed into
+place, so a reader never sees half an object.
+
+    store.put_stream("a/big", chunks)           # chunks: bytes, bytearray or memoryview pieces
+    with store.open_read("a/big") as stream:    # ObjectNotFoundError here if it is missing
+        stream.readinto(buffer)
 
 ``put_if_absent`` is what makes publishing a global version idempotent. On ``file://`` it is
 atomic (``os.link`` of a finished temp file refuses to overwrite). On S3 it uses a conditional
-write (``If-None-Match: *``), which AWS S3, MinIO and moto honour.
+write (``If-None-Match: *`` on the PUT, or on completing a multipart upload), which AWS S3,
+MinIO and moto honour.
 """
 
 from __future__ import annotations
 
+import io
 import os
-import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import unquote, urlparse
 
+from storage.multipart import Chunk, Transfer, s3_open, s3_upload, transfer_from_env
+
 BLOCK = 1 << 16  # bytes per chunk when streaming an object
+FILE_BLOCK = 1 << 20  # bytes per read when copying a local file into a store
 
 # A check every S3 request runs before it is sent (botocore's `before-send` event), set once per
-# process by the application (stack.registry.apps: the outbound guard). It receives the request
+# process by the application (registry.apps: the outbound guard). It receives the request
 # and raises to stop it. Kept here as a plain callable so this module stays free of Django.
 _request_guard: Callable[..., None] | None = None
 
@@ -77,6 +89,12 @@ class ObjectStore(Protocol):
 
     def iter_chunks(self, key: str, block: int = BLOCK) -> Iterator[bytes]: ...
 
+    def put_stream(self, key: str, chunks: Iterable[Chunk]) -> None: ...
+
+    def put_stream_if_absent(self, key: str, chunks: Iterable[Chunk]) -> bool: ...
+
+    def open_read(self, key: str) -> io.BufferedIOBase: ...
+
 
 class ObjectNotFoundError(KeyError):
     """Raised by ``get`` for a missing key."""
@@ -99,25 +117,42 @@ class FileStore:
     def _path(self, key: str) -> Path:
         return self.root / _check_key(key)
 
-    def _temp(self, path: Path, data: bytes) -> str:
+    def _temp(self, path: Path, chunks: Iterable[Chunk]) -> str:
+        """The chunks written one by one to a temp file beside `path` (removed if writing fails)."""
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                for chunk in chunks:
+                    fh.write(chunk)
+        except BaseException:
+            os.unlink(tmp)
+            raise
         return tmp
 
     def put(self, key: str, data: bytes) -> None:
+        self.put_stream(key, (data,))
+
+    def put_stream(self, key: str, chunks: Iterable[Chunk]) -> None:
         path = self._path(key)
-        os.replace(self._temp(path, data), path)
+        os.replace(self._temp(path, chunks), path)
 
     def put_file(self, key: str, path: Path) -> None:
         """Copy a local file in (temp file + rename, like ``put``), without reading it whole."""
-        target = self._path(key)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
-        with os.fdopen(fd, "wb") as out, path.open("rb") as src:
-            shutil.copyfileobj(src, out)
-        os.replace(tmp, target)
+        self.put_stream(key, _file_blocks(path, FILE_BLOCK))
+
+    def local_path(self, key: str) -> Path:
+        """The file that holds `key` (for libraries that map a file); ObjectNotFoundError if none."""
+        path = self._path(key)
+        if not path.is_file():
+            raise ObjectNotFoundError(key)
+        return path
+
+    def open_read(self, key: str) -> io.BufferedIOBase:
+        try:
+            return self._path(key).open("rb")
+        except (FileNotFoundError, IsADirectoryError):
+            raise ObjectNotFoundError(key) from None
 
     def iter_chunks(self, key: str, block: int = BLOCK) -> Iterator[bytes]:
         """The object in blocks; ObjectNotFoundError now, not at the first read, if it is missing."""
@@ -149,8 +184,11 @@ class FileStore:
         return sorted(keys)
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
+        return self.put_stream_if_absent(key, (data,))
+
+    def put_stream_if_absent(self, key: str, chunks: Iterable[Chunk]) -> bool:
         path = self._path(key)
-        tmp = self._temp(path, data)
+        tmp = self._temp(path, chunks)
         try:
             os.link(tmp, path)  # fails if path exists: the first writer wins, atomically
             return True
@@ -167,9 +205,16 @@ class S3Store:
     """Objects in an S3 (or S3-compatible) bucket under an optional prefix, via boto3."""
 
     def __init__(
-        self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None, client: Any = None
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint_url: str | None = None,
+        client: Any = None,
+        transfer: Transfer | None = None,
     ) -> None:
         self.client = client if client is not None else s3_client(endpoint_url)
+        self.transfer = transfer if transfer is not None else transfer_from_env()
         self.bucket = bucket
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self.url = f"s3://{bucket}/{self.prefix}"
@@ -178,7 +223,23 @@ class S3Store:
         return self.prefix + _check_key(key)
 
     def put(self, key: str, data: bytes) -> None:
-        self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+        self.put_stream(key, (data,))
+
+    def put_stream(self, key: str, chunks: Iterable[Chunk]) -> None:
+        s3_upload(self.client, self.bucket, self._key(key), chunks, self.transfer)
+
+    def put_stream_if_absent(self, key: str, chunks: Iterable[Chunk]) -> bool:
+        return s3_upload(self.client, self.bucket, self._key(key), chunks, self.transfer, if_absent=True)
+
+    def open_read(self, key: str) -> io.BufferedIOBase:
+        from botocore.exceptions import ClientError  # imported lazily, like boto3
+
+        try:
+            return s3_open(self.client, self.bucket, self._key(key), self.transfer)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                raise ObjectNotFoundError(key) from None
+            raise
 
     def get(self, key: str) -> bytes:
         try:
@@ -188,8 +249,8 @@ class S3Store:
         return bytes(resp["Body"].read())
 
     def put_file(self, key: str, path: Path) -> None:
-        """Upload a local file (boto3 switches to multipart for large ones)."""
-        self.client.upload_file(str(path), self.bucket, self._key(key))
+        """Upload a local file a part at a time (multipart when larger than one part)."""
+        self.put_stream(key, _file_blocks(path, FILE_BLOCK))
 
     def iter_chunks(self, key: str, block: int = BLOCK) -> Iterator[bytes]:
         """The object's body streamed in blocks; ObjectNotFoundError now if it is missing."""
@@ -223,16 +284,7 @@ class S3Store:
         return sorted(keys)
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
-        from botocore.exceptions import ClientError
-
-        try:
-            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*")
-            return True
-        except ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code")
-            if code in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
-                return False
-            raise
+        return self.put_stream_if_absent(key, (data,))
 
 
 def _file_blocks(path: Path, block: int) -> Iterator[bytes]:
@@ -249,13 +301,14 @@ def _closing(chunks: Iterator[bytes], body: Any) -> Iterator[bytes]:
         body.close()
 
 
-def open_store(url: str, *, endpoint_url: str | None = None) -> ObjectStore:
-    """A store for ``file:///abs/dir``, ``file://rel/dir`` or ``s3://bucket[/prefix]``."""
+def open_store(url: str, *, endpoint_url: str | None = None, transfer: Transfer | None = None) -> ObjectStore:
+    """A store for ``file:///abs/dir``, ``file://rel/dir`` or ``s3://bucket[/prefix]``; S3 transfers
+    use `transfer` (default: the environment's settings, storage.multipart.transfer_from_env)."""
     parsed = urlparse(url)
     if parsed.scheme == "file":
         return FileStore(unquote(parsed.netloc + parsed.path))
     if parsed.scheme == "s3":
         if not parsed.netloc:
             raise ValueError(f"s3 url needs a bucket: {url!r}")
-        return S3Store(parsed.netloc, parsed.path, endpoint_url=endpoint_url)
+        return S3Store(parsed.netloc, parsed.path, endpoint_url=endpoint_url, transfer=transfer)
     raise ValueError(f"unsupported object store url: {url!r}")

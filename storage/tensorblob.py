@@ -2,17 +2,27 @@
 
 Layout: b"SYD1", a 4-byte little-endian header length, the JSON header
 ({"meta": ..., "tensors": [{"name", "dtype", "shape", "n"}, ...]}), then each tensor's bytes in
-order. Loading a blob never runs code. The engine's deltas and global versions and the model
-artifacts use it.
+order. Loading a blob never runs code. The engine's deltas, global versions and checkpoints and
+the model artifacts use it.
+
+A blob is written and read as a stream, so no blob exists whole in memory beside its tensors:
+``pack_stream`` yields the header (every size is known from the tensors' shapes and dtypes)
+and then each tensor's own memory, uncopied; ``read`` fills freshly allocated tensors straight
+from a readable stream. ``pack`` and ``unpack`` are the same format as one byte string, for
+small blobs. ``blob_write`` and ``blob_read`` stream a blob into and out of an object store.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import struct
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, Protocol
 
 import torch
+
+from storage.objectstore import ObjectStore
 
 _MAGIC = b"SYD1"
 _DTYPES = {
@@ -23,41 +33,99 @@ _DTYPES = {
 }
 
 
-def _raw(t: torch.Tensor) -> bytes:
+class Readable(Protocol):
+    """What ``read`` needs of a stream: an open file, io.BytesIO, ObjectStore.open_read's stream."""
+
+    def read(self, n: int = -1, /) -> bytes: ...
+
+    def readinto(self, buffer: memoryview, /) -> int | None: ...
+
+
+def _bytes_view(t: torch.Tensor) -> memoryview:
+    """The tensor's bytes as a flat view of its own memory (a copy only if it is not contiguous)."""
     flat = t.detach().contiguous().reshape(-1)
-    return bytes(flat.view(torch.uint8).numpy().tobytes())
+    if flat.numel() == 0:
+        return memoryview(b"")
+    return flat.view(torch.uint8).numpy().data
+
+
+def pack_stream(meta: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Iterator[bytes | memoryview]:
+    """The blob of `meta` (JSON-serialisable) and the tensors, in the order given, as pieces:
+    the header, then one view per tensor."""
+    index = [
+        {
+            "name": name,
+            "dtype": str(t.dtype).removeprefix("torch."),
+            "shape": list(t.shape),
+            "n": t.numel() * t.element_size(),
+        }
+        for name, t in tensors.items()
+    ]
+    header = json.dumps({"meta": meta, "tensors": index}).encode()
+    yield _MAGIC + struct.pack("<I", len(header)) + header
+    for t in tensors.values():
+        yield _bytes_view(t)
 
 
 def pack(meta: dict[str, Any], tensors: dict[str, torch.Tensor]) -> bytes:
-    """One blob of `meta` (JSON-serialisable) and the tensors, in the order given."""
-    index = []
-    chunks = []
-    for name, t in tensors.items():
-        raw = _raw(t)
-        index.append(
-            {
-                "name": name,
-                "dtype": str(t.dtype).removeprefix("torch."),
-                "shape": list(t.shape),
-                "n": len(raw),
-            }
-        )
-        chunks.append(raw)
-    header = json.dumps({"meta": meta, "tensors": index}).encode()
-    return _MAGIC + struct.pack("<I", len(header)) + header + b"".join(chunks)
+    """One blob of `meta` and the tensors as a byte string (``pack_stream`` joined)."""
+    return b"".join(pack_stream(meta, tensors))
+
+
+def _fill(stream: Readable, target: memoryview) -> None:
+    """Read exactly len(target) bytes into target; ValueError if the stream ends first."""
+    done = 0
+    while done < len(target):
+        n = stream.readinto(target[done:])
+        if not n:
+            raise ValueError(f"truncated tensor blob: {len(target) - done} bytes missing")
+        done += n
+
+
+def _read(stream: Readable, n: int) -> bytes:
+    buf = bytearray(n)
+    _fill(stream, memoryview(buf))
+    return bytes(buf)
+
+
+def read(stream: Readable) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """(meta, tensors) of the blob at the stream's position; ValueError for anything else."""
+    if stream.read(4) != _MAGIC:
+        raise ValueError("not a Switchyard tensor blob")
+    (hlen,) = struct.unpack("<I", _read(stream, 4))
+    header = json.loads(_read(stream, hlen))
+    tensors: dict[str, torch.Tensor] = {}
+    for item in header["tensors"]:
+        t = torch.empty(item["shape"], dtype=_DTYPES[item["dtype"]])
+        if t.numel() * t.element_size() != item["n"]:
+            raise ValueError(f"tensor {item['name']!r}: {item['n']} bytes do not fit shape {item['shape']}")
+        if item["n"]:
+            _fill(stream, t.reshape(-1).view(torch.uint8).numpy().data)
+        tensors[item["name"]] = t
+    return header["meta"], tensors
 
 
 def unpack(blob: bytes) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """(meta, tensors) of a blob that `pack` wrote; ValueError for anything else."""
-    if blob[:4] != _MAGIC:
-        raise ValueError("not a Switchyard tensor blob")
-    (hlen,) = struct.unpack("<I", blob[4:8])
-    header = json.loads(blob[8 : 8 + hlen])
-    pos = 8 + hlen
-    tensors: dict[str, torch.Tensor] = {}
-    for item in header["tensors"]:
-        raw = bytearray(blob[pos : pos + item["n"]])
-        pos += item["n"]
-        u8 = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
-        tensors[item["name"]] = u8.view(_DTYPES[item["dtype"]]).reshape(item["shape"]).clone()
-    return header["meta"], tensors
+    return read(io.BytesIO(blob))
+
+
+def blob_write(
+    store: ObjectStore,
+    key: str,
+    meta: dict[str, Any],
+    tensors: dict[str, torch.Tensor],
+    *,
+    if_absent: bool = False,
+) -> bool:
+    """Stream a blob into `store` at `key`; with `if_absent`, False (nothing written) if it exists."""
+    if if_absent:
+        return store.put_stream_if_absent(key, pack_stream(meta, tensors))
+    store.put_stream(key, pack_stream(meta, tensors))
+    return True
+
+
+def blob_read(store: ObjectStore, key: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """(meta, tensors) of the blob at `key`, streamed; ObjectNotFoundError if it is missing."""
+    with store.open_read(key) as stream:
+        return read(stream)

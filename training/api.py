@@ -13,10 +13,10 @@ from rest_framework.response import Response
 from rest_framework.routers import BaseRouter
 
 from billing.money import ledger_text_or_none
-from stack.registry.api_fields import JSONField, ModelSerializer, ResponseSerializer
-from stack.registry.models import Cluster
-from stack.registry.principal import can_see_costs
-from stack.registry.scoping import request_scope_teams
+from registry.api.fields import JSONField, ModelSerializer, ResponseSerializer
+from registry.auth.principal import can_see_costs
+from registry.auth.scoping import request_scope_teams
+from registry.models import Cluster
 from training.models import ProbeJob, TrainingRun
 from training.run_config import RunConfigError
 from training.run_selectors import run_learners, run_metrics_payload, run_transitions
@@ -146,7 +146,7 @@ class RunClusterCostSerializer(ResponseSerializer):
 
 class RunFailoverSerializer(ResponseSerializer):
     id = serializers.IntegerField()
-    code = serializers.CharField(help_text="the failover code (stack.registry.failover_codes)")
+    code = serializers.CharField(help_text="the failover code (registry.failover_codes)")
     subject = serializers.CharField()
     reason = serializers.CharField()
     from_cluster = serializers.CharField(allow_null=True)

@@ -14,8 +14,8 @@ class TrainingConfig(AppConfig):
         # Billing's budgets name runs by id but may not import training: they ask the registry,
         # which learns here how to tell whether a run exists and which team owns it.
         # The same for the object store's `runs/<id>/` keys: the registry judges who may name them.
-        from stack.registry.object_keys import object_owner_register
-        from stack.registry.subjects import subject_kind_register
+        from registry.auth.subjects import subject_kind_register
+        from registry.store.keys import object_owner_register
         from training import tasks  # noqa: F401
         from training.selectors import training_run_exists, training_run_key_team, training_runs_of_teams
 

@@ -44,7 +44,7 @@ def _figure(traces: list[Any], title: str, x: str, y: str, **layout: Any) -> dic
 
 def run_figures(series: dict[str, Any], *, costs: bool = True) -> dict[str, dict[str, Any]]:
     """Every chart of the run page from training.run_selectors.run_metric_series (without the
-    money charts when `costs` is false: stack.registry.roles.can_see_costs)."""
+    money charts when `costs` is false: registry.auth.roles.can_see_costs)."""
     import plotly.graph_objects as go  # lazily: ~0.1 s to import; only chart pages pay it
 
     versions = [v for v in series["versions"] if v["eval_loss"] is not None]

@@ -9,9 +9,9 @@ import yaml
 from django import forms
 from django.db.models import QuerySet
 
-from stack.registry.form_fields import DecimalField, IntegerField
-from stack.registry.models import Cluster, Team
-from stack.registry.validation import InputError, config_parse
+from registry.form_fields import DecimalField, IntegerField
+from registry.models import Cluster, Team
+from registry.validation import InputError, config_parse
 from training.run_config import MONEY_DECIMAL_PLACES, MONEY_MAX_DIGITS, demo_config
 
 
@@ -56,7 +56,7 @@ class TrainingRunForm(forms.Form):
         text = self.cleaned_data["config"]
         try:
             # JSON is a subset of YAML 1.2, but the JSON parser gives the clearer message for JSON
-            # input; both are bounded (size, depth, finite numbers: stack.registry.validation).
+            # input; both are bounded (size, depth, finite numbers: registry.validation).
             parsed = config_parse(text)
         except InputError as exc:
             where = f" at {exc.field}" if exc.field else ""

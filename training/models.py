@@ -44,7 +44,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models, transaction
 from django.utils import timezone
 
-from stack.registry.models import Cluster, RegisteredModel, Team
+from registry.models import Cluster, RegisteredModel, Team
 
 
 class ProbeJob(models.Model):
@@ -136,6 +136,9 @@ class TrainingRun(models.Model):
     # The syncer re-enqueues itself; only the chain holding this token goes on, so a chain the
     # supervisor restarted never runs beside the old one.
     syncer_token = models.CharField(max_length=32, blank=True)
+    # Bytes of the run's objects in the store (versions, deltas, checkpoints, exports), as the
+    # last retention sweep listed them (training.services.retention); None before the first.
+    store_bytes = models.BigIntegerField(null=True, blank=True)
 
     LIVE_STATES = (State.PLACING, State.RUNNING, State.RECOVERING)
     FINAL_STATES = (State.SUCCEEDED, State.FAILED, State.CANCELLED, State.BUDGET_EXHAUSTED)

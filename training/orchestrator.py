@@ -12,7 +12,9 @@ this module keeps what must survive between Celery tasks:
   checkpoint at all rejoins from the newest global versions with a fresh optimizer, as
   Decoupled DiLoCo's failed learners do (arXiv 2604.21428);
 * a run's `Syncer` lives in `_SYNCERS` on the control worker, so grace windows survive between
-  ticks; it is rebuilt with `Syncer.resume` whenever the store holds a version it has not seen.
+  ticks; it is rebuilt with `Syncer.resume` whenever the store holds a version it has not seen
+  (reading the newest version of each fragment and the pending deltas, whatever the run's
+  length). A tick that published sweeps the store (training.services.retention).
 
 Chunks stay idempotent: a chunk run again after a crash restores the checkpoint written before
 it started (never its first attempt's), and a fragment that its first attempt already pushed
@@ -34,7 +36,8 @@ from typing import TYPE_CHECKING
 
 from django.utils import timezone
 
-from stack.registry.tracing import span_attributes
+from registry.tracing import span_attributes
+from storage.objectstore import ObjectNotFoundError
 from training import services
 from training.models import LearnerChunk, TrainingRun
 from training.run_engines import (
@@ -77,7 +80,7 @@ PUSH_SPACE = 10_000
 
 # A learner more than this many versions behind fetches the full version instead of the chain
 # of down-deltas: the chain would cost about as much (4 bytes per value / bytes per value).
-DOWN_CHAIN_LIMIT: dict[str, int] = {"fp32": 1, "bf16": 1, "int8": 3, "4bit": 7}
+DOWN_CHAIN_LIMIT: dict[str, int] = {"fp32": 1, "bf16": 1, "int8": 3, "4bit": 7, "fp4_e3m0": 7}
 
 
 @dataclass
@@ -125,7 +128,6 @@ def _learner_for(run: TrainingRun, index: int, generation: int, seq: int, steps_
         return LearnerStart(slot=cached, source=LearnerChunk.StateSource.MEMORY)
     _LEARNERS.pop(key, None)
     # Lazily: the engine modules import torch.
-    from training.engine.checkpoint import learner_checkpoint_load
     from training.engine.learner import Learner
 
     engine = run_engine(run)
@@ -146,7 +148,7 @@ def _learner_for(run: TrainingRun, index: int, generation: int, seq: int, steps_
     checkpoints = run_checkpoints(run)
     found = checkpoints.latest_before(index, generation, seq)
     if found is not None:
-        extra = learner_checkpoint_load(learner, checkpoints.get(index, *found))
+        extra = checkpoints.load(index, *found, learner)
         pushed = extra.get("pushed_base", {})
         slot = LearnerSlot(
             learner=learner,
@@ -203,24 +205,31 @@ def _fetch_versions(
     learner: Learner, transport: ObjectStoreTransport, fragment: int, down: CompressionKind
 ) -> int:
     """Bring the learner's held copy of a fragment to the newest version; returns bytes received."""
-    found = transport.versions(fragment)
-    newest = max(found) if found else 0
-    have = learner.held_version[fragment]
-    if newest <= have:
-        return 0
     received = 0
-    if newest - have <= DOWN_CHAIN_LIMIT[down]:
-        try:
-            for v in range(have + 1, newest + 1):
-                d = transport.get_down(fragment, v)
-                learner.receive(d)
-                received += d.nbytes
+    for attempt in range(3):
+        found = transport.versions(fragment)
+        newest = max(found) if found else 0
+        have = learner.held_version[fragment]
+        if newest <= have:
             return received
-        except LookupError:  # a version without a down-delta (written before they existed)
-            pass
-    full = transport.get_version(fragment, newest)
-    learner.receive_full(fragment, full.held, newest)
-    return received + full.nbytes
+        if newest - have <= DOWN_CHAIN_LIMIT[down]:
+            try:
+                for v in range(have + 1, newest + 1):
+                    d = transport.get_down(fragment, v)
+                    learner.receive(d)
+                    received += d.nbytes
+                return received
+            except LookupError:  # a version without a down-delta (written before they
+                pass  # existed), or one the retention sweep deleted: the full newest instead
+        try:
+            full = transport.get_version(fragment, newest)
+        except ObjectNotFoundError:
+            if attempt == 2:
+                raise
+            continue  # swept since the listing (a newer one was published): list again
+        learner.receive_full(fragment, full.held, newest)
+        return received + full.nbytes
+    return received
 
 
 def _push_before_interruption(
@@ -277,7 +286,6 @@ def learner_chunk_execute(
 ) -> None:
     """Run one chunk of a learner (the `training.learner_chunk` task); claims are in training.services.chunks."""
     # Lazily: the engine modules import torch.
-    from training.engine.checkpoint import learner_checkpoint_bytes
     from training.engine.fragments import due, offsets
 
     hostname = worker_hostname or socket.gethostname()
@@ -386,7 +394,7 @@ def learner_chunk_execute(
         if not outcome.stopped_by.startswith("run "):
             # Before the chunk is recorded as finished: a finished chunk always has its checkpoint.
             checkpoints = run_checkpoints(run)
-            checkpoints.put(index, generation, seq, learner_checkpoint_bytes(learner, slot.extra()))
+            checkpoints.write(index, generation, seq, learner, slot.extra())
             checkpoints.prune(index, keep=2)
     except Exception as exc:
         logger.exception("learner %s g%s chunk %s failed", learner_id, generation, seq)
@@ -471,8 +479,12 @@ def syncer_tick_execute(*, run_id: int, token: str) -> None:
         delta_bytes=sizes,
     )
     services.model_versions_register_due(run=run, engine=engine, transport=transport)
+    if published:
+        services.run_store_sweep(run=run, engine=engine, transport=transport, syncer=syncer)
     run = services.training_run_check_stop(run=run)
     if run.is_finished:
+        # Once more after the final export: the run page shows what the run left in the store.
+        services.run_store_sweep(run=run, engine=engine, transport=transport, syncer=syncer)
         forget_run(run)
         return
     services.syncer_tick_continue(run_id=run_id, token=token)

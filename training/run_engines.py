@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
-from stack.registry.objectstore import configured_store
+from registry.store.objectstore import configured_store
 from storage.artifacts import model_artifact_read, model_artifact_write
 from storage.objectstore import ObjectStore, open_store
 from training.models import TrainingRun
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from training.engine.checkpoint import CheckpointStore
     from training.engine.data import Corpus, Sampler
     from training.engine.model import AnyModelConfig
-    from training.engine.stream import TextDataset
+    from training.engine.stream import DatasetManifest, TextDataset
     from training.engine.tokenizer import Tokenizer
     from training.engine.transport import ObjectStoreTransport
 
@@ -135,6 +135,7 @@ class RunEngine:
     data_store: ObjectStore | None = None
     tokenizer: Tokenizer | None = None
     tokenizer_json: bytes | None = None  # copied into open-weights exports
+    manifest: DatasetManifest | None = None  # the text dataset's split into shards
     eval_model: Any = None
 
     def evaluate(self, params: dict[str, torch.Tensor]) -> float:
@@ -242,6 +243,7 @@ def _open_text_dataset(engine: RunEngine) -> None:
     """The tokenizer, the dataset's object list and the held-out eval windows of a text dataset."""
     # Lazily: the engine modules import torch.
     from training.engine.openweights import TOKENIZER
+    from training.engine.shards import run_manifest
     from training.engine.stream import TextDataset, check_tokens_fit, eval_batches
     from training.engine.stream import dataset_keys as stream_keys
     from training.engine.tokenizer import ByteTokenizer, JsonTokenizer, TokenizerError, eos_from_config
@@ -279,6 +281,11 @@ def _open_text_dataset(engine: RunEngine) -> None:
         eval_every_nth=rc.eval_every_nth_document,
     )
     engine.text, engine.data_store = text, data_store
+    # The split into learners x ranks shards: built by the first process that opens the run,
+    # stored with the run's objects, read by every other learner and rank.
+    key = f"runs/{engine.run_id}/dataset/manifest.json"
+    run_store = configured_store(rc.object_store_url)
+    engine.manifest = run_manifest(run_store, key, data_store, text, shards=rc.learners * rc.ranks)
     engine.tokenizer, engine.tokenizer_json = tokenizer, tokenizer_json
     engine.eval_batches = eval_batches(
         data_store, text, tokenizer, block_size=rc.block_size, windows=int(rc.raw["eval_windows"])
@@ -334,6 +341,7 @@ def sampler_spec(
         "shard": index * ranks + rank,
         "shards": rc.learners * ranks,
         "skip": steps_done * batch,
+        "manifest": engine.manifest.as_dict() if engine.manifest is not None else None,
     }
     tensors: dict[str, torch.Tensor] = {}
     if engine.tokenizer_json is not None:

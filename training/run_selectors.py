@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from django.db.models import Sum
 
 from billing.money import ledger_text_or_none
-from stack.registry.costs import without_money
-from stack.registry.teams import filter_by_team
+from registry.auth.costs import without_money
+from registry.auth.teams import filter_by_team
 from training.models import TrainingLearner, TrainingRun, TrainingRunTransition
 from training.selectors import (
     RunProgress,
@@ -55,7 +54,7 @@ def run_transitions(*, run: TrainingRun) -> list[TrainingRunTransition]:
 
 def run_timeline(*, run: TrainingRun, costs: bool = True) -> list[dict[str, Any]]:
     """State transitions, placement decisions and failover events, oldest first; without prices
-    and extra costs when `costs` is false (stack.registry.roles.can_see_costs)."""
+    and extra costs when `costs` is false (registry.auth.roles.can_see_costs)."""
     events: list[dict[str, Any]] = []
     for t in run_transitions(run=run):
         events.append({"at": t.at, "kind": "state", "text": f"{t.from_state or '—'} → {t.to_state}",
@@ -92,10 +91,6 @@ def run_cost_summary(*, run: TrainingRun) -> dict[str, Any]:
         "cost_per_loss_improvement": progress.cost_per_loss_improvement,
         "per_cluster": run_cost_per_cluster(run=run),
     }
-
-
-def _seconds(at: datetime, since: datetime | None) -> float:
-    return (at - since).total_seconds() if since is not None else 0.0
 
 
 def run_metric_series(*, run: TrainingRun) -> dict[str, Any]:

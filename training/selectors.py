@@ -12,8 +12,8 @@ from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, Sum
 from billing.budgets import budget_hard_limit_keys, budget_may_spend, spend_target
 from billing.models import Unit
 from billing.selectors import PriceResolver, spend_grouped, spend_total, usage_for_subject
-from stack.registry.models import Cluster, FailoverEvent
-from stack.registry.validation import id_parse
+from registry.models import Cluster, FailoverEvent
+from registry.validation import id_parse
 from training.models import (
     GlobalVersionRecord,
     LearnerChunk,
@@ -104,7 +104,7 @@ def learners_occupying(*, exclude_run_id: int | None = None) -> dict[int, int]:
 def run_budget_refusal(*, run: TrainingRun) -> str:
     """Why a hard budget of the run's team or of the run itself forbids more spend ("" when none
     does): such a budget stops the run wherever its learners are."""
-    ok, why = budget_may_spend(team=run.team_slug, training_run_id=str(run.pk))
+    ok, why = budget_may_spend(target=spend_target(team=run.team_slug, training_run_id=str(run.pk)))
     return "" if ok else why
 
 
@@ -120,11 +120,10 @@ def cluster_budget_refusal(
 
     `hard_keys` (budget_hard_limit_keys()) lets a caller checking many clusters skip those that no
     hard budget covers without reading any budget state."""
-    if hard_keys is not None:
-        target = spend_target(cluster=cluster, team=team, training_run_id=training_run_id)
-        if not hard_keys.intersection(target.keys()):
-            return ""
-    ok, why = budget_may_spend(cluster=cluster, team=team, training_run_id=training_run_id)
+    target = spend_target(cluster=cluster, team=team, training_run_id=training_run_id)
+    if hard_keys is not None and not hard_keys.intersection(target.keys()):
+        return ""
+    ok, why = budget_may_spend(target=target)
     return "" if ok else why
 
 

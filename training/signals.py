@@ -2,7 +2,7 @@
 
 model_version_registered: a ModelVersion row was committed (training.services.lineage sends it
 after COMMIT, once per version). Keyword arguments: version_id, run_id. Receivers enqueue their
-own work (stack.decisions scores the version for a build-or-buy run); they must not raise, and a
+own work (decisions scores the version for a build-or-buy run); they must not raise, and a
 receiver that missed one (a process killed in between) catches up from the table instead.
 """
 

@@ -13,21 +13,22 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views import View
 
+from billing.money import shown_text
 from billing.selectors import usage_for_subject
-from stack.registry.principal import can_see_costs, principal_of_user
-from stack.registry.roles import OPERATORS
-from stack.registry.teams import (
+from registry.auth.principal import can_see_costs, principal_of_user
+from registry.auth.roles import OPERATORS
+from registry.auth.teams import (
     filter_by_team,
     teams_visible,
     user_may_change_team_object,
     user_team_scope,
     user_teams_with_role,
 )
-from stack.registry.views import RoleRequiredMixin, require_team_write, shared_writer
+from registry.views import RoleRequiredMixin, require_team_write, shared_writer
 from training.charts import charts_shown, loss_curve_chart, run_figures
 from training.forms import ProbeJobForm, TrainingRunForm, example_config_text
 from training.models import ProbeJob, TrainingRun
-from training.run_config import RunConfigError
+from training.run_config import RunConfig, RunConfigError
 from training.run_selectors import (
     run_cost_summary,
     run_learners,
@@ -68,8 +69,8 @@ def _figures_payload(run: TrainingRun, *, costs: bool, with_template: bool = Tru
                                "figures": figures}  # fmt: skip
     if costs:
         progress = run_progress(run=run)
-        # Shown as text beside the charts; formatted like the template's floatformat:4.
-        payload["cost"] = f"{progress.cost:.4f} {progress.currency}"
+        # Shown as text beside the charts, as the template's |money shows it.
+        payload["cost"] = f"{shown_text(progress.cost)} {progress.currency}"
     return payload
 
 
@@ -102,6 +103,7 @@ class RunDetailView(RoleRequiredMixin, View):
                 "learners": run_learners(run=run),
                 "placements": run_placements(run=run),
                 "model_versions": run_model_versions(run=run),
+                "keep_versions": RunConfig(run.config).keep_versions,
                 "timeline": run_timeline(run=run, costs=costs),
                 "charts": charts_shown(costs=costs),
                 "initial": _figures_payload(run, costs=costs),

@@ -8,7 +8,9 @@ a tensor blob (storage.tensorblob) of :meth:`Learner.state_dict`: parameters, an
 held copy of the global version, AdamW moments and step counts, the lr schedule position,
 pending steps and tokens, the push counter, error-feedback residuals, the sampler's generator,
 plus whatever the caller adds (``extra``, JSON). Chunk ``c + 1`` starts from exactly that
-checkpoint, in whatever process of the cluster picks it up.
+checkpoint, in whatever process of the cluster picks it up. Checkpoints are streamed into and
+out of the store tensor by tensor (storage.tensorblob.blob_write / blob_read): a checkpoint of a
+large model is several times its size and never exists as one byte string.
 
 Keys name the chunk that *wrote* them, so a chunk only ever reads a checkpoint written before
 it started (``latest_before``): a chunk that is run again after a crash never sees the
@@ -24,8 +26,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import torch
+
 from storage.objectstore import ObjectStore
-from storage.tensorblob import pack, unpack
+from storage.tensorblob import blob_read, blob_write
 from training.engine.learner import Learner
 
 _KEY = re.compile(r"g(\d+)-c(\d+)\.syd$")
@@ -44,13 +48,26 @@ class CheckpointStore:
     def key(self, learner: int, generation: int, chunk: int) -> str:
         return f"{self._dir(learner)}g{generation:06d}-c{chunk:08d}.syd"
 
-    def put(self, learner: int, generation: int, chunk: int, blob: bytes) -> str:
+    def write(
+        self, learner: int, generation: int, chunk: int, state: Learner, extra: dict[str, Any] | None = None
+    ) -> str:
+        """Stream learner ``state`` (and ``extra``) to the checkpoint of (generation, chunk); its key."""
         key = self.key(learner, generation, chunk)
-        self.store.put(key, blob)
+        meta, tensors = state.state_dict()
+        blob_write(self.store, key, {"learner": meta, "extra": extra or {}}, tensors)
         return key
 
-    def get(self, learner: int, generation: int, chunk: int) -> bytes:
-        return self.store.get(self.key(learner, generation, chunk))
+    def read(
+        self, learner: int, generation: int, chunk: int
+    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """(meta, tensors) of a checkpoint, streamed: meta has ``learner`` and ``extra``."""
+        return blob_read(self.store, self.key(learner, generation, chunk))
+
+    def load(self, learner: int, generation: int, chunk: int, state: Learner) -> dict[str, Any]:
+        """Restore ``state`` (same model and fragments) from a checkpoint; returns its ``extra``."""
+        meta, tensors = self.read(learner, generation, chunk)
+        state.load_state_dict(meta["learner"], tensors)
+        return dict(meta["extra"])
 
     def list(self, learner: int) -> list[tuple[int, int]]:
         """(generation, chunk) of every checkpoint of a learner, oldest first."""
@@ -72,15 +89,3 @@ class CheckpointStore:
         """The newest checkpoint written by a chunk before (generation, chunk), if any."""
         older = [gc for gc in self.list(learner) if gc < (generation, chunk)]
         return older[-1] if older else None
-
-
-def learner_checkpoint_bytes(learner: Learner, extra: dict[str, Any] | None = None) -> bytes:
-    meta, tensors = learner.state_dict()
-    return pack({"learner": meta, "extra": extra or {}}, tensors)
-
-
-def learner_checkpoint_load(learner: Learner, blob: bytes) -> dict[str, Any]:
-    """Restore ``learner`` (same model and fragments) from a checkpoint; returns its ``extra``."""
-    meta, tensors = unpack(blob)
-    learner.load_state_dict(meta["learner"], tensors)
-    return dict(meta["extra"])

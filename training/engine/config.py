@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-CompressionKind = Literal["fp32", "bf16", "int8", "4bit"]
+# "4bit" is uniform int4; "fp4_e3m0" is the FP4 of Streaming DiLoCo (compression.py).
+CompressionKind = Literal["fp32", "bf16", "int8", "4bit", "fp4_e3m0"]
 StalePolicy = Literal["discount", "drop"]
 Assignment = Literal["strided", "sequential"]
 Sharding = Literal["iid", "noniid"]
@@ -71,6 +72,8 @@ class CompressionConfig:
     ``kind`` compresses the learners' Δ (up). ``down`` compresses the difference between a
     newly published global version and the copy every learner already holds (None: the same
     kind as up); a learner with no copy (a rejoin) downloads the version in fp32.
+    ``error_feedback`` is the learner side's: each learner carries its quantisation residual
+    into its next Δ (off by default; the way down always has it, through the syncer's mirror).
     """
 
     kind: CompressionKind = "fp32"

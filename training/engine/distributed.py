@@ -349,7 +349,7 @@ def sampler_from_spec(
             tensors["data"], block_size=meta["block_size"], batch_size=meta["batch_size"], seed=meta["seed"]
         )
     from storage.objectstore import open_store
-    from training.engine.stream import TextDataset, TokenStream
+    from training.engine.stream import DatasetManifest, TextDataset, TokenStream
     from training.engine.tokenizer import ByteTokenizer, JsonTokenizer, Tokenizer
 
     if store is None:
@@ -371,6 +371,7 @@ def sampler_from_spec(
         batch_size=meta["batch_size"],
         shard=meta["shard"],
         shards=meta["shards"],
+        manifest=DatasetManifest.from_dict(meta["manifest"]) if meta.get("manifest") else None,
     )
     if meta.get("skip"):
         stream.skip(int(meta["skip"]))

@@ -1,7 +1,10 @@
 """What crosses the wire: a learner's fragment delta, a published global version and its down-delta.
 
 All three serialise to one self-describing tensor blob (storage.tensorblob: a JSON header and raw
-tensor bytes), so the object-store transport needs neither pickle nor torch.save.
+tensor bytes), so the object-store transport needs neither pickle nor torch.save. ``*_parts``
+give a message's (meta, tensors) for streaming it (storage.tensorblob.blob_write) and
+``*_from_parts`` rebuild it from a streamed read; ``*_to_bytes`` / ``*_from_bytes`` are the same
+as one byte string.
 """
 
 from __future__ import annotations
@@ -114,7 +117,10 @@ def _decoded_tensors(
     }
 
 
-def delta_to_bytes(d: FragmentDelta) -> bytes:
+Parts = tuple[dict[str, Any], dict[str, torch.Tensor]]
+
+
+def delta_parts(d: FragmentDelta) -> Parts:
     tensors, kinds = _encoded_tensors(d.tensors, "v:", "s:")
     meta = {
         "learner": d.learner,
@@ -126,11 +132,10 @@ def delta_to_bytes(d: FragmentDelta) -> bytes:
         "sent_at": d.sent_at,
         "kinds": kinds,
     }
-    return pack(meta, tensors)
+    return meta, tensors
 
 
-def delta_from_bytes(blob: bytes) -> FragmentDelta:
-    meta, tensors = unpack(blob)
+def delta_from_parts(meta: dict[str, Any], tensors: dict[str, torch.Tensor]) -> FragmentDelta:
     enc = _decoded_tensors(meta["kinds"], tensors, "v:", "s:")
     return FragmentDelta(
         learner=meta["learner"],
@@ -144,7 +149,7 @@ def delta_from_bytes(blob: bytes) -> FragmentDelta:
     )
 
 
-def version_to_bytes(v: GlobalVersion) -> bytes:
+def version_parts(v: GlobalVersion) -> Parts:
     tensors = {f"p:{n}": t for n, t in v.params.items()}
     tensors.update({f"m:{n}": t for n, t in v.momentum.items()})
     tensors.update({f"h:{n}": t for n, t in v.mirror.items()})
@@ -157,15 +162,14 @@ def version_to_bytes(v: GlobalVersion) -> bytes:
         "meta": v.meta,
         "down_kinds": down_kinds,
     }
-    return pack(meta, tensors)
+    return meta, tensors
 
 
 def _named(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
     return {k[len(prefix) :]: t for k, t in tensors.items() if k.startswith(prefix)}
 
 
-def version_from_bytes(blob: bytes) -> GlobalVersion:
-    meta, tensors = unpack(blob)
+def version_from_parts(meta: dict[str, Any], tensors: dict[str, torch.Tensor]) -> GlobalVersion:
     return GlobalVersion(
         fragment=meta["fragment"],
         version=meta["version"],
@@ -178,15 +182,38 @@ def version_from_bytes(blob: bytes) -> GlobalVersion:
     )
 
 
-def down_to_bytes(d: DownDelta) -> bytes:
+def down_parts(d: DownDelta) -> Parts:
     tensors, kinds = _encoded_tensors(d.tensors, "v:", "s:")
-    return pack({"fragment": d.fragment, "version": d.version, "kinds": kinds}, tensors)
+    return {"fragment": d.fragment, "version": d.version, "kinds": kinds}, tensors
 
 
-def down_from_bytes(blob: bytes) -> DownDelta:
-    meta, tensors = unpack(blob)
+def down_from_parts(meta: dict[str, Any], tensors: dict[str, torch.Tensor]) -> DownDelta:
     return DownDelta(
         fragment=meta["fragment"],
         version=meta["version"],
         tensors=_decoded_tensors(meta["kinds"], tensors, "v:", "s:"),
     )
+
+
+def delta_to_bytes(d: FragmentDelta) -> bytes:
+    return pack(*delta_parts(d))
+
+
+def delta_from_bytes(blob: bytes) -> FragmentDelta:
+    return delta_from_parts(*unpack(blob))
+
+
+def version_to_bytes(v: GlobalVersion) -> bytes:
+    return pack(*version_parts(v))
+
+
+def version_from_bytes(blob: bytes) -> GlobalVersion:
+    return version_from_parts(*unpack(blob))
+
+
+def down_to_bytes(d: DownDelta) -> bytes:
+    return pack(*down_parts(d))
+
+
+def down_from_bytes(blob: bytes) -> DownDelta:
+    return down_from_parts(*unpack(blob))

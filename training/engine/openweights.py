@@ -12,7 +12,9 @@ A model directory (a prefix in the object store) holds
 * optionally ``tokenizer.json`` (training.engine.tokenizer).
 
 Weights are read with the ``safetensors`` library (a JSON header and raw tensors: loading runs
-no code) from bytes already in the store; nothing is downloaded. They train in fp32 and are
+no code) from files already in the store; nothing is downloaded from elsewhere. The library maps
+a local file and reads it tensor by tensor: the store's own file on ``file://``, a copy streamed
+to a temp file on S3, so a model's weights never sit in memory as one byte string. They train in fp32 and are
 written back in the dtype the config names (``torch_dtype``), so an export is what vLLM or TGI
 load from a directory.
 """
@@ -21,14 +23,16 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from storage.objectstore import ObjectNotFoundError, ObjectStore
+from storage.objectstore import FILE_BLOCK, FileStore, ObjectNotFoundError, ObjectStore
 from training.engine.config_json import ModelConfigError
 from training.engine.gpt2 import GPT2Config
 from training.engine.model import FamilyConfig, build_model, family_config_from_hf, load_params, make_model
@@ -70,10 +74,27 @@ def parameter_shapes(cfg: FamilyConfig) -> dict[str, torch.Size]:
     return {n: p.shape for n, p in model.named_parameters()}
 
 
+@contextmanager
+def _local_file(store: ObjectStore, key: str) -> Iterator[Path]:
+    """A local file with the object's bytes: the store's own on file://, else a streamed temp copy."""
+    if isinstance(store, FileStore):
+        yield store.local_path(key)
+        return
+    with store.open_read(key) as src, tempfile.NamedTemporaryFile(prefix="switchyard-weights-") as tmp:
+        shutil.copyfileobj(src, tmp, FILE_BLOCK)
+        tmp.flush()
+        yield Path(tmp.name)
+
+
+def _safetensors(store: ObjectStore, key: str) -> dict[str, torch.Tensor]:
+    from safetensors import safe_open  # lazily: only open-weights models need it
+
+    with _local_file(store, key) as path, safe_open(str(path), framework="pt") as weights:
+        return {name: weights.get_tensor(name) for name in weights.keys()}
+
+
 def _read_tensors(store: ObjectStore) -> dict[str, torch.Tensor] | None:
     """Every tensor of the checkpoint (one file or an index and its shards), or None if there is none."""
-    from safetensors.torch import load  # lazily: only open-weights models need it
-
     if store.exists(WEIGHTS):
         files = [WEIGHTS]
     elif store.exists(WEIGHTS_INDEX):
@@ -87,7 +108,7 @@ def _read_tensors(store: ObjectStore) -> dict[str, torch.Tensor] | None:
     tensors: dict[str, torch.Tensor] = {}
     for name in files:
         try:
-            tensors.update(load(store.get(name)))
+            tensors.update(_safetensors(store, name))
         except ObjectNotFoundError:
             raise ModelConfigError(f"{store.url}: {name} is missing") from None
         except Exception as exc:  # safetensors raises its own SafetensorError for a bad header

@@ -6,71 +6,78 @@ A dataset is a list of objects (sorted keys under a prefix) in one format:
   each piece is a document for sharding and hold-out (the end-of-sequence token follows only
   the file's last piece);
 * ``jsonl``: one JSON object per line, its ``text_field`` (default ``text``) a string;
-* ``parquet``: a string column named ``text_field``, read a row batch at a time (pyarrow).
+* ``parquet``: a string column named ``text_field``, read a row group at a time (pyarrow).
 
 Document j of file i is held out for evaluation when crc32("<key>#<j>") % n == 0 (n =
 ``eval_every_nth``; 0 holds out nothing): a choice that depends on neither the sharding nor
 the order in which files are read.
 
-Training documents go to S = learners × ranks shards; shard s = learner · ranks + rank. When
-the number of files is a multiple of S, file i goes whole to shard i mod S (a shard reads only
-its own files); otherwise every shard reads every file and keeps training document k when
-k mod S = s, k counting training documents in file order. Either way the shards are disjoint,
-cover every training document, and a shard's order is the same every time. A shard that runs
+Training documents go to S = learners × ranks shards; shard s = learner · ranks + rank. The
+files, in key order, are one sequence of bytes (rows for Parquet) cut into S ranges of about
+equal size, each moved forward to the next document start (training.engine.shards.manifest):
+whatever the number of files, a shard reads only its own range, the shards are disjoint and
+cover every training document, and a shard's order is the same every time. A run records the
+split once in its dataset manifest; every learner and rank reads that one. A shard that runs
 out starts its next epoch in the same order.
 
 Each shard's documents are tokenised, separated by the end-of-sequence id when there is one,
 packed into one stream, and cut into windows of block_size + 1 tokens (inputs and the targets
 shifted by one) that start block_size tokens apart. ``TokenStream.position()`` names the first
-token of the next window as (epoch, document, offset); a stream built with that position gives
-the same windows the original would have given next.
+token of the next window as (epoch, document, offset) and where that document starts in its
+file (file, at, index, line); a stream built with that position reads on from there and gives
+the same windows the original would have given next. A position without the file part (saved
+before it existed) is reached by reading the shard from its start.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import zlib
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
 from storage.objectstore import ObjectStore
+from training.engine.shards import (
+    TEXT_PIECE_BYTES,
+    Cursor,
+    DatasetError,
+    DatasetManifest,
+    Document,
+    Format,
+    TextDataset,
+    build_manifest,
+    range_documents,
+)
 from training.engine.tokenizer import Tokenizer, TokenizerError
 
-Format = Literal["text", "jsonl", "parquet"]
+__all__ = [
+    "FORMATS",
+    "TEXT_PIECE_BYTES",
+    "DatasetError",
+    "DatasetManifest",
+    "Document",
+    "Format",
+    "StreamPosition",
+    "TextDataset",
+    "TokenStream",
+    "check_tokens_fit",
+    "dataset_keys",
+    "documents",
+    "eval_batches",
+    "held_out",
+    "shard_documents",
+    "shard_manifest",
+]
+
 FORMATS: tuple[Format, ...] = ("text", "jsonl", "parquet")
-TEXT_PIECE_BYTES = 1 << 16
 _SUFFIXES: dict[Format, tuple[str, ...]] = {
     "text": (),
     "jsonl": (".jsonl", ".ndjson"),
     "parquet": (".parquet",),
 }
-
-
-class DatasetError(ValueError):
-    """A dataset that cannot be read as declared (the message names the object and why)."""
-
-
-@dataclass(frozen=True)
-class TextDataset:
-    """Which objects, in which format, and which documents are held out."""
-
-    keys: tuple[str, ...]
-    format: Format
-    text_field: str = "text"
-    eval_every_nth: int = 10
-
-
-@dataclass(frozen=True)
-class Document:
-    file: int  # index into TextDataset.keys
-    index: int  # position within its file
-    text: str
-    ends_source: bool = True  # False for a text piece that is not its file's last
 
 
 def dataset_keys(store: ObjectStore, prefix: str, fmt: Format) -> tuple[str, ...]:
@@ -94,109 +101,44 @@ def held_out(key: str, index: int, every_nth: int) -> bool:
     return every_nth > 0 and zlib.crc32(f"{key}#{index}".encode()) % every_nth == 0
 
 
-# --- Reading one file -----------------------------------------------------------------------
-
-
-def _text_pieces(chunks: Iterator[bytes]) -> Iterator[str]:
-    """Pieces of at most TEXT_PIECE_BYTES, cut after a newline where there is one."""
-    pending = b""
-    for chunk in chunks:
-        pending += chunk
-        while len(pending) >= TEXT_PIECE_BYTES:
-            cut = pending.rfind(b"\n", 0, TEXT_PIECE_BYTES) + 1 or TEXT_PIECE_BYTES
-            # A cut inside a UTF-8 sequence would garble one character; move it back to a boundary.
-            while cut < len(pending) and cut > 1 and (pending[cut] & 0xC0) == 0x80:
-                cut -= 1
-            yield pending[:cut].decode("utf-8", errors="replace")
-            pending = pending[cut:]
-    if pending:
-        yield pending.decode("utf-8", errors="replace")
-
-
-def _lines(chunks: Iterator[bytes]) -> Iterator[bytes]:
-    pending = b""
-    for chunk in chunks:
-        pending += chunk
-        *whole, pending = pending.split(b"\n")
-        yield from whole
-    if pending:
-        yield pending
-
-
-def _file_texts(store: ObjectStore, key: str, dataset: TextDataset) -> Iterator[tuple[str, bool]]:
-    """(text, ends its source document) for each document of one object, in order."""
-    if dataset.format == "text":
-        previous: str | None = None
-        for piece in _text_pieces(store.iter_chunks(key)):
-            if previous is not None:
-                yield previous, False
-            previous = piece
-        if previous is not None:
-            yield previous, True
-    elif dataset.format == "jsonl":
-        for n, line in enumerate(_lines(store.iter_chunks(key)), start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError as exc:
-                raise DatasetError(f"{key} line {n}: not JSON ({exc})") from exc
-            text = row.get(dataset.text_field) if isinstance(row, dict) else None
-            if not isinstance(text, str):
-                raise DatasetError(f"{key} line {n}: no string field {dataset.text_field!r}")
-            yield text, True
-    else:
-        yield from ((t, True) for t in _parquet_texts(store, key, dataset.text_field))
-
-
-def _parquet_texts(store: ObjectStore, key: str, column: str) -> Iterator[str]:
-    import pyarrow.parquet as pq  # lazily: only Parquet datasets need pyarrow
-
-    try:
-        # Parquet keeps its schema at the end of the file, so the object is read whole; the rows
-        # are then decoded one batch at a time.
-        pf = pq.ParquetFile(io.BytesIO(store.get(key)))
-    except Exception as exc:  # pyarrow's ArrowInvalid and friends
-        raise DatasetError(f"{key}: not a Parquet file ({exc})") from exc
-    if column not in pf.schema_arrow.names:
-        raise DatasetError(f"{key}: no column {column!r} (columns: {', '.join(pf.schema_arrow.names)})")
-    for batch in pf.iter_batches(columns=[column], batch_size=1024):
-        for value in batch.column(0).to_pylist():
-            if value is None:
-                continue
-            if not isinstance(value, str):
-                raise DatasetError(f"{key}: column {column!r} holds {type(value).__name__}, not text")
-            yield value
-
-
 def documents(store: ObjectStore, dataset: TextDataset) -> Iterator[Document]:
     """Every document of the dataset, held out or not, in file order."""
-    for i, key in enumerate(dataset.keys):
-        for j, (text, ends) in enumerate(_file_texts(store, key, dataset)):
-            yield Document(file=i, index=j, text=text, ends_source=ends)
+    return range_documents(store, dataset, start=Cursor(), stop=Cursor(len(dataset.keys)))
 
 
 def _is_held_out(doc: Document, dataset: TextDataset) -> bool:
     return held_out(dataset.keys[doc.file], doc.index, dataset.eval_every_nth)
 
 
+def shard_manifest(
+    store: ObjectStore, dataset: TextDataset, *, shards: int, manifest: DatasetManifest | None = None
+) -> DatasetManifest:
+    """``manifest`` checked against the dataset; without one, the whole dataset for one shard
+    or a split built here (a run passes the one it stored, so that it is built only once)."""
+    if manifest is None:
+        if shards == 1:
+            return DatasetManifest.whole(dataset)
+        return build_manifest(store, dataset, shards=shards)
+    manifest.check(dataset, shards=shards)
+    return manifest
+
+
 def shard_documents(
-    store: ObjectStore, dataset: TextDataset, *, shard: int, shards: int
+    store: ObjectStore,
+    dataset: TextDataset,
+    *,
+    shard: int,
+    shards: int,
+    manifest: DatasetManifest | None = None,
+    start: Cursor | None = None,
 ) -> Iterator[Document]:
-    """One shard's training documents, in order (one epoch); see the module docstring."""
+    """One shard's training documents, in order (one epoch, or its rest from ``start``, a
+    document start inside the shard); see the module docstring."""
     if not 0 <= shard < shards:
         raise ValueError(f"shard {shard} of {shards}")
-    by_file = len(dataset.keys) % shards == 0
-    k = 0
-    for i, key in enumerate(dataset.keys):
-        if by_file and i % shards != shard:
-            continue
-        for j, (text, ends) in enumerate(_file_texts(store, key, dataset)):
-            if held_out(key, j, dataset.eval_every_nth):
-                continue
-            if by_file or k % shards == shard:
-                yield Document(file=i, index=j, text=text, ends_source=ends)
-            k += 1
+    split = shard_manifest(store, dataset, shards=shards, manifest=manifest)
+    docs = range_documents(store, dataset, start=start or split.starts[shard], stop=split.starts[shard + 1])
+    return (doc for doc in docs if not _is_held_out(doc, dataset))
 
 
 def _tokens(doc: Document, tokenizer: Tokenizer) -> list[int]:
@@ -212,18 +154,38 @@ def _tokens(doc: Document, tokenizer: Tokenizer) -> list[int]:
 @dataclass(frozen=True)
 class StreamPosition:
     """The first token of the next window: document ``document`` (counted within the shard's
-    epoch ``epoch``), token ``offset`` of it."""
+    epoch ``epoch``), token ``offset`` of it; that document starts at ``Cursor(file, at, index,
+    line)`` (``file`` -1: not known, the document is found by counting from the shard's start)."""
 
     epoch: int = 0
     document: int = 0
     offset: int = 0
+    file: int = -1
+    at: int = 0
+    index: int = 0
+    line: int = 1
 
     def as_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "document": self.document, "offset": self.offset}
+        return {
+            "epoch": self.epoch,
+            "document": self.document,
+            "offset": self.offset,
+            "file": self.file,
+            "at": self.at,
+            "index": self.index,
+            "line": self.line,
+        }
+
+    def cursor(self) -> Cursor | None:
+        return Cursor(self.file, self.at, self.index, self.line) if self.file >= 0 else None
 
 
 class TokenStream:
-    """(x, y) batches of packed token windows from one shard; a BatchSampler for text datasets."""
+    """(x, y) batches of packed token windows from one shard; a BatchSampler for text datasets.
+
+    ``manifest`` is the dataset's split into ``shards`` shards (a run's, read from its store);
+    without one it is built here.
+    """
 
     def __init__(
         self,
@@ -236,43 +198,58 @@ class TokenStream:
         shard: int = 0,
         shards: int = 1,
         position: StreamPosition | None = None,
+        manifest: DatasetManifest | None = None,
     ) -> None:
         self.store, self.dataset, self.tokenizer = store, dataset, tokenizer
         self.block_size, self.batch_size = block_size, batch_size
         self.shard, self.shards = shard, shards
+        self.manifest = shard_manifest(store, dataset, shards=shards, manifest=manifest)
         start = position or StreamPosition()
         self._docs = self._numbered(start)
         self._buf: list[int] = []
         # One entry per document with tokens in the buffer: [epoch, document, offset of its first
-        # buffered token, tokens of it still buffered].
+        # buffered token, tokens of it still buffered, file, at, index, line (where it starts)].
         self._segs: deque[list[int]] = deque()
         self._next = start  # where reading resumes once the buffer is empty
 
-    def _numbered(self, start: StreamPosition) -> Iterator[tuple[int, int, list[int]]]:
-        epoch = start.epoch
-        skip, offset = start.document, start.offset
+    def _numbered(self, start: StreamPosition) -> Iterator[tuple[int, int, Document, list[int]]]:
+        epoch, offset = start.epoch, start.offset
+        resume = start.cursor()
+        # With the document's place in its file, reading starts there; without it (a position
+        # saved before positions had one), the shard is read from its start and counted.
+        n, skip = (start.document, 0) if resume is not None else (0, start.document)
         while True:
-            docs = shard_documents(self.store, self.dataset, shard=self.shard, shards=self.shards)
-            tokens = 0
-            for n, doc in enumerate(docs):
-                if n < skip:
+            docs = shard_documents(
+                self.store,
+                self.dataset,
+                shard=self.shard,
+                shards=self.shards,
+                manifest=self.manifest,
+                start=resume,
+            )
+            tokens, from_start = 0, resume is None and not skip
+            for doc in docs:
+                if skip:
+                    n, skip = n + 1, skip - 1
                     continue
                 ids = _tokens(doc, self.tokenizer)
                 if offset:
                     ids, offset = ids[offset:], 0
                 tokens += len(ids)
-                yield epoch, n, ids
-            if not tokens and not skip:
+                yield epoch, n, doc, ids
+                n += 1
+            if not tokens and from_start:
                 raise DatasetError(f"shard {self.shard} of {self.shards} has no training text")
-            epoch, skip = epoch + 1, 0
+            epoch, n, skip, resume = epoch + 1, 0, 0, None
 
     def _fill(self, need: int) -> None:
         while len(self._buf) < need:
-            epoch, n, ids = next(self._docs)
+            epoch, n, doc, ids = next(self._docs)
             first = self._next.offset if (epoch, n) == (self._next.epoch, self._next.document) else 0
-            self._next = StreamPosition(epoch, n + 1, 0)
+            after = doc.after()
+            self._next = StreamPosition(epoch, n + 1, 0, after.file, after.at, after.index, after.line)
             if ids:
-                self._segs.append([epoch, n, first, len(ids)])
+                self._segs.append([epoch, n, first, len(ids), doc.file, doc.at, doc.index, doc.line])
                 self._buf.extend(ids)
 
     def _consume(self, count: int) -> None:
@@ -289,8 +266,8 @@ class TokenStream:
 
     def position(self) -> StreamPosition:
         if self._segs:
-            epoch, n, offset, _ = self._segs[0]
-            return StreamPosition(epoch, n, offset)
+            epoch, n, offset, _, file, at, index, line = self._segs[0]
+            return StreamPosition(epoch, n, offset, file, at, index, line)
         return self._next
 
     def window(self) -> list[int]:

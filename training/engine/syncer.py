@@ -19,6 +19,8 @@ Per fragment f at global version v the syncer keeps the deltas that arrived. A d
   v + 1 is published with its momentum and the ids of the deltas it consumed. Publishing is
   write-once, so a syncer that was killed and resumed (:meth:`Syncer.resume`) never applies
   a delta twice: it restarts from the newest published version and skips consumed ids.
+  Each version records the consumed ids that may still be in the store (those the last listing
+  showed, and its own), so a resume reads one version per fragment however long the run is.
 * The way down is compressed too: each version carries ``down``, the difference between the
   new parameters and the *mirror* (the copy every learner holds), quantised like the Δs, and
   the new mirror (old mirror + decoded ``down``). See :meth:`Syncer._down`.
@@ -77,6 +79,10 @@ class Syncer:
         self.pending: list[list[FragmentDelta]] = [[] for _ in fragments]
         self.quorum_at: list[float | None] = [None] * len(fragments)
         self.consumed: set[str] = set()
+        # Per fragment: the delta ids the last pull listed (None before the first), and each
+        # learner's (seq, base version) of its newest delta seen: what it holds at least.
+        self.listed: list[set[str] | None] = [None] * len(fragments)
+        self.bases: list[dict[int, tuple[int, int]]] = [{} for _ in fragments]
         self.history: list[dict[str, Any]] = []
         # Adaptive grace: per learner, a running estimate of how long after a round's quorum
         # its delta arrives; per (fragment, version), when that round reached its quorum.
@@ -99,13 +105,19 @@ class Syncer:
         init: Mapping[str, torch.Tensor] | None = None,
         down: CompressionKind = "fp32",
     ) -> Syncer:
-        """A syncer rebuilt from the newest published version of every fragment."""
+        """A syncer rebuilt from the newest published version of every fragment.
+
+        It reads that one version per fragment: the version lists the consumed deltas still in
+        the store (``meta["consumed"]``), so the first ``pull`` reads only the pending ones.
+        Versions written before that list existed are all read for their ``merged`` ids.
+        """
         params: dict[str, torch.Tensor] = {}
         mirror: dict[str, torch.Tensor] = {}
         momentum: dict[str, torch.Tensor] = {}
         versions: list[int] = []
         consumed: set[str] = set()
         lags: dict[int, float] = {}
+        bases: list[dict[int, tuple[int, int]]] = [{} for _ in fragments]
         for f in range(len(fragments)):
             latest = latest_version(transport, f)
             if latest is None:
@@ -120,6 +132,10 @@ class Syncer:
             momentum.update(latest.momentum)
             versions.append(latest.version)
             lags.update({int(k): float(v) for k, v in latest.meta.get("lags", {}).items()})
+            bases[f] = {int(j): (int(sb[0]), int(sb[1])) for j, sb in latest.meta.get("bases", {}).items()}
+            if "consumed" in latest.meta:
+                consumed.update(latest.meta["consumed"])
+                continue
             for v in transport.versions(f):
                 consumed.update(transport.get_version(f, v).merged)
         syncer = cls(
@@ -135,6 +151,7 @@ class Syncer:
         syncer.outer.load_state_dict(momentum)
         syncer.consumed = consumed
         syncer.lag = lags
+        syncer.bases = bases
         return syncer
 
     # ---- intake -------------------------------------------------------------------------
@@ -144,6 +161,9 @@ class Syncer:
         if delta.id in self.consumed or any(d.id == delta.id for d in self.pending[f]):
             return False
         self.pending[f].append(delta)
+        seen = self.bases[f].get(delta.learner)
+        if seen is None or delta.seq > seen[0]:
+            self.bases[f][delta.learner] = (delta.seq, delta.base_version)
         self._observe_lag(delta, now)
         if self.quorum_at[f] is None and len(self._fresh_learners(f)) >= self._k():
             self.quorum_at[f] = now
@@ -156,10 +176,42 @@ class Syncer:
         new = 0
         for f in range(len(self.fragments)):
             queued = {d.id for d in self.pending[f]}
-            for did in self.transport.delta_ids(f):
+            listed = set(self.transport.delta_ids(f))
+            for did in sorted(listed):
                 if did not in self.consumed and did not in queued:
                     new += self.submit(self.transport.get_delta(f, did), now)
+            # A consumed delta gone from the store (the retention sweep deleted it) cannot come
+            # back (ids are never reused), so it need not be remembered.
+            self.consumed -= {i for i in self._consumed_of(f) if i not in listed}
+            self.listed[f] = listed
         return new
+
+    def _consumed_of(self, fragment: int) -> set[str]:
+        head = f"-f{fragment:03d}-"  # FragmentDelta.id
+        return {i for i in self.consumed if head in i}
+
+    def stored_consumed(self, fragment: int) -> list[str]:
+        """The consumed deltas of a fragment that may still be in the store: those the last pull
+        listed (all that are remembered, before a first pull)."""
+        listed = self.listed[fragment]
+        return sorted(i for i in self._consumed_of(fragment) if listed is None or i in listed)
+
+    def spent_deltas(self, fragment: int) -> list[str]:
+        """Consumed deltas of a fragment the store may delete: every one the last pull listed,
+        except each learner's newest (a chunk run again after a crash reconciles its pushes
+        against that one: training.orchestrator._reconcile_pushes)."""
+        listed = self.listed[fragment] or set()
+        newest: dict[str, tuple[int, str]] = {}
+        for i in listed:
+            learner, _, seq = i.rpartition("-s")
+            newest[learner] = max(newest.get(learner, (-1, "")), (int(seq), i))
+        keep = {i for _, i in newest.values()}
+        return sorted(i for i in self._consumed_of(fragment) if i in listed and i not in keep)
+
+    def learner_bases(self, fragment: int) -> dict[int, int]:
+        """Per learner, the base version of its newest delta seen on a fragment: it holds that
+        version or a newer one, and follows the down-deltas after it to the newest."""
+        return {j: base for j, (_, base) in self.bases[fragment].items()}
 
     # ---- decisions ----------------------------------------------------------------------
     def _k(self) -> int:
@@ -270,6 +322,10 @@ class Syncer:
             "dropped": [i for i, _ in decision.dropped],
             "grace": self.grace_for(fragment),
             "lags": {str(j): lag for j, lag in sorted(self.lag.items())},
+            "bytes_in": sum(by_id[i].nbytes for i in merged_ids),
+            # What a resumed syncer must still skip: the consumed deltas the store may hold.
+            "consumed": sorted(set(self.stored_consumed(fragment)) | set(merged_ids)),
+            "bases": {str(j): list(sb) for j, sb in sorted(self.bases[fragment].items())},
         }
         if quorum_at is not None:
             self.round_quorum_at[(fragment, self.version[fragment])] = quorum_at

@@ -27,13 +27,18 @@ Shape (every key optional except `stop`; defaults in DEFAULTS):
     fragments:    {count: P, assignment, overlap: τ, alpha: α}     (Streaming DiLoCo)
     inner:        {lr, min_lr_ratio, warmup_steps, total_steps|null, weight_decay, grad_clip, schedule}
     outer:        {lr, momentum, nesterov}
-    compression:  {kind: fp32|bf16|int8|4bit, error_feedback, down: null|fp32|bf16|int8|4bit}
-                  (kind: the learners' Δ going up; down: global versions coming down as a
+    compression:  {kind: fp32|bf16|int8|4bit|fp4_e3m0, error_feedback,
+                   down: null|fp32|bf16|int8|4bit|fp4_e3m0}
+                  (kind: the learners' Δ going up, 4bit being uniform int4 and fp4_e3m0 the
+                  Streaming DiLoCo FP4; error_feedback: each learner carries its quantisation
+                  residual into its next Δ, default off; down: global versions coming down as a
                   difference from the learners' copy, null = the same kind as up)
     syncer:       {grace_seconds, adaptive_grace, stale_policy: discount|drop, discount,
-                   max_staleness, token_weighting, radial_directional}
+                   max_staleness, token_weighting, radial_directional, keep_versions}
                   (adaptive_grace: grace_seconds is the cap of a window sized from the learners'
-                  observed lags; radial_directional: average norms and directions of the Δs apart)
+                  observed lags; radial_directional: average norms and directions of the Δs apart;
+                  keep_versions: K ≥ 1, the newest global versions per fragment kept in the store,
+                  besides registered and still-needed ones: training.services.retention)
     stop:         {outer_steps: N} or {token_budget: N}          (exactly one)
     money_budget: "12.50" (a decimal string) or null;   currency: "USD"
     team:         "" or the team the run's spend is billed to (its hard budgets stop the run)

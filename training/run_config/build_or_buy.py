@@ -71,7 +71,7 @@ def check_build_or_buy(cfg: dict[str, Any], errors: Errors) -> None:
         errors.add(f"{FIELD}.{key}", "unknown field")
     out: dict[str, Any] = {}
     # Imported here: RunConfig is also used where Django is not set up (bench processes).
-    from stack.registry.models import Cluster, Workflow
+    from registry.models import Cluster, Workflow
 
     slugs = raw.get("workflows")
     if not isinstance(slugs, list) or not slugs or not all(isinstance(s, str) and s for s in slugs):

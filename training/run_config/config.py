@@ -115,6 +115,13 @@ class RunConfig:
         return int(self.raw.get("register_every_versions", DEFAULTS["register_every_versions"]))
 
     @property
+    def keep_versions(self) -> int:
+        """K: the newest global versions per fragment that the retention sweep always keeps."""
+        # .get: configs stored before the option existed keep the default.
+        default = DEFAULTS["syncer"]["keep_versions"]
+        return int(self.raw.get("syncer", {}).get("keep_versions", default))
+
+    @property
     def build_or_buy(self) -> dict[str, Any] | None:
         """The normalised `build_or_buy` option (run_config.build_or_buy), or None when off."""
         value = self.raw.get("build_or_buy")

@@ -6,8 +6,8 @@ import copy
 import math
 from typing import Any
 
-from stack.registry.errors import MultiFieldError
-from stack.registry.validation import (
+from registry.errors import MultiFieldError
+from registry.validation import (
     BIGINT_MAX,
 )
 
@@ -61,6 +61,8 @@ DEFAULTS: dict[str, Any] = {
         "max_staleness": 4,
         "token_weighting": True,
         "radial_directional": False,
+        # Global versions kept per fragment besides the pinned ones (training.services.retention).
+        "keep_versions": 3,
     },
     "stop": None,
     "money_budget": None,
@@ -85,7 +87,7 @@ CHOICES = {
     "data.sharding": ("iid", "noniid"),
     "fragments.assignment": ("strided", "sequential"),
     "inner.schedule": ("cosine", "constant"),
-    "compression.kind": ("fp32", "bf16", "int8", "4bit"),
+    "compression.kind": ("fp32", "bf16", "int8", "4bit", "fp4_e3m0"),
     "syncer.stale_policy": ("discount", "drop"),
 }
 # Ranks (devices, or CPU processes) per learner: one cluster node's worth at most.
@@ -111,6 +113,7 @@ INT_RANGES: dict[str, tuple[int | None, int | None]] = {
     "fragments.overlap": (0, 100_000),
     "inner.warmup_steps": (0, BIGINT_MAX),
     "syncer.max_staleness": (0, 1000),
+    "syncer.keep_versions": (1, 1_000_000),
     "eval_windows": (1, 100_000),
     "seed": (0, BIGINT_MAX),
     "register_every_versions": (0, 1_000_000),

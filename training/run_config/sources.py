@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
-from stack.registry.objectstore import object_store_key
+from registry.store.objectstore import object_store_key
 from training.run_config.schema import Errors
 
 if TYPE_CHECKING:
-    # Only its type: RunConfig is also loaded where Django's models cannot be (training.bench_bare).
-    from stack.registry.object_keys import ObjectReach
+    # Only its type: RunConfig is also loaded where Django's models cannot be (bench.training.bare).
+    from registry.store.keys import ObjectReach
 
 # One message for every refused dataset, whether the path exists or not, is outside the roots
 # or escapes them through a symlink: the answer must not tell which files exist on a worker.
@@ -109,7 +109,7 @@ def model_roots() -> list[str]:
     """Where a model directory or tokenizer may be read from: the training data roots, and the
     `runs/` folder of the installation's own store, where registered model versions are written
     (training.run_engines.write_model_version) and from which `start_from` continues, and its
-    `teams/` folder, where a team keeps its own models (stack.registry.object_keys)."""
+    `teams/` folder, where a team keeps its own models (registry.store.keys)."""
     own = str(settings.OBJECT_STORE_URL).rstrip("/")
     if own.startswith("file://"):
         own = f"file://{os.path.abspath(own[len('file://') :])}"

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
-from stack.registry.validation import (
+from registry.validation import (
     BIGINT_MAX,
     InputError,
     currency_parse,
@@ -38,14 +38,14 @@ from training.run_config.schema import (
 from training.run_config.sources import check_uris
 
 if TYPE_CHECKING:
-    from stack.registry.object_keys import ObjectReach
+    from registry.store.keys import ObjectReach
 
 
 def run_config_validate(raw: Any, *, reach: ObjectReach | None = None) -> dict[str, Any]:
     """The normalised config, or RunConfigError with every problem found (not just the first).
 
     `reach`: which keys of the installation's object store the caller may name for this run (its
-    own team's: stack.registry.object_keys); None checks no owner (no caller: `manage.py train`)."""
+    own team's: registry.store.keys); None checks no owner (no caller: `manage.py train`)."""
     errors = Errors()
     if not isinstance(raw, dict):
         raise RunConfigError({"config": ["must be a JSON object"]})
@@ -131,9 +131,14 @@ def run_config_validate(raw: Any, *, reach: ObjectReach | None = None) -> dict[s
 
     # A chunk must finish well inside the broker's visibility timeout, or Redis hands the same
     # message to a second worker while the first still trains it.
-    options = getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", {}) or {}
-    visibility = options.get("visibility_timeout")
-    if visibility and isinstance(cfg["chunk_seconds"], float) and cfg["chunk_seconds"] >= visibility / 2:
+    # (The filesystem broker's options hold folders, and no visibility timeout.)
+    visibility = settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("visibility_timeout")
+    if (
+        isinstance(visibility, int | float)
+        and visibility
+        and isinstance(cfg["chunk_seconds"], float)
+        and cfg["chunk_seconds"] >= visibility / 2
+    ):
         errors.add("chunk_seconds", f"must be less than half the broker visibility timeout ({visibility}s)")
     if (
         not errors.has("learner_timeout")
@@ -310,8 +315,8 @@ def _check_placement(cfg: dict[str, Any], m: int, errors: Errors) -> None:
         errors.add("placement.pins", "must map learner index to cluster slug")
         return
     # Imported here, not at the top: RunConfig is also used where Django is not set up (the
-    # benchmark's bare-engine learner processes, training.bench_bare), and models cannot load there.
-    from stack.registry.models import Cluster
+    # benchmark's bare-engine learner processes, bench.training.bare), and models cannot load there.
+    from registry.models import Cluster
 
     normalised: dict[str, str] = {}
     slots = {

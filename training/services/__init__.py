@@ -3,7 +3,7 @@
 One module per concern: probes (probe jobs), runs (a run's life and state), placing (the first
 placement and version 0), chunks (learner chunks and their bill), syncer (the syncer chain and the
 version records), lineage (model versions: every k-th global version and the final export),
-supervision (beat's checks and learner failover). Tasks are sent through
+retention (what the run keeps in the store: the sweep after each publish), supervision (beat's checks and learner failover). Tasks are sent through
 training.dispatch, never by importing training.tasks.
 """
 
@@ -29,6 +29,7 @@ from training.services.probes import (
     probe_job_finish,
     probe_job_progress,
 )
+from training.services.retention import run_store_sweep
 from training.services.runs import (
     RunStateError,
     training_run_budget_exhaust,
@@ -78,6 +79,7 @@ __all__ = [
     "probe_job_execute",
     "probe_job_finish",
     "probe_job_progress",
+    "run_store_sweep",
     "syncer_restart",
     "syncer_tick_claim",
     "syncer_tick_continue",

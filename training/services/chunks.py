@@ -11,8 +11,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing.services import NoPriceError, accelerator_time_bill
-from stack.registry.models import Cluster, RegisteredModel
-from stack.registry.services import failover_event_recover
+from registry.models import Cluster, RegisteredModel
+from registry.services import failover_event_recover
 from training import dispatch, selectors
 from training.models import LearnerChunk, TrainingLearner, TrainingRun
 from training.run_config import RunConfig
@@ -91,6 +91,9 @@ def learner_chunk_claim(
     now = timezone.now()
     exhausted_run: TrainingRun | None = None
     exhausted_why = ""  # "" with exhausted_run: the run's own money budget
+    # Not a registry.claims conditional UPDATE: the claim reads the chunk, the run's budgets and
+    # the cluster and then picks one of several outcomes (chain on, stop the run, mark the
+    # learner lost, start or restart the chunk), so it holds the learner's row lock across them.
     with transaction.atomic():
         learner = (
             TrainingLearner.objects.select_for_update(of=("self",))

@@ -23,7 +23,7 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils.text import slugify
 
-from stack.registry.models import RegisteredModel
+from registry.models import RegisteredModel
 from training import selectors
 from training.models import GlobalVersionRecord, ModelVersion, TrainingRun
 from training.run_engines import (

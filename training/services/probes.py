@@ -12,12 +12,13 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from billing.budgets import budget_may_spend
+from billing.budgets import budget_may_spend, spend_target
 from billing.models import Unit
 from billing.selectors import price_in_force
 from billing.services import NoPriceError, accelerator_time_bill
-from stack.registry.errors import DomainError
-from stack.registry.models import Cluster
+from registry.claims import row_claim
+from registry.errors import DomainError
+from registry.models import Cluster
 from training import dispatch
 from training.models import ProbeJob
 from training.probe import ProbeConfig, run_probe
@@ -43,7 +44,7 @@ def probe_job_create(*, cluster: Cluster, created_by: User | None, steps: int = 
     # Hard-limit budgets of the cluster (and its provider) fail closed: a spent
     # budget stops new jobs. A read-only check: a probe costs cents and is billed
     # by another process minutes later (see billing.budgets for admit/settle).
-    may_spend, why = budget_may_spend(cluster=cluster, provider=cluster.provider)
+    may_spend, why = budget_may_spend(target=spend_target(cluster=cluster, provider=cluster.provider))
     if not may_spend:
         raise DispatchError(why, field="cluster")
     job = ProbeJob.objects.create(cluster=cluster, created_by=created_by, steps=steps)
@@ -58,18 +59,19 @@ def probe_job_claim(*, job_id: int, worker_hostname: str) -> ProbeJob | None:
     A job still `running` may be claimed again: that happens when the worker
     that had it died and the broker redelivered the message.
     """
-    now = timezone.now()
-    claimed = ProbeJob.objects.filter(
-        pk=job_id, status__in=[ProbeJob.Status.PENDING, ProbeJob.Status.RUNNING]
-    ).update(
-        status=ProbeJob.Status.RUNNING,
-        started_at=now,
+    claimed = row_claim(
+        ProbeJob,
+        pk=job_id,
+        field="status",
+        from_states=[ProbeJob.Status.PENDING, ProbeJob.Status.RUNNING],
+        to_state=ProbeJob.Status.RUNNING,
+        started_at=timezone.now(),
         worker_hostname=worker_hostname[:255],
         loss_curve=[],
         error="",
         attempts=F("attempts") + 1,
     )
-    if claimed != 1:
+    if not claimed:
         return None
     return ProbeJob.objects.select_related("cluster__provider").get(pk=job_id)
 

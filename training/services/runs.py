@@ -15,9 +15,9 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import Max
 
-from stack.registry.errors import DomainError
-from stack.registry.models import Team
-from stack.registry.object_keys import ObjectReach
+from registry.errors import DomainError
+from registry.models import Team
+from registry.store.keys import ObjectReach
 from training import dispatch, selectors
 from training.models import (
     GlobalVersionRecord,
@@ -56,7 +56,7 @@ def training_run_create(
     `teams`: the teams the caller may launch runs in (None: any, or none). A caller limited to
     teams names one of them as the config's `team`, starts from model versions of that team's
     runs only, and names only that team's keys of the object store (model_uri, tokenizer_uri,
-    dataset: stack.registry.object_keys); another team's reads as one that does not exist.
+    dataset: registry.store.keys); another team's reads as one that does not exist.
 
     Raises RunConfigError (field → messages) before anything is written or dispatched.
     """

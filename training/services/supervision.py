@@ -15,9 +15,9 @@ from django.utils import timezone
 from billing.models import Unit
 from billing.selectors import price_in_force
 from billing.services import SECONDS_PER_HOUR
-from stack.registry.failover_codes import FailoverCode
-from stack.registry.models import Cluster, FailoverEvent, WorkerHeartbeat
-from stack.registry.services import failover_event_record
+from registry.failover_codes import FailoverCode
+from registry.models import Cluster, FailoverEvent, WorkerHeartbeat
+from registry.services import failover_event_record
 from training import dispatch, selectors
 from training.models import LearnerChunk, PlacementDecision, TrainingLearner, TrainingRun
 from training.placement import Constraints, place

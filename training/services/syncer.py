@@ -11,6 +11,7 @@ from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
+from registry.claims import lease_renew
 from training import dispatch, selectors
 from training.models import GlobalVersionRecord, TrainingRun
 from training.run_engines import RunEngine, newest_global
@@ -31,11 +32,16 @@ SYNCER_STALE_SECONDS = 15.0
 
 def syncer_tick_claim(*, run_id: int, token: str) -> TrainingRun | None:
     """The run, if this tick's chain is the current one and the run is live; else None (a no-op)."""
-    now = timezone.now()
-    updated = TrainingRun.objects.filter(
-        pk=run_id, syncer_token=token, state__in=[TrainingRun.State.RUNNING, TrainingRun.State.RECOVERING]
-    ).update(syncer_seen_at=now)
-    if updated != 1:
+    # The chain's lease: its token names the holder, syncer_seen_at is its heartbeat (the
+    # supervisor starts a new chain, syncer_restart, when it is older than SYNCER_STALE_SECONDS).
+    seen = lease_renew(
+        TrainingRun,
+        pk=run_id,
+        states=[TrainingRun.State.RUNNING, TrainingRun.State.RECOVERING],
+        heartbeat="syncer_seen_at",
+        holder={"syncer_token": token},
+    )
+    if seen is None:
         return None
     return TrainingRun.objects.get(pk=run_id)
 
@@ -51,6 +57,8 @@ def syncer_tick_continue(*, run_id: int, token: str) -> None:
 def syncer_restart(*, run: TrainingRun) -> str:
     """Start a new syncer chain (the old one, if it still runs, stops at its next tick)."""
     token = uuid.uuid4().hex
+    # Not a claim (registry.claims): the caller (the supervisor, a resume) has decided the old
+    # chain is dead or unwanted, so the new token replaces whatever holds the lease.
     TrainingRun.objects.filter(pk=run.pk).update(syncer_token=token, syncer_seen_at=timezone.now())
     run_id = run.pk
     transaction.on_commit(lambda: dispatch.syncer_tick_enqueue(run_id=run_id, token=token))
@@ -94,8 +102,10 @@ def global_versions_record_missing(
         version = at_hand.get((f, v)) or transport.get_version(f, v)
         params = {**newest, **version.params}
         loss = engine.evaluate(params)
-        bytes_in = 0
-        for delta_id in version.merged:
+        # Versions record their deltas' bytes (the sweep deletes consumed deltas); older ones
+        # are counted from the deltas.
+        bytes_in = int(version.meta.get("bytes_in", 0))
+        for delta_id in [] if "bytes_in" in version.meta else version.merged:
             if delta_id in sizes:
                 bytes_in += sizes[delta_id]
                 continue

@@ -16,8 +16,8 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.core.management.base import CommandError, CommandParser
 
-from stack.registry.cli import CheckedCommand
-from stack.registry.validation import (
+from registry.cli import CheckedCommand
+from registry.validation import (
     MAX_CONFIG_BYTES,
     InputError,
     float_parse,
