@@ -11,7 +11,7 @@ def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "stack.settings")
     from django.core.management import execute_from_command_line
 
-    from stack.registry.audit_origin import Surface, set_process_origin
+    from registry.audit.origin import Surface, set_process_origin
 
     # Changes made by commands that are not CheckedCommands (createsuperuser, changepassword,
     # loaddata) are audited as this command; requests and tasks it serves set their own origin.

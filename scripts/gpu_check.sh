@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU readiness: the tests marked `cuda` (the learner in bf16 on the GPU, a DiLoCo round with
 # a CPU syncer, 2 NCCL ranks when there are two GPUs), then a short training bench on the GPU
-# (training/engine/bench_gpu.py). Meant for a GPU machine with the project installed
+# (bench/gpu.py). Meant for a GPU machine with the project installed
 # (`make install`: PyPI's torch wheel for Linux x86-64 carries CUDA); about 2-3 minutes in
 # all, each step capped so the whole stays under 5. Needs no database, broker or store.
 #
@@ -24,5 +24,5 @@ if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1
   exit 2
 fi
 
-timeout 100 "$PY" -m training.engine.bench_gpu --json "$OUT_DIR/bench-gpu.json" --steps 300
+timeout 100 "$PY" -m bench.gpu --json "$OUT_DIR/bench-gpu.json" --steps 300
 echo "gpu_check: passed; figures in $OUT_DIR/bench-gpu.json"

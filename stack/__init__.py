@@ -1,4 +1,5 @@
-"""Switchyard's Django project and the registry app."""
+"""Switchyard's Django project: settings, URLs, WSGI, the Celery app and the pages and commands that
+span apps (the only package that may import every app)."""
 
 from __future__ import annotations
 

@@ -7,10 +7,10 @@ the answer must be what this table says: allowed (never 401/403, never a 5xx) or
 for an anonymous API call, a redirect to the login page for an anonymous page, 403 otherwise).
 A URL that is not in this table fails that test, so a new endpoint cannot ship before someone
 decides, here, who may use it. The views enforce it (`read_roles`/`write_roles` on API views,
-stack.registry.permissions.RolePermission; the same on pages, stack.registry.views.RoleRequiredMixin);
+registry.api.permissions.RolePermission; the same on pages, registry.views.RoleRequiredMixin);
 this table is what they must agree with, and what SECURITY.md describes.
 
-Admins may do everything an endpoint offers; a superuser is an admin (stack.registry.roles).
+Admins may do everything an endpoint offers; a superuser is an admin (registry.auth.roles).
 What a role sees inside an answer it may read (costs, workflows of a scoped token) is decided by
 the views and selectors, not here.
 """
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stack.audit.roles import AUDIT_READERS
-from stack.registry.roles import ADMINS, ALL_ROLES, LEDGER_READERS, OPERATORS, Role
+from registry.audit.roles import AUDIT_READERS
+from registry.auth.roles import ADMINS, ALL_ROLES, LEDGER_READERS, OPERATORS, Role
 
 # Anyone, logged in or not.
 PUBLIC: frozenset[Role] | None = None
@@ -162,6 +162,7 @@ ACCESS: dict[str, Access] = {
     "budgetalert-acknowledge": _rw(LEDGER_READERS, OPERATORS),
     "exportjob-list": _rw(LEDGER_READERS, LEDGER_READERS),
     "exportjob-detail": _LEDGER,
+    "exportjob-file": _LEDGER,
     "invoiceimport-list": _rw(LEDGER_READERS, LEDGER_READERS),
     "invoiceimport-detail": _LEDGER,
     "invoiceimport-rows": _LEDGER,
@@ -188,7 +189,7 @@ ACCESS: dict[str, Access] = {
     "recommendation-detail": _READ_ONLY,
     "recommendation-accept": _REGISTRY,
     "recommendation-dismiss": _REGISTRY,
-    # Replay studies (stack.decisions): every role reads; operators start them (batch jobs).
+    # Replay studies (decisions): every role reads; operators start them (batch jobs).
     "replay-study-list": _REGISTRY,
     "replay-study-detail": _READ_ONLY,
     "replay-study-results": _READ_ONLY,

@@ -10,7 +10,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 from rest_framework.views import set_rollback
 
-from stack.registry.errors import DomainError
+from registry.errors import DomainError
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:

@@ -13,7 +13,7 @@ class SwitchyardConfig(AppConfig):
     verbose_name = "Switchyard"
 
     def ready(self) -> None:
-        from stack.registry.tracing import tracing_configure
+        from registry.tracing import tracing_configure
 
         # Traces over OTLP when the standard OTEL_* variables name an endpoint; off otherwise.
         # Each process configures itself (gunicorn loads the app in each worker after the fork).

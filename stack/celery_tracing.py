@@ -1,4 +1,4 @@
-"""Celery tasks as spans, when tracing is on (stack.registry.tracing).
+"""Celery tasks as spans, when tracing is on (registry.tracing).
 
 A task published while a span is current carries that span's context in its message headers
 (W3C traceparent), so the task's span joins the publisher's trace: a gateway request that
@@ -21,7 +21,7 @@ from opentelemetry import context, propagate, trace
 from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from stack.registry.tracing import tracer
+from registry.tracing import tracer
 
 # task id -> (span, the context token to detach); a worker runs one task per thread at a time.
 _open: dict[str, tuple[trace.Span, object]] = {}

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import secrets
 from collections.abc import Mapping
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
 from urllib.parse import urlparse
 
 from django.core.exceptions import ImproperlyConfigured
@@ -82,6 +85,24 @@ def env_float(
     return value
 
 
+def env_decimal(
+    name: str,
+    default: str,
+    *,
+    minimum: Decimal | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Decimal:
+    """A decimal (money: never a float); `default` is its text."""
+    raw = env_str(name, default, environ=environ)
+    try:
+        value = Decimal(raw)
+    except InvalidOperation:
+        raise ImproperlyConfigured(f"{name} must be a decimal number, got {raw!r}") from None
+    if not value.is_finite() or (minimum is not None and value < minimum):
+        raise ImproperlyConfigured(f"{name} must be a finite decimal >= {minimum}, got {raw!r}")
+    return value
+
+
 def env_url(
     name: str,
     default: str,
@@ -137,6 +158,24 @@ def env_data_roots(name: str, *, environ: Mapping[str, str] | None = None) -> li
 
 
 _LOOPBACK_NAMES = {"localhost"}
+
+
+def env_secret_key(
+    name: str, *, production: bool, var_dir: Path, environ: Mapping[str, str] | None = None
+) -> str:
+    """The secret key: required in production. A development checkout without one gets its own
+    random key, kept under var/ so that credentials encrypted with it stay readable across
+    restarts."""
+    if production:
+        return env_str(name, environ=environ)
+    value = env_str(name, "", environ=environ)
+    if value:
+        return value
+    key_file = var_dir / "secret_key"
+    if not key_file.exists():
+        key_file.write_text(secrets.token_urlsafe(50))
+        key_file.chmod(0o600)
+    return key_file.read_text().strip()
 
 
 def _is_loopback(host: str) -> bool:

@@ -18,9 +18,9 @@ from django.db import transaction
 
 from billing.budgets import BudgetInvalid, budget_save
 from billing.models import Budget
-from stack.registry.errors import MultiFieldError
-from stack.registry.models import ApiToken, Team, Workflow
-from stack.registry.services import api_token_create
+from registry.errors import MultiFieldError
+from registry.models import ApiToken, Team, Workflow
+from registry.services import api_token_create
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def api_key_issue(
     expires_at: datetime | None = None,
     budget: KeyBudget | None = None,
 ) -> IssuedKey:
-    """Create a key (stack.registry.services.api_token_create checks who may) and, with
+    """Create a key (registry.services.api_token_create checks who may) and, with
     `budget`, its budget; nothing is made when either is refused (MultiFieldError / RegistryError
     naming the field: budget fields as `budget_<name>`)."""
     with transaction.atomic():

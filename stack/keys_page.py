@@ -18,18 +18,18 @@ from django.utils import timezone
 from django.views import View
 
 from billing.models import Budget
+from registry import services
+from registry.auth.principal import principal_of_user
+from registry.auth.roles import ALL_ROLES
+from registry.auth.teams import user_teams_with_role
+from registry.errors import DomainError, MultiFieldError
+from registry.form_fields import CurrencyField, DateTimeField, DecimalField
+from registry.forms import ApiTokenLimitsForm
+from registry.models import ApiToken, Team, TeamMembership
+from registry.selectors import workflows_visible
+from registry.validation import id_parse
+from registry.views import RoleRequiredMixin
 from stack.keys import IssuedKey, KeyBudget, api_key_issue
-from stack.registry import services
-from stack.registry.errors import DomainError, MultiFieldError
-from stack.registry.form_fields import CurrencyField, DateTimeField, DecimalField
-from stack.registry.forms import ApiTokenLimitsForm
-from stack.registry.models import ApiToken, Team, TeamMembership
-from stack.registry.principal import principal_of_user
-from stack.registry.roles import ALL_ROLES
-from stack.registry.selectors import workflows_visible
-from stack.registry.teams import user_teams_with_role
-from stack.registry.validation import id_parse
-from stack.registry.views import RoleRequiredMixin
 
 KEY_PERIODS = [(p.value, p.label) for p in Budget.Period if p != Budget.Period.CUSTOM]
 

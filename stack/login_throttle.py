@@ -40,7 +40,7 @@ def client_ip(request: HttpRequest) -> str:
 
 def not_a_password_attempt(request: HttpRequest, credentials: dict[str, Any] | None = None) -> bool:
     """Whether axes should leave this attempt alone: one that names no username guesses no
-    password here. That is the SSO callback (stack.registry.sso), whose password is checked by
+    password here. That is the SSO callback (registry.auth.sso), whose password is checked by
     the identity provider: counted, its failures would be (no username, address) pairs, and a
     few broken callbacks would lock every SSO user behind that address out."""
     return not (credentials or {}).get("username")

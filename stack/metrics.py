@@ -33,7 +33,6 @@ import time
 from collections.abc import Iterable, Iterator
 from datetime import date, datetime, timedelta
 from decimal import Decimal
-from typing import Any
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
@@ -46,11 +45,13 @@ from prometheus_client.registry import Collector
 from billing.budgets.state import budgets_standing
 from billing.models import Budget
 from billing.selectors import spend_grouped
-from inference.breaker import CLOSED, HALF_OPEN, OPEN, breakers
+from inference.breaker.breakers import breakers
+from inference.breaker.state import CLOSED, HALF_OPEN, OPEN
+from registry.models import Cluster
+from registry.queues import CONTROL_QUEUE
+from registry.selectors import deployments_enabled, failover_event_counts
+from registry.shared_redis.client import REDIS_DOWN_ERRORS, redis_client
 from stack.login_throttle import client_ip
-from stack.registry.models import Cluster
-from stack.registry.queues import CONTROL_QUEUE
-from stack.registry.selectors import deployments_enabled, failover_event_counts
 from training.selectors import runs_for_metrics
 
 logger = logging.getLogger(__name__)
@@ -156,27 +157,19 @@ def _failovers(families: list[Metric]) -> None:
     families += [total, still_open]
 
 
-_queue_redis: Any = None
-
-
 def _queue_depths(families: list[Metric], clusters: list[Cluster]) -> None:
     """LLEN of each Celery queue on a Redis broker; the embedded filesystem broker has none."""
-    global _queue_redis
     broker = str(settings.CELERY_BROKER_URL)
     if not broker.startswith(("redis://", "rediss://")):
         return
-    import redis  # a Redis broker only
-
-    if _queue_redis is None:
-        _queue_redis = redis.Redis.from_url(broker, socket_timeout=1.0, socket_connect_timeout=1.0)
     queues = [CONTROL_QUEUE, *(c.queue for c in clusters)]
-    pipe = _queue_redis.pipeline(transaction=False)
+    pipe = redis_client(broker, timeout=1.0).pipeline(transaction=False)
     for name in queues:
         for suffix in _PRIORITY_SUFFIXES:
             pipe.llen(name + suffix)
     try:
         lengths = pipe.execute()
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+    except REDIS_DOWN_ERRORS:
         logger.warning("metrics: the broker did not answer; no queue depths in this scrape")
         return
     family = GaugeMetricFamily(

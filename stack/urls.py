@@ -11,15 +11,15 @@ from rest_framework.routers import APIRootView, DefaultRouter
 from billing import api as billing_api
 from billing.api import UsageExportView
 from billing.views.exports import export_public_keys_view
+from decisions.recommendations import api as recommendation_api
+from decisions.replay import api as decisions_api
 from inference import api as inference_api
+from registry.api import viewsets as registry_api
+from registry.api.permissions import RolePermission
+from registry.api.schema import SchemaView
+from registry.audit import api as audit_api
 from stack import keys_page, views
-from stack.audit import api as audit_api
-from stack.decisions import api as decisions_api
-from stack.decisions import recommendation_api
 from stack.metrics import metrics_view
-from stack.registry import api as registry_api
-from stack.registry.permissions import RolePermission
-from stack.registry.schema import SchemaView
 from training import api as training_api
 from training.urls import probe_urlpatterns
 
@@ -60,23 +60,23 @@ urlpatterns = [
     # The public keys that verify export manifests (no login: they are public).
     path(".well-known/switchyard-export-keys.json", export_public_keys_view, name="export-public-keys"),
     path("tokens/", keys_page.TokenView.as_view(), name="tokens"),
-    path("", include("stack.registry.urls")),
+    path("", include("registry.urls")),
     path("jobs/", include(probe_urlpatterns)),
     path("billing/", include("billing.urls")),
     path("training/", include("training.urls")),
     path("inference/", include("inference.urls")),
-    path("audit/", include("stack.audit.urls")),
-    path("decisions/", include("stack.decisions.urls")),
-    # OpenAI-compatible gateway: `model` names a workflow (inference.gateway).
-    path("v1/", include("inference.gateway_urls")),
+    path("audit/", include("registry.audit.urls")),
+    path("decisions/", include("decisions.urls")),
+    # OpenAI-compatible gateway: `model` names a workflow (inference.gateway.views).
+    path("v1/", include("inference.gateway.urls")),
     path("admin/", admin.site.urls),
     # drf-spectacular serves the schema to anyone by default; like every other
     # /api/ call it needs a token or a session (401 without).
     path("api/schema/", SchemaView.as_view(permission_classes=[RolePermission]), name="schema"),
     path("api/usage-export/", UsageExportView.as_view(), name="usage-export"),
-    path("api/decisions/", include("stack.decisions.buildbuy_urls")),
+    path("api/decisions/", include("decisions.buildbuy.urls")),
     path("api/", include(router.urls)),
 ]
 if settings.OIDC_ENABLED:
-    # Single sign-on (stack.registry.sso): /oidc/authenticate/ starts it, /oidc/callback/ ends it.
+    # Single sign-on (registry.auth.sso): /oidc/authenticate/ starts it, /oidc/callback/ ends it.
     urlpatterns.append(path("oidc/", include("mozilla_django_oidc.urls")))

@@ -23,19 +23,19 @@ from rest_framework.exceptions import AuthenticationFailed
 from billing import charts
 from billing.budgets import budget_state
 from billing.selectors import DailySpend, budgets_of_teams, spend_per_provider_per_day
+from registry.api.authentication import BearerTokenAuthentication
+from registry.auth.access import token_workflow_scope
+from registry.auth.principal import can_see_costs, principal_of_key, principal_of_user, sees_any_costs
+from registry.auth.roles import ADMINS, ALL_ROLES
+from registry.auth.teams import teams_visible, user_team_scope
+from registry.forms import TeamMemberForm
+from registry.models import ApiToken, Cluster, FailoverEvent, Team, TeamMembership
+from registry.selectors import cluster_list_with_workers
+from registry.services import RegistryError, team_membership_remove, team_membership_set
+from registry.store.objectstore import object_store_health
+from registry.views import RoleRequiredMixin, money_team_slugs, team_filter_from_request
 from stack.celery import app as celery_app
 from stack.error_reports import redact_credentials
-from stack.registry.access import token_workflow_scope
-from stack.registry.authentication import BearerTokenAuthentication
-from stack.registry.forms import TeamMemberForm
-from stack.registry.models import ApiToken, Cluster, FailoverEvent, Team, TeamMembership
-from stack.registry.objectstore import object_store_health
-from stack.registry.principal import can_see_costs, principal_of_key, principal_of_user, sees_any_costs
-from stack.registry.roles import ADMINS, ALL_ROLES
-from stack.registry.selectors import cluster_list_with_workers
-from stack.registry.services import RegistryError, team_membership_remove, team_membership_set
-from stack.registry.teams import teams_visible, user_team_scope
-from stack.registry.views import RoleRequiredMixin, money_team_slugs, team_filter_from_request
 from training.selectors import probe_jobs_recent
 
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
@@ -50,7 +50,7 @@ class OverviewView(RoleRequiredMixin, View):
     def get(self, request: HttpRequest) -> HttpResponse:
         team_filter = team_filter_from_request(request)
         context: dict[str, object] = {"team_filter": team_filter}
-        if sees_any_costs(request.user):  # money per team (stack.registry.costs)
+        if sees_any_costs(request.user):  # money per team (registry.auth.costs)
             now = timezone.now()
             first_day = (now - timedelta(days=OVERVIEW_DAYS - 1)).date()
             days = [first_day + timedelta(days=i) for i in range(OVERVIEW_DAYS)]

@@ -4,6 +4,7 @@ python manage.py bench diloco --quick --json var/bench-diloco.json
 python manage.py bench ledger --rows 1000000 --json var/bench-ledger.json
 python manage.py bench gateway --json var/bench-gateway.json
 python manage.py bench training --json var/bench-training.json
+python manage.py bench figures [--check]
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 # name -> "module:function" taking the benchmark's own argv and returning an exit code.
 BENCHMARKS = {
-    "diloco": "training.engine.bench:main",
-    "ledger": "billing.bench:main",
-    "gateway": "inference.bench_gateway:main",
-    "training": "training.bench_training:main",
+    "diloco": "bench.diloco.run:main",
+    "ledger": "bench.ledger.run:main",
+    "gateway": "bench.gateway.run:main",
+    "training": "bench.training.runs:main",
+    # Not a measurement: renders the docs' figure tables from the committed JSON (--check: compare).
+    "figures": "bench.figures:main",
 }
 
 

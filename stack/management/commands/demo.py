@@ -7,7 +7,7 @@ served by two `serve_model` replicas (one per cluster) behind the `local-chat`
 workflow, and a chaos drill (the primary failing half its calls) sends requests
 through the /v1 gateway so failovers show on the workflow's page.
 
-`--quick` runs every stage with less work in each (stack.demo_seed.QUICK_SCALE: shorter
+`--quick` runs every stage with less work in each (stack.demo.seed.QUICK_SCALE: shorter
 probes, a 20-outer-step run, fewer tickets and drill requests); the integration test
 tests/integration/test_demo_e2e.py runs it end to end. Each finished stage prints a line
 `stage <name>: done` (probes, replay, training, serving, drill), so a script can follow it.
@@ -39,16 +39,17 @@ from django.utils import timezone
 
 from billing.selectors import usage_for_subject
 from inference.services import chaos_config_set
-from stack.demo_cost_quality import CostQualityDemo
-from stack.demo_seed import (
+from registry.models import Deployment, Workflow
+from registry.services import api_token_create
+from stack.demo.cost_quality import CostQualityDemo
+from stack.demo.seed import (
     FULL_SCALE,
     QUICK_SCALE,
+    LocalReplica,
     demo_local_replicas,
     demo_local_workflow_seed,
     demo_stack_seed,
 )
-from stack.registry.models import Deployment, Workflow
-from stack.registry.services import api_token_create
 from stack.supervisor import Supervisor
 from training.models import ProbeJob, TrainingRun
 from training.run_config import demo_config
@@ -257,7 +258,8 @@ class _Drill:
         self.run_id = run_id
         self.requests = requests
         self.base = base
-        self.replicas = demo_local_replicas(base_port=port + 100)
+        self.replica_base_port = port + 100
+        self.replicas: list[LocalReplica] = []
         self.manage = manage
         self.log_dir = log_dir
         self.outcome: str | None = None
@@ -289,6 +291,8 @@ class _Drill:
             )
         )
         _stage_done(cmd, "training")
+        # Ports are picked now, just before the replicas start, not when the demo began.
+        self.replicas = demo_local_replicas(base_port=self.replica_base_port)
         workflow = demo_local_workflow_seed(
             model=model, replicas=self.replicas, admin=admin, now=timezone.now()
         )
@@ -307,7 +311,7 @@ class _Drill:
             child = supervisor.start(name, argv, log_path=self.log_dir / f"{name}.log")
             cmd.stdout.write(f"started {name} (pid {child.pid}) on port {replica.port}")
         for replica in self.replicas:
-            _wait_http(f"http://127.0.0.1:{replica.port}/v1/models", timeout=60)
+            _wait_http(f"http://127.0.0.1:{replica.port}/v1/models", timeout=60, supervisor=supervisor)
         _stage_done(cmd, "serving")
         self._chaos_drill(cmd, admin, workflow)
         _stage_done(cmd, "drill")
@@ -350,9 +354,12 @@ class _Drill:
         )
 
 
-def _wait_http(url: str, *, timeout: float) -> None:
+def _wait_http(url: str, *, timeout: float, supervisor: Supervisor | None = None) -> None:
+    """Wait until `url` answers; with a supervisor, stop early once one of its children was given up."""
     deadline = time.monotonic() + timeout
     while True:
+        if supervisor is not None:
+            _supervise(supervisor)
         try:
             with urllib.request.urlopen(url, timeout=5):  # noqa: S310 (loopback)
                 return

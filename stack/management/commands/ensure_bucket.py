@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from stack.registry.objectstore import object_store_ensure_bucket
+from registry.store.objectstore import object_store_ensure_bucket
 
 
 class Command(BaseCommand):

@@ -9,7 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand
 from django.utils import timezone
 
-from stack.demo_seed import demo_stack_seed
+from stack.demo.seed import demo_stack_seed
 
 
 class Command(BaseCommand):

@@ -7,10 +7,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from registry.models import Cluster
+from registry.queues import CONTROL_QUEUE, cluster_queue
+from registry.worker_signals import WORKER_CLUSTER_ENV
 from stack.celery import app
-from stack.registry.models import Cluster
-from stack.registry.queues import CONTROL_QUEUE, cluster_queue
-from stack.registry.worker_signals import WORKER_CLUSTER_ENV
 
 
 class Command(BaseCommand):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -14,14 +15,16 @@ from django.db import transaction
 from billing.budgets import budget_save
 from billing.models import Budget, PriceBook, Unit
 from billing.services import price_book_publish
-from stack.registry.models import Cluster, Deployment, Provider, RegisteredModel, Team, Workflow
-from stack.registry.roles import Role
-from stack.registry.services import (
+from inference.quality.services import eval_set_create
+from registry.auth.roles import Role
+from registry.models import Cluster, Deployment, Provider, RegisteredModel, Team, Workflow
+from registry.services import (
     provider_endpoints_allow,
     team_membership_set,
     workflow_create,
     workflow_retention_set,
 )
+from stack.demo.providers import demo_ticket, ticket_prompt
 
 # (provider slug, display name, kind, region)
 PROVIDERS = [
@@ -227,11 +230,29 @@ class LocalReplica:
 
 
 def demo_local_replicas(*, base_port: int) -> list[LocalReplica]:
-    """Where the demo serves the trained model: a primary on-prem, a fallback on AWS."""
+    """Where the demo serves the trained model: a primary on-prem, a fallback on AWS.
+
+    Each replica asks for its port beside the demo's (--port + 100, + 101); one that something
+    else holds by then (another program, or an outgoing connection's ephemeral port) is swapped
+    for a free one the system picks, so the serving stage never stalls on a busy port."""
     return [
-        LocalReplica("gpt-byte-local", "onprem-a100", base_port),
-        LocalReplica("gpt-byte-local-aws", "aws-g5-use1", base_port + 1),
+        LocalReplica("gpt-byte-local", "onprem-a100", loopback_port(base_port)),
+        LocalReplica("gpt-byte-local-aws", "aws-g5-use1", loopback_port(base_port + 1)),
     ]
+
+
+def loopback_port(preferred: int) -> int:
+    """`preferred` if nothing listens or is bound there on 127.0.0.1, else a free port the system
+    picks. The caller's child binds it a moment later: a port taken in between fails that child,
+    which says so in its log."""
+    for port in (preferred, 0):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return int(probe.getsockname()[1])
+    raise OSError("no free loopback port")
 
 
 def demo_local_workflow_seed(
@@ -281,7 +302,7 @@ def demo_local_workflow_seed(
     return workflow
 
 
-# The cost-quality part of the demo (stack.demo_providers): a ticket-labelling workflow served by
+# The cost-quality part of the demo (stack.demo.providers): a ticket-labelling workflow served by
 # two loopback "API" deployments, graded by a third; it keeps its prompts (opt-in) for replays.
 TICKET_WORKFLOW = "ticket-labels"
 TICKET_EVAL_SET = "labels-v1"
@@ -310,9 +331,6 @@ def demo_ticket_workflow_seed(*, providers: list[TicketProvider], admin: User, n
     """The acme provider, its three deployments with prices, and `ticket-labels` (team platform,
     like the demo's run, which scores its model on it; prompts kept 14 days; large then small,
     quality floor 0.8) with an eval set; idempotent."""
-    from inference.quality import eval_set_create  # composition: the demo seeds every app
-    from stack.demo_providers import demo_ticket, ticket_prompt
-
     with transaction.atomic():
         acme, _ = Provider.objects.get_or_create(
             slug="acme",

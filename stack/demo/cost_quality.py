@@ -1,7 +1,7 @@
 """The demo's cost-quality part (issue 18), run by `manage.py demo`.
 
-1. Three loopback "API" providers (stack.demo_providers) serve the `ticket-labels` workflow
-   (stack.demo_seed): acme-large (its primary), acme-small and acme-grader.
+1. Three loopback "API" providers (stack.demo.providers) serve the `ticket-labels` workflow
+   (stack.demo.seed): acme-large (its primary), acme-small and acme-grader.
 2. The demo's training run gets a build-or-buy option for that workflow: each registered
    version of the trained model is served and scored on the workflow's eval set beside the two
    API deployments, and its run page shows the panel.
@@ -17,7 +17,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from django.contrib.auth.models import User
@@ -25,20 +25,21 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 from django.utils import timezone
 
+from decisions.models import ReplayStudy
+from decisions.recommendations.derive import LedgerPending, recommendations_from_study
+from decisions.replay.services import replay_study_create
 from inference.models import RetainedPrompt
-from stack.decisions.models import ReplayStudy
-from stack.decisions.recommendation_services import LedgerPending, recommendations_from_study
-from stack.decisions.replay import replay_study_create
-from stack.demo_providers import LabelProvider, demo_ticket, ticket_prompt
-from stack.demo_seed import (
+from registry.models import Cluster, Deployment, Workflow
+from registry.services import api_token_create
+from stack.demo.providers import LabelProvider, demo_ticket, ticket_prompt
+from stack.demo.seed import (
     FULL_SCALE,
     DemoScale,
     TicketProvider,
     demo_ticket_providers,
     demo_ticket_workflow_seed,
+    loopback_port,
 )
-from stack.registry.models import Cluster, Deployment, Workflow
-from stack.registry.services import api_token_create
 from stack.supervisor import Supervisor
 
 
@@ -59,7 +60,7 @@ class CostQualityDemo:
         for spec in specs:
             try:
                 server = LabelProvider(
-                    name=spec.deployment_slug, error_share=spec.error_share, port=spec.port
+                    name=spec.deployment_slug, error_share=spec.error_share, port=loopback_port(spec.port)
                 )
             except OSError as exc:
                 for started in servers:
@@ -68,6 +69,8 @@ class CostQualityDemo:
                     f"port {spec.port} (the demo's {spec.deployment_slug} provider): {exc}; pass another --port"
                 ) from exc
             servers.append(server.start())
+        # A busy port was swapped for a free one (loopback_port): seed the ports actually bound.
+        specs = [replace(spec, port=server.port) for spec, server in zip(specs, servers, strict=True)]
         workflow = demo_ticket_workflow_seed(providers=specs, admin=admin, now=timezone.now())
         return cls(admin=admin, specs=specs, servers=servers, workflow=workflow, scale=scale)
 

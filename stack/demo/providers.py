@@ -6,7 +6,7 @@ way a scorer can tell apart. Each provider here labels a support ticket with one
 it reads the ticket's keywords right, and is wrong on a fixed share of tickets, chosen by a hash
 of the ticket (so a replay of a ticket gets the same answer again). demo_seed sets each one's
 share and price.
-Asked an inference.scorers.judge_prompt, any of them grades like a judge that knows the truth.
+Asked an inference.quality.scorers.judge_prompt, any of them grades like a judge that knows the truth.
 
 The tickets themselves are generated from small word lists below (written for this demo).
 """
@@ -19,7 +19,7 @@ import threading
 from http.server import ThreadingHTTPServer
 from typing import Any
 
-from inference.loopback_http import KeepAliveHandler
+from inference.serving.loopback_http import KeepAliveHandler
 
 CATEGORIES = ("billing", "login", "shipping", "refund", "bug")
 # Words a ticket of each category uses; a labeller that reads them gets the category right.
@@ -70,7 +70,7 @@ JUDGE_PREAMBLE = "You are grading an answer."
 
 
 def judge(text: str) -> str:
-    """The demo judge's verdict on an inference.scorers.judge_prompt: "1" when the graded answer
+    """The demo judge's verdict on an inference.quality.scorers.judge_prompt: "1" when the graded answer
     is the ticket's true category, else "0" (it reads keywords without error)."""
     question = text.partition("Question:\n")[2].partition("\n\n")[0]
     graded = text.rpartition("Answer to grade:\n")[2].strip().lower()
@@ -163,8 +163,12 @@ class LabelProvider(ThreadingHTTPServer):
         self.lock = threading.Lock()
 
     @property
+    def port(self) -> int:
+        return int(self.server_address[1])
+
+    @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/v1"
+        return f"http://127.0.0.1:{self.port}/v1"
 
     def start(self) -> LabelProvider:
         threading.Thread(target=self.serve_forever, name=f"demo-{self.name}", daemon=True).start()

@@ -10,33 +10,36 @@ SECRET_KEY and ALLOWED_HOSTS, and turns on HTTPS redirects, HSTS and secure cook
 from __future__ import annotations
 
 import os
-import secrets
 from datetime import timedelta
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from pathlib import Path
 
 import dj_database_url
 import django_stubs_ext
-from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
 
 from stack.env import (
     env_bool,
     env_data_roots,
+    env_decimal,
     env_float,
-    env_identity_provider_url,
     env_int,
     env_list,
     env_networks,
+    env_secret_key,
     env_str,
     env_url,
 )
+from stack.settings.api import rest_framework_settings, spectacular_settings
+from stack.settings.schedule import beat_schedule
+from stack.settings.sso import oidc_groups_claim, oidc_settings, sso_lifetimes
+from storage.multipart import transfer_from_env
 
 # Lets Django's classes be subscripted at run time (ModelForm[Provider]) as the
 # type stubs describe them.
 django_stubs_ext.monkeypatch()
 
-BASE_DIR = Path(__file__).resolve().parent.parent
+BASE_DIR = Path(__file__).resolve().parents[2]
 VAR_DIR = Path(env_str("SWITCHYARD_VAR_DIR", str(BASE_DIR / "var")))
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 
@@ -48,23 +51,10 @@ if SWITCHYARD_ENV not in {"development", "production", "test"}:
 PRODUCTION = SWITCHYARD_ENV == "production"
 
 
-def _development_secret_key() -> str:
-    # A development checkout gets its own random key, kept under var/ so that
-    # credentials encrypted with it stay readable across restarts.
-    key_file = VAR_DIR / "secret_key"
-    if not key_file.exists():
-        key_file.write_text(secrets.token_urlsafe(50))
-        key_file.chmod(0o600)
-    return key_file.read_text().strip()
-
-
-if PRODUCTION:
-    SECRET_KEY = env_str("SECRET_KEY")
-else:
-    SECRET_KEY = env_str("SECRET_KEY", "") or _development_secret_key()
+SECRET_KEY = env_secret_key("SECRET_KEY", production=PRODUCTION, var_dir=VAR_DIR)
 
 # Key for credentials at rest; defaults to one derived from SECRET_KEY
-# (see stack.registry.crypto). Set it separately to rotate SECRET_KEY independently.
+# (see registry.crypto). Set it separately to rotate SECRET_KEY independently.
 CREDENTIALS_KEY = env_str("CREDENTIALS_KEY", "")
 # HMAC key that signed export manifests before Ed25519 (still checks those); empty: derived from SECRET_KEY.
 EXPORT_SIGNING_KEY = env_str("EXPORT_SIGNING_KEY", "")
@@ -100,32 +90,32 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "django_celery_beat",
     "axes",
-    # django-auditlog computes the audit trail's diffs; stack.audit holds the rows (AuditEntry).
+    # django-auditlog computes the audit trail's diffs; registry.audit holds the rows (AuditEntry).
     "auditlog",
-    "stack.registry.apps.RegistryConfig",
+    "registry.apps.RegistryConfig",
     "billing.apps.BillingConfig",
     "training.apps.TrainingConfig",
     "inference.apps.InferenceConfig",
-    "stack.audit.apps.AuditConfig",
-    "stack.decisions.apps.DecisionsConfig",
+    "registry.audit.apps.AuditConfig",
+    "decisions.apps.DecisionsConfig",
     "stack.apps.SwitchyardConfig",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     # /v1 answers OpenAI-style JSON errors only (size limit, unknown paths, Django's error pages).
-    "inference.gateway_middleware.GatewayErrorsMiddleware",
+    "inference.gateway.middleware.GatewayErrorsMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     # Paths, query strings and form posts holding NUL or other control characters answer 400.
-    "stack.registry.middleware.InputTextMiddleware",
+    "registry.middleware.InputTextMiddleware",
     # A path under /api/ that matches no route answers 404 in JSON, not an HTML page.
-    "stack.registry.middleware.ApiNotFoundMiddleware",
+    "registry.middleware.ApiNotFoundMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     # Which surface and user a change of a tracked object comes from (one ContextVar, no query).
-    "stack.audit.middleware.AuditOriginMiddleware",
+    "registry.audit.middleware.AuditOriginMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Last, as django-axes asks: turns a throttled login into the lockout page (stack.login_throttle).
@@ -141,12 +131,14 @@ TEMPLATES = [
         "DIRS": [BASE_DIR / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
+            # {{ amount|money }} on every page: one rule for how money reads (billing.money).
+            "builtins": ["billing.templatetags.money"],
             "context_processors": [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
-                # `can_see_costs`: the one rule for money on pages (stack.registry.costs).
-                "stack.registry.costs.cost_visibility",
+                # `can_see_costs`: the one rule for money on pages (registry.auth.costs).
+                "registry.auth.costs.cost_visibility",
             ],
         },
     },
@@ -179,6 +171,11 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
     # the SQLite test database is a file, not pytest's in-memory default.
     # The pid keeps two concurrent test sessions on one checkout apart.
     _db["TEST"] = {"NAME": str(VAR_DIR / f"test-switchyard-{os.getpid()}.sqlite3")}
+else:
+    # A database that does not answer must not hold a request until TCP gives up (minutes): the
+    # /v1 gateway answers 503 `database_unavailable` instead (inference.gateway.middleware).
+    # libpq counts whole seconds, 2 at least; a connect_timeout in DATABASE_URL's query wins.
+    _db.setdefault("OPTIONS", {}).setdefault("connect_timeout", env_int("DB_CONNECT_TIMEOUT", 2, minimum=2))
 _db["ATOMIC_REQUESTS"] = True  # a failed request writes nothing
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -198,67 +195,20 @@ AUTHENTICATION_BACKENDS = [
 ]
 
 # --- Single sign-on (OpenID Connect, mozilla-django-oidc; docs/registry-and-teams.md "SSO") ---------------
-# Off unless a client id is given; then every other value must be set and valid, or the process
-# stops at start. The provider's URLs are a trust boundary (env_identity_provider_url): https,
-# or http to a loopback host outside production.
-
-
-def _idp_url(name: str) -> str:
-    return env_identity_provider_url(name, allow_loopback_http=not PRODUCTION)
-
-
-# How long an SSO login holds before the session re-authenticates silently at the provider
-# (which resyncs memberships and ends the session of a user the provider dropped), and how long
-# an SSO user's API keys keep working after that user's last login (a key cannot ask the
-# provider; a user who stops signing in loses the keys' access after this bound).
-SWITCHYARD_SSO_SESSION_SECONDS = env_int("SWITCHYARD_SSO_SESSION_SECONDS", 3600, minimum=60)
-SWITCHYARD_SSO_KEY_SECONDS = env_int("SWITCHYARD_SSO_KEY_SECONDS", 7 * 24 * 3600, minimum=60)
-OIDC_RP_CLIENT_ID = env_str("OIDC_RP_CLIENT_ID", "").strip()
-OIDC_ENABLED = bool(OIDC_RP_CLIENT_ID)
+# Off unless OIDC_RP_CLIENT_ID is set; then every other value must be valid (stack.settings.sso).
+SWITCHYARD_SSO_SESSION_SECONDS, SWITCHYARD_SSO_KEY_SECONDS = sso_lifetimes()
+OIDC_ENABLED = bool(env_str("OIDC_RP_CLIENT_ID", "").strip())
 if OIDC_ENABLED:
-    OIDC_RP_CLIENT_SECRET = env_str("OIDC_RP_CLIENT_SECRET")
-    if not OIDC_RP_CLIENT_SECRET.strip():
-        raise ImproperlyConfigured("OIDC_RP_CLIENT_SECRET must be set when OIDC_RP_CLIENT_ID is")
-    # mozilla-django-oidc does not check the ID token's issuer or audience; the backend
-    # (stack.registry.sso) checks both against these.
-    OIDC_OP_ISSUER = _idp_url("OIDC_OP_ISSUER").rstrip("/")
-    OIDC_OP_AUTHORIZATION_ENDPOINT = _idp_url("OIDC_OP_AUTHORIZATION_ENDPOINT")
-    OIDC_OP_TOKEN_ENDPOINT = _idp_url("OIDC_OP_TOKEN_ENDPOINT")
-    OIDC_OP_USER_ENDPOINT = _idp_url("OIDC_OP_USER_ENDPOINT")
-    OIDC_OP_JWKS_ENDPOINT = _idp_url("OIDC_OP_JWKS_ENDPOINT")
-    # Asymmetric signatures only: HS256 would make the client secret the token-signing key.
-    OIDC_RP_SIGN_ALGO = env_str("OIDC_RP_SIGN_ALGO", "RS256")
-    if OIDC_RP_SIGN_ALGO not in {"RS256", "RS384", "RS512", "ES256", "ES384", "ES512"}:
-        raise ImproperlyConfigured(
-            f"OIDC_RP_SIGN_ALGO must be RS256/384/512 or ES256/384/512; got {OIDC_RP_SIGN_ALGO!r}"
-        )
-    # Add "groups" where the provider releases the group claim under that scope.
-    OIDC_RP_SCOPES = env_str("OIDC_RP_SCOPES", "openid email profile")
-    if "openid" not in OIDC_RP_SCOPES.split():
-        raise ImproperlyConfigured(f"OIDC_RP_SCOPES must include openid; got {OIDC_RP_SCOPES!r}")
-    OIDC_USE_PKCE = True
-    OIDC_PKCE_CODE_CHALLENGE_METHOD = "S256"
-    OIDC_TIMEOUT = env_float("OIDC_TIMEOUT_SECONDS", 10.0, minimum=0.1)
-    OIDC_CREATE_USER = True
-    # A refused login (bad claims, a username taken by a local account) lands on the login page.
-    LOGIN_REDIRECT_URL_FAILURE = "/login/?sso=failed"
-    AUTHENTICATION_BACKENDS.append("stack.registry.sso.SwitchyardOIDCBackend")
-    # A failed callback (a silent re-authentication included) also ends the session it ran in.
-    OIDC_CALLBACK_CLASS = "stack.registry.sso.SwitchyardOIDCCallbackView"
-    # An SSO session re-authenticates at the provider (prompt=none, no user interaction) every
-    # SWITCHYARD_SSO_SESSION_SECONDS; that login resyncs the groups claim into memberships, and
-    # a user the provider no longer signs in is logged out (SECURITY.md "Single sign-on").
-    OIDC_RENEW_ID_TOKEN_EXPIRY_SECONDS = SWITCHYARD_SSO_SESSION_SECONDS
-    OIDC_EXEMPT_URLS = ["login", "logout"]
-    MIDDLEWARE.insert(
-        MIDDLEWARE.index("django.contrib.auth.middleware.AuthenticationMiddleware") + 1,
-        "mozilla_django_oidc.middleware.SessionRefresh",
+    _oidc = oidc_settings(
+        production=PRODUCTION,
+        session_seconds=SWITCHYARD_SSO_SESSION_SECONDS,
+        backends=AUTHENTICATION_BACKENDS,
+        middleware=MIDDLEWARE,
     )
-# The claim listing the user's groups; "switchyard:<team-slug>:<role>" entries become team
-# memberships (stack.registry.services.team_memberships_sync_from_claims).
-SWITCHYARD_OIDC_GROUPS_CLAIM = env_str("SWITCHYARD_OIDC_GROUPS_CLAIM", "groups").strip()
-if not SWITCHYARD_OIDC_GROUPS_CLAIM:
-    raise ImproperlyConfigured("SWITCHYARD_OIDC_GROUPS_CLAIM must name a claim")
+    # Named here, not only through globals(): registry.auth.sso reads it (and the type checker).
+    OIDC_OP_ISSUER: str = _oidc.pop("OIDC_OP_ISSUER")
+    globals().update(_oidc)
+SWITCHYARD_OIDC_GROUPS_CLAIM = oidc_groups_claim()
 
 # --- Login throttling (django-axes) ------------------------------------------------
 # Failed logins are counted per (username, client address) pair, not per username or per
@@ -321,7 +271,7 @@ DEFAULT_EXCEPTION_REPORTER = "stack.error_reports.CredentialHidingReporter"
 REDIS_URL = env_str("REDIS_URL", "")
 if REDIS_URL:
     env_url("REDIS_URL", REDIS_URL, schemes=("redis", "rediss"))
-# /v1 rate limits (inference.ratelimit): the window that "per minute" means (shorter in tests),
+# /v1 rate limits (inference.ratelimit.limits): the window that "per minute" means (shorter in tests),
 # and where the counters live (REDIS_URL unless set; without either, per process).
 RATE_LIMIT_WINDOW_SECONDS = env_float("SWITCHYARD_RATE_LIMIT_WINDOW_SECONDS", 60.0, minimum=1.0)
 RATE_LIMIT_REDIS_URL = env_str("SWITCHYARD_RATE_LIMIT_REDIS_URL", REDIS_URL)
@@ -383,79 +333,8 @@ if not HEARTBEAT_SECONDS < DEGRADED_AFTER_SECONDS < DOWN_AFTER_SECONDS:
         "SWITCHYARD_DEGRADED_AFTER_SECONDS < SWITCHYARD_DOWN_AFTER_SECONDS"
     )
 
-# Periodic work, declared in one place. django-celery-beat copies these into its
-# tables when beat starts; operators can tune them in the admin afterwards.
-CELERY_BEAT_SCHEDULE = {
-    "cluster-health-check": {
-        "task": "stack.cluster_health_check",
-        "schedule": HEALTH_CHECK_SECONDS,
-        "options": {"queue": "control", "expires": HEALTH_CHECK_SECONDS * 2},
-    },
-    "training-runs-supervise": {
-        "task": "training.runs_supervise",
-        "schedule": env_float("SWITCHYARD_TRAINING_SUPERVISE_SECONDS", 3.0, minimum=0.5),
-        "options": {"queue": "control", "expires": 30},
-    },
-    "billing-rollups": {
-        "task": "billing.rollups_update",
-        "schedule": env_float("SWITCHYARD_ROLLUP_SECONDS", 60.0, minimum=1.0),
-        "options": {"queue": "control", "expires": 120},
-    },
-    # Scheduled eval sets on every deployment of their routes (inference quality records).
-    "inference-eval-sets": {
-        "task": "inference.eval_sets_scheduled",
-        "schedule": env_float("SWITCHYARD_EVAL_SCHEDULE_SECONDS", 3600.0, minimum=10.0),
-        "options": {"queue": "control", "expires": 600},
-    },
-    # Journaled requests that no web process folded (every web process gone): into the ledger.
-    "inference-journal-fold": {
-        "task": "inference.journal_fold",
-        "schedule": env_float("SWITCHYARD_JOURNAL_FOLD_SECONDS", 10.0, minimum=0.5),
-        "options": {"queue": "control", "expires": 30},
-    },
-    # Spend anomalies per provider, workflow and cluster, from the rollups (billing.alerts).
-    "billing-spend-anomalies": {
-        "task": "billing.spend_anomalies_detect",
-        "schedule": env_float("SWITCHYARD_ANOMALY_SECONDS", 900.0, minimum=10.0),
-        "options": {"queue": "control", "expires": 600},
-    },
-    # Yesterday's spend digest per team, shortly after the UTC day closed and the rollups caught up.
-    "billing-spend-digest": {
-        "task": "billing.spend_digest_send",
-        "schedule": crontab(minute=15, hour=env_int("SWITCHYARD_DIGEST_HOUR_UTC", 0, minimum=0)),
-        "options": {"queue": "control", "expires": 3600},
-    },
-    # Build or buy: model versions whose scoring a lost signal or a killed worker left behind.
-    "decisions-version-evaluations-sweep": {
-        "task": "decisions.version_evaluations_sweep",
-        "schedule": env_float("SWITCHYARD_BUILD_OR_BUY_SWEEP_SECONDS", 60.0, minimum=1.0),
-        "options": {"queue": "control", "expires": 120},
-    },
-    # Batch inference jobs whose worker died (stale lease) are re-queued and resume.
-    "inference-batch-jobs-resume": {
-        "task": "inference.batch_jobs_resume",
-        "schedule": env_float("SWITCHYARD_BATCH_RESUME_SECONDS", 30.0, minimum=0.5),
-        "options": {"queue": "control", "expires": 60},
-    },
-    # Replay studies whose worker died (stale heartbeat and batch leases) are resumed.
-    "decisions-replay-studies-resume": {
-        "task": "decisions.replay_studies_resume",
-        "schedule": env_float("SWITCHYARD_REPLAY_RESUME_SECONDS", 60.0, minimum=0.5),
-        "options": {"queue": "control", "expires": 60},
-    },
-    # Kept prompts (opt-in, per workflow) past their retention, and replay objects holding them.
-    "inference-retained-prompts-purge": {
-        "task": "inference.retained_prompts_purge",
-        "schedule": env_float("SWITCHYARD_RETENTION_PURGE_SECONDS", 3600.0, minimum=10.0),
-        "options": {"queue": "control", "expires": 3600},
-    },
-    # Answers kept for an Idempotency-Key replay (opted-in workflows only) past their window.
-    "inference-idempotent-answers-purge": {
-        "task": "inference.idempotent_answers_purge",
-        "schedule": env_float("SWITCHYARD_IDEMPOTENCY_PURGE_SECONDS", 60.0, minimum=1.0),
-        "options": {"queue": "control", "expires": 60},
-    },
-}
+# Periodic work, declared in one place (stack.settings.schedule).
+CELERY_BEAT_SCHEDULE = beat_schedule(health_check_seconds=HEALTH_CHECK_SECONDS)
 # Admission (inference.admission): a hard budget reserves each call's worst case. An image part
 # counts this many input tokens (the most a provider bills one image at its largest detail:
 # Anthropic ~1,600, OpenAI's high detail up to ~1,100); a request without max_tokens on a
@@ -465,6 +344,24 @@ INFERENCE_MAX_OUTPUT_TOKENS = env_int("SWITCHYARD_MAX_OUTPUT_TOKENS", 4096, mini
 # How long a /v1 answer is kept for a retry with the same Idempotency-Key, and only for a
 # workflow that keeps prompts (inference.idempotency); other requests keep a hash and the status.
 IDEMPOTENCY_REPLAY_SECONDS = env_int("SWITCHYARD_IDEMPOTENCY_REPLAY_SECONDS", 600, minimum=0)
+# The router (docs/inference-internals.md "Breaker"): a deployment's circuit opens when
+# FAILURE_RATE of its last WINDOW_CALLS calls (no older than WINDOW_SECONDS, at least
+# MIN_REQUESTS of them) failed, for COOLDOWN_SECONDS; a request has DEADLINE_SECONDS in all, for
+# up to MAX_ROUNDS rounds of its route (jittered backoff from BACKOFF_SECONDS between them); a
+# deployment's Retry-After is kept at most MAX_RETRY_AFTER_SECONDS. Variables named as settings.
+INFERENCE_BREAKER_FAILURE_RATE = env_float("INFERENCE_BREAKER_FAILURE_RATE", 0.5, minimum=0.0)
+if not 0 < INFERENCE_BREAKER_FAILURE_RATE <= 1:
+    raise ImproperlyConfigured("INFERENCE_BREAKER_FAILURE_RATE must be above 0 and at most 1")
+INFERENCE_BREAKER_MIN_REQUESTS = env_int("INFERENCE_BREAKER_MIN_REQUESTS", 5, minimum=1)
+INFERENCE_BREAKER_WINDOW_CALLS = env_int("INFERENCE_BREAKER_WINDOW_CALLS", 20, minimum=1)
+INFERENCE_BREAKER_WINDOW_SECONDS = env_float("INFERENCE_BREAKER_WINDOW_SECONDS", 60.0, minimum=0.1)
+INFERENCE_BREAKER_COOLDOWN_SECONDS = env_float("INFERENCE_BREAKER_COOLDOWN_SECONDS", 10.0, minimum=0.0)
+INFERENCE_DEADLINE_SECONDS = env_float("INFERENCE_DEADLINE_SECONDS", 30.0, minimum=0.1)
+INFERENCE_MAX_ROUNDS = env_int("INFERENCE_MAX_ROUNDS", 2, minimum=1)
+INFERENCE_BACKOFF_SECONDS = env_float("INFERENCE_BACKOFF_SECONDS", 0.05, minimum=0.0)
+INFERENCE_MAX_RETRY_AFTER_SECONDS = env_float("INFERENCE_MAX_RETRY_AFTER_SECONDS", 300.0, minimum=0.0)
+# An eval run with no new score for this long (its worker presumably dead) is handed out again.
+EVAL_RUN_STALE_SECONDS = env_float("EVAL_RUN_STALE_SECONDS", 1800.0, minimum=1.0)
 # A running batch job's lease: longer than one line can take (deadline plus retries).
 INFERENCE_BATCH_STALE_SECONDS = env_float("SWITCHYARD_BATCH_STALE_SECONDS", 120.0, minimum=1.0)
 INFERENCE_BATCH_PART_LINES = env_int("SWITCHYARD_BATCH_PART_LINES", 20, minimum=1)
@@ -502,7 +399,7 @@ INFERENCE_JOURNAL_FOLD_DELAY_SECONDS = env_float("SWITCHYARD_JOURNAL_FOLD_DELAY_
 # OpenAI shape. The pages and /api keep Django's DATA_UPLOAD_MAX_MEMORY_SIZE.
 V1_MAX_BODY_BYTES = env_int("SWITCHYARD_V1_MAX_BODY_BYTES", 32 * 1024 * 1024, minimum=1024)
 
-# --- Metrics and traces (stack.metrics, stack.registry.tracing) ---------------------------
+# --- Metrics and traces (stack.metrics, registry.tracing) ---------------------------
 # The router's counters and histograms (inference.metrics); off only to measure what they cost.
 METRICS_ENABLED = env_bool("SWITCHYARD_METRICS", True)
 # Who may scrape /metrics: a bearer holding the token (compared in constant time), from the
@@ -525,14 +422,7 @@ METRICS_CACHE_SECONDS = env_float("SWITCHYARD_METRICS_CACHE_SECONDS", 5.0, minim
 SWITCHYARD_PUBLIC_URL = env_str("SWITCHYARD_PUBLIC_URL", "")
 # A spend anomaly must exceed its baseline median by at least this much per day (in the ledger's
 # currency), so a target that spends cents is not called anomalous for a few more cents.
-ANOMALY_MIN_AMOUNT = env_str("SWITCHYARD_ANOMALY_MIN_AMOUNT", "1.00")
-try:
-    if Decimal(ANOMALY_MIN_AMOUNT) < 0:
-        raise InvalidOperation
-except InvalidOperation:
-    raise ImproperlyConfigured(
-        f"SWITCHYARD_ANOMALY_MIN_AMOUNT must be a non-negative decimal; got {ANOMALY_MIN_AMOUNT!r}"
-    ) from None
+ANOMALY_MIN_AMOUNT = env_decimal("SWITCHYARD_ANOMALY_MIN_AMOUNT", "1.00", minimum=Decimal(0))
 if not 0 <= env_int("SWITCHYARD_DIGEST_HOUR_UTC", 0) <= 23:
     raise ImproperlyConfigured("SWITCHYARD_DIGEST_HOUR_UTC must be an hour of the day, 0 to 23")
 
@@ -551,8 +441,15 @@ DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "switchyard@localhost")
 # --- Object store -----------------------------------------------------------------
 OBJECT_STORE_URL = env_url("OBJECT_STORE_URL", f"file://{VAR_DIR / 'objects'}", schemes=("file", "s3"))
 OBJECT_STORE_ENDPOINT_URL = env_str("OBJECT_STORE_ENDPOINT_URL", "") or None
+# S3 part size and concurrency (SWITCHYARD_OBJECT_STORE_PART_BYTES / _CONCURRENCY): parsed by the
+# storage library, which learner processes use without Django; parsed here too so that a bad
+# value stops every Django process at start, and handed to the stores opened from settings.
+try:
+    OBJECT_STORE_TRANSFER = transfer_from_env()
+except ValueError as exc:
+    raise ImproperlyConfigured(str(exc)) from None
 
-# --- Outbound requests and data sources (stack/registry/outbound.py, training/run_config.py) ---
+# --- Outbound requests and data sources (registry/outbound/guard.py, training/run_config/) ---
 # Networks every outbound request may reach although they are loopback, private or link-local
 # (an internal webhook receiver); providers allow private networks one by one, on their record.
 OUTBOUND_ALLOW_NETWORKS = env_networks("SWITCHYARD_OUTBOUND_ALLOW_NETWORKS")
@@ -562,60 +459,13 @@ OUTBOUND_DNS_CACHE_SECONDS = env_float("SWITCHYARD_OUTBOUND_DNS_CACHE_SECONDS", 
 TRAINING_DATA_ROOTS = env_data_roots("SWITCHYARD_TRAINING_DATA_ROOTS")
 
 # --- REST API ---------------------------------------------------------------------
-# The audit trail (stack.audit): django-auditlog writes AuditEntry rows, diffs as JSON values.
+# The audit trail (registry.audit): django-auditlog writes AuditEntry rows, diffs as JSON values.
 AUDITLOG_LOGENTRY_MODEL = "audit.AuditEntry"
 AUDITLOG_STORE_JSON_CHANGES = True
 
-REST_FRAMEWORK = {
-    "DEFAULT_AUTHENTICATION_CLASSES": [
-        # Bearer first: its WWW-Authenticate header makes DRF answer 401
-        # (not 403) to requests that carry no credentials.
-        "stack.registry.authentication.BearerTokenAuthentication",
-        "rest_framework.authentication.SessionAuthentication",
-    ],
-    "DEFAULT_PERMISSION_CLASSES": ["stack.registry.permissions.RolePermission"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    # Money figures only for those who may see costs (stack.registry.costs).
-    "DEFAULT_RENDERER_CLASSES": [
-        "stack.registry.costs.CostAwareJSONRenderer",
-        "rest_framework.renderers.BrowsableAPIRenderer",
-    ],
-    # Bounded ?limit= and ?offset= (stack.registry.pagination); bodies bounded and checked
-    # (stack.registry.parsers): every input the API takes is refused with 400, never a 500.
-    "DEFAULT_PAGINATION_CLASS": "stack.registry.pagination.BoundedLimitOffsetPagination",
-    # Unknown query parameters answer 400 naming them (stack.registry.query_params).
-    # A token limited to workflows sees only their rows (stack.registry.scoping).
-    "DEFAULT_FILTER_BACKENDS": [
-        "stack.registry.query_params.KnownQueryParams",
-        "stack.registry.scoping.WorkflowScopeFilter",
-    ],
-    "DEFAULT_PARSER_CLASSES": [
-        "stack.registry.parsers.BoundedJSONParser",
-        "stack.registry.parsers.CheckedFormParser",
-        "stack.registry.parsers.CheckedMultiPartParser",
-    ],
-    "PAGE_SIZE": 100,
-    "EXCEPTION_HANDLER": "stack.api_errors.exception_handler",
-    "COERCE_DECIMAL_TO_STRING": True,
-}
-SPECTACULAR_SETTINGS = {
-    "TITLE": "Switchyard API",
-    "DESCRIPTION": "Registry, jobs and usage ledger of the Switchyard control plane.",
-    "VERSION": "0.1.0",
-    "SERVE_INCLUDE_SCHEMA": False,
-    # Error answers and slug formats, documented once for every operation (stack.registry.schema).
-    "POSTPROCESSING_HOOKS": [
-        "drf_spectacular.hooks.postprocess_schema_enums",
-        "stack.registry.schema.error_responses",
-        "stack.registry.schema.money_keys_optional",
-    ],
-    # Choice sets that share a field name get a name of their own (equal sets share one).
-    "ENUM_NAME_OVERRIDES": {
-        "JobStatusEnum": "training.models.ProbeJob.Status",  # also ExportJob.Status, EvalRun.State
-        "TrainingRunStateEnum": "training.models.TrainingRun.State",
-        "BatchJobStateEnum": "inference.models.BatchJob.State",
-    },
-}
+# The API's classes and its OpenAPI schema (stack.settings.api).
+REST_FRAMEWORK = rest_framework_settings()
+SPECTACULAR_SETTINGS = spectacular_settings()
 
 LOGGING = {
     "version": 1,

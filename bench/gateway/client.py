@@ -1,0 +1,53 @@
+"""The bench's HTTP client on a kept-alive connection, the request body it sends, and how it
+times a call (warm-up, then p50 and p99 of n samples)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+BODY = {"model": "m", "messages": [{"role": "user", "content": "ping"}], "max_tokens": 8}
+
+
+def percentiles(samples: list[float]) -> tuple[float, float]:
+    ordered = sorted(samples)
+    p50 = statistics.median(ordered)
+    p95 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))]
+    return p50 * 1000.0, p95 * 1000.0
+
+
+def measure(call: Callable[[], Any], *, n: int, warmup: int) -> tuple[float, float]:
+    for _ in range(warmup):
+        call()
+    samples = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        call()
+        samples.append(time.perf_counter() - t0)
+    return percentiles(samples)
+
+
+class Client:
+    """A keep-alive JSON client (what any caller of a provider or of the gateway would use)."""
+
+    def __init__(self, port: int, path: str, headers: dict[str, str] | None = None) -> None:
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        self.path = path
+        self.headers = {"Content-Type": "application/json", **(headers or {})}
+
+    def post(self, body: dict[str, Any]) -> tuple[int, Any]:
+        for attempt in range(2):
+            try:
+                self.conn.request("POST", self.path, json.dumps(body), self.headers)
+                response = self.conn.getresponse()
+                data = response.read()
+                return response.status, json.loads(data)
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                self.conn.close()
+                if attempt:
+                    raise
+        raise RuntimeError("unreachable")

@@ -1,0 +1,2 @@
+"""`manage.py bench ledger`: the ledger at scale on a scratch database (run), and its concurrent
+writers (writers)."""
