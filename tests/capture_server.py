@@ -59,7 +59,9 @@ class CaptureServer:
                 pass
 
         self._server = ThreadingHTTPServer((self.host, 0), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
         self._thread.start()
         return self
 

@@ -13,7 +13,9 @@ from rest_framework.test import APIClient
 
 from billing.models import PriceBook, Unit
 from billing.services import price_book_publish, usage_record
-from stack.registry.models import (
+from registry.auth.roles import Role
+from registry.auth.teams import user_team_scope
+from registry.models import (
     Cluster,
     Deployment,
     Provider,
@@ -22,9 +24,7 @@ from stack.registry.models import (
     TeamMembership,
     Workflow,
 )
-from stack.registry.roles import Role
-from stack.registry.services import api_token_create, provider_endpoints_allow, workflow_create
-from stack.registry.teams import user_team_scope
+from registry.services import api_token_create, provider_endpoints_allow, workflow_create
 from training.models import GlobalVersionRecord, LearnerChunk, PlacementDecision, TrainingLearner, TrainingRun
 
 _seq = itertools.count(1)

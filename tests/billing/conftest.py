@@ -7,7 +7,7 @@ from typing import Any
 import boto3
 import pytest
 
-from stack.registry.objectstore import object_store_ensure_bucket
+from registry.store.objectstore import object_store_ensure_bucket
 from tests.factories import unique
 
 

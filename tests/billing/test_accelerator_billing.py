@@ -10,7 +10,7 @@ import pytest
 
 from billing.models import LedgerHead, Unit, UsageRecord
 from billing.services import NoPriceError, accelerator_time_bill
-from stack.registry.models import Cluster
+from registry.models import Cluster
 from tests.factories import make_cluster, make_deployment, make_price
 
 pytestmark = pytest.mark.django_db

@@ -18,18 +18,18 @@ import pytest
 import time_machine
 from django.utils import timezone
 
-from billing.budgets import (
+from billing.alerts import (
     SIGNATURE_TOLERANCE_S,
     AlertDeliveryError,
     budget_alert_deliver,
-    budget_save,
     webhook_signature_verify,
 )
+from billing.budgets import budget_save
 from billing.models import Budget, BudgetAlert, Unit
 from billing.services import usage_record
 from billing.tasks import budget_alert_deliver_task
+from registry.models import Cluster
 from stack.celery import app as celery_app
-from stack.registry.models import Cluster
 from tests.factories import make_cluster
 
 pytestmark = pytest.mark.django_db
@@ -68,7 +68,7 @@ def receiver() -> Iterator[Receiver]:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     state.url = f"http://127.0.0.1:{server.server_port}/hooks/budget"
     try:
@@ -180,7 +180,7 @@ def test_a_webhook_answering_503_is_retried_with_a_cap_and_the_email_goes_once(
     assert len(mailoutbox) == 1
 
 
-def test_a_webhook_that_refuses_with_a_4xx_is_recorded_and_not_retried(
+def test_a_webhook_that_refuses_with_a_4xx_is_recorded_and_not_sent_again(
     cluster: Cluster, receiver: Receiver
 ) -> None:
     alert = _alert(cluster, webhook_url=receiver.url, email_to="")
@@ -188,6 +188,8 @@ def test_a_webhook_that_refuses_with_a_4xx_is_recorded_and_not_retried(
     budget_alert_deliver(alert_id=alert.pk)  # no exception: nothing to retry
     alert.refresh_from_db()
     assert (alert.webhook_sent_at, alert.webhook_status) == (None, "HTTP 410 (refused; not retried)")
+    assert len(receiver.received) == 1
+    budget_alert_deliver(alert_id=alert.pk)  # refused for good, as a channel's: not sent again
     assert len(receiver.received) == 1
 
 

@@ -27,8 +27,9 @@ from billing.budgets import (
 )
 from billing.models import Budget, BudgetAlert, BudgetPeriod, Unit, UsageRecord
 from billing.services import usage_record, usage_reverse
-from stack.registry.crypto import decrypt_secret
-from stack.registry.models import Cluster
+from registry.crypto import decrypt_secret
+from registry.models import Cluster
+from registry.queues import task_send
 from tests.factories import api_client, make_cluster, make_price, make_team, make_workflow
 from training.models import ProbeJob, TrainingRun
 from training.services import DispatchError, probe_job_create
@@ -219,8 +220,9 @@ def test_each_threshold_alerts_once_per_period_and_delivery_is_enqueued_after_co
         (100, Decimal("11")),
     ]
     assert all(a.limit_amount == Decimal("11") and a.email_sent_at is None for a in alerts)
-    enqueued = [(cb.func.__self__.name, cb.args) for cb in callbacks if hasattr(cb, "func")]
-    assert enqueued == [("billing.budget_alert_deliver", (a.pk,)) for a in alerts]
+    # Sent by name (registry.queues.task_send) once the transaction commits.
+    enqueued = [cb.args for cb in callbacks if getattr(cb, "func", None) is task_send]
+    assert enqueued == [("billing.budget_alert_deliver", a.pk) for a in alerts]
 
 
 def test_an_alert_without_email_or_webhook_is_shown_but_nothing_is_enqueued(
@@ -250,38 +252,43 @@ def test_a_spent_hard_limit_refuses_with_a_message_naming_the_budget_and_writes_
     _bill(cluster, "2")  # 2.20: exactly the limit
     before = BudgetPeriod.objects.values_list("spent", "reserved").get(budget=budget)
     with pytest.raises(BudgetExhausted) as refused:
-        budget_admit(estimate=Decimal("0.01"), cluster=cluster)
+        budget_admit(estimate=Decimal("0.01"), target=spend_target(cluster=cluster))
     message = str(refused.value)
     assert "'gpu-monthly'" in message and "2.20" in message and "USD" in message
     start, end = budget_period_bounds(budget=budget, at=timezone.now()) or ()
     assert f"{start:%Y-%m-%d}" in message and f"{end:%Y-%m-%d}" in message
     assert BudgetPeriod.objects.values_list("spent", "reserved").get(budget=budget) == before
-    assert budget_may_spend(cluster=cluster) == (False, message)
+    assert budget_may_spend(target=spend_target(cluster=cluster)) == (False, message)
 
 
 def test_admission_reserves_the_estimate_and_settling_releases_it(cluster: Cluster, operator: User) -> None:
     hard = _budget(scope=Budget.Scope.CLUSTER, cluster=cluster, limit_amount=Decimal("1"), hard_limit=True)
     soft = _budget(scope=Budget.Scope.PROVIDER, provider=cluster.provider, limit_amount=Decimal("0"))
-    admission = budget_admit(estimate=Decimal("0.6"), cluster=cluster)
+    admission = budget_admit(estimate=Decimal("0.6"), target=spend_target(cluster=cluster))
     assert admission.budget_names == (hard.name,)  # a soft budget never refuses nor reserves
     assert (_period(hard).reserved, _period(hard).spent) == (Decimal("0.6"), Decimal("0"))
     assert not BudgetPeriod.objects.filter(budget=soft).exists()
-    budget_admit(estimate=Decimal("0.3"), cluster=cluster)  # 0.6 < 1: admitted
-    budget_admit(estimate=Decimal("0.3"), cluster=cluster)  # 0.9 < 1: admitted (the one request over)
+    budget_admit(estimate=Decimal("0.3"), target=spend_target(cluster=cluster))  # 0.6 < 1: admitted
+    budget_admit(
+        estimate=Decimal("0.3"), target=spend_target(cluster=cluster)
+    )  # 0.9 < 1: admitted (the one request over)
     with pytest.raises(BudgetExhausted):
-        budget_admit(estimate=Decimal("0.3"), cluster=cluster)  # 1.2 >= 1: refused
+        budget_admit(estimate=Decimal("0.3"), target=spend_target(cluster=cluster))  # 1.2 >= 1: refused
     budget_settle(admission=admission)
     budget_settle(admission=admission)  # twice: a no-op
     assert _period(hard).reserved == Decimal("0.6")
     # No hard budget applies to another cluster or a workflow: admitted with nothing reserved.
-    assert budget_admit(estimate=Decimal("5"), cluster=make_cluster()).reservations == ()
+    assert budget_admit(estimate=Decimal("5"), target=spend_target(cluster=make_cluster())).reservations == ()
 
 
 def test_the_admission_context_settles_even_when_the_spend_fails(cluster: Cluster) -> None:
     hard = _budget(scope=Budget.Scope.CLUSTER, cluster=cluster, limit_amount=Decimal("5"), hard_limit=True)
-    with budget_admission(estimate=Decimal("1.10"), cluster=cluster):
+    with budget_admission(estimate=Decimal("1.10"), target=spend_target(cluster=cluster)):
         _bill(cluster, "1")
-    with pytest.raises(RuntimeError), budget_admission(estimate=Decimal("1.10"), cluster=cluster):
+    with (
+        pytest.raises(RuntimeError),
+        budget_admission(estimate=Decimal("1.10"), target=spend_target(cluster=cluster)),
+    ):
         raise RuntimeError("provider timed out")
     assert (_period(hard).spent, _period(hard).reserved) == (Decimal("1.1"), Decimal("0"))
 
@@ -475,6 +482,20 @@ def test_the_budgets_page_shows_month_to_date_against_the_limit_a_bar_a_forecast
     assert 'id="budget-alerts"' not in client.get("/billing/budgets/").content.decode()
 
 
+def test_the_budgets_page_shows_a_sub_cent_budget_at_the_ledgers_precision(
+    operator: User, cluster: Cluster
+) -> None:
+    """A 0.004 budget with 0.00011 spent (0.0001 accelerator-hours at 1.10) used to read "0.00 / 0.00 USD"."""
+    _budget(
+        name="tiny", scope=Budget.Scope.CLUSTER, cluster=cluster, limit_amount=Decimal("0.004"), thresholds=[]
+    )
+    _bill(cluster, "0.0001")
+    client = Client()
+    client.force_login(operator)
+    page = client.get("/billing/budgets/").content.decode()
+    assert "0.00011 / 0.004 USD" in page and "0.00 /" not in page
+
+
 def test_the_budget_form_shows_field_errors_and_saves_a_valid_budget(operator: User, viewer: User) -> None:
     make_team("ml")
     client = Client()
@@ -524,12 +545,12 @@ def test_far_from_its_limit_a_hard_budget_still_reserves_every_admission_and_ref
         scope=Budget.Scope.CLUSTER, cluster=cluster, limit_amount=Decimal("100"), hard_limit=True
     )
     small = Decimal("0.01")
-    first = budget_admit(estimate=small, cluster=cluster, cached_budgets=True)
-    second = budget_admit(estimate=small, cluster=cluster, cached_budgets=True)
+    first = budget_admit(estimate=small, target=spend_target(cluster=cluster), cached_budgets=True)
+    second = budget_admit(estimate=small, target=spend_target(cluster=cluster), cached_budgets=True)
     assert first.reservations and second.reservations and _period(budget).reserved == 2 * small
     budget_settle(admission=first)
     budget_settle(admission=second)
     assert _period(budget).reserved == 0
     _bill(cluster, str((Decimal("100") / PRICE).quantize(Decimal("0.000001"))))
     with pytest.raises(BudgetExhausted):
-        budget_admit(estimate=small, cluster=cluster, cached_budgets=True)
+        budget_admit(estimate=small, target=spend_target(cluster=cluster), cached_budgets=True)

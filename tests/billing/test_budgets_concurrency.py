@@ -11,10 +11,17 @@ from django.db import connections
 from django.db.models import Sum
 from django.utils import timezone
 
-from billing.budgets import BudgetExhausted, budget_admit, budget_period_bounds, budget_save, budget_settle
+from billing.budgets import (
+    BudgetExhausted,
+    budget_admit,
+    budget_period_bounds,
+    budget_save,
+    budget_settle,
+    spend_target,
+)
 from billing.models import Budget, BudgetPeriod, Unit, UsageRecord
 from billing.services import usage_record
-from stack.registry.models import Cluster
+from registry.models import Cluster
 from tests.factories import make_cluster
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -68,7 +75,7 @@ def test_requests_racing_the_last_cents_of_a_hard_limit_overspend_by_at_most_one
     def spend_until_refused(n: int) -> None:
         for i in range(100):
             try:
-                admission = budget_admit(estimate=COST, cluster=cluster)
+                admission = budget_admit(estimate=COST, target=spend_target(cluster=cluster))
             except BudgetExhausted:
                 refused.append(n)
                 return

@@ -14,6 +14,8 @@ from django.utils import timezone
 from billing.models import Budget, Unit, UsageRecord
 from billing.rollups import rollups_update
 from billing.services import UsageInput, usage_record_batch
+from inference.models import QualityRecord
+from inference.services import quality_record_create
 from tests.factories import make_cluster, make_deployment, make_price, make_user, make_workflow
 
 pytestmark = pytest.mark.django_db
@@ -58,10 +60,10 @@ def test_the_dashboard_shows_exact_month_to_date_split_and_top_lists(
     assert page.status_code == 200
     html = page.content.decode()
     # 4 × 1.5 h × 2.00 + 3 × 0.25 M tokens × 0.60 = 12.00 + 0.45
-    assert re.search(r"12\.4500 USD", html)
+    assert re.search(r"12\.45 USD", html)
     split = html[html.index('id="split"') :]
-    assert "training and compute" in split and "12.0000 USD" in split
-    assert "inference" in split and "0.4500 USD" in split
+    assert "training and compute" in split and "12.00 USD" in split
+    assert "inference" in split and "0.45 USD" in split
     assert ">triage</a>" in html and ">run 42</a>" in html and ">gpu-east</a>" in html
     assert 'src="/assets/plotly.min.js"' in html
 
@@ -96,7 +98,7 @@ def test_budgets_appear_with_their_forecast(month_of_spend: Any, auditor: Any) -
                           limit_amount=Decimal("20"), thresholds=[50, 100])  # fmt: skip
     html = _client(auditor).get("/billing/").content.decode()
     table = html[html.index('id="budgets"') :]
-    assert "gpu-monthly" in table and "12.0000 USD" in table and "60.0%" in table
+    assert "gpu-monthly" in table and "12.00 USD" in table and "60.0%" in table
 
 
 def test_viewers_may_not_see_billing(viewer: Any) -> None:
@@ -110,4 +112,47 @@ def test_the_dashboard_sets_cloud_token_prices_beside_self_hosted_ones(
 ) -> None:
     html = _client(auditor).get("/billing/").content.decode()
     table = html[html.index('id="token-prices"') :]
-    assert "chat-east" in table and "0.6000 USD" in table and "price v1" in table
+    assert "chat-east" in table and "0.60 USD" in table and "price v1" in table
+
+
+def test_cost_per_quality_point_divides_the_ledgers_cost_per_1m_output_tokens_by_the_mean_score(
+    auditor: Any, operator: Any
+) -> None:
+    now = timezone.now()
+    cheap, dear, unscored = (make_deployment(slug=s) for s in ("q-cheap", "q-dear", "q-unscored"))
+    for deployment, (input_price, output_price) in (
+        (cheap, ("0.100000", "0.400000")),
+        (dear, ("1.000000", "3.000000")),
+        (unscored, ("1", "1")),
+    ):
+        make_price(deployment=deployment, unit=Unit.INPUT_TOKENS_1M, unit_price=Decimal(input_price))
+        make_price(deployment=deployment, unit=Unit.OUTPUT_TOKENS_1M, unit_price=Decimal(output_price))
+    workflow = make_workflow(owner=operator, deployments=[cheap, dear, unscored], slug="scored")
+    items = [
+        UsageInput(unit=unit, quantity=quantity, occurred_at=now - timedelta(hours=1),
+                   idempotency_key=f"q:{d.slug}:{unit}", subject_type="inference_request", subject_id=d.slug,
+                   deployment=d, workflow=workflow)
+        for d in (cheap, dear, unscored)
+        for unit, quantity in ((Unit.INPUT_TOKENS_1M, Decimal("2")), (Unit.OUTPUT_TOKENS_1M, Decimal("0.5")))
+    ]  # fmt: skip
+    usage_record_batch(items=items)
+    for deployment, scores in ((cheap, ("0.5", "0.7")), (dear, ("0.9", "0.9"))):
+        for score in scores:
+            quality_record_create(
+                deployment=deployment, score=Decimal(score), source=QualityRecord.Source.EVAL
+            )
+
+    html = _client(auditor).get("/billing/").content.decode()
+    card = html[html.index('id="quality-cost"') :].split("</div>")[0]
+    # cheap: (2 x 0.10 + 0.5 x 0.40) / 0.5M = 0.80 per 1M output tokens, at 60 points: 0.0133...
+    # dear: (2 x 1.00 + 0.5 x 3.00) / 0.5M = 7.00 per 1M, at 90 points: 0.0777...; cheapest first.
+    rows = re.findall(r"<tr><td>([\w-]+)</td><td[^>]*>([\d.]+) pts</td><td>([\d.]+) USD</td>", card)
+    assert rows == [("q-cheap", "60.0", "0.013333333"), ("q-dear", "90.0", "0.077777778")]
+    assert "0.80 USD/1M (ledger)" in card and "7.00 USD/1M (ledger)" in card
+    assert "q-unscored" not in card  # no score, no quality point to divide by
+
+
+def test_the_cost_per_quality_card_says_when_there_are_no_scores(auditor: Any) -> None:
+    html = _client(auditor).get("/billing/").content.decode()
+    card = html[html.index('id="quality-cost"') :].split("</div>")[0]
+    assert "no quality scores in the last 30 days" in card

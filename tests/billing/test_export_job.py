@@ -194,6 +194,32 @@ def test_running_the_task_twice_is_a_no_op_and_a_killed_run_starts_over_on_the_s
     assert len(keys) == 3
 
 
+def test_an_api_token_downloads_each_file_the_job_lists(
+    billed: None, auditor: User, viewer: User, settings: Any, tmp_path: Path
+) -> None:
+    """`files[].url` is the API's own download, which a bearer token reaches (it used to be the
+    page's link, which answered a token with a redirect to the login page)."""
+    settings.OBJECT_STORE_URL = f"file://{tmp_path}/objects"
+    job = export_job_create(
+        created_by=auditor, filters=ExportFilters(unit="accelerator_hour"), formats=["csv"]
+    )
+    export_job_run(job_id=job.pk)
+    client = api_client(auditor)
+    files = client.get(f"/api/export-jobs/{job.pk}/").json()["files"]
+    assert sorted(f["name"] for f in files) == ["manifest.json", "usage.csv"]
+    for listed in files:
+        download = client.get(listed["url"])
+        assert download.status_code == 200, listed
+        stored = tmp_path / "objects" / "exports" / str(job.pk) / listed["name"]
+        assert b"".join(download.streaming_content) == stored.read_bytes()
+        disposition = f'attachment; filename="switchyard-export-{job.pk}-{listed["name"]}"'
+        assert download["Content-Disposition"] == disposition
+    assert client.get(f"/api/export-jobs/{job.pk}/files/usage.parquet/").status_code == 404
+    assert client.get(f"/api/export-jobs/{job.pk}/files/..%2Fsecret/").status_code == 404
+    assert api_client(viewer).get(files[0]["url"]).status_code == 403
+    assert APIClient().get(files[0]["url"]).status_code == 401
+
+
 def test_the_export_jobs_api_refuses_bad_input_and_outsiders(auditor: User, viewer: User) -> None:
     assert APIClient().get("/api/export-jobs/").status_code == 401
     assert api_client(viewer).get("/api/export-jobs/").status_code == 403

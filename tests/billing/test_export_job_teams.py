@@ -14,7 +14,7 @@ from django.urls import reverse
 
 from billing.exports import ExportFilters, export_job_create
 from billing.models import ExportJob
-from stack.registry.roles import Role
+from registry.auth.roles import Role
 from tests.factories import api_client, make_member, make_team, make_user
 
 pytestmark = pytest.mark.django_db

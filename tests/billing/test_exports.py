@@ -34,7 +34,7 @@ from billing.models import DailyRollup, Unit, UsageRecord
 from billing.rollups import rollups_update
 from billing.selectors import spend_per_provider_per_day
 from billing.services import UsageInput, usage_record_batch, usage_reverse
-from stack.registry.models import Cluster, Deployment, Workflow
+from registry.models import Cluster, Deployment, Workflow
 from tests.factories import (
     api_client,
     make_cluster,

@@ -17,7 +17,7 @@ from billing.exports.columns import COLUMNS
 from billing.models import Budget, ExportJob, InvoiceImport, PriceBook
 from billing.price_import import FileImportError, price_import_file
 from billing.reconciliation import reconciliation_import
-from stack.registry.models import Cluster, Provider
+from registry.models import Cluster, Provider
 from tests.factories import api_client, make_cluster, make_provider
 from training.models import TrainingRun
 

@@ -13,7 +13,7 @@ from billing.models import PriceBook, Unit, UsageRecord
 from billing.rollups import rollups_update
 from billing.selectors import price_in_force, spend_per_provider_per_day, spend_total
 from billing.services import NoPriceError, price_book_publish, usage_record, usage_reverse
-from stack.registry.models import Cluster, ImmutableRowError
+from registry.models import Cluster, ImmutableRowError
 from tests.factories import api_client, make_cluster, make_deployment, make_price, make_provider
 
 pytestmark = pytest.mark.django_db

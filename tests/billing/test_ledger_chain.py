@@ -18,8 +18,8 @@ from billing.chain import CHAINED_FIELDS, GENESIS_HASH, chain_hash
 from billing.models import LedgerHead, Unit, UsageRecord
 from billing.selectors import ledger_verify
 from billing.services import NoPriceError, UsageInput, usage_record, usage_record_batch, usage_reverse
-from stack.registry.models import Cluster
-from stack.registry.services import api_token_create
+from registry.models import Cluster
+from registry.services import api_token_create
 from tests.factories import make_cluster
 
 

@@ -31,7 +31,7 @@ from billing.models import DailyRollup, LedgerHead, RollupWatermark, Unit, Usage
 from billing.rollups import rollups_rebuild, rollups_update
 from billing.selectors import ledger_verify, spend_per_provider_per_day
 from billing.services import UsageInput, usage_record_batch
-from stack.registry.models import Cluster
+from registry.models import Cluster
 from tests.billing.test_ledger_chain import _raw
 from tests.factories import make_cluster, make_price
 

@@ -9,6 +9,7 @@ import pytest
 
 from billing.chain import CHAINED_FIELDS, canonical_text, canonical_value, chain_hash
 from billing.money import ledger_text, ledger_text_or_none, message_text
+from billing.templatetags.money import money
 
 EDGE_VALUES = [
     "0",
@@ -99,3 +100,23 @@ def test_message_text_shows_cents_when_exact_and_every_digit_otherwise() -> None
     assert message_text(Decimal("0.000125000")) == "0.000125"
     assert message_text(Decimal("0E-9")) == "0.00"
     assert message_text(Decimal("1E+3")) == "1000.00"
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        (Decimal("12.5"), "12.50"),
+        (Decimal("0.004"), "0.004"),
+        (Decimal("0.000125000"), "0.000125"),
+        (Decimal("0E-9"), "0.00"),
+        (Decimal("-0.000000001"), "-0.000000001"),
+        (Decimal("0.0000000004"), "0.00"),  # below the ledger's 9 places
+        (Decimal("1E+3"), "1000.00"),
+        (0.25, "0.25"),
+        ("0.0031", "0.0031"),
+        (None, "\u2014"),
+        ("not money", "\u2014"),
+    ],
+)
+def test_pages_show_money_in_cents_or_every_digit_the_ledger_keeps(value: object, shown: str) -> None:
+    assert money(value) == shown

@@ -18,8 +18,8 @@ from billing.models import PriceBook, Unit
 from billing.price_import import FileImportError, price_import_file
 from billing.selectors import ledger_verify
 from billing.services import usage_record
-from stack.registry.models import Cluster
-from stack.registry.roles import Role
+from registry.auth.roles import Role
+from registry.models import Cluster
 from tests.factories import api_client, make_cluster, make_deployment, make_price, make_provider, make_user
 
 pytestmark = pytest.mark.django_db

@@ -23,7 +23,7 @@ from billing.reconciliation import (
 )
 from billing.rollups import rollups_update
 from billing.services import UsageInput, usage_record_batch
-from stack.registry.roles import Role
+from registry.auth.roles import Role
 from tests.factories import api_client, make_cluster, make_deployment, make_price, make_provider, make_user
 
 pytestmark = pytest.mark.django_db

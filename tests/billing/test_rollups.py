@@ -18,8 +18,8 @@ from billing.models import DailyRollup, RollupWatermark, Unit, UsageRecord
 from billing.rollups import DIMENSIONS, rollups_rebuild, rollups_update
 from billing.selectors import spend_grouped
 from billing.services import UsageInput, usage_record_batch, usage_reverse
-from stack.registry.models import Cluster
-from stack.registry.services import api_token_create
+from registry.models import Cluster
+from registry.services import api_token_create
 from tests.factories import api_client, make_cluster, make_deployment, make_price, make_workflow
 
 pytestmark = pytest.mark.django_db

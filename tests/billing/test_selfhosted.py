@@ -13,7 +13,7 @@ from billing.models import Unit
 from billing.rollups import rollups_update
 from billing.selfhosted import self_hosted_cost
 from billing.services import UsageInput, usage_record_batch
-from stack.registry.models import Provider
+from registry.models import Provider
 from tests.factories import make_cluster, make_deployment, make_price, make_provider
 
 pytestmark = pytest.mark.django_db

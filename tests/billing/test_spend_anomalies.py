@@ -19,8 +19,8 @@ from billing.alerts.digest import spend_digest_send
 from billing.models import AlertChannel, AlertDelivery, SpendAnomaly, Unit
 from billing.rollups import rollups_update
 from billing.services import UsageInput, usage_record_batch
-from stack.registry import outbound
-from stack.registry.models import Cluster
+from registry.models import Cluster
+from registry.outbound import guard as outbound
 from tests.capture_server import CaptureServer
 from tests.factories import make_cluster, make_price
 
@@ -32,7 +32,7 @@ HISTORY_DAYS = 35
 @pytest.fixture(autouse=True)
 def _loopback_allowed(settings: Any) -> Iterator[None]:
     settings.OUTBOUND_ALLOW_NETWORKS = ["127.0.0.1/32"]
-    settings.ANOMALY_MIN_AMOUNT = "1.00"
+    settings.ANOMALY_MIN_AMOUNT = Decimal("1.00")
     outbound.decisions_clear()
     yield
     outbound.decisions_clear()
@@ -129,7 +129,7 @@ def test_a_spike_raises_one_anomaly_and_one_alert_per_target_however_often_it_ru
     page = client.get(f"/billing/anomalies/{anomaly.pk}/")
     assert page.status_code == 200
     html = page.content.decode()
-    for figure in ("40.0000 USD/day", "12.0000 USD/day", "1.0000 USD", "17.1891 USD/day", "2026-06-29"):
+    for figure in ("40.00 USD/day", "12.00 USD/day", "1.00 USD", "17.1891 USD/day", "2026-06-29"):
         assert figure in html
     assert client.get("/billing/anomalies/").status_code == 200
 

@@ -11,11 +11,12 @@ import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
 
-from billing.budgets import budget_alert_deliver, budget_save
+from billing.alerts import budget_alert_deliver
+from billing.budgets import budget_save
 from billing.models import Budget, BudgetAlert, Unit
 from billing.services import usage_record
-from stack.registry import outbound
-from stack.registry.models import Cluster
+from registry.models import Cluster
+from registry.outbound import guard as outbound
 from tests.capture_server import CaptureServer
 from tests.factories import api_client, make_cluster
 

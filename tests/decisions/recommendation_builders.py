@@ -12,11 +12,11 @@ from decimal import ROUND_HALF_EVEN, Decimal
 from django.contrib.auth.models import User
 from django.utils import timezone
 
+from decisions.models import ReplayCandidate, ReplayResult, ReplayStudy
 from inference.adapters.base import ChatMessage, ChatRequest
-from inference.router import route
-from stack.decisions.models import ReplayCandidate, ReplayResult, ReplayStudy
-from stack.registry.models import Deployment, Workflow
-from stack.registry.selectors import workflow_current_policy
+from inference.router.entry import route
+from registry.models import Deployment, Workflow
+from registry.selectors import workflow_current_policy
 from tests.helpers import ledger_settled
 
 Z95 = Decimal("1.96")

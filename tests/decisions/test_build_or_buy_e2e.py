@@ -19,14 +19,14 @@ from django.db.models import Sum
 from django.test import Client
 from django.utils import timezone
 
+from bench.mockprovider import Behaviour, MockProviderServer
 from billing.models import UsageRecord
-from inference import quality
-from inference.mockprovider import Behaviour, MockProviderServer
+from decisions.buildbuy.selectors import build_or_buy_report
+from decisions.models import ApiScore, VersionEvaluation, VersionScore
 from inference.models import EvalRun
-from stack.decisions.buildbuy_selectors import build_or_buy_report
-from stack.decisions.models import ApiScore, VersionEvaluation, VersionScore
-from stack.registry.models import Cluster
-from stack.registry.roles import Role
+from inference.quality import services as quality
+from registry.auth.roles import Role
+from registry.models import Cluster
 from tests.factories import api_client, make_cluster, make_user, tiny_run_config
 from tests.inference.helpers import priced_deployment, routed_workflow
 from tests.integration.processes import Processes, wait_until

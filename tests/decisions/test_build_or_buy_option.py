@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from inference import quality
-from stack.decisions import buildbuy
-from stack.decisions.models import VersionEvaluation
-from stack.registry.roles import Role
+from decisions.buildbuy import services as buildbuy
+from decisions.models import VersionEvaluation
+from inference.quality import services as quality
+from registry.auth.roles import Role
 from tests.factories import (
     api_client,
     fabricate_run,

@@ -1,12 +1,12 @@
 """Which API a version is judged against, the break-even it yields, and the stop rule
-(stack.decisions.buildbuy_decide), with exact Decimal answers."""
+(decisions.buildbuy.decide), with exact Decimal answers."""
 
 from __future__ import annotations
 
 from decimal import Decimal
 from typing import Any
 
-from stack.decisions.buildbuy_decide import ApiFigure, stop_reason, workflow_decision
+from decisions.buildbuy.decide import ApiFigure, stop_reason, workflow_decision
 
 D = Decimal
 CHEAP = ApiFigure(slug="cheap", quality=D("0.5"), per_1m=D("1.6"))

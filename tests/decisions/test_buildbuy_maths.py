@@ -1,11 +1,11 @@
-"""The build-or-buy arithmetic (stack.decisions.buildbuy_maths), with exact Decimal answers."""
+"""The build-or-buy arithmetic (decisions.buildbuy.maths), with exact Decimal answers."""
 
 from __future__ import annotations
 
 from decimal import Decimal
 
 from billing.amortisation import amortised_per_1m
-from stack.decisions import buildbuy_maths as m
+from decisions.buildbuy import maths as m
 
 D = Decimal
 

@@ -12,26 +12,27 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
+from django.utils import timezone
 from django.utils.html import escape
 
+from bench.mockprovider import MockProviderServer
 from billing.models import Budget, UsageRecord
-from inference.adapters.base import ChatMessage, ChatRequest
-from inference.mockprovider import MockProviderServer
-from inference.router import route
-from stack.audit.models import AuditEntry
-from stack.decisions.models import Recommendation, ReplayStudy
-from stack.decisions.recommendation_selectors import recommendation_reconcile
-from stack.decisions.recommendation_services import (
+from decisions.models import Recommendation, ReplayStudy
+from decisions.recommendations.derive import budget_checks, recommendations_from_study
+from decisions.recommendations.selectors import recommendation_reconcile
+from decisions.recommendations.services import (
     RecommendationConflict,
     RecommendationError,
     recommendation_accept,
     recommendation_dismiss,
-    recommendations_from_study,
 )
-from stack.registry.models import Deployment, RoutingPolicyVersion, Workflow
-from stack.registry.roles import Role
-from stack.registry.selectors import workflow_current_policy
-from stack.registry.services import workflow_policy_change, workflow_switch_primary
+from inference.adapters.base import ChatMessage, ChatRequest
+from inference.router.entry import route
+from registry.audit.models import AuditEntry
+from registry.auth.roles import Role
+from registry.models import Deployment, RoutingPolicyVersion, Workflow
+from registry.selectors import workflow_current_policy
+from registry.services import workflow_policy_change, workflow_switch_primary
 from tests.decisions.recommendation_builders import Side, finished_study, live_requests
 from tests.factories import api_client, make_member, make_team, make_user
 from tests.inference.helpers import priced_deployment, routed_workflow
@@ -127,9 +128,9 @@ def test_deriving_twice_finds_the_same_proposal(world: World) -> None:
 
 
 def test_the_task_derives_and_waits_for_journaled_ledger_rows(world: World) -> None:
+    from decisions.recommendations.derive import LedgerPending
+    from decisions.recommendations.tasks import recommendations_derive
     from inference.models import InferenceRequest
-    from stack.decisions.recommendation_services import LedgerPending
-    from stack.decisions.recommendation_tasks import recommendations_derive
 
     study = _study(world)
     journaled = study.candidates.get(deployment=world.cheap).results.first().replay_request_id  # type: ignore[union-attr]
@@ -201,6 +202,36 @@ def test_a_roomy_budget_is_checked_and_recorded(world: World) -> None:
     )
     rec = recommendations_from_study(study_id=study.pk).recommendations[0]
     assert [(c["name"], c["fits"]) for c in rec.budget_checks] == [("support", True)]
+
+
+def test_a_budget_already_spent_fits_no_cheaper_candidate(world: World) -> None:
+    """The workflow's live requests spent 0.025 against a 0.004 budget: savings on the requests
+    to come cannot bring the period back under its limit, so the check says over (it used to
+    subtract them from the spend and answer fits with a negative projection)."""
+    study = _study(world)
+    Budget.objects.create(
+        name="support", scope=Budget.Scope.WORKFLOW, workflow=world.workflow, limit_amount=Decimal("0.004")
+    )
+    derived = recommendations_from_study(study_id=study.pk)
+    assert derived.recommendations == []
+    assert derived.verdicts[0].reason == "over budget: support"
+
+
+def test_a_projection_never_falls_below_what_the_period_spent(world: World) -> None:
+    budget = Budget.objects.create(
+        name="support", scope=Budget.Scope.WORKFLOW, workflow=world.workflow, limit_amount=Decimal("0.004")
+    )
+    [check] = budget_checks(
+        workflow=world.workflow,
+        baseline=world.base,
+        candidate=world.cheap,
+        before=BASE_COST,
+        after=Decimal(0),  # a free candidate saves every future request's whole cost
+        currency=budget.currency,
+        now=timezone.now(),
+    )
+    assert Decimal(str(check["projected"])) >= Decimal(str(check["spent"])) > budget.limit_amount
+    assert check["fits"] is False
 
 
 def test_a_newer_study_supersedes_the_older_proposals(world: World) -> None:
@@ -429,6 +460,6 @@ def test_the_pages_keep_viewers_and_other_teams_out(world: World) -> None:
 
 
 def test_models_are_exported(db: Any) -> None:
-    from stack.decisions import models
+    from decisions import models
 
     assert "Recommendation" in models.__all__

@@ -10,7 +10,7 @@ from decimal import Decimal
 
 import pytest
 
-from stack.decisions.replay_figures import (
+from decisions.replay.figures import (
     bootstrap_half_width,
     candidate_figures,
     mean_ci,

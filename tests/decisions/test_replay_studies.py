@@ -16,19 +16,19 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from bench.mockprovider import MockProviderServer
 from billing.models import UsageRecord
+from decisions.models import ReplayCandidate, ReplayResult, ReplayStudy
+from decisions.replay import tasks
+from decisions.replay.steps import replay_ledger_total
 from inference import admission
-from inference.mockprovider import MockProviderServer
 from inference.models import BatchJob, InferenceRequest, RetainedPrompt
-from inference.ratelimit import rate_limiter_reset
-from stack.decisions import tasks
-from stack.decisions.models import ReplayCandidate, ReplayResult, ReplayStudy
-from stack.decisions.replay import replay_ledger_total
+from inference.ratelimit.limits import rate_limiter_reset
+from registry.auth.roles import Role
+from registry.models import Deployment, Workflow
+from registry.services import api_token_create
+from registry.store.objectstore import default_store
 from stack.keys import api_key_issue
-from stack.registry.models import Deployment, Workflow
-from stack.registry.objectstore import default_store
-from stack.registry.roles import Role
-from stack.registry.services import api_token_create
 from tests.factories import api_client, make_member, make_team
 from tests.inference.helpers import priced_deployment, routed_workflow
 
@@ -134,7 +134,7 @@ def test_a_study_of_100_kept_requests_over_two_candidates_reconciles_with_the_le
         assert candidate.latency_p95_ci_ms is not None
         # The replay's objects held kept prompts: gone now that the study finished.
         assert job.holds_prompts_until is None
-        assert default_store().list(f"inference/batch/{job.pk}-") == []
+        assert default_store().list(f"inference/batch/jobs/{job.pk}-") == []
         assert set(replayed.values_list("response_text", flat=True)) == {""}
 
     baseline, candidate = by_slug[same.slug], by_slug[cheaper.slug]
@@ -211,7 +211,7 @@ def test_replay_lines_wait_for_the_study_pace_and_the_workflow_limit_rather_than
         settings.INFERENCE_BATCH_PART_LINES = 100
         study = ReplayStudy.objects.get(pk=response.json()["id"])
         # Read the output before the study deletes it: run the candidate's job through the study.
-        from stack.decisions import replay
+        from decisions.replay import services as replay
 
         waits: list[int] = []
         real_scrub = replay.batch_jobs_scrub
@@ -308,7 +308,8 @@ def test_a_study_whose_worker_died_is_resumed_by_beat_without_billing_twice(
 
     from django.utils import timezone
 
-    from stack.decisions import replay
+    from decisions.replay import services as replay
+    from decisions.replay import steps
 
     first_dep = priced_deployment(mock_provider(text="pong"))
     second_dep = priced_deployment(mock_provider(text="pong"))
@@ -323,10 +324,10 @@ def test_a_study_whose_worker_died_is_resumed_by_beat_without_billing_twice(
     # A runner gets through the first candidate, then dies.
     assert replay._claim(study_id)
     study = ReplayStudy.objects.get(pk=study_id)
-    kept = replay._sample(study)
+    kept = steps.study_sample(study)
     first = study.candidates.order_by("pk").first()
     assert first is not None
-    replay._replay_candidate(study, first, kept)
+    steps.candidate_replay(study, first, kept)
     billed = UsageRecord.objects.count()
     with django_capture_on_commit_callbacks(execute=False) as queued:
         assert replay.replay_studies_resume() == []  # its heartbeat is fresh: not yet

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from inference import breaker
+from bench.mockprovider import Behaviour, MockProviderServer
 from inference.adapters.openai_compat import close_all
-from inference.gateway import gateway_caches_clear
-from inference.mockprovider import Behaviour, MockProviderServer
+from inference.breaker import breakers as breaker
+from inference.gateway.caller import gateway_caches_clear
 from inference.selectors import rolling_caches_clear, route_cache_invalidate
 
 

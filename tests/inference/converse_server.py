@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from http.server import ThreadingHTTPServer
 from typing import Any
 
-from inference.loopback_http import KeepAliveHandler
+from inference.serving.loopback_http import KeepAliveHandler
 
 
 @dataclass
@@ -142,7 +142,7 @@ class ConverseServer(ThreadingHTTPServer):
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.behaviour = ConverseBehaviour()
-        threading.Thread(target=self.serve_forever, daemon=True).start()
+        threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
     @property
     def url(self) -> str:

@@ -7,9 +7,9 @@ from typing import Any
 
 from django.contrib.auth.models import User
 
+from bench.mockprovider import MockProviderServer
 from billing.models import Unit
-from inference.mockprovider import MockProviderServer
-from stack.registry.models import Deployment, Provider, Workflow
+from registry.models import Deployment, Provider, Workflow
 from tests.factories import make_deployment, make_price, make_provider, make_workflow
 
 IN_PRICE = Decimal("1.000000")  # $ per 1M input tokens

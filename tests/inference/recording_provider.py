@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from http.server import ThreadingHTTPServer
 from typing import Any
 
-from inference.loopback_http import KeepAliveHandler
+from inference.serving.loopback_http import KeepAliveHandler
 
 
 def chat_answer(
@@ -169,7 +169,9 @@ class RecordingProvider(ThreadingHTTPServer):
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.script = Script()
-        threading.Thread(target=self.serve_forever, name="recording-provider", daemon=True).start()
+        threading.Thread(
+            target=self.serve_forever, kwargs={"poll_interval": 0.05}, name="recording-provider", daemon=True
+        ).start()
 
     @property
     def base_url(self) -> str:

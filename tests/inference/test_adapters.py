@@ -7,11 +7,11 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from bench.mockprovider import MockProviderServer
 from inference.adapters.base import ChatMessage, ChatRequest, CompletionRequest, ProviderError, Target
 from inference.adapters.bedrock import BedrockAdapter
 from inference.adapters.chaos import ChaosAdapter
 from inference.adapters.openai_compat import OpenAICompatibleAdapter
-from inference.mockprovider import MockProviderServer
 from tests.inference.converse_server import ConverseServer
 
 CHAT = ChatRequest(messages=(ChatMessage("system", "be brief"), ChatMessage("user", "ping")), max_tokens=5)

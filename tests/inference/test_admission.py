@@ -17,14 +17,16 @@ from django.contrib.auth.models import User
 from django.test import Client
 from rest_framework.test import APIClient
 
-from inference import admission, batch, quality, tasks
+from bench.mockprovider import MockProviderServer
+from inference import admission, tasks
 from inference.adapters.base import ChatMessage, ChatRequest, CompletionRequest
-from inference.mockprovider import MockProviderServer
+from inference.batch import jobs as batch
 from inference.models import BatchJob, EvalRun
-from inference.ratelimit import rate_limiter_reset
+from inference.quality import services as quality
+from inference.ratelimit.limits import rate_limiter_reset
 from inference.router.context import context_tokens, cost_estimate
+from registry.models import Deployment, Team, Workflow
 from stack.keys import IssuedKey, api_key_issue
-from stack.registry.models import Deployment, Team, Workflow
 from tests.factories import make_team
 from tests.inference.helpers import priced_deployment, routed_workflow
 
@@ -190,7 +192,7 @@ def test_an_eval_run_without_a_key_as_build_or_buy_starts_them_paces_in_the_work
         cases=[{"prompt": f"Capital {i}?", "expected": "Paris", "scorer": "exact"} for i in range(5)],
         user=operator,
     )
-    # Build or buy (stack.decisions.buildbuy) starts its eval runs this way: no key, no enqueue.
+    # Build or buy (decisions.buildbuy.services) starts its eval runs this way: no key, no enqueue.
     run = quality.eval_run_start(eval_set=eval_set, deployment=deployment, bill_to="", enqueue=False)
     run = quality.eval_run_execute(run_id=run.pk)
     assert run is not None and (run.state, run.cases_done) == (EvalRun.State.SUCCEEDED, 5)

@@ -8,7 +8,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from inference.models import BatchJob, ChaosConfig, EvalCase, QualityRecord
-from inference.quality import eval_set_create
+from inference.quality.services import eval_set_create
 from tests.factories import api_client, make_deployment, make_workflow
 
 pytestmark = pytest.mark.django_db

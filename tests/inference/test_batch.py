@@ -14,14 +14,16 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from bench.mockprovider import MockProviderServer
 from billing.models import UsageRecord
-from inference import batch, tasks
-from inference.batch_selectors import batch_job_progress
-from inference.mockprovider import MockProviderServer
+from inference import tasks
+from inference.batch import jobs as batch
+from inference.batch import lines as batch_lines
+from inference.batch.selectors import batch_job_progress
 from inference.models import BatchJob, InferenceRequest
+from registry.services import RegistryError
+from registry.store.objectstore import default_store
 from stack.keys import KeyBudget, api_key_issue
-from stack.registry.objectstore import default_store
-from stack.registry.services import RegistryError
 from tests.factories import api_client, make_team
 from tests.inference.helpers import priced_deployment, routed_workflow
 
@@ -76,7 +78,9 @@ def test_a_job_routes_every_line_once_and_writes_jsonl_out(
     assert server.behaviour.calls.get("/v1/completions") == 3  # prompt lines are completions
     # Three parts of at most two lines each were written before the output was joined.
     assert (
-        len([k for k in default_store().list("inference/batch/") if "/part-" in k and f"/{job.pk}-" in k])
+        len(
+            [k for k in default_store().list("inference/batch/jobs/") if "/part-" in k and f"/{job.pk}-" in k]
+        )
         == 3
     )
     progress = batch_job_progress(job=job)
@@ -94,12 +98,12 @@ def test_a_resumed_job_skips_written_parts_and_replays_recorded_lines_unbilled(
     server = mock_provider(text="ok")
     workflow = routed_workflow(operator, [priced_deployment(server)])
     job = batch.batch_job_create(workflow=workflow, user=operator, input_jsonl=_jsonl(5))
-    lines = batch.batch_lines_parse(default_store().get(job.input_uri))
+    lines = batch_lines.batch_lines_parse(default_store().get(job.input_uri))
 
     # What a worker killed mid-job leaves: lines c0..c2 routed and recorded, part 0 (c0, c1)
     # written, the lease gone stale.
     records = [batch._run_line(job, line) for line in lines[:3]]
-    default_store().put(batch._part_key(job, 0), batch._dump(records[:2]))
+    default_store().put(batch_lines.part_key(job, 0), batch._dump(records[:2]))
     stale = timezone.now() - timedelta(hours=1)
     BatchJob.objects.filter(pk=job.pk).update(state=BatchJob.State.RUNNING, updated_at=stale, done=3)
     assert server.behaviour.total_calls() == 3
@@ -198,7 +202,7 @@ def test_api_creates_lists_and_shows_progress_by_role(
         and detail["progress"]["total"] == 3
     )
     assert detail["output_uri"].endswith("output.jsonl")
-    # The cost is for those who may see costs (stack.registry.roles.can_see_costs), not a viewer.
+    # The cost is for those who may see costs (registry.auth.principal.can_see_costs), not a viewer.
     assert "cost" not in detail and "cost" not in detail["progress"]
     detail = client.get(f"/api/batch-jobs/{job_id}/").json()
     assert Decimal(detail["progress"]["cost"]) > 0 and Decimal(detail["cost"]) > 0

@@ -14,12 +14,13 @@ from typing import Any
 
 import pytest
 
-from inference import batch
+from inference.batch import jobs as batch
+from inference.batch import lines as batch_lines
 from inference.models import BatchJob
-from stack.registry.models import Team
-from stack.registry.object_keys import object_key_team
-from stack.registry.objectstore import default_store
-from stack.registry.roles import Role
+from registry.auth.roles import Role
+from registry.models import Team
+from registry.store.keys import object_key_team
+from registry.store.objectstore import default_store
 from tests.factories import api_client, make_member, make_team, make_user
 from tests.inference.helpers import priced_deployment, routed_workflow
 
@@ -72,11 +73,11 @@ def test_platform_keys_and_paths_that_climb_out_are_refused_alike(world: dict[st
     store.put("exports/1/usage.csv", b"day,cost\n")
     store.put("inference/batch/inputs/old.jsonl", LINES.encode())  # stored before teams owned keys
     beta_job = world["beta_job"]
-    store.put(batch.output_key(beta_job), b'{"custom_id": "a"}\n')  # beta's job folder
+    store.put(batch_lines.output_key(beta_job), b'{"custom_id": "a"}\n')  # beta's job folder
     for key in (
         "exports/1/usage.csv",
         "inference/batch/inputs/old.jsonl",
-        batch.output_key(beta_job),
+        batch_lines.output_key(beta_job),
         f"teams/alpha/../beta/{beta_job.input_uri.removeprefix('teams/beta/')}",
         f"/{beta_job.input_uri}",
         f"file://{beta_job.input_uri}",

@@ -20,8 +20,8 @@ from django.db.models import Sum
 
 from billing.models import UsageRecord
 from inference.models import InferenceRequest
-from stack.registry.models import Deployment, Provider
-from stack.registry.services import api_token_create, provider_set_credentials
+from registry.models import Deployment, Provider
+from registry.services import api_token_create, provider_set_credentials
 from tests.factories import make_provider
 from tests.helpers import ledger_settled
 from tests.inference.converse_server import ConverseServer

@@ -15,8 +15,8 @@ from django.db import connections
 from django.db.models import Sum
 from django.test import Client
 
+from bench.mockprovider import MockProviderServer
 from billing.models import UsageRecord
-from inference.mockprovider import MockProviderServer
 from stack.keys import KeyBudget, api_key_issue
 from tests.factories import make_team
 from tests.inference.helpers import priced_deployment, routed_workflow

@@ -12,8 +12,8 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from inference.models import InferenceAttempt
-from stack.registry.models import Provider
-from stack.registry.services import api_token_create
+from registry.models import Provider
+from registry.services import api_token_create
 from tests.factories import make_provider
 from tests.helpers import ledger_settled
 from tests.inference.converse_server import ConverseServer

@@ -22,7 +22,7 @@ from django.db.models import Sum
 
 from billing.models import UsageRecord
 from inference.models import InferenceRequest
-from stack.registry.services import api_token_create
+from registry.services import api_token_create
 from tests.helpers import ledger_settled
 from tests.inference.helpers import priced_deployment, routed_workflow
 from tests.inference.recording_provider import RecordingProvider, chat_answer

@@ -16,7 +16,7 @@ from django.test import Client
 
 from billing.models import Unit, UsageRecord
 from inference.models import InferenceRequest
-from stack.registry.services import api_token_create
+from registry.services import api_token_create
 from tests.factories import make_model
 from tests.helpers import ledger_settled
 from tests.inference.helpers import priced_deployment, routed_workflow

@@ -12,15 +12,15 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 
+from bench.mockprovider import MockProviderServer
 from inference.adapters.base import ChatMessage, ChatRequest, ProviderError, Target
 from inference.adapters.openai_compat import OpenAICompatibleAdapter
-from inference.breaker import breaker_state
-from inference.mockprovider import MockProviderServer
+from inference.breaker.breakers import breaker_state
 from inference.recording import journal_fold_all
 from inference.recording.fold import breaker_transition_record
-from inference.router import route
-from stack.registry.failover_codes import FailoverCode
-from stack.registry.models import FailoverEvent
+from inference.router.entry import route
+from registry.failover_codes import FailoverCode
+from registry.models import FailoverEvent
 from tests.factories import make_user
 from tests.inference.helpers import priced_deployment, routed_workflow
 

@@ -16,12 +16,12 @@ import openai
 import pytest
 from django.contrib.auth.models import User
 
+from bench.mockprovider import MockProviderServer
 from billing.models import UsageRecord
-from inference.breaker import breaker_state
-from inference.mockprovider import MockProviderServer
+from inference.breaker.breakers import breaker_state
 from inference.models import InferenceAttempt, InferenceRequest
-from stack.registry.models import FailoverEvent
-from stack.registry.services import api_token_create
+from registry.models import FailoverEvent
+from registry.services import api_token_create
 from tests.helpers import ledger_settled
 from tests.inference.helpers import priced_deployment, routed_workflow
 

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 
+from bench.mockprovider import MockProviderServer
 from inference.adapters.base import ChatMessage, ChatRequest
-from inference.mockprovider import MockProviderServer
 from inference.models import EvalCase, EvalRun, EvalSet, QualityRecord
-from inference.router import route
+from inference.router.entry import route
 from inference.selectors import rolling_caches_clear, rolling_quality
 from tests.factories import api_client
 from tests.inference.helpers import priced_deployment, routed_workflow

@@ -11,12 +11,12 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
+from bench.mockprovider import MockProviderServer
 from billing.models import Budget
-from inference.mockprovider import MockProviderServer
 from inference.models import InferenceRequest
-from stack.registry.models import RoutingPolicyVersion
-from stack.registry.roles import Role
-from stack.registry.services import api_token_create, api_token_revoke
+from registry.auth.roles import Role
+from registry.models import RoutingPolicyVersion
+from registry.services import api_token_create, api_token_revoke
 from tests.factories import api_client, make_user
 from tests.inference.helpers import priced_deployment, routed_workflow
 

@@ -10,14 +10,17 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse, HttpResponseForbidden
 from django.test import Client, RequestFactory
 
-from inference import gateway
-from inference.gateway_middleware import GatewayErrorsMiddleware
-from inference.mockprovider import MockProviderServer
+from bench.mockprovider import MockProviderServer
+from inference.gateway import caller as gateway_caller
+from inference.gateway import middleware as gateway_middleware
+from inference.gateway import views as gateway
+from inference.gateway.middleware import GatewayErrorsMiddleware
 from inference.models import InferenceRequest
-from stack.registry.services import api_token_create
+from registry.services import api_token_create
 from tests.inference.helpers import priced_deployment, routed_workflow
 
 pytestmark = pytest.mark.django_db
@@ -128,12 +131,44 @@ def test_an_unexpected_exception_is_a_json_500_and_is_logged(
     def broken(request: HttpRequest) -> Any:
         raise RuntimeError("secret internals")
 
-    monkeypatch.setattr(gateway, "_caller", broken)
-    with caplog.at_level(logging.ERROR, logger="inference.gateway_middleware"):
+    # Both paths to the caller's grant (the views' own and the deferred one in caller) break.
+    monkeypatch.setattr(gateway, "caller_grant", broken)
+    monkeypatch.setattr(gateway_caller, "caller_grant", broken)
+    with caplog.at_level(logging.ERROR, logger="inference.gateway.middleware"):
         response = _client(viewer).post("/v1/completions", "{}", content_type="application/json")
     error = _openai_error(response, 500)
     assert error["type"] == "api_error" and "secret" not in error["message"]
     assert any("secret internals" in str(r.exc_info[1]) for r in caplog.records if r.exc_info)
+
+
+@pytest.mark.parametrize(
+    "lost",
+    [
+        OperationalError('connection failed: connection to server at "127.0.0.1", port 5432 failed'),
+        InterfaceError("connection already closed"),
+    ],
+)
+def test_a_database_that_is_down_is_a_json_503_to_retry(
+    viewer: User, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, lost: Exception
+) -> None:
+    def unreachable(request: HttpRequest) -> Any:
+        raise lost
+
+    client = _client(viewer)
+    monkeypatch.setattr(gateway, "caller_grant", unreachable)
+    monkeypatch.setattr(gateway_caller, "caller_grant", unreachable)
+    monkeypatch.setattr(gateway_middleware, "_database_warned_at", 0.0)
+    with caplog.at_level(logging.WARNING, logger="inference.gateway.middleware"):
+        first = client.post("/v1/chat/completions", "{}", content_type="application/json")
+        second = client.post("/v1/chat/completions", "{}", content_type="application/json")
+    for response in (first, second):
+        error = _openai_error(response, 503)
+        assert (error["type"], error["code"]) == ("api_error", "database_unavailable")
+        assert response["Retry-After"] == "1"
+    # An outage under traffic is one warning now and then, not a traceback per request.
+    warnings = [r for r in caplog.records if r.name == "inference.gateway.middleware"]
+    assert [r.levelno for r in warnings] == [logging.WARNING]
+    assert type(lost).__name__ in warnings[0].getMessage()
 
 
 def test_any_html_error_page_under_v1_is_rewritten_with_its_status() -> None:

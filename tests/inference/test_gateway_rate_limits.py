@@ -1,4 +1,4 @@
-"""Rate limits on /v1 per API key and per workflow (inference.ratelimit): a refusal is a 429 with
+"""Rate limits on /v1 per API key and per workflow (inference.ratelimit.limits): a refusal is a 429 with
 Retry-After, every answer under a limit carries OpenAI's x-ratelimit-* headers, tokens are
 counted with the estimate and corrected with the reported usage, and an unreachable Redis lets
 requests through unless the key fails closed. Counters in the Redis of this run (REDIS_URL)."""
@@ -17,10 +17,10 @@ from django.contrib.auth.models import User
 from django.test import Client, override_settings
 from django.utils import timezone
 
-from inference.mockprovider import MockProviderServer
-from inference.ratelimit import rate_limiter_reset
-from stack.registry.models import Workflow
-from stack.registry.services import api_token_create
+from bench.mockprovider import MockProviderServer
+from inference.ratelimit.limits import rate_limiter_reset
+from registry.models import Workflow
+from registry.services import api_token_create
 from tests.factories import make_team
 from tests.inference.helpers import priced_deployment, routed_workflow
 

@@ -10,16 +10,16 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-import redis
 from django.contrib.auth.models import Group, User, update_last_login
 from django.test import Client
 
-from inference.mockprovider import MockProviderServer
-from stack.registry import auth_version as auth_version_module
-from stack.registry.auth_version import AUTH_VERSION_KEY, auth_version
-from stack.registry.models import ApiToken, Workflow
-from stack.registry.roles import Role
-from stack.registry.services import api_token_create, api_token_revoke
+from bench.mockprovider import MockProviderServer
+from registry.auth import version as auth_version_module
+from registry.auth.roles import Role
+from registry.auth.version import AUTH_VERSION_KEY, auth_version
+from registry.models import ApiToken, Workflow
+from registry.services import api_token_create, api_token_revoke
+from registry.shared_redis.client import redis_client
 from tests.inference.helpers import priced_deployment, routed_workflow
 
 pytestmark = pytest.mark.django_db
@@ -93,7 +93,7 @@ def test_a_login_does_not_drop_the_cached_grants(viewer: User, workflow: Workflo
 
 
 @needs_redis
-def test_another_process_bump_reaches_this_one(viewer: User, workflow: Workflow) -> None:
+def test_another_process_bump_reaches_this_one(viewer: User, workflow: Workflow, settings: Any) -> None:
     """What another web process sees: the database changed without any signal here, then the
     version moved in Redis; this process re-reads the token on its next request."""
     token, client = _token(viewer)
@@ -101,8 +101,21 @@ def test_another_process_bump_reaches_this_one(viewer: User, workflow: Workflow)
     # A change this process was not told about (a queryset UPDATE sends no signal) ...
     ApiToken.objects.filter(pk=token.pk).update(revoked_at="2026-01-01T00:00:00Z")
     assert _ask(client, workflow) == 200  # ... is not seen while the version stands,
-    auth_version()._redis.incr(AUTH_VERSION_KEY)  # the bump the other process made,
+    redis_client(settings.REDIS_URL, timeout=1.0).incr(AUTH_VERSION_KEY)  # the bump another process made,
     assert _ask(client, workflow) == 401  # and is seen on the next request after it moved.
+
+
+@needs_redis
+def test_a_request_started_over_with_a_fresh_grant_is_answered(
+    viewer: User, workflow: Workflow, settings: Any
+) -> None:
+    """The version moved (another process's bump, nothing changed for this key): the request
+    checked with the stale cached grant is started over with the grant read afresh, and answered
+    from the body it was sent with (read once)."""
+    _, client = _token(viewer)
+    assert _ask(client, workflow) == 200  # its grant is cached now
+    redis_client(settings.REDIS_URL, timeout=1.0).incr(AUTH_VERSION_KEY)
+    assert _ask(client, workflow) == 200
 
 
 @needs_redis
@@ -125,14 +138,13 @@ def unreachable_version_redis(settings: Any) -> Iterator[None]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    version = auth_version()
-    saved = version._redis
-    version._redis = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1.0, socket_connect_timeout=1.0)
-    version._down_errors = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+    counter = auth_version().counter
+    saved = counter._redis
+    counter._redis = redis_client(f"redis://127.0.0.1:{port}/0", timeout=1.0)
     try:
         yield
     finally:
-        version._redis = saved
+        counter._redis = saved
 
 
 @needs_redis

@@ -1,5 +1,5 @@
 """Input no provider can take is refused by the gateway with a 400 naming the field, before any
-workflow look-up or provider call (inference.openai_request); valid requests are unchanged."""
+workflow look-up or provider call (inference.gateway.openai_request); valid requests are unchanged."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
+from bench.mockprovider import MockProviderServer
 from inference.adapters.base import ChatMessage, ChatRequest
-from inference.mockprovider import MockProviderServer
 from inference.models import InferenceRequest
-from stack.registry.services import api_token_create
+from registry.services import api_token_create
 from tests.inference.helpers import priced_deployment, routed_workflow
 
 pytestmark = pytest.mark.django_db

@@ -11,11 +11,12 @@ import pytest
 from django.contrib.auth.models import User
 from django.db import connection
 
+from bench.mockprovider import MockProviderServer
 from billing.models import UsageRecord
 from inference.adapters.base import ChatMessage, ChatRequest
-from inference.mockprovider import MockProviderServer
 from inference.models import InferenceAttempt, InferenceRequest
-from inference.router import RouteResult, route
+from inference.router.entry import route
+from inference.router.errors import RouteResult
 from tests.helpers import ledger_settled
 from tests.inference.helpers import priced_deployment, routed_workflow
 

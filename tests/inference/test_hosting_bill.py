@@ -6,7 +6,7 @@ from decimal import Decimal
 import pytest
 
 from billing.models import Unit, UsageRecord
-from inference.hosting import hosting_interval_bill
+from inference.serving.hosting import hosting_interval_bill
 from tests.factories import make_cluster, make_deployment
 
 pytestmark = pytest.mark.django_db

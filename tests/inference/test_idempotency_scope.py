@@ -12,13 +12,15 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from inference import batch, quality, tasks
-from inference.mockprovider import MockProviderServer
+from bench.mockprovider import MockProviderServer
+from inference import tasks
+from inference.batch import jobs as batch
 from inference.models import BatchJob, EvalRun, InferenceRequest, QualityRecord
-from stack.registry.models import Workflow
-from stack.registry.objectstore import default_store
-from stack.registry.roles import Role
-from stack.registry.services import api_token_create
+from inference.quality import services as quality
+from registry.auth.roles import Role
+from registry.models import Workflow
+from registry.services import api_token_create
+from registry.store.objectstore import default_store
 from tests.factories import api_client, make_user
 from tests.inference.helpers import priced_deployment, routed_workflow
 

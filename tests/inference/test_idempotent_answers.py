@@ -16,11 +16,11 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
 
+from bench.mockprovider import MockProviderServer
 from inference import tasks
-from inference.mockprovider import MockProviderServer
 from inference.models import InferenceRequest
-from stack.registry.models import Workflow
-from stack.registry.services import api_token_create
+from registry.models import Workflow
+from registry.services import api_token_create
 from tests.factories import api_client
 from tests.inference.helpers import priced_deployment, routed_workflow
 

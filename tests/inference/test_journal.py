@@ -13,15 +13,15 @@ import pytest
 from django.contrib.auth.models import User
 from django.core.management import call_command
 
+from bench.mockprovider import MockProviderServer
 from billing.models import Budget, PriceBook, UsageRecord
 from billing.selectors import ledger_verify
 from inference import tasks
 from inference.adapters.base import ChatMessage, ChatRequest
-from inference.mockprovider import MockProviderServer
 from inference.models import InferenceAttempt, InferenceRequest
 from inference.recording import journal_fold, journal_fold_all, journal_status
-from inference.router import route
-from stack.registry.models import FailoverEvent
+from inference.router.entry import route
+from registry.models import FailoverEvent
 from tests.factories import make_user
 from tests.inference.helpers import priced_deployment, routed_workflow
 

@@ -13,11 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
-import urllib.request
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from decimal import Decimal
@@ -27,17 +23,16 @@ from typing import Any
 
 import openai
 import pytest
-from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.management import call_command
 
+from bench.mockprovider import MockProviderServer
 from billing.models import Unit, UsageRecord
-from inference.mockprovider import MockProviderServer
 from inference.models import InferenceAttempt, InferenceRequest
-from inference.proc_stat import child_pids
-from stack.registry.models import Workflow
-from stack.registry.services import api_token_create
+from registry.models import Workflow
+from registry.services import api_token_create
 from tests.inference.helpers import priced_deployment, routed_workflow
+from tests.integration.gunicorn_server import Gateway, gateway_running
 from tests.integration.processes import session_database_url, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -45,73 +40,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 CLIENTS = 8
 TOTAL = 2000
 WORKERS = 2
-GUNICORN_CONF = Path(settings.BASE_DIR) / "stack" / "gunicorn_conf.py"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Gateway:
-    """gunicorn serving stack.wsgi with the production configuration, on the test database."""
-
-    def __init__(self, log: Path) -> None:
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = {
-            **os.environ,
-            "DATABASE_URL": session_database_url(),  # committed rows: transactional tests only
-            "DEBUG": "0",
-            "PYTHONUNBUFFERED": "1",
-            "SWITCHYARD_WEB_BIND": f"127.0.0.1:{self.port}",
-            "SWITCHYARD_WEB_WORKERS": str(WORKERS),
-            # Production's recording, set here for the server whatever the test settings say: answered requests are
-            # journaled and folded into the ledger by each worker's folder thread.
-            "SWITCHYARD_INFERENCE_RECORDING": "journal",
-            "SWITCHYARD_JOURNAL_IDLE_SECONDS": "0.5",
-        }
-        self.process = subprocess.Popen(  # noqa: S603 (our interpreter, fixed arguments)
-            [sys.executable, "-m", "gunicorn", "-c", str(GUNICORN_CONF), "stack.wsgi:application"],
-            cwd=settings.BASE_DIR,
-            env=env,
-            stdout=log.open("ab"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group, stopped whole in teardown
-        )
-
-    def workers(self) -> list[int]:
-        return child_pids(self.process.pid)
-
-    def healthy(self) -> bool:
-        assert self.process.poll() is None, "gunicorn exited"
-        try:
-            with urllib.request.urlopen(f"{self.url}/healthz", timeout=2) as answer:  # noqa: S310 (loopback)
-                return bool(answer.status == 200)
-        except OSError:
-            return False
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
 
 
 @pytest.fixture
 def gateway(transactional_db: Any, tmp_path: Path) -> Iterator[Gateway]:
-    server = Gateway(tmp_path / "gunicorn.log")
-    try:
-        wait_until(server.healthy, timeout=60, what="gunicorn to answer /healthz")
-        wait_until(lambda: len(server.workers()) == WORKERS, timeout=60, what="both workers")
+    with gateway_running(
+        tmp_path / "gunicorn.log", database_url=session_database_url(), workers=WORKERS
+    ) as server:
         yield server
-    finally:
-        # Before the test database is flushed: the workers hold persistent connections to it.
-        server.stop()
 
 
 def _wait_until_recorded(*, workflow: Workflow, request_ids: set[int]) -> None:

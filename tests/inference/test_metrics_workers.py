@@ -21,9 +21,9 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from prometheus_client.parser import text_string_to_metric_families
 
-from inference.mockprovider import MockProviderServer
-from inference.proc_stat import child_pids
-from stack.registry.services import api_token_create
+from bench.gateway.proc_stat import child_pids
+from bench.mockprovider import MockProviderServer
+from registry.services import api_token_create
 from tests.inference.helpers import priced_deployment, routed_workflow
 from tests.integration.processes import session_database_url, wait_until
 

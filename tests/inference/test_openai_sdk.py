@@ -8,9 +8,9 @@ import openai
 import pytest
 from django.contrib.auth.models import User
 
-from inference.mockprovider import MockProviderServer
+from bench.mockprovider import MockProviderServer
 from inference.models import InferenceRequest
-from stack.registry.services import api_token_create
+from registry.services import api_token_create
 from tests.inference.helpers import priced_deployment, routed_workflow
 
 
@@ -33,10 +33,12 @@ def test_openai_sdk_chat_stream_completion_models(
     assert parsed.usage is not None and parsed.usage.total_tokens == 8
 
     pieces = []
+    stream_ids = set()
     with client.chat.completions.create(
         model=workflow.slug, messages=[{"role": "user", "content": "hi"}], stream=True
     ) as stream:
         for chunk in stream:
+            stream_ids.add(chunk.id)
             if chunk.choices and chunk.choices[0].delta.content:
                 pieces.append(chunk.choices[0].delta.content)
     assert "".join(pieces) == "hello there friend"
@@ -58,3 +60,8 @@ def test_openai_sdk_chat_stream_completion_models(
         ("completion", False),
     ]
     assert all(r.status == "succeeded" and r.deployment_id == deployment.pk for r in rows)
+    # Plain and streamed answers carry one id shape: the recorded request's own id.
+    plain_chat, streamed = rows.get(endpoint="chat", stream=False), rows.get(stream=True)
+    assert parsed.id == f"chatcmpl-sy{plain_chat.pk}"
+    assert stream_ids == {f"chatcmpl-sy{streamed.pk}"}
+    assert completion.id == f"cmpl-sy{rows.get(endpoint='completion').pk}"

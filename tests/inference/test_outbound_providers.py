@@ -16,13 +16,13 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
+from bench.mockprovider import MockProviderServer
 from inference.adapters.base import ChatMessage, ChatRequest, ProviderError, Target
 from inference.adapters.registry import adapter_for
-from inference.mockprovider import MockProviderServer
 from inference.models import InferenceAttempt
-from stack.registry import outbound
-from stack.registry.models import Deployment, FailoverEvent, Provider
-from stack.registry.services import api_token_create, provider_set_credentials
+from registry.models import Deployment, FailoverEvent, Provider
+from registry.outbound import guard as outbound
+from registry.services import api_token_create, provider_set_credentials
 from tests.capture_server import CaptureServer
 from tests.factories import api_client, make_model, make_provider
 from tests.inference.helpers import priced_deployment, routed_workflow

@@ -1,4 +1,4 @@
-"""inference.proc_stat reads CPU time from /proc the way `bench gateway` counts it."""
+"""bench.gateway.proc_stat reads CPU time from /proc the way `bench gateway` counts it."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from inference import proc_stat
-from inference.proc_stat import TICKS_PER_SECOND, child_pids, tree_cpu_ticks
+from bench.gateway import proc_stat
+from bench.gateway.proc_stat import TICKS_PER_SECOND, child_pids, tree_cpu_ticks
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="Linux /proc only")
 

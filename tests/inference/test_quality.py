@@ -10,12 +10,13 @@ import pytest
 from django.contrib.auth.models import User
 from rest_framework.test import APIClient
 
+from bench.mockprovider import MockProviderServer
 from billing.models import UsageRecord
-from inference import quality, tasks
-from inference.mockprovider import MockProviderServer
+from inference import tasks
 from inference.models import EvalRun, EvalSet, InferenceRequest, QualityRecord
+from inference.quality import services as quality
+from registry.services import RegistryError
 from stack.keys import KeyBudget, api_key_issue
-from stack.registry.services import RegistryError
 from tests.factories import make_team
 from tests.inference.helpers import priced_deployment, routed_workflow
 

@@ -12,7 +12,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from inference.models import InferenceAttempt, InferenceRequest
-from stack.registry.services import api_token_create
+from registry.services import api_token_create
 from tests.helpers import ledger_settled
 from tests.inference.helpers import priced_deployment, routed_workflow
 from tests.inference.recording_provider import RecordingProvider

@@ -1,10 +1,10 @@
-"""The sliding-window arithmetic (inference.ratelimit_window) on a clock the test moves: the
+"""The sliding-window arithmetic (inference.ratelimit.window) on a clock the test moves: the
 in-process store the embedded demo uses, and the reference of the Redis script."""
 
 from __future__ import annotations
 
-from inference.ratelimit import duration_text
-from inference.ratelimit_window import REQUESTS, TOKENS, Limit, LocalWindows
+from inference.ratelimit.limits import duration_text
+from inference.ratelimit.window import REQUESTS, TOKENS, Limit, LocalWindows
 
 
 class Clock:

@@ -9,13 +9,15 @@ from collections.abc import Callable, Iterator
 import pytest
 from django.contrib.auth.models import User
 
-from inference import breaker, selectors
+from bench.mockprovider import MockProviderServer
+from inference import selectors
 from inference.adapters.base import ChatMessage, ChatRequest
-from inference.breaker import GENERATION_UNKNOWN, RedisBreakers, breaker_settings
-from inference.mockprovider import MockProviderServer
+from inference.breaker import breakers as breaker
+from inference.breaker.redis_breakers import RedisBreakers
+from inference.breaker.state import GENERATION_UNKNOWN, breaker_settings
 from inference.models import InferenceRequest
-from inference.router import route
-from inference.routing import Peek, Policy, Strategy
+from inference.router.entry import route
+from inference.router.policy import Peek, Policy, Strategy
 from tests.inference.helpers import priced_deployment, routed_workflow
 
 PING = ChatRequest(messages=[ChatMessage(role="user", content="ping")])

@@ -22,14 +22,14 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
+from bench.mockprovider import MockProviderServer
 from billing.models import Unit
 from inference.adapters.base import ChatMessage, ChatRequest, CompletionRequest, ProviderError
-from inference.breaker import breaker_state
-from inference.mockprovider import MockProviderServer
+from inference.breaker.breakers import breaker_state
 from inference.models import InferenceAttempt, InferenceRequest
-from inference.router import route
-from stack.registry.models import Deployment, FailoverEvent, Provider
-from stack.registry.services import api_token_create
+from inference.router.entry import route
+from registry.models import Deployment, FailoverEvent, Provider
+from registry.services import api_token_create
 from tests.factories import make_cluster, make_deployment, make_price, make_provider, make_workflow
 from tests.helpers import ledger_settled
 from tests.inference.helpers import priced_deployment, routed_workflow

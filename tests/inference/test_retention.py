@@ -16,13 +16,13 @@ from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
+from bench.mockprovider import MockProviderServer
 from inference import tasks
-from inference.batch import batch_job_create, batch_job_execute
-from inference.mockprovider import MockProviderServer
+from inference.batch.jobs import batch_job_create, batch_job_execute
 from inference.models import BatchJob, InferenceRequest, RetainedPrompt
-from stack.registry.models import Workflow
-from stack.registry.objectstore import default_store
-from stack.registry.services import api_token_create
+from registry.models import Workflow
+from registry.services import api_token_create
+from registry.store.objectstore import default_store
 from tests.factories import api_client
 from tests.helpers import ledger_settled
 from tests.inference.helpers import priced_deployment, routed_workflow
@@ -112,14 +112,14 @@ def test_the_purge_deletes_expired_kept_requests_and_replay_objects_that_hold_th
     job.refresh_from_db()
     assert job.state == BatchJob.State.SUCCEEDED
     store = default_store()
-    assert store.list(f"inference/batch/{job.pk}-") and store.get(job.input_uri)
+    assert store.list(f"inference/batch/jobs/{job.pk}-") and store.get(job.input_uri)
 
     # Not yet expired: nothing goes.
     assert tasks.retained_prompts_purge.apply().get() == {"retained_prompts": 0, "batch_jobs_scrubbed": 0}
     later = now + timedelta(days=1, minutes=1)
     assert retained_purge(later) == {"retained_prompts": 4, "batch_jobs_scrubbed": 1}
     assert not RetainedPrompt.objects.filter(workflow=workflow).exists()
-    assert store.list(f"inference/batch/{job.pk}-") == [] and not store.list("inference/batch/inputs/")
+    assert store.list(f"inference/batch/jobs/{job.pk}-") == [] and not store.list("inference/batch/inputs/")
     job.refresh_from_db()
     assert job.holds_prompts_until is None and job.done == 1  # the row and its counters stay
     line = InferenceRequest.objects.get(client_request_id=f"batch:{job.pk}:a")

@@ -11,17 +11,17 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 
+from bench.mockprovider import MockProviderServer
 from billing.budgets import BudgetExhausted
 from billing.models import Budget, UsageRecord
 from inference.adapters.base import ChatMessage, ChatRequest
-from inference.breaker import breaker_state
-from inference.mockprovider import MockProviderServer
+from inference.breaker.breakers import breaker_state
 from inference.models import InferenceAttempt, InferenceRequest
 from inference.recording import db_text
-from inference.router import route
-from inference.routing import Strategy
+from inference.router.entry import route
+from inference.router.policy import Strategy
 from inference.services import quality_record_create
-from stack.registry.models import FailoverEvent, RoutingPolicyVersion
+from registry.models import FailoverEvent, RoutingPolicyVersion
 from tests.factories import make_deployment
 from tests.inference.helpers import priced_deployment, routed_workflow
 
@@ -281,7 +281,7 @@ def test_chaos_drill_switches_on_and_off_without_restart(
 
 def test_chaos_settings_are_validated(admin_user: User) -> None:
     from inference.services import chaos_config_set
-    from stack.registry.services import RegistryError
+    from registry.services import RegistryError
 
     deployment = make_deployment()
     with pytest.raises(RegistryError, match="between 0 and 1"):
@@ -291,8 +291,8 @@ def test_chaos_settings_are_validated(admin_user: User) -> None:
 
 
 def test_bedrock_deployment_is_routed_through_converse(admin_user: User) -> None:
-    from stack.registry.models import Provider
-    from stack.registry.services import provider_set_credentials
+    from registry.models import Provider
+    from registry.services import provider_set_credentials
     from tests.factories import make_provider
     from tests.inference.converse_server import ConverseServer
 
@@ -352,7 +352,7 @@ def test_one_deployment_call_for_evals(
 def test_successes_reach_the_shared_latency_samples(
     admin_user: User, mock_provider: Callable[..., MockProviderServer]
 ) -> None:
-    from inference.breaker import breakers
+    from inference.breaker.breakers import breakers
 
     deployment = priced_deployment(mock_provider())
     workflow = routed_workflow(admin_user, [deployment])

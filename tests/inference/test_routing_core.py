@@ -1,4 +1,4 @@
-"""The routing core (inference.routing): strategies over plain values, no database, no HTTP."""
+"""The routing core (inference.router.policy): strategies over plain values, no database, no HTTP."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 from decimal import Decimal
 from pathlib import Path
 
-from inference.routing import Candidate, Peek, Policy, Strategy, blended_price, order_candidates
+from inference.router.policy import Candidate, Peek, Policy, Strategy, blended_price, order_candidates
 
 
 def _candidate(pk: int, *, price: str | None = None, weight: int = 1) -> Candidate:
@@ -100,9 +100,7 @@ def test_peek_numbers_are_the_ones_the_breaker_scripts_answer() -> None:
 
 
 def test_the_core_imports_no_django() -> None:
-    probe = (
-        "import sys, inference.routing; print(sorted(m for m in sys.modules if m.split('.')[0] == 'django'))"
-    )
+    probe = "import sys, inference.router.policy; print(sorted(m for m in sys.modules if m.split('.')[0] == 'django'))"
     root = Path(__file__).resolve().parents[2]
     done = subprocess.run(
         [sys.executable, "-c", probe], cwd=root, capture_output=True, text=True, check=True, timeout=60

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from inference.scorers import case_config_validate, judge_verdict, score_answer
-from stack.registry.services import RegistryError
+from inference.quality.scorers import case_config_validate, judge_verdict, score_answer
+from registry.services import RegistryError
 
 SCHEMA = '{"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}'
 

@@ -18,10 +18,10 @@ from django.contrib.auth.models import User
 from billing.models import Unit, UsageRecord
 from inference.adapters.base import ChatMessage, ChatRequest, CompletionRequest
 from inference.adapters.openai_compat import OpenAICompatibleAdapter
-from inference.local_serving import local_server_for_artifact
-from inference.router import route
+from inference.router.entry import route
 from inference.selectors import deployment_price_per_1m
-from stack.registry.models import Provider
+from inference.serving.local import local_server_for_artifact
+from registry.models import Provider
 from tests.factories import (
     make_cluster,
     make_deployment,

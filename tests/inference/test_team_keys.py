@@ -16,13 +16,13 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
 
+from bench.mockprovider import MockProviderServer
 from billing.models import Budget, UsageRecord
 from billing.selectors import ledger_verify
-from inference.mockprovider import MockProviderServer
+from registry.auth.roles import Role
+from registry.models import ApiToken, Team, Workflow
+from registry.services import api_token_create
 from stack.keys import KeyBudget, api_key_issue
-from stack.registry.models import ApiToken, Team, Workflow
-from stack.registry.roles import Role
-from stack.registry.services import api_token_create
 from tests.factories import api_client, make_member, make_team, make_user
 from tests.helpers import ledger_settled
 from tests.inference.helpers import priced_deployment, routed_workflow

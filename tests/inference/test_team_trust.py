@@ -18,13 +18,13 @@ from django.contrib.auth.models import Group, User
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 
+from bench.mockprovider import MockProviderServer
 from billing.models import UsageRecord
-from inference.mockprovider import MockProviderServer
 from inference.models import BatchJob, EvalRun, EvalSet
-from stack.registry.models import Team, TeamMembership, Workflow
-from stack.registry.principal import principal_of_user
-from stack.registry.roles import Role
-from stack.registry.services import api_token_create
+from registry.auth.principal import principal_of_user
+from registry.auth.roles import Role
+from registry.models import Team, TeamMembership, Workflow
+from registry.services import api_token_create
 from tests.factories import api_client, make_member, make_team, make_user, make_workflow
 from tests.helpers import ledger_settled
 from tests.inference.helpers import priced_deployment

@@ -24,10 +24,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
-from inference.mockprovider import MockProviderServer
-from stack.registry.models import RoutingPolicyVersion
-from stack.registry.services import api_token_create
-from stack.registry.tracing import tracer, tracing_configure, tracing_flush, tracing_shutdown
+from bench.mockprovider import MockProviderServer
+from registry.models import RoutingPolicyVersion
+from registry.services import api_token_create
+from registry.tracing import tracer, tracing_configure, tracing_flush, tracing_shutdown
 from tests.inference.helpers import priced_deployment, routed_workflow
 from training.tasks import syncer_tick_task
 
@@ -69,7 +69,9 @@ class OtlpReceiver:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
         self.thread.start()
 
     def stop(self) -> None:
@@ -193,7 +195,7 @@ def test_a_task_sent_inside_a_span_joins_that_spans_trace(receiver: OtlpReceiver
 def test_an_otlp_protocol_other_than_http_protobuf_stops_the_process_naming_it() -> None:
     from django.core.exceptions import ImproperlyConfigured
 
-    from stack.registry.tracing import tracing_wanted
+    from registry.tracing import tracing_wanted
 
     environ = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
     with pytest.raises(ImproperlyConfigured, match="OTEL_EXPORTER_OTLP_PROTOCOL"):

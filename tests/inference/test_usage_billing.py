@@ -15,7 +15,7 @@ from django.test import Client
 
 from billing.models import Unit, UsageRecord
 from inference.models import InferenceRequest
-from stack.registry.services import api_token_create
+from registry.services import api_token_create
 from tests.factories import make_price
 from tests.helpers import ledger_settled
 from tests.inference.helpers import priced_deployment, routed_workflow
@@ -127,7 +127,7 @@ def test_a_streamed_answer_carries_its_cost_in_its_last_event(
 def test_a_viewers_stream_names_its_request_but_not_its_cost(
     viewer: User, provider: RecordingProvider
 ) -> None:
-    # Viewers see no money (stack.registry.roles.can_see_costs): not in the header, not in the stream.
+    # Viewers see no money (registry.auth.roles.can_see_costs): not in the header, not in the stream.
     deployment = priced_deployment(base_url=provider.base_url)
     workflow = routed_workflow(viewer, [deployment])
     response = _post(viewer, workflow.slug, stream=True)

@@ -17,10 +17,10 @@ from django.contrib.auth.models import User
 from django.core.servers import basehttp
 from django.core.wsgi import get_wsgi_application
 
-from inference.mockprovider import MockProviderServer
+from bench.mockprovider import MockProviderServer
 from inference.models import InferenceRequest
-from stack.registry.models import Workflow
-from stack.registry.services import api_token_create
+from registry.models import Workflow
+from registry.services import api_token_create
 from tests.inference.helpers import priced_deployment, routed_workflow
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the server's thread reads committed rows

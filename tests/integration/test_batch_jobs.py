@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from django.db import close_old_connections
 
+from bench.mockprovider import Behaviour, MockProviderServer
 from billing.models import UsageRecord
-from inference import batch
-from inference.mockprovider import Behaviour, MockProviderServer
+from inference.batch import jobs as batch
 from inference.models import BatchJob, InferenceRequest
-from stack.registry.objectstore import default_store
-from stack.registry.roles import Role
+from registry.auth.roles import Role
+from registry.store.objectstore import default_store
 from tests.factories import make_user
 from tests.helpers import ledger_settled
 from tests.inference.helpers import priced_deployment, routed_workflow

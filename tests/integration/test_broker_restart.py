@@ -9,7 +9,7 @@ task: each holds unacknowledged messages, the case that made kombu's Redis trans
 worker (stack/redis_broker.py).
 
 As in production, the same Redis also holds the router's circuit breakers and route generation
-(REDIS_URL) for the worker processes: while it is away they fail open (inference.breaker), so
+(REDIS_URL) for the worker processes: while it is away they fail open (inference.breaker.breakers), so
 batch lines routed then are answered rather than failing the job.
 """
 
@@ -27,14 +27,14 @@ import redis
 from django.db import close_old_connections
 from django.db.models import Count
 
+from bench.mockprovider import Behaviour, MockProviderServer
 from billing.models import UsageRecord
 from billing.selectors import ledger_verify
-from inference import batch
-from inference.mockprovider import Behaviour, MockProviderServer
+from inference.batch import jobs as batch
 from inference.models import BatchJob, InferenceRequest
+from registry.auth.roles import Role
+from registry.models import Cluster
 from stack.celery import app
-from stack.registry.models import Cluster
-from stack.registry.roles import Role
 from tests.factories import make_cluster, make_user, tiny_run_config
 from tests.inference.helpers import priced_deployment, routed_workflow
 from tests.integration.processes import Processes, wait_until

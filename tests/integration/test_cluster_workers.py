@@ -9,8 +9,8 @@ import pytest
 from django.db import close_old_connections
 
 from billing.models import UsageRecord
-from stack.registry.models import Cluster, FailoverEvent, WorkerHeartbeat
-from stack.registry.roles import Role
+from registry.auth.roles import Role
+from registry.models import Cluster, FailoverEvent, WorkerHeartbeat
 from tests.factories import api_client, make_cluster, make_user
 from tests.integration.processes import Processes, wait_until
 from training.models import ProbeJob

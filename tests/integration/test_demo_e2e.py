@@ -54,7 +54,7 @@ NOT_INHERITED = (
 
 def _free_base_port() -> int:
     """A port p with p, p+100, p+101 and p+200..p+202 free: the web server, the two model
-    replicas and the three loopback providers of the demo (stack.demo_seed)."""
+    replicas and the three loopback providers of the demo (stack.demo.seed)."""
     for _ in range(50):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from django.db import close_old_connections
 
-from inference import quality
-from inference.mockprovider import Behaviour, MockProviderServer
+from bench.mockprovider import Behaviour, MockProviderServer
 from inference.models import EvalRun, QualityRecord
-from stack.registry.roles import Role
+from inference.quality import services as quality
+from registry.auth.roles import Role
 from tests.factories import api_client, make_user
 from tests.inference.helpers import priced_deployment, routed_workflow
 from tests.integration.processes import Processes, wait_until

@@ -14,15 +14,15 @@ import pytest
 from django.db import close_old_connections
 from django.test import Client
 
-from inference.mockprovider import Behaviour, MockProviderServer
+from bench.mockprovider import Behaviour, MockProviderServer
+from decisions.models import Recommendation, ReplayStudy
+from decisions.recommendations.selectors import recommendation_reconcile
+from decisions.replay.steps import replay_ledger_total
 from inference.models import BatchJob, RetainedPrompt
 from inference.selectors import route_plan_build
-from stack.decisions.models import Recommendation, ReplayStudy
-from stack.decisions.recommendation_selectors import recommendation_reconcile
-from stack.decisions.replay import replay_ledger_total
-from stack.registry.objectstore import default_store
-from stack.registry.roles import Role
-from stack.registry.services import api_token_create
+from registry.auth.roles import Role
+from registry.services import api_token_create
+from registry.store.objectstore import default_store
 from tests.factories import api_client, make_user
 from tests.helpers import ledger_settled
 from tests.inference.helpers import priced_deployment, routed_workflow
@@ -94,7 +94,7 @@ def test_a_replay_study_runs_on_the_control_worker_reconciles_and_its_recommenda
             assert candidate.quality_mean == Decimal("1.0000")
         assert candidates[other.pk].cost_per_1m_requests < candidates[primary.pk].cost_per_1m_requests
         assert candidates[other.pk].paired_requests == KEPT
-        assert default_store().list("inference/batch/") == []  # inputs, parts and outputs: gone
+        assert default_store().list("inference/batch/jobs/") == []  # inputs, parts and outputs: gone
 
         # The worker derives the verdict once the replayed requests' ledger rows are folded:
         # the cheaper candidate answers as well on every request, so it is proposed.

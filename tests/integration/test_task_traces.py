@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from stack.registry.queues import CONTROL_QUEUE
-from stack.registry.tracing import tracer, tracing_configure, tracing_flush, tracing_shutdown
+from registry.queues import CONTROL_QUEUE
+from registry.tracing import tracer, tracing_configure, tracing_flush, tracing_shutdown
 from tests.inference.test_tracing_otlp import OtlpReceiver, _attributes
 from tests.integration.processes import Processes, wait_until
 from training.tasks import syncer_tick_task

@@ -31,10 +31,9 @@ import torch
 from django.conf import settings as django_settings
 from django.db import close_old_connections
 
-from inference.local_serving import local_server_for_artifact
-from stack.registry.models import Cluster, FailoverEvent
+from inference.serving.local import local_server_for_artifact
+from registry.models import Cluster, FailoverEvent
 from storage.objectstore import open_store
-from storage.tensorblob import unpack
 from tests.factories import make_cluster, tiny_run_config
 from tests.integration.processes import Processes, session_database_url, wait_until
 from tests.training.engine.tiny_open_weights import (
@@ -209,7 +208,7 @@ def test_a_brought_llama_trains_on_two_clusters_of_two_ranks_survives_a_kill_res
     checkpoints = run_checkpoints(run)
     generation, chunk = max(checkpoints.list(0))
     assert generation == 0
-    meta, tensors = unpack(checkpoints.get(0, generation, chunk))
+    meta, tensors = checkpoints.read(0, generation, chunk)
     steps_at_kill = meta["learner"]["step_count"]
     assert steps_at_kill > 0 and _adam_steps(tensors) == {steps_at_kill}
     assert any(t.abs().sum() > 0 for k, t in tensors.items() if k.startswith("opt:exp_avg_sq:"))
@@ -221,8 +220,11 @@ def test_a_brought_llama_trains_on_two_clusters_of_two_ranks_survives_a_kill_res
         what="the run to end after the kill\n" + _logs(processes, "control", dear.slug),
     )
     assert done.state == TrainingRun.State.SUCCEEDED, done.reason
-    event = FailoverEvent.objects.get(training_run_id=done.pk)
-    assert event.from_cluster_id == cheap.pk and event.to_cluster_id == dear.pk
+    # Learner 0 failed over from the killed cluster to the survivor. Learner 1 may have been on
+    # the cheap cluster too (both fit there), then it moved with its own event, the same way.
+    events = list(FailoverEvent.objects.filter(training_run_id=done.pk))
+    assert 1 <= len(events) <= 2
+    assert all(e.from_cluster_id == cheap.pk and e.to_cluster_id == dear.pk for e in events), events
     learner = TrainingLearner.objects.get(run=done, index=0)
     assert learner.generation == 1 and learner.cluster_id == dear.pk
     # The re-placed learner loaded that checkpoint: weights, AdamW moments and step counters.
@@ -232,7 +234,7 @@ def test_a_brought_llama_trains_on_two_clusters_of_two_ranks_survives_a_kill_res
     assert restart.accelerators == 2
     # Its newest checkpoint counts on from the step it was killed at, not from zero.
     later = max(k for k in checkpoints.list(0) if k[0] == 1)
-    meta, tensors = unpack(checkpoints.get(0, *later))
+    meta, tensors = checkpoints.read(0, *later)
     trained_since = sum(
         LearnerChunk.objects.filter(learner=learner, generation=1, seq__lte=later[1]).values_list(
             "steps", flat=True

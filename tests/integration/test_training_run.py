@@ -16,7 +16,7 @@ from django.db import close_old_connections
 from django.db.models import Sum
 
 from billing.models import UsageRecord
-from stack.registry.models import Cluster, FailoverEvent
+from registry.models import Cluster, FailoverEvent
 from storage.objectstore import open_store
 from tests.factories import make_cluster
 from tests.integration.processes import Processes, wait_until
@@ -53,7 +53,10 @@ def _config(**over: Any) -> dict[str, Any]:
         "learners": {"count": 2, "quorum": 1, "batch_size": 8},
         "h": 150,
         "inner": {"lr": 3e-3, "warmup_steps": 10},
-        "syncer": {"grace_seconds": 0.5},
+        # Every version stays in the store (retention keeps the newest 100), so that
+        # _assert_versions_once can check that no delta was merged twice over the whole run;
+        # the sweep itself is tested in tests/training/test_run_retention.py.
+        "syncer": {"grace_seconds": 0.5, "keep_versions": 100},
         "stop": {"outer_steps": 6},
         "chunk_seconds": 2.0,
         "learner_timeout": 15.0,

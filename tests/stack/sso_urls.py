@@ -6,7 +6,7 @@ from __future__ import annotations
 from django.urls import path
 from mozilla_django_oidc.views import OIDCAuthenticationRequestView, OIDCLogoutView
 
-from stack.registry.sso import SwitchyardOIDCCallbackView
+from registry.auth.sso import SwitchyardOIDCCallbackView
 from stack.urls import urlpatterns as site_urlpatterns
 
 urlpatterns = [

@@ -124,7 +124,7 @@ def test_fields_that_can_be_empty_are_nullable(schema: dict[str, Any]) -> None:
 def test_money_fields_are_never_required_because_viewers_answers_leave_them_out(
     schema: dict[str, Any],
 ) -> None:
-    from stack.registry.costs import is_money_key
+    from registry.auth.costs import is_money_key
 
     components = schema["components"]["schemas"]
     with_money = [name for name, c in components.items() if any(map(is_money_key, c.get("properties", {})))]
@@ -136,7 +136,7 @@ def test_money_fields_are_never_required_because_viewers_answers_leave_them_out(
 
 def test_concurrent_schema_requests_are_generated_one_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """drf-spectacular's generator shares class state between threads (the fuzzer's four clients
-    asking at once got a 500); stack.registry.schema.SchemaView generates one schema at a time."""
+    asking at once got a 500); registry.api.schema.SchemaView generates one schema at a time."""
     inside, most, guard = 0, 0, threading.Lock()
     generate = SchemaGenerator.get_schema
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import re
 from datetime import timedelta
+from decimal import Decimal
 from io import StringIO
 
 import pytest
@@ -16,9 +17,10 @@ from django.urls import reverse
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from stack.registry.models import ApiToken
-from stack.registry.roles import Role
-from stack.registry.services import api_token_create
+from billing.models import Budget
+from registry.auth.roles import Role
+from registry.models import ApiToken
+from registry.services import api_token_create
 from tests.factories import make_member, make_team
 
 pytestmark = pytest.mark.django_db
@@ -100,7 +102,7 @@ def test_worker_refuses_a_concurrency_below_one() -> None:
 
 
 def test_apitoken_create_with_workflows_scopes_the_token_to_them(viewer: User, operator: User) -> None:
-    from stack.registry.authentication import token_allows_workflow
+    from registry.api.authentication import token_allows_workflow
     from tests.factories import make_workflow
 
     allowed = make_workflow(owner=operator)
@@ -147,3 +149,32 @@ def _key_rows(html: str) -> list[tuple[str, str]]:
     """(key name, its table row) of every row of a keys table."""
     rows = re.findall(r"<tr><td>(.*?)</td>(.*?)</tr>", html, flags=re.S)
     return [(name, row) for name, row in rows if name in ("lapsed", "current")]
+
+
+def test_apitoken_create_prints_the_secret_alone_and_the_keys_terms_beside_it() -> None:
+    """stdout holds only the secret (for `TOKEN=$(...)`); stderr the limits and budget, as documented."""
+    operator = make_member("ml", Role.OPERATOR)
+    out, err = StringIO(), StringIO()
+    call_command(
+        "apitoken", "create", "--user", operator.username, "--team", "ml", "--tpm", "5000",
+        "--budget", "0.004", "--budget-period", "daily", stdout=out, stderr=err,
+    )  # fmt: skip
+    secret = out.getvalue().strip()
+    assert secret.startswith("sy_") and "\n" not in secret
+    terms = err.getvalue()
+    token = ApiToken.objects.get(user=operator)
+    assert f"prefix: {token.prefix}" in terms and "team: ml" in terms
+    assert "rate limits: unlimited requests, 5000 tokens per minute" in terms
+    assert "team rate limits: unlimited requests, unlimited tokens per minute" in terms
+    assert "budget: 0.004 USD daily, hard (402 once spent)" in terms
+    budget = Budget.objects.get(api_key=token)
+    assert (budget.limit_amount, budget.period, budget.hard_limit) == (Decimal("0.004"), "daily", True)
+
+
+def test_apitoken_create_with_a_bad_budget_is_a_command_error_and_creates_nothing(viewer: User) -> None:
+    for amount in ("lots", "-1", "NaN"):
+        with pytest.raises(CommandError, match="--budget"):
+            call_command(
+                "apitoken", "create", "--user", viewer.username, "--budget", amount, stdout=StringIO()
+            )
+    assert not ApiToken.objects.filter(user=viewer).exists()

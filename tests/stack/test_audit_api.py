@@ -14,8 +14,8 @@ from django.contrib.auth.models import Group, User
 from django.test import Client
 from django.utils import timezone
 
-from stack.registry.audit_origin import Surface, audit_origin
-from stack.registry.roles import Role
+from registry.audit.origin import Surface, audit_origin
+from registry.auth.roles import Role
 from tests.factories import api_client, make_provider, make_user
 
 pytestmark = pytest.mark.django_db

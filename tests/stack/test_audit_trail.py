@@ -1,4 +1,4 @@
-"""The audit trail (stack.audit): every tracked kind of change leaves a row saying who, when, from
+"""The audit trail (registry.audit): every tracked kind of change leaves a row saying who, when, from
 which surface, with the values before and after; secrets never reach it; it cannot be changed."""
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from django.utils import timezone
 
 from billing.models import Budget
 from inference.models import ChaosConfig
-from stack.audit.models import AuditEntry
-from stack.registry.audit_origin import Surface, audit_origin
-from stack.registry.crypto import encrypt_secret
-from stack.registry.models import ApiToken, Cluster, ImmutableRowError, RoutingPolicyVersion, TeamMembership
-from stack.registry.roles import Role
-from stack.registry.services import api_token_create, provider_set_credentials, workflow_policy_change
+from registry.audit.models import AuditEntry
+from registry.audit.origin import Surface, audit_origin
+from registry.auth.roles import Role
+from registry.crypto import encrypt_secret
+from registry.models import ApiToken, Cluster, ImmutableRowError, RoutingPolicyVersion, TeamMembership
+from registry.services import api_token_create, provider_set_credentials, workflow_policy_change
 from tests.factories import (
     make_cluster,
     make_deployment,
@@ -202,7 +202,7 @@ def test_a_command_change_is_from_that_command() -> None:
 
 
 def test_a_task_change_is_from_that_task() -> None:
-    from stack.registry.tasks import cluster_health_check
+    from registry.tasks import cluster_health_check
 
     cluster = make_cluster(price=None, status=Cluster.Status.HEALTHY)
     cluster_health_check.apply()
@@ -212,7 +212,7 @@ def test_a_task_change_is_from_that_task() -> None:
 
 
 def test_a_change_during_a_gateway_request_is_from_the_gateway(rf: Any) -> None:
-    from stack.audit.middleware import AuditOriginMiddleware
+    from registry.audit.middleware import AuditOriginMiddleware
 
     user = make_user(username="gw-user")
     request = rf.post("/v1/chat/completions")
@@ -303,7 +303,7 @@ def test_the_trail_cannot_be_updated_or_deleted() -> None:
 
 
 def test_deleting_a_user_keeps_what_they_did(rf: Any) -> None:
-    from stack.audit.middleware import AuditOriginMiddleware
+    from registry.audit.middleware import AuditOriginMiddleware
 
     user = make_user(username="leaver")
     user_id = user.pk

@@ -10,9 +10,9 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
 
-from stack.registry import services
-from stack.registry.models import Cluster, FailoverEvent, WorkerHeartbeat
-from stack.registry.tasks import cluster_health_check as cluster_health_check_task
+from registry import services
+from registry.models import Cluster, FailoverEvent, WorkerHeartbeat
+from registry.tasks import cluster_health_check as cluster_health_check_task
 from tests.factories import api_client, make_cluster
 
 pytestmark = pytest.mark.django_db

@@ -1,4 +1,4 @@
-"""One rule for money (stack.registry.roles.can_see_costs): a viewer sees no money figure on any
+"""One rule for money (registry.auth.roles.can_see_costs): a viewer sees no money figure on any
 page, API answer, chart or /v1 header; an auditor (a ledger reader) sees every one of them.
 
 The data carries money figures with distinctive digits; the test walks every page of the URL
@@ -22,15 +22,15 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from bench.mockprovider import Behaviour, MockProviderServer
 from billing.models import Unit
 from billing.services import usage_record
 from inference.adapters.base import ChatMessage, ChatRequest
-from inference.mockprovider import Behaviour, MockProviderServer
 from inference.models import BatchJob, EvalRun, EvalSet
-from inference.router import route
-from stack.registry.models import FailoverEvent, RoutingPolicyVersion, Workflow
-from stack.registry.roles import Role
-from stack.registry.services import api_token_create, workflow_policy_change
+from inference.router.entry import route
+from registry.auth.roles import Role
+from registry.models import FailoverEvent, RoutingPolicyVersion, Workflow
+from registry.services import api_token_create, workflow_policy_change
 from stack.urls import router
 from tests.factories import make_cluster, make_user
 from tests.inference.helpers import priced_deployment, routed_workflow

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import urllib.request
 
-from inference.scorers import judge_prompt, judge_verdict
-from stack.demo_providers import CATEGORIES, LabelProvider, demo_ticket, label, ticket_prompt
+from inference.quality.scorers import judge_prompt, judge_verdict
+from stack.demo.providers import CATEGORIES, LabelProvider, demo_ticket, label, ticket_prompt
 
 
 def _ask(base_url: str, content: str) -> dict:

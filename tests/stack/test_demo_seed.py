@@ -3,6 +3,7 @@ opted-in workflow that the demo run is scored on; safe to run twice."""
 
 from __future__ import annotations
 
+import socket
 from decimal import Decimal
 
 import pytest
@@ -10,18 +11,20 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 
 from billing.models import PriceBook, Unit
-from stack.demo_cost_quality import CostQualityDemo
-from stack.demo_seed import (
+from registry.auth.roles import Role
+from registry.auth.teams import user_team_scope
+from registry.models import Deployment, Team, TeamMembership
+from stack.demo.cost_quality import CostQualityDemo
+from stack.demo.seed import (
     QUICK_SCALE,
     TICKET_EVAL_CASES,
     TICKET_WORKFLOW,
+    demo_local_replicas,
     demo_stack_seed,
     demo_ticket_providers,
     demo_ticket_workflow_seed,
+    loopback_port,
 )
-from stack.registry.models import Deployment, Team, TeamMembership
-from stack.registry.roles import Role
-from stack.registry.teams import user_team_scope
 from training.run_config import demo_config
 from training.services import training_run_create
 
@@ -91,3 +94,34 @@ def test_the_quick_demo_run_is_a_valid_shorter_run_scored_as_often_relative_to_i
     # The full demo's model, on less data.
     assert run.config["model"].items() >= demo_config()["model"].items()
     assert run.config["data"]["max_train_bytes"] == 200_000
+
+
+def test_a_demo_port_something_else_holds_is_swapped_for_a_free_one() -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        busy = holder.getsockname()[1]
+        replicas = demo_local_replicas(base_port=busy)
+        assert replicas[0].port != busy
+        with socket.socket() as check:  # the swapped-in port is one a server can take
+            check.bind(("127.0.0.1", replicas[0].port))
+    free = loopback_port(0)
+    assert loopback_port(free) == free
+
+
+def test_the_ticket_providers_seed_the_ports_they_bound_when_theirs_are_busy() -> None:
+    admin = demo_stack_seed(admin_password="admin-pw-1", now=timezone.now(), team_password="team-pw-1").admin
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        busy = holder.getsockname()[1]
+        demo = CostQualityDemo.start(admin=admin, base_port=busy, scale=QUICK_SCALE)
+    try:
+        bound = [server.port for server in demo.servers]
+        assert busy not in bound
+        assert [spec.port for spec in demo.specs] == bound
+        urls = Deployment.objects.filter(slug__in=[s.deployment_slug for s in demo.specs])
+        assert sorted(d.base_url for d in urls) == sorted(f"http://127.0.0.1:{p}/v1" for p in bound)
+    finally:
+        for server in demo.servers:
+            server.stop()

@@ -11,7 +11,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from stack.env import env_bool, env_float, env_int, env_list, env_str, env_url
 
-SETTINGS_FILE = Path(__file__).resolve().parents[2] / "stack" / "settings.py"
+SETTINGS_FILE = Path(__file__).resolve().parents[2] / "stack" / "settings" / "__init__.py"
 
 # Variables the settings module reads; each settings test starts from none of them.
 SETTINGS_VARIABLES = [
@@ -26,6 +26,7 @@ SETTINGS_VARIABLES = [
     "ALLOWED_HOSTS",
     "DATABASE_URL",
     "DB_CONN_MAX_AGE",
+    "DB_CONNECT_TIMEOUT",
     "REDIS_URL",
     "CELERY_BROKER_URL",
     "CELERY_VISIBILITY_TIMEOUT",
@@ -46,6 +47,17 @@ SETTINGS_VARIABLES = [
     "SWITCHYARD_LOGIN_FAILURE_LIMIT",
     "SWITCHYARD_LOGIN_COOLOFF_SECONDS",
     "SWITCHYARD_INFERENCE_RECORDING",
+    "SWITCHYARD_ANOMALY_MIN_AMOUNT",
+    "INFERENCE_BREAKER_FAILURE_RATE",
+    "INFERENCE_BREAKER_MIN_REQUESTS",
+    "INFERENCE_BREAKER_WINDOW_CALLS",
+    "INFERENCE_BREAKER_WINDOW_SECONDS",
+    "INFERENCE_BREAKER_COOLDOWN_SECONDS",
+    "INFERENCE_DEADLINE_SECONDS",
+    "INFERENCE_MAX_ROUNDS",
+    "INFERENCE_BACKOFF_SECONDS",
+    "INFERENCE_MAX_RETRY_AFTER_SECONDS",
+    "EVAL_RUN_STALE_SECONDS",
 ]
 
 
@@ -127,7 +139,7 @@ def test_env_url_rejects_other_schemes_naming_the_variable(value: str) -> None:
 
 @pytest.fixture
 def load_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
-    """Run stack/settings.py afresh with only the given variables set (var/ under tmp)."""
+    """Run stack/settings/ afresh with only the given variables set (var/ under tmp)."""
 
     def load(**env: str) -> dict[str, Any]:
         for name in SETTINGS_VARIABLES:
@@ -163,6 +175,18 @@ def test_settings_parse_good_urls_from_the_environment(load_settings: Any) -> No
     assert loaded["CELERY_BROKER_URL"] == "redis://cache:6379/2"
     assert loaded["OBJECT_STORE_URL"] == "s3://bucket/prefix"
     assert loaded["OBJECT_STORE_ENDPOINT_URL"] == "http://127.0.0.1:9000"
+
+
+def test_a_postgresql_connect_gives_up_after_a_short_timeout(load_settings: Any) -> None:
+    # A database that does not answer must not hold a /v1 request (it is answered 503 instead).
+    url = "postgres://app@db:5432/switchyard"
+    assert load_settings(DATABASE_URL=url)["DATABASES"]["default"]["OPTIONS"]["connect_timeout"] == 2
+    options = load_settings(DATABASE_URL=url, DB_CONNECT_TIMEOUT="5")["DATABASES"]["default"]["OPTIONS"]
+    assert options["connect_timeout"] == 5
+    in_the_url = load_settings(DATABASE_URL=url + "?connect_timeout=7")["DATABASES"]["default"]["OPTIONS"]
+    assert in_the_url["connect_timeout"] == 7
+    with pytest.raises(ImproperlyConfigured, match="DB_CONNECT_TIMEOUT"):
+        load_settings(DATABASE_URL=url, DB_CONNECT_TIMEOUT="1")  # libpq's least is 2 s
 
 
 @pytest.mark.parametrize("switchyard_env", ["development", "test"])

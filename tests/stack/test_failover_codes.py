@@ -15,9 +15,9 @@ from django.db.migrations.executor import MigrationExecutor
 from django.test import Client
 from django.utils import timezone
 
-from stack.registry.failover_codes import FailoverCode
-from stack.registry.models import FailoverEvent
-from stack.registry.services import failover_event_record
+from registry.failover_codes import FailoverCode
+from registry.models import FailoverEvent
+from registry.services import failover_event_record
 from tests.factories import api_client, make_cluster, make_deployment
 
 

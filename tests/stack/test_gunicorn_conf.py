@@ -12,7 +12,7 @@ from django.conf import settings
 from gunicorn.app.wsgiapp import WSGIApplication
 from gunicorn.config import Config
 
-from inference.bench_gateway import web_server_config
+from bench.gateway.server import web_server_config
 
 CONF = str(Path(settings.BASE_DIR) / "stack" / "gunicorn_conf.py")
 WEB_VARIABLES = (

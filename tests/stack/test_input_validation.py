@@ -1,6 +1,6 @@
 """Bad input anywhere in the API or on the pages is a 4xx naming what is wrong, never a 500.
 
-One check per kind of input (stack.registry.validation, used by the API's parser, pagination,
+One check per kind of input (registry.validation, used by the API's parser, pagination,
 query-parameter backend and fields, the middleware, the form fields and the commands); these
 tests probe each kind on every endpoint of that kind (tests/stack/test_validation.py checks
 that every serializer and form is built from the checked fields).
@@ -14,7 +14,7 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 from rest_framework.test import APIClient
 
-from stack.registry.models import ApiToken, Workflow
+from registry.models import ApiToken, Workflow
 from stack.urls import router
 from tests.factories import api_client, fabricate_run, make_deployment, make_provider, make_workflow
 
@@ -206,7 +206,7 @@ def test_a_deeply_nested_json_body_is_refused_not_a_recursion_error(admin_user: 
 
 @pytest.mark.django_db
 def test_a_json_body_larger_than_the_limit_is_413(admin_user: User, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("stack.registry.parsers.BoundedJSONParser.max_bytes", 1000)
+    monkeypatch.setattr("registry.api.parsers.BoundedJSONParser.max_bytes", 1000)
     body = '{"slug": "w", "description": "' + "x" * 2000 + '"}'
     response = api_client(admin_user).post("/api/workflows/", body, content_type="application/json")
     assert response.status_code == 413

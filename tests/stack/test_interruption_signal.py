@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from stack.registry import worker_signals
-from stack.registry.models import Cluster
+from registry import worker_signals
+from registry.models import Cluster
 from tests.factories import make_cluster
 
 

@@ -12,7 +12,7 @@ from axes.models import AccessAttempt
 from django.test import Client
 from django.utils import timezone
 
-from stack.registry.roles import Role
+from registry.auth.roles import Role
 from tests.factories import api_client, make_user
 
 pytestmark = pytest.mark.django_db

@@ -15,16 +15,17 @@ from django.test import Client, override_settings
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.mockprovider import Behaviour, MockProviderServer
 from billing.models import Budget
 from billing.rollups import rollups_update
-from inference import breaker
 from inference.adapters.base import ChatMessage, ChatRequest
-from inference.mockprovider import Behaviour, MockProviderServer
-from inference.router import RouteResult, route, route_stream
+from inference.breaker import breakers as breaker
+from inference.router.entry import route, route_stream
+from inference.router.errors import RouteResult
 from inference.selectors import route_cache_invalidate
+from registry.models import Cluster, Deployment, Workflow
+from registry.services import api_token_create
 from stack.metrics import stack_collector
-from stack.registry.models import Cluster, Deployment, Workflow
-from stack.registry.services import api_token_create
 from tests.factories import make_cluster, tiny_run_config
 from tests.inference.helpers import priced_deployment, routed_workflow
 from training import orchestrator, services

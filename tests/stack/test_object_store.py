@@ -8,7 +8,7 @@ import boto3
 import pytest
 from django.core.management import call_command
 
-from stack.registry.objectstore import default_store, object_store_health
+from registry.store.objectstore import default_store, object_store_health
 
 
 def test_ensure_bucket_creates_the_bucket_once_and_the_store_then_works(

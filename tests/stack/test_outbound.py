@@ -1,4 +1,4 @@
-"""The outbound guard (stack/registry/outbound.py): which addresses it refuses, that it connects to
+"""The outbound guard (registry/outbound/guard.py): which addresses it refuses, that it connects to
 the address it checked (DNS rebinding), its cache, the admin's allow-list, and the settings."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
+from registry.outbound import guard as outbound
+from registry.outbound.guard import PRIVATE_ALLOWED, PUBLIC_ONLY, OutboundRefused, address_refusal
 from stack.env import env_data_roots, env_networks
-from stack.registry import outbound
-from stack.registry.outbound import PRIVATE_ALLOWED, PUBLIC_ONLY, OutboundRefused, address_refusal
 from tests.capture_server import CaptureServer
 
 
@@ -207,7 +207,7 @@ def test_the_training_data_roots_setting_takes_absolute_file_dirs_and_s3_prefixe
 def test_every_object_store_request_passes_the_guard(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """The S3 endpoint is an admin's setting, so it may be private (MinIO, moto on loopback: the
     other object-store tests), never a metadata address."""
-    from stack.registry.objectstore import default_store
+    from registry.store.objectstore import default_store
 
     for key, value in (
         ("AWS_ACCESS_KEY_ID", "k"),

@@ -13,8 +13,8 @@ from django.utils import timezone
 
 from billing.models import Unit
 from billing.services import usage_record
-from stack.registry.models import ApiToken, Cluster, Provider, Workflow
-from stack.registry.services import provider_set_credentials
+from registry.models import ApiToken, Cluster, Provider, Workflow
+from registry.services import provider_set_credentials
 from tests.factories import make_cluster, make_deployment, make_provider, make_team, make_user, make_workflow
 from training.models import ProbeJob
 from training.services import probe_job_create
@@ -106,12 +106,12 @@ def test_the_overview_draws_spend_per_provider_with_the_bundled_plotly(
     assert "cdn.plot.ly" not in html
     assert 'id="spend-chart"' in html
     assert "lab (USD)" in html  # the provider's trace, from the ledger
-    assert "4.0000 USD" in html  # 2 accelerator-hours at the factory price of 2.00
+    assert "4.00 USD" in html  # 2 accelerator-hours at the factory price of 2.00
     assert 'data-cluster="rack-a"' in html
     assert f"probe #{stack_with_data['job'].pk}" in html
-    # A viewer's overview has the clusters and jobs, not the money (stack.registry.roles.can_see_costs).
+    # A viewer's overview has the clusters and jobs, not the money (registry.auth.roles.can_see_costs).
     html = _text(_client(viewer).get("/"))
-    assert 'id="spend-chart"' not in html and "4.0000 USD" not in html
+    assert 'id="spend-chart"' not in html and "4.00 USD" not in html
     assert 'data-cluster="rack-a"' in html
 
 

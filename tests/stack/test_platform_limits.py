@@ -14,9 +14,9 @@ from django.core.management import call_command
 from django.test import Client
 
 from billing.models import Budget
-from stack.registry.models import ApiToken, Team
-from stack.registry.roles import Role
-from stack.registry.services import api_token_create
+from registry.auth.roles import Role
+from registry.models import ApiToken, Team
+from registry.services import api_token_create
 from tests.factories import api_client, make_member, make_team, make_user
 
 pytestmark = pytest.mark.django_db

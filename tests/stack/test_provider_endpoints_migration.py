@@ -9,7 +9,7 @@ import pytest
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
-from stack.registry.endpoints import deployment_endpoint_problem
+from registry.outbound.endpoints import deployment_endpoint_problem
 
 BEFORE = ("stack", "0004_failover_training_inference_fields")
 AFTER = ("stack", "0005_provider_endpoints")

@@ -8,8 +8,8 @@ from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 from django.test import Client
 
-from stack.registry.models import ApiToken, Workflow
-from stack.registry.services import api_token_create
+from registry.models import ApiToken, Workflow
+from registry.services import api_token_create
 from tests.factories import api_client, make_deployment, make_workflow
 
 pytestmark = pytest.mark.django_db

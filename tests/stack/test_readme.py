@@ -97,7 +97,7 @@ def test_a_link_to_a_missing_file_or_heading_is_found(tmp_path: Path) -> None:
 
 
 def test_every_environment_variable_the_settings_read_is_on_the_configuration_page() -> None:
-    settings_source = (ROOT / "stack" / "settings.py").read_text()
+    settings_source = "".join(path.read_text() for path in (ROOT / "stack" / "settings").glob("*.py"))
     names = set(re.findall(r"\benv_[a-z_]+\(\s*\"([A-Z][A-Z0-9_]+)\"", settings_source))
     gunicorn_source = (ROOT / "stack" / "gunicorn_conf.py").read_text()
     names |= set(re.findall(r"environ(?:\.get\(|,)\s*\"([A-Z][A-Z0-9_]+)\"", gunicorn_source))

@@ -12,8 +12,8 @@ from django.utils import timezone
 
 from billing.models import Unit
 from billing.services import usage_record
-from stack.registry.crypto import decrypt_secret
-from stack.registry.models import Cluster, Deployment, Provider, RegisteredModel
+from registry.crypto import decrypt_secret
+from registry.models import Cluster, Deployment, Provider, RegisteredModel
 from tests.factories import api_client, make_cluster, make_deployment, make_model, make_provider
 
 pytestmark = pytest.mark.django_db

@@ -20,7 +20,7 @@ from packaging.utils import canonicalize_name
 ROOT = Path(__file__).resolve().parents[2]
 RUNTIME_LOCK = ROOT / "requirements.txt"
 DEV_LOCK = ROOT / "requirements-dev.txt"
-APP_PACKAGES = ("stack", "billing", "training", "inference", "storage")
+APP_PACKAGES = ("stack", "bench", "registry", "billing", "training", "inference", "decisions", "storage")
 
 # Test runners, browsers, fakes, linters, type checkers and stubs, the docs builder: none of them
 # belongs in the image (canonical names; shell-style patterns).

@@ -8,9 +8,9 @@ from django.contrib.auth.models import Group, User
 from django.test import Client
 from rest_framework.test import APIClient
 
-from stack.registry.models import ApiToken
-from stack.registry.roles import Role
-from stack.registry.services import api_token_create, api_token_revoke
+from registry.auth.roles import Role
+from registry.models import ApiToken
+from registry.services import api_token_create, api_token_revoke
 from tests.factories import make_deployment, make_workflow
 
 pytestmark = pytest.mark.django_db

@@ -41,13 +41,13 @@ from billing.models import (
     SpendAnomaly,
     UsageRecord,
 )
+from decisions.models import Recommendation, ReplayStudy
 from inference.models import BatchJob, ChaosConfig, EvalRun, EvalSet
+from registry.audit.models import AuditEntry
+from registry.auth.roles import Role
+from registry.crypto import encrypt_secret
+from registry.models import FailoverEvent
 from stack.access import ACCESS, SEPARATELY_GUARDED, Access
-from stack.audit.models import AuditEntry
-from stack.decisions.models import Recommendation, ReplayStudy
-from stack.registry.crypto import encrypt_secret
-from stack.registry.models import FailoverEvent
-from stack.registry.roles import Role
 from tests.factories import (
     api_client,
     fabricate_run,

@@ -8,9 +8,9 @@ import pytest
 from django.contrib.auth.models import User
 from rest_framework.test import APIClient
 
-from stack.registry.models import ApiToken, Cluster, Provider
-from stack.registry.roles import Role
-from stack.registry.services import api_token_create, api_token_revoke
+from registry.auth.roles import Role
+from registry.models import ApiToken, Cluster, Provider
+from registry.services import api_token_create, api_token_revoke
 from tests.factories import api_client, make_cluster, make_price, make_provider, make_user
 from training.models import ProbeJob
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from rest_framework.test import APIClient
 
-from stack.registry.models import Cluster
+from registry.models import Cluster
 from tests.factories import api_client, make_provider
 
 

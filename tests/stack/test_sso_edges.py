@@ -23,9 +23,9 @@ from django.test import Client, override_settings
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from stack.registry.models import SsoIdentity, Team, TeamMembership
-from stack.registry.services import api_token_create
-from stack.registry.sso import SwitchyardOIDCBackend
+from registry.auth.sso import SwitchyardOIDCBackend
+from registry.models import SsoIdentity, Team, TeamMembership
+from registry.services import api_token_create
 from tests.factories import make_member, make_team
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.stack.sso_urls")]
@@ -51,7 +51,7 @@ SSO_SETTINGS = {
     "AUTHENTICATION_BACKENDS": [
         "axes.backends.AxesStandaloneBackend",
         "django.contrib.auth.backends.ModelBackend",
-        "stack.registry.sso.SwitchyardOIDCBackend",
+        "registry.auth.sso.SwitchyardOIDCBackend",
     ],
 }
 

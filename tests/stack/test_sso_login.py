@@ -32,9 +32,9 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.contrib.sessions.models import Session
 
-from stack.audit.models import AuditEntry
-from stack.registry.models import SsoIdentity, TeamMembership
-from stack.registry.roles import Role
+from registry.audit.models import AuditEntry
+from registry.auth.roles import Role
+from registry.models import SsoIdentity, TeamMembership
 from tests.factories import make_member, make_team
 from tests.integration.processes import session_database_url, wait_until
 

@@ -9,12 +9,12 @@ import logging
 import pytest
 from django.contrib.auth.models import User
 
-from stack.audit.models import AuditEntry
-from stack.registry.audit_origin import Surface, audit_origin
-from stack.registry.auth_version import auth_version
-from stack.registry.models import SsoIdentity, Team, TeamMembership
-from stack.registry.roles import Role
-from stack.registry.services import (
+from registry.audit.models import AuditEntry
+from registry.audit.origin import Surface, audit_origin
+from registry.auth.roles import Role
+from registry.auth.version import auth_version
+from registry.models import SsoIdentity, Team, TeamMembership
+from registry.services import (
     RegistryError,
     sso_user_login,
     sso_username_from_claims,
@@ -49,7 +49,7 @@ def test_unknown_teams_and_roles_are_ignored_and_logged_never_created(
     teams: dict[str, Team], caplog: pytest.LogCaptureFixture
 ) -> None:
     user = make_user()
-    with caplog.at_level(logging.WARNING, logger="stack.registry.services"):
+    with caplog.at_level(logging.WARNING, logger="registry.services"):
         sync = team_memberships_sync_from_claims(
             user=user,
             groups=[

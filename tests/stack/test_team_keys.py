@@ -13,11 +13,11 @@ from django.test import Client
 from django.utils import timezone
 
 from billing.models import Budget
+from registry.auth.roles import Role
+from registry.errors import MultiFieldError
+from registry.models import ApiToken, Team, TeamMembership
+from registry.services import RegistryError, api_token_create
 from stack.keys import KeyBudget, api_key_issue
-from stack.registry.errors import MultiFieldError
-from stack.registry.models import ApiToken, Team, TeamMembership
-from stack.registry.roles import Role
-from stack.registry.services import RegistryError, api_token_create
 from tests.factories import make_team, make_user, make_workflow
 
 pytestmark = pytest.mark.django_db
@@ -113,7 +113,7 @@ def test_the_keys_page_shows_a_new_team_key_once_with_its_limits_and_budget(oper
     assert token.expires_at is not None and token.expires_at.year == 2099
     assert f"sy_{token.prefix}_" in html
     assert "5.00 USD daily, hard (402 once spent)" in html and "2099-01-01 00:00" in html
-    assert "60 requests" in html and "600 / no" in html
+    assert "60 requests" in html and "600 / unlimited" in html
     later = client.get("/tokens/").content.decode()
     assert 'id="new-token"' not in later and "5.00 USD daily (hard)" in later
 

@@ -16,9 +16,9 @@ from django.utils import timezone
 
 from billing.models import Budget, Unit
 from billing.services import usage_record
-from stack.registry.models import ApiToken, Team, TeamMembership, Workflow
-from stack.registry.roles import Role
-from stack.registry.services import api_token_create, team_membership_set
+from registry.auth.roles import Role
+from registry.models import ApiToken, Team, TeamMembership, Workflow
+from registry.services import api_token_create, team_membership_set
 from tests.factories import make_cluster, make_deployment, make_user, make_workflow
 from training.models import TrainingRun
 
@@ -240,14 +240,14 @@ def test_the_launch_form_offers_only_the_teams_the_user_operates(teams: Teams) -
 def test_the_billing_dashboard_filters_by_team_and_defaults_to_the_users_teams(teams: Teams) -> None:
     admin = _client(make_user(Role.ADMIN))
     everything = _text(admin.get("/billing/"))
-    assert "16.0000 USD" in everything  # both teams' spend
+    assert "16.00 USD" in everything  # both teams' spend
     picked = admin.get("/billing/?team=alpha")
     assert picked.status_code == 200
-    assert "6.0000 USD" in _text(picked) and "16.0000 USD" not in _text(picked)
+    assert "6.00 USD" in _text(picked) and "16.00 USD" not in _text(picked)
     assert "team=alpha" in _text(picked)  # the figures link to alpha's rows
 
     own = _text(_client(teams.beta_op).get("/billing/"))
-    assert "10.0000 USD" in own and "16.0000 USD" not in own
+    assert "10.00 USD" in own and "16.00 USD" not in own
     assert "beta-monthly" in own and "alpha-monthly" not in own
 
 
@@ -264,9 +264,9 @@ def test_a_team_the_user_cannot_see_is_a_form_error_on_the_dashboards(teams: Tea
 
 def test_the_overview_spend_is_the_picked_teams(teams: Teams) -> None:
     admin = _client(make_user(Role.ADMIN))
-    assert "16.0000 USD" in _text(admin.get("/"))
-    assert "10.0000 USD" in _text(admin.get("/?team=beta"))
-    assert "6.0000 USD" in _text(_client(teams.alpha_op).get("/"))
+    assert "16.00 USD" in _text(admin.get("/"))
+    assert "10.00 USD" in _text(admin.get("/?team=beta"))
+    assert "6.00 USD" in _text(_client(teams.alpha_op).get("/"))
 
 
 # --- The team page --------------------------------------------------------------------------------
@@ -282,7 +282,7 @@ def test_the_team_page_shows_members_keys_without_secrets_budgets_limits_and_spe
     assert "alpha-ci" in html and teams.key.prefix in html and "60 rpm" in html
     assert teams.key_raw not in html and teams.key.key_hash not in html
     assert "120 requests per minute" in html and "50000 tokens per minute" in html
-    assert 'id="spend-chart"' in html and "6.0000 USD" in html
+    assert 'id="spend-chart"' in html and "6.00 USD" in html
     assert "alpha-monthly" in html and "6.00 / 100.00 USD" in html
     assert 'id="member-form"' not in html  # an operator manages no members
 

@@ -1,5 +1,5 @@
 """Every /api/ endpoint keeps a team-scoped caller to its teams: another team's row answers 404,
-lists hold none of it, and inputs naming another team are refused (stack.registry.teams).
+lists hold none of it, and inputs naming another team are refused (registry.auth.teams).
 
 Team B's objects all carry the marker "bravo" in their names, so the probe at the end can read
 every list the API offers and look for it.
@@ -29,10 +29,10 @@ from billing.exports.jobs import export_job_create
 from billing.models import Budget, BudgetAlert, ExportJob, Unit, UsageRecord
 from billing.services import usage_record
 from inference.models import BatchJob, EvalRun, EvalSet
-from stack.registry.models import Cluster, FailoverEvent, Team, Workflow
-from stack.registry.roles import Role
-from stack.registry.scoping import TEAM_SCOPED_MESSAGE, view_team_rule
-from stack.registry.services import api_token_create
+from registry.auth.roles import Role
+from registry.auth.scoping import TEAM_SCOPED_MESSAGE, view_team_rule
+from registry.models import Cluster, FailoverEvent, Team, Workflow
+from registry.services import api_token_create
 from tests.factories import (
     api_client,
     make_cluster,
@@ -505,7 +505,7 @@ def test_the_walk_finds_every_api_route() -> None:
 def test_every_api_view_declares_how_its_rows_belong_to_teams(name: str, view: Any) -> None:
     assert view_team_rule(view) is not None, (
         f"{name} ({view.__name__}) says nothing of teams: declare workflow_field, team_field, "
-        "team_scope_queryset, shared_with_teams or platform_only (stack.registry.scoping)"
+        "team_scope_queryset, shared_with_teams or platform_only (registry.auth.scoping)"
     )
 
 

@@ -9,10 +9,10 @@ import pytest
 from django.contrib.auth.models import User
 from django.contrib.contenttypes.models import ContentType
 
-from stack.audit.models import AuditEntry
-from stack.registry.models import Team, TeamMembership
-from stack.registry.roles import Role
-from stack.registry.services import api_token_create
+from registry.audit.models import AuditEntry
+from registry.auth.roles import Role
+from registry.models import Team, TeamMembership
+from registry.services import api_token_create
 from tests.factories import api_client, make_member, make_team, make_user, make_workflow
 
 pytestmark = pytest.mark.django_db

@@ -1,4 +1,4 @@
-"""The teams rule (stack.registry.teams): who is platform-wide, which teams a team member sees,
+"""The teams rule (registry.auth.teams): who is platform-wide, which teams a team member sees,
 what a team role grants, and how a team key narrows a request."""
 
 from __future__ import annotations
@@ -7,17 +7,17 @@ from types import SimpleNamespace
 
 import pytest
 
-from stack.registry.models import TeamMembership
-from stack.registry.principal import principal_of_user
-from stack.registry.roles import OPERATORS, Role
-from stack.registry.selectors import workflows_visible
-from stack.registry.services import api_token_create
-from stack.registry.teams import (
+from registry.auth.principal import principal_of_user
+from registry.auth.roles import OPERATORS, Role
+from registry.auth.teams import (
     request_team_scope,
     request_teams_with_role,
     user_is_platform_wide,
     user_team_scope,
 )
+from registry.models import TeamMembership
+from registry.selectors import workflows_visible
+from registry.services import api_token_create
 from tests.factories import make_member, make_team, make_user, make_workflow
 
 pytestmark = pytest.mark.django_db

@@ -17,15 +17,16 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from bench.mockprovider import Behaviour, MockProviderServer
 from billing.models import Budget, BudgetAlert, ExportJob, UsageRecord
-from inference import batch, quality
+from decisions.models import Recommendation, ReplayStudy
 from inference.adapters.base import ChatMessage, ChatRequest
-from inference.mockprovider import Behaviour, MockProviderServer
+from inference.batch import jobs as batch
 from inference.models import BatchJob, EvalRun, EvalSet, InferenceRequest
-from inference.router import route
-from stack.decisions.models import Recommendation, ReplayStudy
-from stack.registry.models import Deployment, Workflow
-from stack.registry.services import api_token_create
+from inference.quality import services as quality
+from inference.router.entry import route
+from registry.models import Deployment, Workflow
+from registry.services import api_token_create
 from stack.urls import router
 from tests.inference.helpers import priced_deployment, routed_workflow
 

@@ -1,4 +1,4 @@
-"""The input checks (stack.registry.validation), and every serializer and form built from them.
+"""The input checks (registry.validation), and every serializer and form built from them.
 
 Each kind of input has one check; the API's fields and the pages' form fields wrap them, and the
 last tests here walk every serializer and form of the project so that a new one cannot read a
@@ -17,8 +17,9 @@ import pytest
 from django import forms
 from rest_framework import serializers
 
-from stack.registry import api_fields, form_fields
-from stack.registry.validation import (
+from registry import form_fields
+from registry.api import fields as api_fields
+from registry.validation import (
     BIGINT_MAX,
     InputError,
     config_parse,
@@ -161,7 +162,7 @@ def test_yaml_dates_stay_text_and_json_configs_use_the_json_parser() -> None:
 
 # --- Every serializer and form is built from the checked fields -------------------------------------------------
 
-PACKAGES = ("stack", "billing", "training", "inference")
+PACKAGES = ("stack", "registry", "billing", "training", "inference", "decisions")
 PLAIN_DRF = {
     serializers.IntegerField,
     serializers.DecimalField,
@@ -215,9 +216,7 @@ def test_every_serializer_reads_numbers_times_currencies_and_json_through_the_ch
         if issubclass(cls, api_fields.ResponseSerializer):
             continue  # documents a response; reads no input
         if issubclass(cls, serializers.ModelSerializer) and not issubclass(cls, api_fields.ModelSerializer):
-            problems.append(
-                f"{cls.__module__}.{cls.__name__}: not a stack.registry.api_fields.ModelSerializer"
-            )
+            problems.append(f"{cls.__module__}.{cls.__name__}: not a registry.api.fields.ModelSerializer")
             continue
         try:
             fields = dict(cls().fields)

@@ -8,8 +8,8 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from stack.registry.models import ImmutableRowError, RoutingPolicyVersion, Workflow
-from stack.registry.selectors import workflow_current_policy
+from registry.models import ImmutableRowError, RoutingPolicyVersion, Workflow
+from registry.selectors import workflow_current_policy
 from tests.factories import api_client, make_deployment, make_team, make_workflow
 
 pytestmark = pytest.mark.django_db

@@ -11,8 +11,9 @@ from typing import Any
 
 from django.conf import settings
 
-from training.bench_resume import resume_bench
-from training.bench_training import HEALTH_PROFILES, bench_config
+from bench.training.resume import resume_bench
+from bench.training.runs import HEALTH_PROFILES, bench_config, run_timings
+from training.run_config.schema import DEFAULTS
 
 
 def test_the_shipped_profile_is_the_settings_defaults() -> None:
@@ -27,10 +28,24 @@ def test_the_shipped_profile_is_the_settings_defaults() -> None:
     }
     assert {k: float(v) for k, v in shipped.items()} == defaults
     # The settings module reads them with these defaults when the environment names none.
-    source = (Path(settings.BASE_DIR) / "stack" / "settings.py").read_text()
+    source = "".join(
+        path.read_text() for path in (Path(settings.BASE_DIR) / "stack" / "settings").glob("*.py")
+    )
     for name, value in defaults.items():
         assert f'"{name}", {value}' in source, name
     assert set(HEALTH_PROFILES["fast"]) == set(defaults)
+
+
+def test_the_shipped_run_has_the_run_config_defaults_and_fast_is_shorter() -> None:
+    """A user's run gets the run-config defaults; the shipped bench must run those, not its own."""
+    shipped = run_timings(bench_config(outer_steps=1, region="none"))
+    assert shipped == {
+        "chunk_seconds": DEFAULTS["chunk_seconds"],
+        "learner_timeout": DEFAULTS["learner_timeout"],
+        "syncer_grace_seconds": DEFAULTS["syncer"]["grace_seconds"],
+    }
+    fast = run_timings(bench_config(outer_steps=1, region="none", profile="fast"))
+    assert all(fast[name] < shipped[name] for name in shipped)
 
 
 def test_a_learner_resumed_from_its_checkpoint_ends_where_the_uninterrupted_one_does() -> None:

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 
-from stack.registry.models import RegisteredModel
-from stack.registry.objectstore import STORE_URI_REFUSED
+from registry.models import RegisteredModel
+from registry.store.objectstore import STORE_URI_REFUSED
 from tests.factories import api_client
 from training.models import TrainingRun
 from training.run_config import DATASET_REFUSED, RunConfig, run_config_validate

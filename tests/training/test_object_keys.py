@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from stack.registry.models import Team
-from stack.registry.object_keys import ObjectReach, object_key_team
-from stack.registry.objectstore import object_store_key
-from stack.registry.roles import Role
+from registry.auth.roles import Role
+from registry.models import Team
+from registry.store.keys import ObjectReach, object_key_team
+from registry.store.objectstore import object_store_key
 from tests.factories import api_client, make_member, make_model, make_team, make_user, tiny_run_config
 from training.models import ModelVersion, TrainingRun
 from training.run_config import DATASET_REFUSED, OBJECT_REFUSED

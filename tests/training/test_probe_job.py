@@ -11,9 +11,9 @@ from celery.signals import after_task_publish
 from django.contrib.auth.models import User
 
 from billing.models import PriceBook, UsageRecord
+from registry.models import Cluster
+from registry.services import cluster_set_draining
 from stack.celery import app as celery_app
-from stack.registry.models import Cluster
-from stack.registry.services import cluster_set_draining
 from tests.factories import api_client, make_cluster
 from training.models import ProbeJob
 from training.services import probe_job_create, probe_job_execute

@@ -10,9 +10,9 @@ import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
 
-from stack.registry.failover_codes import FailoverCode
-from stack.registry.models import FailoverEvent
-from stack.registry.services import failover_event_record
+from registry.failover_codes import FailoverCode
+from registry.models import FailoverEvent
+from registry.services import failover_event_record
 from tests.factories import api_client, fabricate_run
 from training.models import (
     TrainingRun,

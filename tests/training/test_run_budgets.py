@@ -14,7 +14,7 @@ from django.utils import timezone
 from billing.budgets import budget_save
 from billing.models import Budget, Unit, UsageRecord
 from billing.services import usage_record
-from stack.registry.models import Cluster, FailoverEvent
+from registry.models import Cluster, FailoverEvent
 from tests.factories import make_cluster, make_team, tiny_run_config
 from training import orchestrator, services
 from training.models import LearnerChunk, PlacementDecision, TrainingLearner, TrainingRun

@@ -16,7 +16,7 @@ import pytest
 import torch
 from django.utils import timezone
 
-from stack.registry.models import Cluster
+from registry.models import Cluster
 from storage.objectstore import open_store
 from tests.factories import make_cluster, tiny_run_config
 from tests.training.engine.tiny_open_weights import (
@@ -29,6 +29,7 @@ from tests.training.engine.tiny_open_weights import (
 )
 from training import orchestrator, services
 from training.engine.openweights import read_model_dir
+from training.engine.shards import DatasetManifest
 from training.models import GlobalVersionRecord, LearnerChunk, TrainingLearner, TrainingRun
 from training.run_config import (
     DATASET_REFUSED,
@@ -194,6 +195,12 @@ def test_a_placed_run_trains_the_brought_llama_on_its_s3_shard_and_exports_it(
         "stories/part-001.jsonl",
     )
     assert engine.tokenizer is not None and engine.tokenizer.eos_id == 0  # from config.json
+    # The dataset's split into learners x ranks shards is stored with the run's objects, and it
+    # is the one the engine (and so every learner's sampler recipe) uses.
+    stored = open_store(f"file://{tmp_path}").get(f"runs/{run.pk}/dataset/manifest.json")
+    assert engine.manifest is not None and DatasetManifest.from_json(stored) == engine.manifest
+    assert engine.manifest.shards == engine.rc.learners * engine.rc.ranks
+    assert engine.manifest.keys == engine.text.keys and len(engine.manifest.sizes) == 2
     assert run.initial_eval_loss is not None
     # Version 0 is the checkpoint's weights, not a fresh initialisation.
     _, checkpoint, _ = read_model_dir(open_store(f"file://{model_dir}"))

@@ -13,7 +13,7 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from billing.models import UsageRecord
-from stack.registry.models import Cluster
+from registry.models import Cluster
 from tests.factories import make_cluster, tiny_run_config
 from training import orchestrator, services
 from training.models import GlobalVersionRecord, LearnerChunk, TrainingLearner, TrainingRun
@@ -215,7 +215,6 @@ class _Killed(BaseException):
 def test_a_chunk_run_again_after_a_crash_starts_from_the_checkpoint_before_it_and_counts_nothing_twice(
     placed_4bit_run: TrainingRun, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from storage.tensorblob import unpack
     from training.run_engines import run_transport
 
     run = placed_4bit_run
@@ -254,7 +253,7 @@ def test_a_chunk_run_again_after_a_crash_starts_from_the_checkpoint_before_it_an
     learner.refresh_from_db()
     finished = LearnerChunk.objects.filter(learner=learner)
     assert learner.steps == sum(c.steps for c in finished)
-    meta, _ = unpack(_checkpoints(run).get(0, 0, seq))
+    meta, _ = _checkpoints(run).read(0, 0, seq)
     assert meta["learner"]["step_count"] == learner.steps
     # The re-run's deltas carry its own steps only: the steps pending in the previous chunk's
     # checkpoint went up with the dead attempt's push and are not sent again.

@@ -109,6 +109,18 @@ def test_down_compression_radial_averaging_and_adaptive_grace_reach_the_engine()
     assert RunConfig(old).compression_config().down_kind == "fp32"
 
 
+def test_fp4_both_ways_with_learner_error_feedback_reaches_the_engine() -> None:
+    cfg = run_config_validate(
+        {"compression": {"kind": "fp4_e3m0", "error_feedback": True}, "stop": {"outer_steps": 5}}
+    )
+    comp = RunConfig(cfg).compression_config()
+    assert (comp.kind, comp.down_kind, comp.error_feedback) == ("fp4_e3m0", "fp4_e3m0", True)
+    # Learner-side error feedback stays off unless asked for; int4 keeps its name.
+    plain = RunConfig(run_config_validate({"compression": {"kind": "4bit"}, "stop": {"outer_steps": 5}}))
+    assert plain.compression_config().error_feedback is False
+    assert plain.compression_config().kind == "4bit"
+
+
 def test_bad_down_compression_and_non_boolean_switches_are_field_errors() -> None:
     errors = _errors(
         {
@@ -118,7 +130,7 @@ def test_bad_down_compression_and_non_boolean_switches_are_field_errors() -> Non
         }
     )
     assert errors == {
-        "compression.down": ["must be null (as compression.kind) or one of fp32, bf16, int8, 4bit"],
+        "compression.down": ["must be null (as compression.kind) or one of fp32, bf16, int8, 4bit, fp4_e3m0"],
         "syncer.radial_directional": ["must be true or false"],
         "syncer.adaptive_grace": ["must be true or false"],
     }

@@ -28,8 +28,9 @@ from django.conf import settings as django_settings
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from inference.local_serving import local_server_for_artifact
-from stack.registry.models import Cluster, RegisteredModel
+from billing.money import shown_text
+from inference.serving.local import local_server_for_artifact
+from registry.models import Cluster, RegisteredModel
 from storage.objectstore import open_store
 from tests.factories import make_cluster, tiny_run_config
 from tests.integration.processes import session_database_url
@@ -344,7 +345,7 @@ def test_the_run_page_and_api_show_versions_with_cost_only_to_ledger_readers(
     db: Any, tmp_path: Path, client: Any, viewer: Any, auditor: Any
 ) -> None:
     run, version = _byte_run_with_version(tmp_path)
-    cost = f"{version.cost:.4f}"
+    cost = shown_text(version.cost)  # the page's money rule (billing.money)
     assert version.cost > 0
 
     client.force_login(auditor)
@@ -361,6 +362,6 @@ def test_the_run_page_and_api_show_versions_with_cost_only_to_ledger_readers(
         (row,) = [v for v in body["model_versions"] if v["id"] == version.pk]
         assert row["ref"] == str(version) and row["tokens"] == version.tokens
         assert row["eval_loss"] == version.eval_loss and row["layout"] == "switchyard"
-        # A viewer's answer has no money key at all (stack.registry.costs).
+        # A viewer's answer has no money key at all (registry.auth.costs).
         assert ("cost" not in row) if shown is None else Decimal(row["cost"]) == version.cost
     assert RegisteredModel.objects.get(pk=version.registered_model_id).artifact_uri == version.artifact_uri

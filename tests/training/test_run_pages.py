@@ -27,15 +27,15 @@ def test_list_and_detail_render_for_every_role(role: str, request: pytest.Fixtur
     listing = client.get("/training/")
     assert listing.status_code == 200
     assert f"/training/{run.pk}/" in listing.content.decode()
-    sees_costs = role != "viewer"  # stack.registry.roles.can_see_costs
-    assert ("4.5000 USD" in listing.content.decode()) is sees_costs
+    sees_costs = role != "viewer"  # registry.auth.roles.can_see_costs
+    assert ("4.50 USD" in listing.content.decode()) is sees_costs
     detail = client.get(f"/training/{run.pk}/")
     assert detail.status_code == 200
     html = detail.content.decode()
     for chart in ("loss_tokens", "loss_wall", "train_loss", "bytes", "merged"):
         assert f'id="chart-{chart}"' in html
     assert ('id="chart-loss_money"' in html) is sees_costs
-    assert ("4.5000 USD" in html) is sees_costs  # ledger cost so far
+    assert ("4.50 USD" in html) is sees_costs  # ledger cost so far
     assert ("1125.000000" in html) is sees_costs  # cost per 1M tokens
     assert "Cancel run" in html if role in ("operator", "admin_user") else "Cancel run" not in html
 
@@ -44,7 +44,7 @@ def test_list_and_detail_render_for_every_role(role: str, request: pytest.Fixtur
 def test_metrics_json_returns_figures_on_the_session(operator: User, viewer: User) -> None:
     run = fabricate_run()
     body = _client(operator).get(f"/training/{run.pk}/metrics.json").json()
-    assert body["live"] is True and body["cost"] == "4.5000 USD"
+    assert body["live"] is True and body["cost"] == "4.50 USD"
     loss = body["figures"]["loss_money"]["data"][0]
     assert loss["x"] == [0.0, 1.5, 4.5] and loss["y"] == [5.0, 4.0, 3.0]
     assert len(body["figures"]["train_loss"]["data"]) == 2

@@ -12,8 +12,7 @@ import pytest
 from django.utils import timezone
 
 from billing.models import UsageRecord
-from stack.registry.models import Cluster
-from storage.tensorblob import unpack
+from registry.models import Cluster
 from tests.factories import make_cluster, tiny_run_config
 from training import orchestrator, run_ranks, services
 from training.models import LearnerChunk, TrainingLearner, TrainingRun
@@ -52,7 +51,7 @@ def test_a_chunk_of_a_two_rank_learner_trains_checkpoints_both_ranks_and_bills_t
     record = UsageRecord.objects.get(idempotency_key=chunk.billing_key)
     assert record.quantity == (chunk.accelerator_seconds / Decimal(3600) * 2).quantize(Decimal("1e-9"))
     assert f"{chunk.accelerator_seconds}s × 2 on" in record.description
-    meta, tensors = unpack(run_checkpoints(ranked_run).get(0, 0, 0))
+    meta, tensors = run_checkpoints(ranked_run).read(0, 0, 0)
     assert "sampler" in tensors and "sampler@1" in tensors  # rank 0's and rank 1's positions
     assert meta["learner"]["step_count"] == chunk.steps
     slot = orchestrator._LEARNERS[(orchestrator.run_key(ranked_run), 0)]

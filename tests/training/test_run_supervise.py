@@ -12,7 +12,7 @@ import pytest
 from django.utils import timezone
 
 from billing.models import UsageRecord
-from stack.registry.models import Cluster, FailoverEvent
+from registry.models import Cluster, FailoverEvent
 from tests.factories import make_cluster, tiny_run_config
 from training import orchestrator, services
 from training.models import LearnerChunk, PlacementDecision, TrainingLearner, TrainingRun
@@ -179,7 +179,7 @@ def test_a_learner_that_fails_on_every_cluster_fails_the_run_instead_of_moving_f
 def test_a_killed_chunk_is_billed_to_its_workers_last_heartbeat_and_its_unpushed_work_counts_as_lost(
     tmp_path: Path,
 ) -> None:
-    from stack.registry.models import WorkerHeartbeat
+    from registry.models import WorkerHeartbeat
 
     a, _ = _cluster("1.0"), _cluster("2.0")
     _cluster("4.0")

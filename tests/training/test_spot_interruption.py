@@ -13,7 +13,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
 
-from stack.registry.models import Cluster, FailoverEvent
+from registry.models import Cluster, FailoverEvent
 from tests.factories import api_client, make_cluster, tiny_run_config
 from training import orchestrator, services
 from training.models import LearnerChunk, PlacementDecision, TrainingLearner, TrainingRun

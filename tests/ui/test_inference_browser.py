@@ -9,15 +9,15 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser
 
-from inference import breaker
+from bench.mockprovider import Behaviour, MockProviderServer
 from inference.adapters.base import ChatMessage, ChatRequest
 from inference.adapters.openai_compat import close_all
-from inference.mockprovider import Behaviour, MockProviderServer
+from inference.breaker import breakers as breaker
 from inference.models import ChaosConfig
-from inference.router import route
+from inference.router.entry import route
 from inference.selectors import rolling_caches_clear, route_cache_invalidate
 from inference.services import quality_record_create
-from stack.registry.roles import Role
+from registry.auth.roles import Role
 from tests.factories import make_user
 from tests.inference.helpers import priced_deployment, routed_workflow
 

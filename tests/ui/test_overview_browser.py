@@ -12,7 +12,7 @@ from playwright.sync_api import Browser
 
 from billing.models import Unit
 from billing.services import usage_record
-from stack.registry.roles import Role
+from registry.auth.roles import Role
 from tests.factories import make_cluster, make_deployment, make_user, make_workflow
 
 pytestmark = pytest.mark.browser
@@ -47,7 +47,7 @@ def test_an_operator_logs_in_and_sees_the_spend_chart_drawn(live_server: Any, br
     assert (page.locator("#spend-chart .legendtext").first.text_content() or "").startswith(
         cluster.provider.slug
     )
-    assert "7.5000 USD" in page.inner_text("main")  # 1 h + 2 h at 2.50
+    assert "7.50 USD" in page.inner_text("main")  # 1 h + 2 h at 2.50
     assert page.locator("[data-cluster=browser-cluster]").count() == 1
 
 
@@ -72,3 +72,38 @@ def test_an_operator_switches_the_primary_deployment_in_one_click(live_server: A
     assert policy is not None and policy.version == 2
     assert [d.slug for d in policy.ordered_deployments()] == ["dep-second", "dep-first"]
     assert policy.reason == "primary is rate-limited" and policy.author == operator
+
+
+def test_the_navigation_fits_a_1280_px_screen_in_one_row_and_every_group_opens(
+    live_server: Any, browser: Browser
+) -> None:
+    """Seventeen links in one row wrapped at 1400 px ("Log out admin" over three lines); grouped
+    as registry, work, money and administration, the header is one row at 1280 px."""
+    make_user(Role.ADMIN, username="a-rather-long-admin-name", password="admin-password-1")
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    page.goto(f"{live_server.url}/login/")
+    page.fill("input[name=username]", "a-rather-long-admin-name")
+    page.fill("input[name=password]", "admin-password-1")
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{live_server.url}/")
+
+    header = page.locator("header").bounding_box()
+    brand = page.locator("header .brand").bounding_box()
+    assert header is not None and brand is not None
+    assert header["height"] < 2.2 * brand["height"]  # one row of links (padding included)
+    assert page.evaluate("document.querySelector('header').scrollWidth <= 1280")
+    for group, link in [
+        ("registry", "Teams"), ("work", "Training"), ("money", "Budgets"), ("admin", "Audit"),
+    ]:  # fmt: skip
+        target = page.locator(f"#nav-{group} a", has_text=link)
+        assert not target.is_visible()
+        page.click(f"#nav-{group} summary")
+        assert target.is_visible()
+        others = page.locator("header details[open]")
+        assert others.count() == 1  # opening one group closed the one before
+    page.click("#nav-money summary")
+    page.click("#nav-money a:has-text('Budgets')")
+    page.wait_for_url(f"{live_server.url}/billing/budgets/")
+    page.click("#nav-user summary")
+    page.click("#nav-user button:has-text('Log out')")
+    page.wait_for_url("**/login/**")

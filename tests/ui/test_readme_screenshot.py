@@ -22,10 +22,10 @@ from playwright.sync_api import Browser
 
 from billing.models import Unit
 from billing.services import usage_record
-from stack.demo_seed import demo_stack_seed
-from stack.registry.failover_codes import FailoverCode
-from stack.registry.models import Cluster, Deployment, FailoverEvent
-from stack.registry.services import failover_event_record, failover_event_recover
+from registry.failover_codes import FailoverCode
+from registry.models import Cluster, Deployment, FailoverEvent
+from registry.services import failover_event_record, failover_event_recover
+from stack.demo.seed import demo_stack_seed
 from training.models import ProbeJob
 
 pytestmark = pytest.mark.browser

@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser
 
-from inference import breaker
+from bench.mockprovider import Behaviour, MockProviderServer
+from decisions.recommendations.derive import recommendations_from_study
 from inference.adapters.openai_compat import close_all
-from inference.mockprovider import Behaviour, MockProviderServer
+from inference.breaker import breakers as breaker
 from inference.selectors import route_cache_invalidate
-from stack.decisions.recommendation_services import recommendations_from_study
-from stack.registry.roles import Role
-from stack.registry.selectors import workflow_current_policy
+from registry.auth.roles import Role
+from registry.selectors import workflow_current_policy
 from tests.decisions.recommendation_builders import Side, finished_study, live_requests
 from tests.factories import make_user
 from tests.inference.helpers import priced_deployment, routed_workflow

@@ -12,9 +12,9 @@ from playwright.sync_api import Browser
 
 from billing.models import Unit
 from billing.services import usage_record
-from stack.registry.models import Team
-from stack.registry.roles import Role
-from stack.registry.services import team_membership_set
+from registry.auth.roles import Role
+from registry.models import Team
+from registry.services import team_membership_set
 from tests.factories import make_cluster, make_user
 
 pytestmark = pytest.mark.browser
@@ -47,17 +47,18 @@ def test_a_team_user_logs_in_and_sees_only_its_team(live_server: Any, browser: B
 
     # The dashboard: support's 4.00 only, drawn by plotly.js; the selector offers support alone.
     page.wait_for_selector("#spend-chart .main-svg", timeout=30_000)
-    assert "4.0000 USD" in page.inner_text("#month-to-date")
-    assert "18.0000" not in page.inner_text("main") and "14.0000" not in page.inner_text("main")
+    assert "4.00 USD" in page.inner_text("#month-to-date")
+    assert "18.00 USD" not in page.inner_text("main") and "14.00 USD" not in page.inner_text("main")
     options = page.locator("#team-filter select option").all_inner_texts()
     assert "support" in options and "research" not in options
 
     # Naming the other team is a form error on the page, not a 500 and not its figures.
     page.goto(f"{live_server.url}/billing/?team=research")
     assert "no team research that you can see" in page.inner_text("#team-filter")
-    assert "14.0000" not in page.inner_text("main")
+    assert "14.00 USD" not in page.inner_text("main")
 
     # The nav leads to the team list and the team page: members and the spend chart.
+    page.click("#nav-registry summary")
     page.click("header >> text=Teams")
     page.wait_for_url(f"{live_server.url}/teams/")
     assert page.locator("[data-team]").count() == 1
@@ -65,4 +66,4 @@ def test_a_team_user_logs_in_and_sees_only_its_team(live_server: Any, browser: B
     page.wait_for_url(f"{live_server.url}/teams/support/")
     page.wait_for_selector("#spend-chart .main-svg", timeout=30_000)
     assert page.locator("[data-member=support-op]").count() == 1
-    assert "4.0000 USD" in page.inner_text("main")
+    assert "4.00 USD" in page.inner_text("main")

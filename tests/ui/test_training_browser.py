@@ -12,7 +12,7 @@ from playwright.sync_api import Browser
 
 from billing.models import Unit
 from billing.services import usage_record
-from stack.registry.roles import Role
+from registry.auth.roles import Role
 from tests.factories import fabricate_run, make_user
 from training.models import GlobalVersionRecord
 
@@ -67,4 +67,4 @@ def test_the_run_page_draws_its_charts_and_updates_them_as_versions_arrive(
     )
     page.wait_for_function(f"document.querySelectorAll('{POINTS}').length === 4", timeout=30_000)
     assert int(page.evaluate("document.body.dataset.chartsDrawn")) >= 2
-    page.wait_for_function("document.getElementById('run-cost').textContent === '6.5000 USD'", timeout=30_000)
+    page.wait_for_function("document.getElementById('run-cost').textContent === '6.50 USD'", timeout=30_000)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from training.engine.bench import main
+from bench.diloco.run import main
 from training.engine.simulator import time_to_loss
 
 SUMMARY_KEYS = {
@@ -19,6 +19,7 @@ SUMMARY_KEYS = {
     "bytes_ratio_int8_both_ways",
     "bytes_ratio_4bit_both_ways",
     "loss_ratio_4bit_vs_fp32",
+    "loss_ratio_fp4_vs_fp32",
     "streaming_peak_bytes_ratio",
     "decoupled_speedup_with_straggler",
     "goodput_with_failure",
@@ -57,6 +58,14 @@ def test_bench_diloco_writes_the_summary_and_runs_it_prints(tmp_path, capsys):
     runs = {r["name"]: r for r in sim_runs}
     q4 = runs["diloco_m2_4bit"]
     assert q4["bytes_received_per_learner"] == q4["bytes_sent_per_learner"]
+    # FP4 travels both ways in exactly as many bytes as int4 (two values a byte, a scale a row).
+    fp4 = runs["diloco_m2_fp4"]
+    assert fp4["compression"] == "fp4_e3m0"
+    assert fp4["bytes_sent_per_learner"] == fp4["bytes_received_per_learner"] == q4["bytes_sent_per_learner"]
+    assert (
+        written["summary"]["loss_ratio_fp4_vs_fp32"] == fp4["eval_loss"] / runs["diloco_m2_fp32"]["eval_loss"]
+    )
+    assert written["targets"]["loss_ratio_fp4_vs_fp32"]["target"] == "<= 1.01"
     assert runs["dp_4b"]["batch_per_learner"] == 4 * runs["dp_b"]["batch_per_learner"]
     assert set(written["targets"]) <= SUMMARY_KEYS
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from storage.objectstore import open_store
-from training.engine.checkpoint import CheckpointStore, learner_checkpoint_bytes, learner_checkpoint_load
+from training.engine.checkpoint import CheckpointStore
 from training.engine.config import CompressionConfig, InnerConfig
 from training.engine.data import BatchSampler
 from training.engine.fragments import assign_fragments
@@ -43,12 +43,12 @@ def test_two_chunks_in_two_processes_equal_one_process_running_both(tiny_cfg, st
     store = CheckpointStore(open_store(f"file://{tmp_path}/objects"), prefix="runs/9")
     one = _learner(tiny_cfg, stdlib_small)
     _chunk_one(one)
-    key = store.put(3, 0, 0, learner_checkpoint_bytes(one, {"note": "chunk 0"}))
+    key = store.write(3, 0, 0, one, {"note": "chunk 0"})
     assert key == "runs/9/learners/l0003/g000000-c00000000.syd"
 
     # "Another process": a learner built from other weights and a fresh sampler, then restored.
     other = _learner(tiny_cfg, stdlib_small, init_seed=5)
-    assert learner_checkpoint_load(other, store.get(3, 0, 0)) == {"note": "chunk 0"}
+    assert store.load(3, 0, 0, other) == {"note": "chunk 0"}
     for a, b in zip(_exp_avg(one), _exp_avg(other), strict=True):  # AdamW state came back
         assert torch.equal(a, b)
     assert other.step_count == one.step_count == 8 and other.pending_steps == one.pending_steps == [3, 8]
@@ -80,8 +80,8 @@ def test_a_learner_without_its_adamw_state_diverges(tiny_cfg, stdlib_small):
 def test_checkpoints_are_found_by_the_chunk_that_wrote_them_never_a_newer_one(tmp_path):
     store = CheckpointStore(open_store(f"file://{tmp_path}/objects"), prefix="runs/1")
     for gc in [(0, 0), (0, 1), (0, 2), (1, 0)]:
-        store.put(2, *gc, b"x")
-    store.put(3, 5, 5, b"y")  # another learner's
+        store.store.put(store.key(2, *gc), b"x")
+    store.store.put(store.key(3, 5, 5), b"y")  # another learner's
     assert store.list(2) == [(0, 0), (0, 1), (0, 2), (1, 0)]
     assert store.latest_before(2, 0, 2) == (0, 1)  # chunk 2 run again: not its own first attempt's
     assert store.latest_before(2, 1, 0) == (0, 2)  # a re-placed learner: its last generation's last

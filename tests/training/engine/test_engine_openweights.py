@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import boto3
 import pytest
 import torch
 from safetensors.torch import load, save
@@ -97,6 +98,19 @@ def test_export_then_import_is_exact_and_copies_the_tokenizer(tmp_path):
     write_model_dir(_store(tmp_path, "out2"), cfg=again_cfg, params=again, tokenizer_json=tokenizer)
     for name in ("config.json", "model.safetensors"):
         assert (tmp_path / "out" / name).read_bytes() == (tmp_path / "out2" / name).read_bytes()
+
+
+def test_a_model_directory_on_s3_exports_and_imports_exactly(s3_server):
+    """On S3 the weights come back through a streamed temp copy that safetensors maps."""
+    boto3.client("s3", endpoint_url=s3_server).create_bucket(Bucket="openweights-test")
+    store = open_store("s3://openweights-test/models/tiny", endpoint_url=s3_server)
+    hf = tiny_llama_hf(tie_word_embeddings=False)
+    weights = random_weights(hf, seed=4)
+    write_model_dir(store, cfg=family_config_from_hf(hf), params=weights)
+    cfg, again, from_checkpoint = read_model_dir(store)
+    assert from_checkpoint and cfg == family_config_from_hf(hf)
+    assert again.keys() == weights.keys()
+    assert all(torch.equal(again[n], weights[n]) for n in weights)
 
 
 def test_export_writes_the_dtype_the_config_names(tmp_path):
