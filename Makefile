@@ -73,7 +73,7 @@ docs-check: install-dev
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir var/site
 
 typecheck: install-dev
-	$(PY) -m mypy stack billing training inference storage
+	$(PY) -m mypy stack bench registry billing training inference decisions storage
 
 # The browser tests drive Debian's chromium through Playwright (never a downloaded browser).
 # As root on Debian it is installed here; elsewhere this says what to run and stops.
@@ -104,7 +104,7 @@ $(OIDC_PROVIDER_STAMP): tests/oidc_provider/package-lock.json
 # a throwaway PostgreSQL and Redis for the run. The 20 slowest tests are listed at the end.
 PYTEST_WORKERS ?= 3
 pytest: install-dev focus-validator oidc-provider
-	scripts/with_test_services.sh $(PY) -m pytest -n $(PYTEST_WORKERS) --durations=20
+	scripts/with_test_services.sh $(PY) -m pytest -n $(PYTEST_WORKERS) --maxschedchunk=2 --durations=20
 
 fmt: install-dev
 	$(PY) -m ruff format .
