@@ -20,7 +20,14 @@ def percentiles(samples: list[float]) -> tuple[float, float]:
     return p50 * 1000.0, p95 * 1000.0
 
 
-def measure(call: Callable[[], Any], *, n: int, warmup: int) -> tuple[float, float]:
+def quantile_ms(samples: list[float], q: float) -> float:
+    """The q-quantile (nearest rank) of samples in seconds, in ms."""
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))] * 1000.0
+
+
+def measure_samples(call: Callable[[], Any], *, n: int, warmup: int) -> list[float]:
+    """Each call's wall time in seconds, `n` of them after `warmup` unrecorded ones."""
     for _ in range(warmup):
         call()
     samples = []
@@ -28,7 +35,11 @@ def measure(call: Callable[[], Any], *, n: int, warmup: int) -> tuple[float, flo
         t0 = time.perf_counter()
         call()
         samples.append(time.perf_counter() - t0)
-    return percentiles(samples)
+    return samples
+
+
+def measure(call: Callable[[], Any], *, n: int, warmup: int) -> tuple[float, float]:
+    return percentiles(measure_samples(call, n=n, warmup=warmup))
 
 
 class Client:
@@ -51,3 +62,19 @@ class Client:
                 if attempt:
                     raise
         raise RuntimeError("unreachable")
+
+    def first_byte(self, body: dict[str, Any]) -> float:
+        """Seconds from sending a streamed request to its first `data:` event with content
+        (the time to first byte a chat client shows), then reads the stream to its end."""
+        started = time.perf_counter()
+        self.conn.request("POST", self.path, json.dumps({**body, "stream": True}), self.headers)
+        response = self.conn.getresponse()
+        if response.status != 200:
+            raise RuntimeError(f"stream answered {response.status}: {response.read()[:200]!r}")
+        first = None
+        while line := response.readline():
+            if first is None and line.startswith(b"data:") and b'"content"' in line:
+                first = time.perf_counter() - started
+        if first is None:
+            raise RuntimeError("the stream carried no content event")
+        return first

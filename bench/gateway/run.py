@@ -49,6 +49,17 @@ database, and measures sequential p50/p95 over --requests calls after --warmup:
   ends once the journal is empty (journal_drain_s after the last answer), so the folder
   threads' work is counted.
 
+Issue 28's figures, each read against the same run's direct call (the machine's speed drifts):
+- direct_p99_ms, gateway_p99_ms, gateway_overhead_p99_ms: the 99th percentiles;
+- direct_stream_ttfb_p50_ms, gateway_stream_ttfb_p50_ms, stream_ttfb_overhead_p50_ms: a
+  streamed request's time to its first content event, straight to the mock and through gunicorn;
+- direct_rps_16: the mock's own rate at 16 clients from this process (the gateway's is read
+  against it);
+- the ratios to direct_p50_ms (gateway_overhead_to_direct, ...: RATIO_TARGETS) and
+  gateway_rps_16_to_direct, with targets_met saying which bound each meets;
+- stage_profile (bench/gateway/profile.py): the request thread's CPU per /v1 call and its round
+  trips (SQL statements, Redis sends, upstream HTTP), and that CPU split by pipeline stage.
+
 gunicorn runs stack/gunicorn_conf.py, the production web server configuration (the Dockerfile
 and docker-compose.yml run it too), bound to a free loopback port; "web_server" in the JSON is
 that file's definition for the environment the bench gave it. --gunicorn-workers and
@@ -83,9 +94,10 @@ from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
 
-from bench.gateway.client import BODY, Client, measure, percentiles
+from bench.gateway.client import BODY, Client, measure, measure_samples, percentiles, quantile_ms
 from bench.gateway.handlers import middleware_saved
 from bench.gateway.metrics_cost import gateway_metrics_cost, router_metrics_cost
+from bench.gateway.profile import stage_profile
 from bench.gateway.server import (
     cpu_per_request,
     cpu_snapshot,
@@ -183,6 +195,35 @@ def _seed(ok_url: str, failing_url: str) -> dict[str, Any]:
     }
 
 
+# Issue 28's targets, as ratios to direct_p50_ms, the same run's call straight to the mock (this
+# machine's speed drifts 2x from day to day; the ratios do not): figure -> (ratio key, the
+# ratio's upper bound). The rate is a lower bound on the gateway's share of the mock's own
+# rate at 16 clients; the CPU target is absolute (ms per request, web + PostgreSQL + Redis).
+RATIO_TARGETS: dict[str, tuple[str, float]] = {
+    "gateway_overhead_p50_ms": ("gateway_overhead_to_direct", 3.0),
+    "gateway_overhead_p99_ms": ("gateway_overhead_p99_to_direct", 10.0),
+    "failover_overhead_p50_ms": ("failover_overhead_to_direct", 4.0),
+    "circuit_open_overhead_p50_ms": ("circuit_open_overhead_to_direct", 3.0),
+    "limits_and_budgets_added_paired_p50_ms": ("limits_and_budgets_added_to_direct", 0.5),
+    "stream_ttfb_overhead_p50_ms": ("stream_ttfb_overhead_to_direct", 3.0),
+}
+
+
+def _ratios(out: dict[str, Any]) -> dict[str, Any]:
+    """Each target figure over direct_p50_ms, and whether each target is met."""
+    ratios: dict[str, Any] = {}
+    met: dict[str, bool] = {}
+    for figure, (key, bound) in RATIO_TARGETS.items():
+        ratios[key] = round(out[figure] / out["direct_p50_ms"], 2)
+        met[key] = ratios[key] <= bound
+    ratios["gateway_rps_16_to_direct"] = round(out["gateway_rps_16"] / out["direct_rps_16"], 3)
+    met["gateway_rps_16_to_direct"] = (
+        ratios["gateway_rps_16_to_direct"] >= 0.5 and not out["gateway_rps_16_errors"]
+    )
+    met["gateway_cpu_ms_per_request"] = out["gateway_cpu_ms_per_request"] <= 2.0
+    return {**ratios, "targets_met": met}
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="manage.py bench gateway", description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", help="also write the figures to this file")
@@ -226,7 +267,13 @@ def main(argv: list[str]) -> int:
 
         out["db_roundtrip_p50_ms"], _ = measure(select_one, n=n, warmup=warm)
         direct = Client(ok_port, "/v1/chat/completions")
-        out["direct_p50_ms"], out["direct_p95_ms"] = measure(lambda: direct.post(BODY), n=n, warmup=warm)
+        samples = measure_samples(lambda: direct.post(BODY), n=n, warmup=warm)
+        out["direct_p50_ms"], out["direct_p95_ms"] = percentiles(samples)
+        out["direct_p99_ms"] = quantile_ms(samples, 0.99)
+        direct_stream = Client(ok_port, "/v1/chat/completions")
+        out["direct_stream_ttfb_p50_ms"] = (
+            statistics.median([direct_stream.first_byte(BODY) for _ in range(warm + n)][warm:]) * 1000.0
+        )
         failing_direct = Client(failing_port, "/v1/chat/completions")
         out["failing_mock_p50_ms"], _ = measure(lambda: failing_direct.post(BODY), n=n, warmup=warm)
 
@@ -274,6 +321,14 @@ def main(argv: list[str]) -> int:
                 conn_max_age=out["web_server"]["db_conn_max_age"],
             )
         )
+        # Where the request thread's CPU goes, stage by stage, and its round trips (in-process).
+        out["stage_profile"] = stage_profile(
+            token=seeded["token"],
+            model=wfs["ok"].slug,
+            n=n,
+            warmup=warm,
+            conn_max_age=out["web_server"]["db_conn_max_age"],
+        )
         # How requests are recorded (the bench process's settings, inherited by gunicorn).
         out["recording"] = settings.INFERENCE_RECORDING
         out["ledger_partitions"] = settings.LEDGER_PARTITIONS
@@ -298,9 +353,21 @@ def main(argv: list[str]) -> int:
 
             return call
 
-        p50, p95 = measure(through_gateway(wfs["ok"].slug), n=n, warmup=warm)
+        samples = measure_samples(through_gateway(wfs["ok"].slug), n=n, warmup=warm)
+        p50, p95 = percentiles(samples)
         out["gateway_p50_ms"], out["gateway_p95_ms"] = p50, p95
+        out["gateway_p99_ms"] = quantile_ms(samples, 0.99)
         out["gateway_overhead_p50_ms"] = p50 - out["direct_p50_ms"]
+        out["gateway_overhead_p99_ms"] = out["gateway_p99_ms"] - out["direct_p99_ms"]
+        # Streaming: time to the first content event through the gateway, against the mock's own.
+        streamed = Client(port, "/v1/chat/completions", auth)
+        stream_body = {**BODY, "model": wfs["ok"].slug}
+        out["gateway_stream_ttfb_p50_ms"] = (
+            statistics.median([streamed.first_byte(stream_body) for _ in range(warm + n)][warm:]) * 1000.0
+        )
+        out["stream_ttfb_overhead_p50_ms"] = (
+            out["gateway_stream_ttfb_p50_ms"] - out["direct_stream_ttfb_p50_ms"]
+        )
         # Rate limits on, and limits and budgets on: a key without any, one with rate limits and
         # a team key with everything, request by request in turn (the same load on all three).
         limited = Client(port, "/v1/chat/completions", {"Authorization": f"Bearer {seeded['limited_token']}"})
@@ -371,6 +438,11 @@ def main(argv: list[str]) -> int:
             budget_settle(admission=admission)
 
         out["budget_admission_p50_ms"], _ = measure(admit, n=n, warmup=warm)
+        # The mock's own rate at 16 clients (what the gateway's rate is read against).
+        direct_answered, direct_errors, direct_seconds = requests_per_second(
+            ok_port, None, "m", clients=16, seconds=args.rps_seconds
+        )
+        out["direct_rps_16"], out["direct_rps_16_errors"] = direct_answered / direct_seconds, direct_errors
         before = cpu_snapshot(gunicorn.pid)
         answered, errors, seconds = requests_per_second(
             port, seeded["token"], wfs["ok"].slug, clients=16, seconds=args.rps_seconds
@@ -388,6 +460,7 @@ def main(argv: list[str]) -> int:
         out.update(cpu)
         out["gateway_cpu_cores_16"] = cpu["gateway_cpu_ms_per_request"] * (answered + errors) / seconds / 1000
         out["loadavg_end"] = round(os.getloadavg()[0], 2)
+        out.update(_ratios(out))
         for key, value in list(out.items()):
             if isinstance(value, float):
                 out[key] = round(value, 3)

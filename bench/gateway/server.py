@@ -124,16 +124,18 @@ def cpu_per_request(before: dict[str, Any], after: dict[str, Any], requests: int
 
 
 def requests_per_second(
-    port: int, token: str, workflow: str, *, clients: int, seconds: float
+    port: int, token: str | None, workflow: str, *, clients: int, seconds: float
 ) -> tuple[int, int, float]:
-    """(answered, errors, seconds) for `clients` keep-alive clients sending for `seconds`."""
+    """(answered, errors, seconds) for `clients` keep-alive clients sending for `seconds`;
+    without a token, as a caller of the provider itself (the mock) would."""
     stop = time.monotonic() + seconds
     counts = [0] * clients
     errors = [0] * clients
     body = {**BODY, "model": workflow}
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
 
     def loop(i: int) -> None:
-        client = Client(port, "/v1/chat/completions", {"Authorization": f"Bearer {token}"})
+        client = Client(port, "/v1/chat/completions", headers)
         while time.monotonic() < stop:
             status, _ = client.post(body)
             if status == 200:

@@ -9,11 +9,13 @@ python manage.py bench figures [--check]
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from importlib import import_module
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import OperationalError
 
 # name -> "module:function" taking the benchmark's own argv and returning an exit code.
 BENCHMARKS = {
@@ -47,7 +49,12 @@ class Command(BaseCommand):
             django.setup()
             name = argv[2]
             # The engine's CLI takes its benchmark name as the first argument.
-            code = _entry(name)([name, *argv[3:]] if name == "diloco" else argv[3:])
+            try:
+                code = _entry(name)([name, *argv[3:]] if name == "diloco" else argv[3:])
+            except OperationalError as exc:  # e.g. DATABASE_URL names a database not created yet
+                reason = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
+                sys.stderr.write(f"manage.py bench {name}: the database is unavailable: {reason}\n")
+                raise SystemExit(1) from None
             if code:
                 raise SystemExit(code)
             return
