@@ -4,6 +4,7 @@ times a call (warm-up, then p50 and p99 of n samples)."""
 from __future__ import annotations
 
 import http.client
+import io
 import json
 import statistics
 import time
@@ -78,3 +79,26 @@ class Client:
         if first is None:
             raise RuntimeError("the stream carried no content event")
         return first
+
+
+def v1_environ(token: str, body: bytes) -> dict[str, Any]:
+    """The WSGI environ of POST /v1/chat/completions with `body` and a bearer `token`, as
+    gunicorn's gthread workers hand it to the application (for calls made in this process)."""
+    return {
+        "REQUEST_METHOD": "POST",
+        "PATH_INFO": "/v1/chat/completions",
+        "SERVER_NAME": "127.0.0.1",
+        "SERVER_PORT": "80",
+        "HTTP_HOST": "127.0.0.1",
+        "SERVER_PROTOCOL": "HTTP/1.1",
+        "CONTENT_TYPE": "application/json",
+        "CONTENT_LENGTH": str(len(body)),
+        "HTTP_AUTHORIZATION": f"Bearer {token}",
+        "wsgi.input": io.BytesIO(body),
+        "wsgi.url_scheme": "http",
+        "wsgi.errors": io.StringIO(),
+        "wsgi.multithread": True,
+        "wsgi.multiprocess": True,
+        "wsgi.run_once": False,
+        "wsgi.version": (1, 0),
+    }

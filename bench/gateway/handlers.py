@@ -5,46 +5,23 @@ per-pair differences (a loaded machine blurs a difference of two medians far mor
 
 from __future__ import annotations
 
-import io
 import json
 import statistics
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
 
 from django.conf import settings
 from django.core.handlers.wsgi import WSGIHandler
 from django.db import connection
 from django.utils.module_loading import import_string
 
-from bench.gateway.client import BODY
-
-
-def _environ(token: str, body: bytes) -> dict[str, Any]:
-    return {
-        "REQUEST_METHOD": "POST",
-        "PATH_INFO": "/v1/chat/completions",
-        "SERVER_NAME": "127.0.0.1",
-        "SERVER_PORT": "80",
-        "HTTP_HOST": "127.0.0.1",
-        "SERVER_PROTOCOL": "HTTP/1.1",
-        "CONTENT_TYPE": "application/json",
-        "CONTENT_LENGTH": str(len(body)),
-        "HTTP_AUTHORIZATION": f"Bearer {token}",
-        "wsgi.input": io.BytesIO(body),
-        "wsgi.url_scheme": "http",
-        "wsgi.errors": io.StringIO(),
-        "wsgi.multithread": False,
-        "wsgi.multiprocess": False,
-        "wsgi.run_once": False,
-        "wsgi.version": (1, 0),
-    }
+from bench.gateway.client import BODY, v1_environ
 
 
 def _timed(handler: Callable[..., Iterable[bytes]], token: str, body: bytes) -> float:
     status: list[str] = []
     started = time.perf_counter()
-    answer = handler(_environ(token, body), lambda s, h, e=None: status.append(s))
+    answer = handler(v1_environ(token, body), lambda s, h, e=None: status.append(s))
     b"".join(answer)
     getattr(answer, "close", lambda: None)()
     elapsed = time.perf_counter() - started

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import cProfile
 import http.client
-import io
 import json
 import pstats
 import statistics
@@ -38,7 +37,7 @@ from django.db import connection
 from django.utils.module_loading import import_string
 from redis.connection import AbstractConnection
 
-from bench.gateway.client import BODY
+from bench.gateway.client import BODY, v1_environ
 
 # (stage, path fragments of the modules that make it), in request order; the first match wins.
 STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -84,30 +83,9 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
 OTHER = "everything else (stdlib, builtins, prometheus, ...)"
 
 
-def _environ(token: str, body: bytes) -> dict[str, Any]:
-    return {
-        "REQUEST_METHOD": "POST",
-        "PATH_INFO": "/v1/chat/completions",
-        "SERVER_NAME": "127.0.0.1",
-        "SERVER_PORT": "80",
-        "HTTP_HOST": "127.0.0.1",
-        "SERVER_PROTOCOL": "HTTP/1.1",
-        "CONTENT_TYPE": "application/json",
-        "CONTENT_LENGTH": str(len(body)),
-        "HTTP_AUTHORIZATION": f"Bearer {token}",
-        "wsgi.input": io.BytesIO(body),
-        "wsgi.url_scheme": "http",
-        "wsgi.errors": io.StringIO(),
-        "wsgi.multithread": True,
-        "wsgi.multiprocess": True,
-        "wsgi.run_once": False,
-        "wsgi.version": (1, 0),
-    }
-
-
 def _call(app: Callable[..., Iterable[bytes]], token: str, body: bytes) -> None:
     status: list[str] = []
-    answer = app(_environ(token, body), lambda s, h, e=None: status.append(s))
+    answer = app(v1_environ(token, body), lambda s, h, e=None: status.append(s))
     b"".join(answer)
     getattr(answer, "close", lambda: None)()
     if not status or not status[0].startswith("200"):
