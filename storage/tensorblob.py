@@ -9,7 +9,9 @@ A blob is written and read as a stream, so no blob exists whole in memory beside
 ``pack_stream`` yields the header (every size is known from the tensors' shapes and dtypes)
 and then each tensor's own memory, uncopied; ``read`` fills freshly allocated tensors straight
 from a readable stream. ``pack`` and ``unpack`` are the same format as one byte string, for
-small blobs. ``blob_write`` and ``blob_read`` stream a blob into and out of an object store.
+small blobs. ``blob_write`` and ``blob_read`` stream a blob into and out of an object store;
+given a ``Meter``, they count the bytes that crossed (every piece handed to the store, every
+byte read from it), so a caller reports measured traffic instead of computing it.
 """
 
 from __future__ import annotations
@@ -39,6 +41,38 @@ class Readable(Protocol):
     def read(self, n: int = -1, /) -> bytes: ...
 
     def readinto(self, buffer: memoryview, /) -> int | None: ...
+
+
+class Meter:
+    """Bytes a caller wrote to and read from a store through blob_write and blob_read."""
+
+    def __init__(self) -> None:
+        self.written = 0
+        self.read = 0
+
+    def pieces(self, chunks: Iterator[bytes | memoryview]) -> Iterator[bytes | memoryview]:
+        """`chunks`, counting each piece as the store takes it."""
+        for chunk in chunks:
+            self.written += memoryview(chunk).nbytes
+            yield chunk
+
+
+class _MeteredReader:
+    """A Readable that counts what it hands out into its meter."""
+
+    def __init__(self, stream: Readable, meter: Meter) -> None:
+        self._stream = stream
+        self._meter = meter
+
+    def read(self, n: int = -1, /) -> bytes:
+        data = self._stream.read(n)
+        self._meter.read += len(data)
+        return data
+
+    def readinto(self, buffer: memoryview, /) -> int | None:
+        n = self._stream.readinto(buffer)
+        self._meter.read += n or 0
+        return n
 
 
 def _bytes_view(t: torch.Tensor) -> memoryview:
@@ -117,15 +151,23 @@ def blob_write(
     tensors: dict[str, torch.Tensor],
     *,
     if_absent: bool = False,
+    meter: Meter | None = None,
 ) -> bool:
-    """Stream a blob into `store` at `key`; with `if_absent`, False (nothing written) if it exists."""
+    """Stream a blob into `store` at `key`; with `if_absent`, False (nothing written) if it exists.
+    `meter` counts the bytes the store took (for `if_absent`, what it read before refusing)."""
+    chunks = pack_stream(meta, tensors)
+    if meter is not None:
+        chunks = meter.pieces(chunks)
     if if_absent:
-        return store.put_stream_if_absent(key, pack_stream(meta, tensors))
-    store.put_stream(key, pack_stream(meta, tensors))
+        return store.put_stream_if_absent(key, chunks)
+    store.put_stream(key, chunks)
     return True
 
 
-def blob_read(store: ObjectStore, key: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """(meta, tensors) of the blob at `key`, streamed; ObjectNotFoundError if it is missing."""
+def blob_read(
+    store: ObjectStore, key: str, *, meter: Meter | None = None
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """(meta, tensors) of the blob at `key`, streamed; ObjectNotFoundError if it is missing.
+    `meter` counts the bytes read from the store."""
     with store.open_read(key) as stream:
-        return read(stream)
+        return read(stream if meter is None else _MeteredReader(stream, meter))

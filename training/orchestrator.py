@@ -161,14 +161,16 @@ def _learner_for(run: TrainingRun, index: int, generation: int, seq: int, steps_
             checkpoint_key=checkpoints.key(index, *found),
         )
     else:
-        params, versions, _ = newest_global(run_transport(run), engine.fragments, held=True)
+        transport = run_transport(run)
+        params, versions, _ = newest_global(transport, engine.fragments, held=True)
         learner.rejoin(params, versions)
         # Continue the learner's lr schedule where its previous incarnation stopped.
         learner.step_count = steps_done
         start = LearnerStart(
             slot=LearnerSlot(learner=learner),
             source=LearnerChunk.StateSource.REJOIN,
-            bytes_received=sum(t.numel() * 4 for t in params.values()),
+            # Measured: every version blob read (a full version: the syncer's whole state).
+            bytes_received=transport.bytes_down,
         )
     _LEARNERS[key] = start.slot
     return start
@@ -204,21 +206,20 @@ def _reconcile_pushes(slot: LearnerSlot, transport: ObjectStoreTransport, index:
 def _fetch_versions(
     learner: Learner, transport: ObjectStoreTransport, fragment: int, down: CompressionKind
 ) -> int:
-    """Bring the learner's held copy of a fragment to the newest version; returns bytes received."""
-    received = 0
+    """Bring the learner's held copy of a fragment to the newest version; returns the bytes read
+    from the store for it (measured by the transport, blob headers included)."""
+    before = transport.bytes_down
     for attempt in range(3):
         found = transport.versions(fragment)
         newest = max(found) if found else 0
         have = learner.held_version[fragment]
         if newest <= have:
-            return received
+            break
         if newest - have <= DOWN_CHAIN_LIMIT[down]:
             try:
                 for v in range(have + 1, newest + 1):
-                    d = transport.get_down(fragment, v)
-                    learner.receive(d)
-                    received += d.nbytes
-                return received
+                    learner.receive(transport.get_down(fragment, v))
+                break
             except LookupError:  # a version without a down-delta (written before they
                 pass  # existed), or one the retention sweep deleted: the full newest instead
         try:
@@ -228,8 +229,8 @@ def _fetch_versions(
                 raise
             continue  # swept since the listing (a newer one was published): list again
         learner.receive_full(fragment, full.held, newest)
-        return received + full.nbytes
-    return received
+        break
+    return transport.bytes_down - before
 
 
 def _push_before_interruption(
@@ -257,9 +258,10 @@ def _push_before_interruption(
         slot.owed.discard(f)
         slot.pushed_base[f] = learner.base_version[f]
         delta = learner.make_delta(f, now=time.time())
+        sent = transport.bytes_up
         transport.put_delta(delta)
         outcome.deltas_pushed += 1
-        outcome.bytes_sent += delta.nbytes
+        outcome.bytes_sent += transport.bytes_up - sent  # measured: the blob the store took
     services.learner_chunk_progress(
         chunk_id=chunk_id,
         learner_id=learner_id,
@@ -344,9 +346,10 @@ def learner_chunk_execute(
                 slot.owed.discard(f)
                 slot.pushed_base[f] = learner.base_version[f]
                 delta = learner.make_delta(f, now=time.time())
+                sent = transport.bytes_up
                 transport.put_delta(delta)
                 outcome.deltas_pushed += 1
-                outcome.bytes_sent += delta.nbytes
+                outcome.bytes_sent += transport.bytes_up - sent  # measured: the blob the store took
                 pushed = True
             now = time.monotonic()
             if pushed:

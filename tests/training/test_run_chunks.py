@@ -202,9 +202,19 @@ def test_a_chunk_in_another_process_continues_from_the_checkpoint_with_its_adamw
     assert first.state_source == "rejoin" and last.state_source == "checkpoint"
     assert all(c.state_source == "memory" for c in chunks[1:-1])
     assert last.checkpoint_key == start.checkpoint_key and not last.error
-    full = 4 * sum(t.numel() for k, t in tensors.items() if k.startswith("param:"))
-    assert first.bytes_received == full  # version 0 whole: the learner held nothing
-    assert 0 < last.bytes_received < full / 4  # then 4-bit down-deltas
+    # Measured, not computed: the rejoin read every fragment's version 0 whole (the syncer's
+    # full state, header and all), as the store holds it.
+    from training.run_engines import run_transport  # imports torch, as the other tests here do
+
+    store = run_transport(run).store
+    version0 = [k for k in store.list(f"runs/{run.pk}/versions/") if k.endswith("/v00000000.syd")]
+    full = sum(store.local_path(k).stat().st_size for k in version0)
+    params = 4 * sum(t.numel() for k, t in tensors.items() if k.startswith("param:"))
+    assert version0 and first.bytes_received == full > params
+    # Then version 1 came down as each fragment's 4-bit down-delta, read whole.
+    down1 = [k for k in store.list(f"runs/{run.pk}/down/") if k.endswith("/v00000001.syd")]
+    assert down1 and last.bytes_received == sum(store.local_path(k).stat().st_size for k in down1)
+    assert last.bytes_received < full / 4
     assert _checkpoints(run).list(0) == [(0, c.seq) for c in chunks][-2:]  # older ones pruned
 
 

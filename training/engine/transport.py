@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Protocol
 
 from storage.objectstore import FileStore, ObjectNotFoundError, ObjectStore, S3Store
-from storage.tensorblob import blob_read, blob_write
+from storage.tensorblob import Meter, blob_read, blob_write
 from training.engine.messages import (
     DownDelta,
     FragmentDelta,
@@ -46,6 +46,16 @@ from training.engine.messages import (
 
 
 class Transport(Protocol):
+    @property
+    def bytes_up(self) -> int:
+        """Bytes this transport has sent so far (each implementation says what counts)."""
+        ...
+
+    @property
+    def bytes_down(self) -> int:
+        """Bytes this transport has received so far."""
+        ...
+
     def put_delta(self, delta: FragmentDelta) -> None: ...
 
     def delta_ids(self, fragment: int, learner: int | None = None) -> list[str]:
@@ -151,7 +161,10 @@ class Swept:
 
 
 class InMemoryTransport:
-    """Dicts in one process; objects are copied in and out so nobody aliases anybody."""
+    """Dicts in one process; objects are copied in and out so nobody aliases anybody.
+
+    Nothing crosses a store here: `bytes_up` / `bytes_down` are the payloads' sizes (values and
+    quantisation scales), what a store would carry less each blob's header."""
 
     def __init__(self) -> None:
         self._deltas: dict[int, dict[str, FragmentDelta]] = {}
@@ -197,11 +210,23 @@ _STORED = re.compile(r"(?P<kind>versions|down)/f(?P<fragment>\d+)/v(?P<version>\
 
 
 class ObjectStoreTransport:
-    """Deltas and versions as blobs under ``prefix`` in an object store."""
+    """Deltas and versions as blobs under ``prefix`` in an object store.
+
+    `bytes_up` / `bytes_down` are measured: every byte of every blob this transport wrote to or
+    read from the store (headers included), not the payloads' computed sizes."""
 
     def __init__(self, store: ObjectStore, prefix: str = "") -> None:
         self.store = store
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        self.meter = Meter()
+
+    @property
+    def bytes_up(self) -> int:
+        return self.meter.written
+
+    @property
+    def bytes_down(self) -> int:
+        return self.meter.read
 
     def _delta_key(self, fragment: int, delta_id: str) -> str:
         return f"{self.prefix}deltas/f{fragment:03d}/{delta_id}.syd"
@@ -213,7 +238,9 @@ class ObjectStoreTransport:
         return f"{self.prefix}down/f{fragment:03d}/v{version:08d}.syd"
 
     def put_delta(self, delta: FragmentDelta) -> None:
-        blob_write(self.store, self._delta_key(delta.fragment, delta.id), *delta_parts(delta))
+        blob_write(
+            self.store, self._delta_key(delta.fragment, delta.id), *delta_parts(delta), meter=self.meter
+        )
 
     def delta_ids(self, fragment: int, learner: int | None = None) -> list[str]:
         head = f"{self.prefix}deltas/f{fragment:03d}/"
@@ -221,17 +248,18 @@ class ObjectStoreTransport:
         return [k[len(head) : -len(".syd")] for k in self.store.list(narrow) if k.endswith(".syd")]
 
     def get_delta(self, fragment: int, delta_id: str) -> FragmentDelta:
-        return delta_from_parts(*blob_read(self.store, self._delta_key(fragment, delta_id)))
+        return delta_from_parts(*blob_read(self.store, self._delta_key(fragment, delta_id), meter=self.meter))
 
     def publish(self, version: GlobalVersion) -> bool:
         key = self._version_key(version.fragment, version.version)
-        if not blob_write(self.store, key, *version_parts(version), if_absent=True):
+        if not blob_write(self.store, key, *version_parts(version), if_absent=True, meter=self.meter):
             return False
         if version.down:
             blob_write(
                 self.store,
                 self._down_key(version.fragment, version.version),
                 *down_parts(version.down_delta()),
+                meter=self.meter,
             )
         return True
 
@@ -240,7 +268,9 @@ class ObjectStoreTransport:
         return sorted(int(k[len(head) : -len(".syd")]) for k in self.store.list(head))
 
     def get_version(self, fragment: int, version: int) -> GlobalVersion:
-        return version_from_parts(*blob_read(self.store, self._version_key(fragment, version)))
+        return version_from_parts(
+            *blob_read(self.store, self._version_key(fragment, version), meter=self.meter)
+        )
 
     def delete_version(self, fragment: int, version: int) -> None:
         """The version blob first, then its down-delta: a reader that misses the down-delta then
@@ -282,7 +312,7 @@ class ObjectStoreTransport:
     def get_down(self, fragment: int, version: int) -> DownDelta:
         key = self._down_key(fragment, version)
         try:
-            return down_from_parts(*blob_read(self.store, key))
+            return down_from_parts(*blob_read(self.store, key, meter=self.meter))
         except ObjectNotFoundError:
             pass
         # Its publisher died between the two writes: write it from the version blob.
@@ -290,5 +320,5 @@ class ObjectStoreTransport:
         if not full.down:
             raise LookupError(f"fragment {fragment} version {version} has no down-delta") from None
         down = full.down_delta()
-        blob_write(self.store, key, *down_parts(down))
+        blob_write(self.store, key, *down_parts(down), meter=self.meter)
         return down
