@@ -256,7 +256,21 @@ def _run_figures(run_id: int) -> dict[str, Any]:
         "initial_eval_loss": run.initial_eval_loss,
         "final_eval_loss": run.final_eval_loss,
         "versions": GlobalVersionRecord.objects.filter(run=run).aggregate(v=Max("version"))["v"],
+        # Measured by the learners' transports as the blobs crossed the store (headers included):
+        # every chunk's sum, per learner index (a failed-over learner's lives together).
+        "store_bytes_sent_per_learner": _per_learner(run, "bytes_sent"),
+        "store_bytes_received_per_learner": _per_learner(run, "bytes_received"),
     }
+
+
+def _per_learner(run: TrainingRun, field: str) -> dict[int, int]:
+    rows = (
+        LearnerChunk.objects.filter(learner__run=run)
+        .values("learner__index")
+        .annotate(total=Sum(field))
+        .order_by("learner__index")
+    )
+    return {row["learner__index"]: int(row["total"] or 0) for row in rows}
 
 
 def main(argv: list[str] | None = None) -> int:
