@@ -9,6 +9,8 @@ from datetime import datetime
 from decimal import Decimal
 
 from django.db import transaction
+from django.db.models import F
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from billing.budgets.errors import BudgetExhausted
@@ -73,8 +75,16 @@ def budget_admit(
     by_id = {budget.pk: budget for budget, _, _ in hard}
     with transaction.atomic():
         # Create missing periods first (that takes the ledger head lock), then
-        # lock the periods in id order: the module's lock order.
-        ids = [budget_period_open(budget=budget, start=start, end=end).pk for budget, start, end in hard]
+        # lock the periods in id order: the module's lock order. The periods that exist (all of
+        # them but at a period's start) are found in one query.
+        rows = BudgetPeriod.objects.filter(budget_id__in=by_id, start__in={start for _, start, _ in hard})
+        existing = {
+            (budget_id, start): pk for budget_id, start, pk in rows.values_list("budget_id", "start", "pk")
+        }
+        ids = [
+            existing.get((budget.pk, start)) or budget_period_open(budget=budget, start=start, end=end).pk
+            for budget, start, end in hard
+        ]
         periods = list(BudgetPeriod.objects.select_for_update().filter(pk__in=ids).order_by("pk"))
         for period in periods:
             budget = by_id[period.budget_id]
@@ -89,13 +99,15 @@ def budget_admit(
                     ),
                     budget_id=budget.pk,
                 )
-        reservations = []
-        for period in periods:
-            if by_id[period.budget_id].currency != currency or estimate == 0:
-                continue
-            period.reserved += estimate
-            period.save(update_fields=["reserved"])
-            reservations.append((period.pk, estimate))
+        reservations = [
+            (period.pk, estimate)
+            for period in periods
+            if by_id[period.budget_id].currency == currency and estimate != 0
+        ]
+        if reservations:  # rows this transaction already holds locked: one UPDATE for all
+            BudgetPeriod.objects.filter(pk__in=[pk for pk, _ in reservations]).update(
+                reserved=F("reserved") + estimate
+            )
     return Admission(
         estimate=estimate,
         currency=currency,
@@ -115,10 +127,10 @@ def budget_settle(*, admission: Admission) -> None:
         return
     amounts = dict(admission.reservations)
     with transaction.atomic():
-        for period in BudgetPeriod.objects.select_for_update().filter(pk__in=amounts).order_by("pk"):
-            # Never below zero: a period reset by hand must not go negative.
-            period.reserved = max(ZERO, period.reserved - amounts[period.pk])
-            period.save(update_fields=["reserved"])
+        # One UPDATE per period, in id order (each takes its row's lock: the module's lock
+        # order), never below zero: a period reset by hand must not go negative.
+        for pk in sorted(amounts):
+            BudgetPeriod.objects.filter(pk=pk).update(reserved=Greatest(F("reserved") - amounts[pk], ZERO))
     admission.settled = True
 
 

@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from billing.budgets import (
@@ -554,3 +556,27 @@ def test_far_from_its_limit_a_hard_budget_still_reserves_every_admission_and_ref
     _bill(cluster, str((Decimal("100") / PRICE).quantize(Decimal("0.000001"))))
     with pytest.raises(BudgetExhausted):
         budget_admit(estimate=small, target=spend_target(cluster=cluster), cached_budgets=True)
+
+
+def test_an_admission_under_two_hard_budgets_costs_three_statements_and_its_settle_two(
+    cluster: Cluster, operator: User
+) -> None:
+    # The /v1 hot path under hard budgets (issue 28): one query finds the open periods, one
+    # locks them, one UPDATE reserves in both; the settle is one UPDATE per period.
+    workflow = make_workflow(owner=operator, team="vision")
+    _budget(scope=Budget.Scope.CLUSTER, cluster=cluster, limit_amount=Decimal("100"), hard_limit=True)
+    _budget(scope=Budget.Scope.TEAM, team="vision", limit_amount=Decimal("100"), hard_limit=True)
+    target = spend_target(cluster=cluster, workflow=workflow)
+    budget_settle(admission=budget_admit(estimate=Decimal("0.01"), target=target, cached_budgets=True))
+
+    def statements(capture: CaptureQueriesContext) -> list[str]:
+        return [q["sql"].split()[0] for q in capture.captured_queries if "SAVEPOINT" not in q["sql"]]
+
+    with CaptureQueriesContext(connection) as admitting:
+        admission = budget_admit(estimate=Decimal("0.01"), target=target, cached_budgets=True)
+    assert len(admission.reservations) == 2
+    assert statements(admitting) == ["SELECT", "SELECT", "UPDATE"]
+    with CaptureQueriesContext(connection) as settling:
+        budget_settle(admission=admission)
+    assert statements(settling) == ["UPDATE", "UPDATE"]
+    assert set(BudgetPeriod.objects.values_list("reserved", flat=True)) == {Decimal("0")}
