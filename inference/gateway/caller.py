@@ -22,13 +22,18 @@ WORKFLOW_CACHE_SECONDS = 5.0
 
 
 def _raw_token(request: HttpRequest) -> str:
-    header = request.META.get("HTTP_AUTHORIZATION", "")
-    scheme, _, raw = header.partition(" ")
-    raw = raw.strip()
+    """The API token: `Authorization: Bearer <token>` (OpenAI's clients) or `x-api-key: <token>`
+    (Anthropic's), on any /v1 path; Authorization wins when both are sent."""
+    header = request.META.get("HTTP_AUTHORIZATION")
+    if header is None and "HTTP_X_API_KEY" in request.META:
+        scheme, raw = "bearer", request.META["HTTP_X_API_KEY"].strip()
+    else:
+        scheme, _, raw = (header or "").partition(" ")
+        raw = raw.strip()
     if scheme.lower() != "bearer" or not raw:
         raise GatewayError(
             401,
-            "Missing API key: send Authorization: Bearer <Switchyard API token>",
+            "Missing API key: send Authorization: Bearer <Switchyard API token> (or x-api-key: <token>)",
             type_="invalid_request_error",
             code="invalid_api_key",
         )

@@ -1,4 +1,5 @@
-"""A routed answer streamed to the client as server-sent events, in the OpenAI chunk format."""
+"""A routed answer streamed to the client as server-sent events, in the OpenAI chunk format or,
+for /v1/messages, translated into Anthropic's stream events (inference.gateway.anthropic_messages)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 from django.http import HttpResponse, StreamingHttpResponse
 
 from inference.adapters.base import InferenceInput
+from inference.gateway.anthropic_messages import MessagesStream
 from inference.gateway.responses import answer_headers, route_failure, tokens_used
 from inference.ratelimit.limits import RateCheck
 from inference.router.entry import route_stream
@@ -30,7 +32,9 @@ def stream_response(
     chat: bool,
     include_usage: bool,
     limits: RateCheck,
+    messages: bool = False,
 ) -> HttpResponse | StreamingHttpResponse:
+    """`messages`: answer in the Messages API's events (their last delta always carries usage)."""
     routed = route_stream(
         workflow=workflow,
         request=payload,
@@ -68,6 +72,9 @@ def stream_response(
                 return None
             raw = {k: v for k, v in raw.items() if k != "usage"}
         return {**raw, "id": ident, "model": workflow.slug}
+
+    if messages:
+        include_usage = True
 
     def docs() -> Iterator[dict[str, Any]]:
         """The events; a provider's own (`chunk.raw`) are passed on, others are made here."""
@@ -119,17 +126,35 @@ def stream_response(
             if held is not None:
                 yield _sse(held)
             held = doc
-        result = routed.result
-        limits.settle(tokens_used(result))
+        limits.settle(tokens_used(routed.result))
         if held is not None:
-            if result is not None:
-                held["switchyard"] = {"request_id": result.request_id, "deployment": result.deployment_slug}
-                if caller.sees_costs(workflow.team_id):  # the rule of the x-switchyard-cost header
-                    held["switchyard"] |= {"cost": f"{result.cost:f}", "currency": result.currency}
+            ours = switchyard()
+            if ours is not None:
+                held["switchyard"] = ours
             yield _sse(held)
         yield b"data: [DONE]\n\n"
 
-    response = StreamingHttpResponse(events(), content_type="text/event-stream")
+    def switchyard() -> dict[str, Any] | None:
+        """The request's id and deployment, and its cost for a caller whose role may see costs."""
+        result = routed.result
+        if result is None:
+            return None
+        ours: dict[str, Any] = {"request_id": result.request_id, "deployment": result.deployment_slug}
+        if caller.sees_costs(workflow.team_id):  # the rule of the x-switchyard-cost header
+            ours |= {"cost": f"{result.cost:f}", "currency": result.currency}
+        return ours
+
+    def message_events() -> Iterator[bytes]:
+        translated = MessagesStream(routed.request_id, workflow.slug)
+        yield translated.start()
+        for doc in docs():
+            yield from translated.feed(doc)
+        limits.settle(tokens_used(routed.result))
+        yield from translated.end(switchyard())
+
+    response = StreamingHttpResponse(
+        message_events() if messages else events(), content_type="text/event-stream"
+    )
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     answer_headers(response, None, routed.deployment_slug, caller, workflow.team_id)

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible gateway, mounted at /v1/ (inference.gateway.views)."""
+"""The gateway, mounted at /v1/: OpenAI's APIs and Anthropic's Messages (inference.gateway.views)."""
 
 from __future__ import annotations
 
@@ -11,4 +11,6 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("completions", gateway.completions, name="gateway-completions"),
     path("embeddings", gateway.embeddings, name="gateway-embeddings"),
     path("models", gateway.models, name="gateway-models"),
+    path("messages", gateway.messages, name="gateway-messages"),
+    path("messages/count_tokens", gateway.messages_count_tokens, name="gateway-messages-count-tokens"),
 ]

@@ -1,4 +1,6 @@
-"""The OpenAI-compatible gateway: /v1/chat/completions, /v1/completions, /v1/models.
+"""The gateway: OpenAI's /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models, and
+Anthropic's /v1/messages (and /v1/messages/count_tokens) as a parse/respond pair on the chat
+pipeline (inference.gateway.anthropic_messages).
 
 `model` names a workflow; the router picks the deployment. Plain Django views (no DRF) for
 speed. Authentication is a Switchyard API token (`Authorization: Bearer sy_...`), optionally
@@ -24,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
@@ -34,9 +37,17 @@ from django.views.decorators.csrf import csrf_exempt
 from billing.budgets import BudgetExhausted
 from billing.services import NoPriceError
 from inference.adapters.base import Completion, InferenceInput
+from inference.admission import input_tokens
+from inference.gateway.anthropic_messages import (
+    API_VERSION,
+    chat_to_message,
+    error_body,
+    messages_request_parse,
+)
 from inference.gateway.caller import caller_authorize, caller_grant, caller_grant_deferred, caller_workflow
 from inference.gateway.openai_body import InvalidRequest, json_document
 from inference.gateway.openai_request import (
+    ParsedRequest,
     chat_request_parse,
     completion_request_parse,
     embedding_request_parse,
@@ -102,6 +113,15 @@ def _idempotency_key(request: HttpRequest) -> str | None:
             f"Idempotency-Key {problem}", param="Idempotency-Key", code="invalid_idempotency_key"
         )
     return key
+
+
+# The generation APIs on one pipeline: how each parses its body (into the chat or completion
+# request the router takes) and which ledger endpoint it is.
+_PARSERS: dict[str, Callable[[dict[str, Any]], ParsedRequest]] = {
+    "chat": chat_request_parse,
+    "completion": completion_request_parse,
+    "messages": messages_request_parse,
+}
 
 
 # --- Responses -----------------------------------------------------------------------------------------
@@ -180,32 +200,33 @@ def _synthesized(result: RouteResult, c: Completion, model: str, *, chat: bool) 
     }
 
 
-def _complete(request: HttpRequest, *, chat: bool) -> HttpResponse | StreamingHttpResponse:
+def _complete(request: HttpRequest, *, api: str) -> HttpResponse | StreamingHttpResponse:
+    """`api`: chat, completion or messages (the key of _PARSERS)."""
     if request.method != "POST":
         return method_not_allowed("POST")
     body = _Body(request)
     try:
         limits = RateCheck()
-        return limits.stamp(_complete_checked(request, body, chat=chat, limits=limits, fresh=False))
+        return limits.stamp(_complete_checked(request, body, api=api, limits=limits, fresh=False))
     except StaleGrant:
         # The cached grant was older than the authorisation version: once more, read afresh.
         limits = RateCheck()
-        return limits.stamp(_complete_checked(request, body, chat=chat, limits=limits, fresh=True))
+        return limits.stamp(_complete_checked(request, body, api=api, limits=limits, fresh=True))
 
 
 def _complete_checked(
-    request: HttpRequest, body: _Body, *, chat: bool, limits: RateCheck, fresh: bool
+    request: HttpRequest, body: _Body, *, api: str, limits: RateCheck, fresh: bool
 ) -> HttpResponse | StreamingHttpResponse:
     verify: bytes | None = None  # a cached grant not checked against the version yet
+    chat = api != "completion"
     try:
         if fresh:
             caller = caller_grant(request)
         else:
             caller, verify = caller_grant_deferred(request)
         # The whole request is checked before the workflow is looked up or a provider called.
-        parse = chat_request_parse if chat else completion_request_parse
         document = body.document()
-        parsed = parse(document)
+        parsed: ParsedRequest = _PARSERS[api](document)
         key = _idempotency_key(request)
         assert parsed.model is not None  # noqa: S101 (required by the parser)
         workflow = caller_workflow(parsed.model, caller)
@@ -233,6 +254,7 @@ def _complete_checked(
                 chat=chat,
                 include_usage=parsed.include_usage,
                 limits=limits,
+                messages=api == "messages",
             )
         result = route(
             workflow=workflow,
@@ -265,6 +287,8 @@ def _complete_checked(
         }
     else:
         doc = _synthesized(result, c, workflow.slug, chat=chat)
+    if api == "messages":
+        doc = chat_to_message(doc, request_id=result.request_id, model=workflow.slug)
     response = HttpResponse(json.dumps(doc, separators=(",", ":")), content_type="application/json")
     answer_headers(response, result, result.deployment_slug, caller, workflow.team_id)
     return response
@@ -276,13 +300,64 @@ def _complete_checked(
 @csrf_exempt
 @transaction.non_atomic_requests
 def chat_completions(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
-    return _complete(request, chat=True)
+    return _complete(request, api="chat")
 
 
 @csrf_exempt
 @transaction.non_atomic_requests
 def completions(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
-    return _complete(request, chat=False)
+    return _complete(request, api="completion")
+
+
+def _anthropic_version_problem(request: HttpRequest) -> HttpResponse | None:
+    version = request.META.get("HTTP_ANTHROPIC_VERSION")
+    if version is None or version == API_VERSION:
+        return None
+    return invalid_response(
+        InvalidRequest(
+            f"anthropic-version {version[:40]!r} is not supported: send {API_VERSION}",
+            param="anthropic-version",
+            code="invalid_anthropic_version",
+        )
+    )
+
+
+def _anthropic_errors(response: HttpResponse | StreamingHttpResponse) -> HttpResponse | StreamingHttpResponse:
+    """An error answer rewritten in Anthropic's error shape (status and headers kept)."""
+    if response.status_code < 400 or isinstance(response, StreamingHttpResponse):
+        return response
+    response.content = json.dumps(error_body(response.status_code, json.loads(response.content))).encode()
+    return response
+
+
+@csrf_exempt
+@transaction.non_atomic_requests
+def messages(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
+    """POST /v1/messages: Anthropic's Messages API on the chat pipeline."""
+    return _anthropic_errors(_anthropic_version_problem(request) or _complete(request, api="messages"))
+
+
+@csrf_exempt
+@transaction.non_atomic_requests
+def messages_count_tokens(request: HttpRequest) -> HttpResponse:
+    """POST /v1/messages/count_tokens: the request's input tokens as the router estimates them
+    (inference.admission, the count limits and budgets use), not a provider's tokenizer.
+    No provider is called and nothing is billed; the caller must be allowed the workflow."""
+    if request.method != "POST":
+        return _anthropic_errors(method_not_allowed("POST"))  # type: ignore[return-value]
+    problem = _anthropic_version_problem(request)
+    if problem is not None:
+        return _anthropic_errors(problem)  # type: ignore[return-value]
+    try:
+        caller = caller_grant(request)
+        parsed = messages_request_parse(_Body(request).document(), counting=True)
+        assert parsed.model is not None  # noqa: S101 (required by the parser)
+        workflow = caller_workflow(parsed.model, caller)
+        caller_authorize(caller, workflow)
+    except _REFUSALS as exc:
+        return _anthropic_errors(_refusal(exc))  # type: ignore[return-value]
+    doc = {"input_tokens": input_tokens(parsed.request)}
+    return HttpResponse(json.dumps(doc), content_type="application/json")
 
 
 @csrf_exempt
