@@ -514,12 +514,12 @@ class MessagesStream:
     _refused: bool = False
     _usage: dict[str, Any] | None = None
 
-    def start(self) -> bytes:
+    def start(self) -> Iterator[bytes]:
         message = chat_to_message(
             {"choices": [{"message": {}}]}, request_id=self.request_id, model=self.model
         )
         message["stop_reason"] = None
-        return _event("message_start", {"type": "message_start", "message": message})
+        yield _event("message_start", {"type": "message_start", "message": message})
 
     def _close(self) -> Iterator[bytes]:
         if self._open is not None:

@@ -1,22 +1,32 @@
-"""A routed answer streamed to the client as server-sent events, in the OpenAI chunk format or,
-for /v1/messages, translated into Anthropic's stream events (inference.gateway.anthropic_messages)."""
+"""A routed answer streamed to the client as server-sent events, in the OpenAI chunk format or
+translated by another API's StreamTranslator (Anthropic's Messages events,
+inference.gateway.anthropic_messages; OpenAI's Responses events, inference.gateway.openai_responses)."""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 from django.http import HttpResponse, StreamingHttpResponse
 
 from inference.adapters.base import InferenceInput
-from inference.gateway.anthropic_messages import MessagesStream
 from inference.gateway.responses import answer_headers, route_failure, tokens_used
 from inference.ratelimit.limits import RateCheck
 from inference.router.entry import route_stream
 from registry.auth.access import TokenGrant
 from registry.models import Workflow
+
+
+class StreamTranslator(Protocol):
+    """Chat chunk documents in, another API's stream events out."""
+
+    def start(self) -> Iterator[bytes]: ...
+
+    def feed(self, chunk: dict[str, Any]) -> Iterator[bytes]: ...
+
+    def end(self, switchyard: dict[str, Any] | None) -> Iterator[bytes]: ...
 
 
 def _sse(doc: dict[str, Any]) -> bytes:
@@ -32,9 +42,10 @@ def stream_response(
     chat: bool,
     include_usage: bool,
     limits: RateCheck,
-    messages: bool = False,
+    translate: Callable[[int | None], StreamTranslator] | None = None,
 ) -> HttpResponse | StreamingHttpResponse:
-    """`messages`: answer in the Messages API's events (their last delta always carries usage)."""
+    """`translate`: the events of another API, made by a translator given the request's id (its
+    chunks always carry the usage, which the translated events report)."""
     routed = route_stream(
         workflow=workflow,
         request=payload,
@@ -73,7 +84,7 @@ def stream_response(
             raw = {k: v for k, v in raw.items() if k != "usage"}
         return {**raw, "id": ident, "model": workflow.slug}
 
-    if messages:
+    if translate is not None:
         include_usage = True
 
     def docs() -> Iterator[dict[str, Any]]:
@@ -144,16 +155,16 @@ def stream_response(
             ours |= {"cost": f"{result.cost:f}", "currency": result.currency}
         return ours
 
-    def message_events() -> Iterator[bytes]:
-        translated = MessagesStream(routed.request_id, workflow.slug)
-        yield translated.start()
+    def translated_events(translator: StreamTranslator) -> Iterator[bytes]:
+        yield from translator.start()
         for doc in docs():
-            yield from translated.feed(doc)
+            yield from translator.feed(doc)
         limits.settle(tokens_used(routed.result))
-        yield from translated.end(switchyard())
+        yield from translator.end(switchyard())
 
     response = StreamingHttpResponse(
-        message_events() if messages else events(), content_type="text/event-stream"
+        translated_events(translate(routed.request_id)) if translate is not None else events(),
+        content_type="text/event-stream",
     )
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"

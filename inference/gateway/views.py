@@ -1,6 +1,7 @@
 """The gateway: OpenAI's /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models, and
-Anthropic's /v1/messages (and /v1/messages/count_tokens) as a parse/respond pair on the chat
-pipeline (inference.gateway.anthropic_messages).
+as parse/respond pairs on the chat pipeline OpenAI's /v1/responses
+(inference.gateway.openai_responses) and Anthropic's /v1/messages and /v1/messages/count_tokens
+(inference.gateway.anthropic_messages).
 
 `model` names a workflow; the router picks the deployment. Plain Django views (no DRF) for
 speed. Authentication is a Switchyard API token (`Authorization: Bearer sy_...`), optionally
@@ -27,6 +28,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -40,6 +42,7 @@ from inference.adapters.base import Completion, InferenceInput
 from inference.admission import input_tokens
 from inference.gateway.anthropic_messages import (
     API_VERSION,
+    MessagesStream,
     chat_to_message,
     error_body,
     messages_request_parse,
@@ -52,6 +55,7 @@ from inference.gateway.openai_request import (
     completion_request_parse,
     embedding_request_parse,
 )
+from inference.gateway.openai_responses import ResponsesStream, chat_to_response, responses_request_parse
 from inference.gateway.responses import (
     GatewayError,
     answer_headers,
@@ -61,7 +65,7 @@ from inference.gateway.responses import (
     route_failure,
     tokens_used,
 )
-from inference.gateway.streaming import stream_response
+from inference.gateway.streaming import StreamTranslator, stream_response
 from inference.idempotency import IdempotencyConflict, caller_key_problem, request_digest, v1_request_id
 from inference.models import Endpoint
 from inference.ratelimit.limits import RateCheck, RateLimited, StaleGrant, version_check
@@ -115,12 +119,32 @@ def _idempotency_key(request: HttpRequest) -> str | None:
     return key
 
 
-# The generation APIs on one pipeline: how each parses its body (into the chat or completion
-# request the router takes) and which ledger endpoint it is.
-_PARSERS: dict[str, Callable[[dict[str, Any]], ParsedRequest]] = {
-    "chat": chat_request_parse,
-    "completion": completion_request_parse,
-    "messages": messages_request_parse,
+@dataclass(frozen=True)
+class _Api:
+    """One generation API on the pipeline: how its body becomes the chat or completion request
+    the router takes, and (for an API that is not OpenAI's chat or completions) how the chat
+    answer becomes its own, plain (`answer(chat_doc, request_id, workflow_slug, body)`) and
+    streamed (`stream(request_id, workflow_slug, body)`, a StreamTranslator)."""
+
+    parse: Callable[[dict[str, Any]], ParsedRequest]
+    chat: bool = True
+    answer: Callable[[dict[str, Any], int | None, str, dict[str, Any]], dict[str, Any]] | None = None
+    stream: Callable[[int | None, str, dict[str, Any]], StreamTranslator] | None = None
+
+
+_APIS = {
+    "chat": _Api(chat_request_parse),
+    "completion": _Api(completion_request_parse, chat=False),
+    "messages": _Api(
+        messages_request_parse,
+        answer=lambda doc, rid, model, body: chat_to_message(doc, request_id=rid, model=model),
+        stream=lambda rid, model, body: MessagesStream(rid, model),
+    ),
+    "responses": _Api(
+        responses_request_parse,
+        answer=lambda doc, rid, model, body: chat_to_response(doc, request_id=rid, model=model, request=body),
+        stream=lambda rid, model, body: ResponsesStream(rid, model, body),
+    ),
 }
 
 
@@ -200,8 +224,18 @@ def _synthesized(result: RouteResult, c: Completion, model: str, *, chat: bool) 
     }
 
 
+def _translator(
+    spec: _Api, model: str, body: dict[str, Any]
+) -> Callable[[int | None], StreamTranslator] | None:
+    """The stream translator of `spec`'s API for this request, given its id (None: chat's own)."""
+    make = spec.stream
+    if make is None:
+        return None
+    return lambda request_id: make(request_id, model, body)
+
+
 def _complete(request: HttpRequest, *, api: str) -> HttpResponse | StreamingHttpResponse:
-    """`api`: chat, completion or messages (the key of _PARSERS)."""
+    """`api`: the key of _APIS."""
     if request.method != "POST":
         return method_not_allowed("POST")
     body = _Body(request)
@@ -218,7 +252,8 @@ def _complete_checked(
     request: HttpRequest, body: _Body, *, api: str, limits: RateCheck, fresh: bool
 ) -> HttpResponse | StreamingHttpResponse:
     verify: bytes | None = None  # a cached grant not checked against the version yet
-    chat = api != "completion"
+    spec = _APIS[api]
+    chat = spec.chat
     try:
         if fresh:
             caller = caller_grant(request)
@@ -226,7 +261,7 @@ def _complete_checked(
             caller, verify = caller_grant_deferred(request)
         # The whole request is checked before the workflow is looked up or a provider called.
         document = body.document()
-        parsed: ParsedRequest = _PARSERS[api](document)
+        parsed = spec.parse(document)
         key = _idempotency_key(request)
         assert parsed.model is not None  # noqa: S101 (required by the parser)
         workflow = caller_workflow(parsed.model, caller)
@@ -254,7 +289,7 @@ def _complete_checked(
                 chat=chat,
                 include_usage=parsed.include_usage,
                 limits=limits,
-                messages=api == "messages",
+                translate=_translator(spec, workflow.slug, document),
             )
         result = route(
             workflow=workflow,
@@ -287,8 +322,8 @@ def _complete_checked(
         }
     else:
         doc = _synthesized(result, c, workflow.slug, chat=chat)
-    if api == "messages":
-        doc = chat_to_message(doc, request_id=result.request_id, model=workflow.slug)
+    if spec.answer is not None:
+        doc = spec.answer(doc, result.request_id, workflow.slug, document)
     response = HttpResponse(json.dumps(doc, separators=(",", ":")), content_type="application/json")
     answer_headers(response, result, result.deployment_slug, caller, workflow.team_id)
     return response
@@ -328,6 +363,33 @@ def _anthropic_errors(response: HttpResponse | StreamingHttpResponse) -> HttpRes
         return response
     response.content = json.dumps(error_body(response.status_code, json.loads(response.content))).encode()
     return response
+
+
+@csrf_exempt
+@transaction.non_atomic_requests
+def responses(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
+    """POST /v1/responses: OpenAI's Responses API on the chat pipeline."""
+    return _complete(request, api="responses")
+
+
+@csrf_exempt
+@transaction.non_atomic_requests
+def response_item(request: HttpRequest, response_id: str, rest: str = "") -> HttpResponse:
+    """GET or DELETE /v1/responses/{id} (and .../input_items, .../cancel): Switchyard keeps no
+    responses (inference.gateway.openai_responses), so after the key is checked each is a 404
+    that says so."""
+    try:
+        caller_grant(request)
+    except GatewayError as exc:
+        return error_response(exc.status, str(exc), exc.type, exc.code)
+    return error_response(
+        404,
+        "Switchyard keeps no responses (every response is answered with store: false); "
+        "send the conversation in input instead",
+        "invalid_request_error",
+        "response_not_found",
+        param="response_id",
+    )
 
 
 @csrf_exempt
