@@ -112,6 +112,7 @@ from bench.gateway.server import (
     requests_per_second,
     web_server_config,
 )
+from bench.gateway.translated import translated_api_figures
 from bench.meta import run_meta
 from bench.mockprovider import Behaviour, MockProviderServer
 from billing.budgets import budget_admit, budget_save, budget_settle, spend_target
@@ -373,43 +374,10 @@ def main(argv: list[str]) -> int:
         out["stream_ttfb_overhead_p50_ms"] = (
             out["gateway_stream_ttfb_p50_ms"] - out["direct_stream_ttfb_p50_ms"]
         )
-        # The agents' APIs (issue 29) on the same pipeline: a Messages request (x-api-key) and a
-        # Responses request, each in turn with the chat request it translates to (the same load).
-        translated = {
-            "messages": (
-                Client(
-                    port, "/v1/messages", {"x-api-key": seeded["token"], "anthropic-version": "2023-06-01"}
-                ),
-                {"model": wfs["ok"].slug, "max_tokens": BODY["max_tokens"], "messages": BODY["messages"]},
-            ),
-            "responses": (
-                Client(port, "/v1/responses", auth),
-                {"model": wfs["ok"].slug, "max_output_tokens": BODY["max_tokens"], "input": "ping"},
-            ),
-        }
-        chat_doc = {**BODY, "model": wfs["ok"].slug, "max_completion_tokens": BODY["max_tokens"]}
-        chat_doc.pop("max_tokens")
-        for name, (api_client, api_body) in translated.items():
-            chat_samples: list[float] = []
-            api_samples: list[float] = []
-            for i in range(warm + n):
-                for client, samples, doc_in in (
-                    (gateway, chat_samples, chat_doc),
-                    (api_client, api_samples, api_body),
-                ):
-                    t0 = time.perf_counter()
-                    status, doc = client.post(doc_in)
-                    if status != 200:
-                        raise RuntimeError(f"gateway answered {status}: {doc}")
-                    if i >= warm:
-                        samples.append(time.perf_counter() - t0)
-            out[f"{name}_p50_ms"], _ = percentiles(api_samples)
-            out[f"{name}_overhead_p50_ms"] = out[f"{name}_p50_ms"] - out["direct_p50_ms"]
-            out[f"{name}_chat_interleaved_p50_ms"], _ = percentiles(chat_samples)
-            # Target (issue 29): at most the chat figure + 0.3 ms.
-            out[f"{name}_added_to_chat_paired_p50_ms"] = (
-                statistics.median(a - c for a, c in zip(api_samples, chat_samples, strict=True)) * 1000.0
-            )
+        # The agents' APIs (issue 29), each in turn with the chat request it translates to.
+        out.update(translated_api_figures(gateway, port, seeded["token"], wfs["ok"].slug, n=n, warmup=warm))
+        out["messages_overhead_p50_ms"] = out["messages_p50_ms"] - out["direct_p50_ms"]
+        out["responses_overhead_p50_ms"] = out["responses_p50_ms"] - out["direct_p50_ms"]
         # Rate limits on, and limits and budgets on: a key without any, one with rate limits and
         # a team key with everything, request by request in turn (the same load on all three).
         limited = Client(port, "/v1/chat/completions", {"Authorization": f"Bearer {seeded['limited_token']}"})

@@ -1,6 +1,6 @@
 """A routed answer streamed to the client as server-sent events, in the OpenAI chunk format or
-translated by another API's StreamTranslator (Anthropic's Messages events,
-inference.gateway.anthropic_messages; OpenAI's Responses events, inference.gateway.openai_responses)."""
+translated by another API's StreamTranslator (Anthropic's Messages events or OpenAI's Responses
+events, inference.gateway.translated)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """The gateway: OpenAI's /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models, and
-as parse/respond pairs on the chat pipeline OpenAI's /v1/responses
-(inference.gateway.openai_responses) and Anthropic's /v1/messages and /v1/messages/count_tokens
-(inference.gateway.anthropic_messages).
+as parse/respond pairs on the chat pipeline (inference.gateway.translated) OpenAI's
+/v1/responses and Anthropic's /v1/messages and /v1/messages/count_tokens.
 
 `model` names a workflow; the router picks the deployment. Plain Django views (no DRF) for
 speed. Authentication is a Switchyard API token (`Authorization: Bearer sy_...`), optionally
@@ -40,13 +39,6 @@ from billing.budgets import BudgetExhausted
 from billing.services import NoPriceError
 from inference.adapters.base import Completion, InferenceInput
 from inference.admission import input_tokens
-from inference.gateway.anthropic_messages import (
-    API_VERSION,
-    MessagesStream,
-    chat_to_message,
-    error_body,
-    messages_request_parse,
-)
 from inference.gateway.caller import caller_authorize, caller_grant, caller_grant_deferred, caller_workflow
 from inference.gateway.openai_body import InvalidRequest, json_document
 from inference.gateway.openai_request import (
@@ -55,7 +47,6 @@ from inference.gateway.openai_request import (
     completion_request_parse,
     embedding_request_parse,
 )
-from inference.gateway.openai_responses import ResponsesStream, chat_to_response, responses_request_parse
 from inference.gateway.responses import (
     GatewayError,
     answer_headers,
@@ -66,6 +57,10 @@ from inference.gateway.responses import (
     tokens_used,
 )
 from inference.gateway.streaming import StreamTranslator, stream_response
+from inference.gateway.translated.messages_answer import MessagesStream, chat_to_message, error_body
+from inference.gateway.translated.messages_request import API_VERSION, messages_request_parse
+from inference.gateway.translated.responses_answer import ResponsesStream, chat_to_response
+from inference.gateway.translated.responses_request import responses_request_parse
 from inference.idempotency import IdempotencyConflict, caller_key_problem, request_digest, v1_request_id
 from inference.models import Endpoint
 from inference.ratelimit.limits import RateCheck, RateLimited, StaleGrant, version_check
@@ -376,7 +371,7 @@ def responses(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
 @transaction.non_atomic_requests
 def response_item(request: HttpRequest, response_id: str, rest: str = "") -> HttpResponse:
     """GET or DELETE /v1/responses/{id} (and .../input_items, .../cancel): Switchyard keeps no
-    responses (inference.gateway.openai_responses), so after the key is checked each is a 404
+    responses (inference.gateway.translated.responses_request), so after the key is checked each is a 404
     that says so."""
     try:
         caller_grant(request)

@@ -19,7 +19,7 @@ from django.test import Client
 
 from billing.models import Unit, UsageRecord
 from inference.admission import input_tokens
-from inference.gateway.anthropic_messages import messages_request_parse
+from inference.gateway.translated.messages_request import messages_request_parse
 from inference.models import InferenceRequest
 from registry.models import Workflow
 from registry.services import api_token_create
@@ -45,7 +45,7 @@ USAGE = {
     "prompt_tokens": 2000,
     "completion_tokens": 40,
     "total_tokens": 2040,
-    "prompt_tokens_details": {"cached_tokens": 1536},
+    "prompt_tokens_details": {"cached_tokens": 1536, "cache_write_tokens": 200},
 }
 
 
@@ -101,9 +101,10 @@ def test_a_message_is_translated_to_chat_and_its_answer_back_with_cached_tokens_
         message = client.messages.create(**kwargs)
     assert [b.type for b in message.content] == ["text"] and message.content[0].text == "It is sunny."
     assert message.stop_reason == "end_turn" and message.model == workflow.slug
-    assert message.usage.input_tokens == 464  # 2000 prompt tokens less the 1536 read from cache
+    # 2000 prompt tokens less the 1536 read from the cache and the 200 written to it
+    assert message.usage.input_tokens == 264
     assert message.usage.cache_read_input_tokens == 1536
-    assert message.usage.cache_creation_input_tokens == 0
+    assert message.usage.cache_creation_input_tokens == 200
     assert message.usage.output_tokens == 40
 
     sent = provider.script.last_body
@@ -127,6 +128,7 @@ def test_a_message_is_translated_to_chat_and_its_answer_back_with_cached_tokens_
         r.unit: r.quantity
         for r in UsageRecord.objects.filter(subject_type="inference_request", subject_id=str(row.pk))
     }
+    # Cache writes have no price unit of their own: billed with the uncached input.
     assert billed == {
         Unit.INPUT_TOKENS_1M: Decimal("0.000464"),
         Unit.CACHED_INPUT_TOKENS_1M: Decimal("0.001536"),
