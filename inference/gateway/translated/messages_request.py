@@ -32,12 +32,12 @@ from typing import Any
 from inference.gateway.openai_body import (
     MAX_TOKENS_LIMIT,
     USER_MAX_LENGTH,
-    InvalidRequest,
     field_error,
     is_int,
     string_field,
 )
-from inference.gateway.openai_request import ParsedRequest, chat_request_parse
+from inference.gateway.openai_request import ParsedRequest
+from inference.gateway.translated.common import chat_parse_translated, invalid
 
 API_VERSION = "2023-06-01"  # the only version of the Messages API there is, and the SDK's default
 
@@ -85,14 +85,10 @@ _PARAMS = {
 }
 
 
-def _error(where: str, message: str) -> InvalidRequest:
-    return InvalidRequest(f"{where} {message}", param=where, code="invalid_request")
-
-
 def _text(block: dict[str, Any], where: str) -> str:
     text = block.get("text")
     if not isinstance(text, str):
-        raise _error(f"{where}.text", "must be a string")
+        raise invalid(f"{where}.text", "must be a string")
     return text
 
 
@@ -100,23 +96,23 @@ def _image_part(block: dict[str, Any], where: str) -> dict[str, Any]:
     """An image block as a chat image part: base64 data as a data: URL, a url as itself."""
     source = block.get("source")
     if not isinstance(source, dict):
-        raise _error(f"{where}.source", "must be an object with a type")
+        raise invalid(f"{where}.source", "must be an object with a type")
     kind = source.get("type")
     if kind == "base64":
         media, data = source.get("media_type"), source.get("data")
         if media not in ("image/jpeg", "image/png", "image/gif", "image/webp"):
-            raise _error(
+            raise invalid(
                 f"{where}.source.media_type", "must be image/jpeg, image/png, image/gif or image/webp"
             )
         if not isinstance(data, str) or not data:
-            raise _error(f"{where}.source.data", "must be the image's base64 data")
+            raise invalid(f"{where}.source.data", "must be the image's base64 data")
         return {"type": "image_url", "image_url": {"url": f"data:{media};base64,{data}"}}
     if kind == "url":
         url = source.get("url")
         if not isinstance(url, str) or not url.startswith(("https://", "http://")):
-            raise _error(f"{where}.source.url", "must be an http(s) URL")
+            raise invalid(f"{where}.source.url", "must be an http(s) URL")
         return {"type": "image_url", "image_url": {"url": url}}
-    raise _error(f"{where}.source.type", "must be base64 or url")
+    raise invalid(f"{where}.source.type", "must be base64 or url")
 
 
 def _blocks(value: Any, where: str) -> list[dict[str, Any]]:
@@ -124,10 +120,10 @@ def _blocks(value: Any, where: str) -> list[dict[str, Any]]:
     if isinstance(value, str):
         return [{"type": "text", "text": value}]
     if not isinstance(value, list):
-        raise _error(where, "must be a string or a list of content blocks")
+        raise invalid(where, "must be a string or a list of content blocks")
     for i, block in enumerate(value):
         if not isinstance(block, dict) or not isinstance(block.get("type"), str):
-            raise _error(f"{where}[{i}]", "must be a content block {'type': ..., ...}")
+            raise invalid(f"{where}[{i}]", "must be a content block {'type': ..., ...}")
     return value
 
 
@@ -135,16 +131,16 @@ def _tool_result(block: dict[str, Any], where: str) -> dict[str, Any]:
     """A tool_result block as the chat `tool` message that answers the call."""
     call_id = block.get("tool_use_id")
     if not isinstance(call_id, str) or not call_id:
-        raise _error(f"{where}.tool_use_id", "must be the id of the tool_use block this answers")
+        raise invalid(f"{where}.tool_use_id", "must be the id of the tool_use block this answers")
     texts = []
     content = block.get("content", "")
     for i, part in enumerate(_blocks(content, f"{where}.content")):
         if part["type"] != "text":
-            raise _error(f"{where}.content[{i}]", "cannot be carried: a chat tool result holds text only")
+            raise invalid(f"{where}.content[{i}]", "cannot be carried: a chat tool result holds text only")
         texts.append(_text(part, f"{where}.content[{i}]"))
     is_error = block.get("is_error", False)
     if not isinstance(is_error, bool):
-        raise _error(f"{where}.is_error", "must be true or false")
+        raise invalid(f"{where}.is_error", "must be true or false")
     text = "".join(texts)
     return {"role": "tool", "tool_call_id": call_id, "content": f"Error: {text}" if is_error else text}
 
@@ -164,7 +160,7 @@ def _user_messages(content: Any, where: str) -> list[dict[str, Any]]:
         elif kind == "tool_result":
             tools.append(_tool_result(block, at))
         else:
-            raise _error(f"{at}.type", f"{kind!r} cannot be carried to this workflow's deployments")
+            raise invalid(f"{at}.type", f"{kind!r} cannot be carried to this workflow's deployments")
     messages = list(tools)
     if parts:
         if all(p["type"] == "text" for p in parts):
@@ -172,7 +168,7 @@ def _user_messages(content: Any, where: str) -> list[dict[str, Any]]:
         else:
             messages.append({"role": "user", "content": parts})
     if not messages:
-        raise _error(f"{where}.content", "must not be empty")
+        raise invalid(f"{where}.content", "must not be empty")
     return messages
 
 
@@ -187,11 +183,11 @@ def _assistant_message(content: Any, where: str) -> dict[str, Any]:
         elif kind == "tool_use":
             call_id, name, arguments = block.get("id"), block.get("name"), block.get("input")
             if not isinstance(call_id, str) or not call_id:
-                raise _error(f"{at}.id", "must be a string")
+                raise invalid(f"{at}.id", "must be a string")
             if not isinstance(name, str) or not name:
-                raise _error(f"{at}.name", "must be a string")
+                raise invalid(f"{at}.name", "must be a string")
             if not isinstance(arguments, dict):
-                raise _error(f"{at}.input", "must be an object")
+                raise invalid(f"{at}.input", "must be an object")
             calls.append(
                 {
                     "id": call_id,
@@ -200,7 +196,7 @@ def _assistant_message(content: Any, where: str) -> dict[str, Any]:
                 }
             )
         else:
-            raise _error(f"{at}.type", f"{kind!r} cannot be carried to this workflow's deployments")
+            raise invalid(f"{at}.type", f"{kind!r} cannot be carried to this workflow's deployments")
     message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts or not calls else None}
     if calls:
         message["tool_calls"] = calls
@@ -210,28 +206,28 @@ def _assistant_message(content: Any, where: str) -> dict[str, Any]:
 def _messages(doc: dict[str, Any]) -> list[dict[str, Any]]:
     messages = doc.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise _error("messages", "must be a non-empty list")
+        raise invalid("messages", "must be a non-empty list")
     chat: list[dict[str, Any]] = []
     system = doc.get("system")
     if system is not None:
         blocks = _blocks(system, "system")
         for i, block in enumerate(blocks):
             if block["type"] != "text":
-                raise _error(f"system[{i}].type", "must be text")
+                raise invalid(f"system[{i}].type", "must be text")
         chat.append(
             {"role": "system", "content": "".join(_text(b, f"system[{i}]") for i, b in enumerate(blocks))}
         )
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(m, dict) or "content" not in m:
-            raise _error(where, "must be an object with a role and content")
+            raise invalid(where, "must be an object with a role and content")
         role = m.get("role")
         if role == "user":
             chat.extend(_user_messages(m["content"], where))
         elif role == "assistant":
             chat.append(_assistant_message(m["content"], where))
         else:
-            raise _error(f"{where}.role", "must be user or assistant")
+            raise invalid(f"{where}.role", "must be user or assistant")
     return chat
 
 
@@ -240,24 +236,24 @@ def _tools(doc: dict[str, Any]) -> list[dict[str, Any]] | None:
     if tools is None:
         return None
     if not isinstance(tools, list):
-        raise _error("tools", "must be a list of tools")
+        raise invalid("tools", "must be a list of tools")
     chat = []
     for i, tool in enumerate(tools):
         at = f"tools[{i}]"
         if not isinstance(tool, dict):
-            raise _error(at, "must be an object")
+            raise invalid(at, "must be an object")
         if tool.get("type") not in (None, "custom"):
-            raise _error(
+            raise invalid(
                 f"{at}.type", f"{tool['type']!r} is a tool Anthropic runs; only custom tools can be routed"
             )
         for key in tool:
             if key not in _TOOL_KEYS:
-                raise _error(f"{at}.{key}", "cannot be carried to this workflow's deployments")
+                raise invalid(f"{at}.{key}", "cannot be carried to this workflow's deployments")
         name, schema = tool.get("name"), tool.get("input_schema")
         if not isinstance(name, str) or not name:
-            raise _error(f"{at}.name", "must be a string")
+            raise invalid(f"{at}.name", "must be a string")
         if not isinstance(schema, dict):
-            raise _error(f"{at}.input_schema", "must be a JSON schema object")
+            raise invalid(f"{at}.input_schema", "must be a JSON schema object")
         function: dict[str, Any] = {"name": name, "parameters": schema}
         description = tool.get("description")
         if description is not None:
@@ -266,7 +262,7 @@ def _tools(doc: dict[str, Any]) -> list[dict[str, Any]] | None:
         strict = tool.get("strict")
         if strict is not None:
             if not isinstance(strict, bool):
-                raise _error(f"{at}.strict", "must be true or false")
+                raise invalid(f"{at}.strict", "must be true or false")
             function["strict"] = strict
         chat.append({"type": "function", "function": function})
     return chat
@@ -277,7 +273,7 @@ def _tool_choice(doc: dict[str, Any], chat: dict[str, Any]) -> None:
     if choice is None:
         return
     if not isinstance(choice, dict):
-        raise _error("tool_choice", "must be an object with a type")
+        raise invalid("tool_choice", "must be an object with a type")
     kind = choice.get("type")
     if kind == "auto":
         chat["tool_choice"] = "auto"
@@ -288,14 +284,14 @@ def _tool_choice(doc: dict[str, Any], chat: dict[str, Any]) -> None:
     elif kind == "tool":
         name = choice.get("name")
         if not isinstance(name, str) or not name:
-            raise _error("tool_choice.name", "must name a tool")
+            raise invalid("tool_choice.name", "must name a tool")
         chat["tool_choice"] = {"type": "function", "function": {"name": name}}
     else:
-        raise _error("tool_choice.type", "must be auto, any, tool or none")
+        raise invalid("tool_choice.type", "must be auto, any, tool or none")
     no_parallel = choice.get("disable_parallel_tool_use")
     if no_parallel is not None:
         if not isinstance(no_parallel, bool):
-            raise _error("tool_choice.disable_parallel_tool_use", "must be true or false")
+            raise invalid("tool_choice.disable_parallel_tool_use", "must be true or false")
         if no_parallel and kind != "none":
             chat["parallel_tool_calls"] = False
 
@@ -307,25 +303,25 @@ def _output_config(doc: dict[str, Any], chat: dict[str, Any]) -> None:
     if config is None:
         return
     if not isinstance(config, dict):
-        raise _error("output_config", "must be an object")
+        raise invalid("output_config", "must be an object")
     for key, value in config.items():
         if value is None:
             continue
         if key == "effort":
             if value not in ("low", "medium", "high", "xhigh", "max"):
-                raise _error("output_config.effort", "must be low, medium, high, xhigh or max")
+                raise invalid("output_config.effort", "must be low, medium, high, xhigh or max")
             chat["reasoning_effort"] = value
         elif key == "format":
             if not isinstance(value, dict) or value.get("type") != "json_schema":
-                raise _error("output_config.format.type", "must be json_schema")
+                raise invalid("output_config.format.type", "must be json_schema")
             if not isinstance(value.get("schema"), dict):
-                raise _error("output_config.format.schema", "must be a JSON schema object")
+                raise invalid("output_config.format.schema", "must be a JSON schema object")
             chat["response_format"] = {
                 "type": "json_schema",
                 "json_schema": {"name": "output", "schema": value["schema"], "strict": True},
             }
         else:
-            raise _error(f"output_config.{key}", "is not a field of output_config")
+            raise invalid(f"output_config.{key}", "is not a field of output_config")
 
 
 def messages_to_chat(doc: dict[str, Any], *, counting: bool = False) -> dict[str, Any]:
@@ -333,14 +329,14 @@ def messages_to_chat(doc: dict[str, Any], *, counting: bool = False) -> dict[str
     count_tokens body, which has no max_tokens or stream."""
     for name in doc:
         if name in _REFUSED:
-            raise _error(name, _REFUSED[name])
+            raise invalid(name, _REFUSED[name])
         if name not in _FIELDS:
-            raise _error(name, "is not a field of the Messages API")
+            raise invalid(name, "is not a field of the Messages API")
     chat: dict[str, Any] = {"model": doc.get("model"), "messages": _messages(doc)}
     if not counting:
         max_tokens: Any = doc.get("max_tokens")
         if not is_int(max_tokens) or not 1 <= max_tokens <= MAX_TOKENS_LIMIT:
-            raise _error("max_tokens", f"must be an integer from 1 to {MAX_TOKENS_LIMIT}")
+            raise invalid("max_tokens", f"must be an integer from 1 to {MAX_TOKENS_LIMIT}")
         chat["max_tokens"] = max_tokens
     tools = _tools(doc)
     if tools is not None:
@@ -349,22 +345,22 @@ def messages_to_chat(doc: dict[str, Any], *, counting: bool = False) -> dict[str
     stops = doc.get("stop_sequences")
     if stops is not None:
         if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-            raise _error("stop_sequences", "must be a list of non-empty strings")
+            raise invalid("stop_sequences", "must be a list of non-empty strings")
         if stops:
             chat["stop"] = stops
     for name in ("temperature", "top_p"):
         if name in doc:
             value = doc[name]
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
-                raise _error(name, "must be a number from 0 to 1")
+                raise invalid(name, "must be a number from 0 to 1")
             chat[name] = value
     metadata = doc.get("metadata")
     if metadata is not None:
         if not isinstance(metadata, dict):
-            raise _error("metadata", "must be an object")
+            raise invalid("metadata", "must be an object")
         for key in metadata:
             if key != "user_id":
-                raise _error(f"metadata.{key}", "is not a metadata field (only user_id is)")
+                raise invalid(f"metadata.{key}", "is not a metadata field (only user_id is)")
         user = metadata.get("user_id")
         if user is not None:
             string_field(user, "metadata.user_id", max_length=USER_MAX_LENGTH)
@@ -373,7 +369,7 @@ def messages_to_chat(doc: dict[str, Any], *, counting: bool = False) -> dict[str
     stream = doc.get("stream")
     if stream is not None and not counting:
         if not isinstance(stream, bool):
-            raise _error("stream", "must be true or false")
+            raise invalid("stream", "must be true or false")
         if stream:
             chat["stream"] = True
             chat["stream_options"] = {"include_usage": True}
@@ -386,13 +382,4 @@ def messages_request_parse(doc: dict[str, Any], *, counting: bool = False) -> Pa
     if doc.get("model") is None:
         raise field_error("model", "is required: the workflow to call")
     chat = messages_to_chat(doc, counting=counting)
-    try:
-        return chat_request_parse(chat)
-    except InvalidRequest as exc:
-        param = exc.param or ""
-        head = param.split(".")[0].split("[")[0]
-        if head in ("messages", "tools", "tool_choice"):
-            param = head  # indexes differ after translation: name the list
-        else:
-            param = _PARAMS.get(head, param)
-        raise InvalidRequest(str(exc), param=param or None, code=exc.code, status=exc.status) from exc
+    return chat_parse_translated(chat, renamed=_PARAMS, lists=("messages", "tools", "tool_choice"))

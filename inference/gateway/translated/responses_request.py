@@ -20,8 +20,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from inference.gateway.openai_body import InvalidRequest, field_error
-from inference.gateway.openai_request import ParsedRequest, chat_request_parse
+from inference.gateway.openai_body import field_error
+from inference.gateway.openai_request import ParsedRequest
+from inference.gateway.translated.common import chat_parse_translated, invalid
 
 # Fields carried to the chat body under the same name (their checks are the chat parser's).
 _SAME = (
@@ -63,16 +64,12 @@ _REFUSED = {
 }
 
 
-def _error(where: str, message: str) -> InvalidRequest:
-    return InvalidRequest(f"{where} {message}", param=where, code="invalid_request")
-
-
 def _text_of(parts: Any, where: str, kinds: tuple[str, ...]) -> tuple[str, list[dict[str, Any]]]:
     """A message's content: its text and its chat content parts (input_image as image_url)."""
     if isinstance(parts, str):
         return parts, [{"type": "text", "text": parts}]
     if not isinstance(parts, list):
-        raise _error(where, "must be a string or a list of content parts")
+        raise invalid(where, "must be a string or a list of content parts")
     text: list[str] = []
     chat: list[dict[str, Any]] = []
     for i, part in enumerate(parts):
@@ -81,13 +78,13 @@ def _text_of(parts: Any, where: str, kinds: tuple[str, ...]) -> tuple[str, list[
         if kind in kinds and kind != "input_image":
             value = part.get("text")
             if not isinstance(value, str):
-                raise _error(f"{at}.text", "must be a string")
+                raise invalid(f"{at}.text", "must be a string")
             text.append(value)
             chat.append({"type": "text", "text": value})
         elif kind == "input_image" and "input_image" in kinds:
             url = part.get("image_url")
             if not isinstance(url, str) or not url:
-                raise _error(
+                raise invalid(
                     f"{at}.image_url", "must be a URL or a data: URL (file ids need OpenAI's file store)"
                 )
             image: dict[str, Any] = {"url": url}
@@ -95,7 +92,7 @@ def _text_of(parts: Any, where: str, kinds: tuple[str, ...]) -> tuple[str, list[
                 image["detail"] = part["detail"]
             chat.append({"type": "image_url", "image_url": image})
         else:
-            raise _error(f"{at}.type", f"must be one of {', '.join(kinds)}")
+            raise invalid(f"{at}.type", f"must be one of {', '.join(kinds)}")
     return "".join(text), chat
 
 
@@ -106,22 +103,22 @@ def _input(doc: dict[str, Any]) -> list[dict[str, Any]]:
     instructions = doc.get("instructions")
     if instructions is not None:
         if not isinstance(instructions, str):
-            raise _error("instructions", "must be a string")
+            raise invalid("instructions", "must be a string")
         chat.append({"role": "system", "content": instructions})
     value = doc.get("input")
     if isinstance(value, str):
         return [*chat, {"role": "user", "content": value}]
     if not isinstance(value, list) or not value:
-        raise _error("input", "must be a string or a non-empty list of input items")
+        raise invalid("input", "must be a string or a non-empty list of input items")
     for i, item in enumerate(value):
         where = f"input[{i}]"
         if not isinstance(item, dict):
-            raise _error(where, "must be an input item object")
+            raise invalid(where, "must be an input item object")
         kind = item.get("type", "message")
         if kind == "message":
             role = item.get("role")
             if role not in ("user", "assistant", "system", "developer"):
-                raise _error(f"{where}.role", "must be user, assistant, system or developer")
+                raise invalid(f"{where}.role", "must be user, assistant, system or developer")
             kinds = ("output_text", "refusal") if role == "assistant" else ("input_text", "input_image")
             text, parts = _text_of(item.get("content"), f"{where}.content", kinds)
             if role == "assistant" or all(p["type"] == "text" for p in parts):
@@ -132,7 +129,7 @@ def _input(doc: dict[str, Any]) -> list[dict[str, Any]]:
             call_id, name, arguments = item.get("call_id"), item.get("name"), item.get("arguments")
             for key, got in (("call_id", call_id), ("name", name), ("arguments", arguments)):
                 if not isinstance(got, str):
-                    raise _error(f"{where}.{key}", "must be a string")
+                    raise invalid(f"{where}.{key}", "must be a string")
             call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
             last = chat[-1] if chat else None
             if last is not None and last["role"] == "assistant":  # the turn the call belongs to
@@ -144,11 +141,11 @@ def _input(doc: dict[str, Any]) -> list[dict[str, Any]]:
         elif kind == "function_call_output":
             call_id, output = item.get("call_id"), item.get("output")
             if not isinstance(call_id, str):
-                raise _error(f"{where}.call_id", "must be the call_id of the function_call it answers")
+                raise invalid(f"{where}.call_id", "must be the call_id of the function_call it answers")
             text, _ = _text_of(output, f"{where}.output", ("input_text",))
             chat.append({"role": "tool", "tool_call_id": call_id, "content": text})
         else:
-            raise _error(f"{where}.type", f"{kind!r} cannot be carried to this workflow's deployments")
+            raise invalid(f"{where}.type", f"{kind!r} cannot be carried to this workflow's deployments")
     return chat
 
 
@@ -158,18 +155,18 @@ def _tools(doc: dict[str, Any], chat: dict[str, Any]) -> None:
     if tools is None:
         return
     if not isinstance(tools, list):
-        raise _error("tools", "must be a list of tools")
+        raise invalid("tools", "must be a list of tools")
     out = []
     for i, tool in enumerate(tools):
         at = f"tools[{i}]"
         if not isinstance(tool, dict) or tool.get("type") != "function":
-            raise _error(f"{at}.type", "must be function: built-in tools run on OpenAI's side only")
+            raise invalid(f"{at}.type", "must be function: built-in tools run on OpenAI's side only")
         function = {
             k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None
         }
         extra = set(tool) - {"type", "name", "description", "parameters", "strict"}
         if extra:
-            raise _error(f"{at}.{sorted(extra)[0]}", "cannot be carried to this workflow's deployments")
+            raise invalid(f"{at}.{sorted(extra)[0]}", "cannot be carried to this workflow's deployments")
         out.append({"type": "function", "function": function})
     chat["tools"] = out
 
@@ -185,7 +182,7 @@ def _tool_choice(doc: dict[str, Any], chat: dict[str, Any]) -> None:
     ):
         chat["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
     else:
-        raise _error("tool_choice", "must be none, auto, required or {'type': 'function', 'name': ...}")
+        raise invalid("tool_choice", "must be none, auto, required or {'type': 'function', 'name': ...}")
 
 
 def _text_format(doc: dict[str, Any], chat: dict[str, Any]) -> None:
@@ -193,10 +190,10 @@ def _text_format(doc: dict[str, Any], chat: dict[str, Any]) -> None:
     if text is None:
         return
     if not isinstance(text, dict):
-        raise _error("text", "must be an object")
+        raise invalid("text", "must be an object")
     for key in text:
         if key not in ("format", "verbosity"):
-            raise _error(f"text.{key}", "is not a field of text")
+            raise invalid(f"text.{key}", "is not a field of text")
     if text.get("verbosity") is not None:
         chat["verbosity"] = text["verbosity"]
     fmt = text.get("format")
@@ -211,28 +208,28 @@ def _text_format(doc: dict[str, Any], chat: dict[str, Any]) -> None:
         schema = {k: fmt[k] for k in ("name", "schema", "strict", "description") if fmt.get(k) is not None}
         chat["response_format"] = {"type": "json_schema", "json_schema": schema}
     else:
-        raise _error("text.format.type", "must be text, json_object or json_schema")
+        raise invalid("text.format.type", "must be text, json_object or json_schema")
 
 
 def responses_to_chat(doc: dict[str, Any]) -> dict[str, Any]:
     """The chat document a Responses body means (see the module docstring)."""
     for name in doc:
         if name in _REFUSED:
-            raise _error(name, _REFUSED[name])
+            raise invalid(name, _REFUSED[name])
         if name not in _HANDLED:
-            raise _error(name, "cannot be carried to this workflow's deployments")
+            raise invalid(name, "cannot be carried to this workflow's deployments")
     if doc.get("previous_response_id") is not None:
-        raise _error(
+        raise invalid(
             "previous_response_id",
             "cannot be used: Switchyard keeps no responses; send the whole conversation in input",
         )
     store = doc.get("store")
     if store is not None and not isinstance(store, bool):
-        raise _error("store", "must be true or false")
+        raise invalid("store", "must be true or false")
     if doc.get("truncation") not in (None, "disabled"):
-        raise _error("truncation", "must be disabled: a chat route does not truncate the conversation")
+        raise invalid("truncation", "must be disabled: a chat route does not truncate the conversation")
     if doc.get("include"):
-        raise _error("include", "asks for output a chat route does not produce")
+        raise invalid("include", "asks for output a chat route does not produce")
     chat: dict[str, Any] = {"model": doc.get("model"), "messages": _input(doc)}
     for name in _SAME:
         if doc.get(name) is not None:
@@ -246,18 +243,18 @@ def responses_to_chat(doc: dict[str, Any]) -> dict[str, Any]:
     reasoning = doc.get("reasoning")
     if reasoning is not None:
         if not isinstance(reasoning, dict):
-            raise _error("reasoning", "must be an object")
+            raise invalid("reasoning", "must be an object")
         for key, value in reasoning.items():
             if key == "effort":
                 if value is not None:
                     chat["reasoning_effort"] = value
             elif value is not None:
-                raise _error(f"reasoning.{key}", "cannot be carried: a chat answer has no reasoning summary")
+                raise invalid(f"reasoning.{key}", "cannot be carried: a chat answer has no reasoning summary")
     if doc.get("stream") is True:
         chat["stream"] = True
         chat["stream_options"] = {"include_usage": True}
     elif doc.get("stream") not in (None, False):
-        raise _error("stream", "must be true or false")
+        raise invalid("stream", "must be true or false")
     return chat
 
 
@@ -275,13 +272,4 @@ def responses_request_parse(doc: dict[str, Any]) -> ParsedRequest:
     if doc.get("model") is None:
         raise field_error("model", "is required: the workflow to call")
     chat = responses_to_chat(doc)  # its errors name the Responses field already
-    try:
-        return chat_request_parse(chat)
-    except InvalidRequest as exc:
-        param = exc.param or ""
-        head = param.split(".")[0].split("[")[0]
-        if head in ("tools", "tool_choice"):
-            param = head
-        else:
-            param = _PARAMS.get(head, param)
-        raise InvalidRequest(str(exc), param=param or None, code=exc.code, status=exc.status) from exc
+    return chat_parse_translated(chat, renamed=_PARAMS, lists=("tools", "tool_choice"))
