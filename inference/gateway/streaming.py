@@ -26,7 +26,9 @@ class StreamTranslator(Protocol):
 
     def feed(self, chunk: dict[str, Any]) -> Iterator[bytes]: ...
 
-    def end(self, switchyard: dict[str, Any] | None) -> Iterator[bytes]: ...
+    def end(self, switchyard: dict[str, Any] | None, *, broken: bool) -> Iterator[bytes]:
+        """The closing events; `broken`: the provider's stream broke, the answer is incomplete."""
+        ...
 
 
 def _sse(doc: dict[str, Any]) -> bytes:
@@ -160,7 +162,7 @@ def stream_response(
         for doc in docs():
             yield from translator.feed(doc)
         limits.settle(tokens_used(routed.result))
-        yield from translator.end(switchyard())
+        yield from translator.end(switchyard(), broken=routed.broken)
 
     response = StreamingHttpResponse(
         translated_events(translate(routed.request_id)) if translate is not None else events(),

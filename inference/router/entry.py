@@ -108,6 +108,9 @@ class RouteStream:
         self._ctx = ctx
         self._stack = stack
         self.result: RouteResult | None = None
+        # The provider's stream broke after the first chunk (billed as far as it went; no
+        # failover once bytes went out): a translated API tells its client it failed.
+        self.broken = False
         self.winner: PlanEntry | None = None
         self._first: StreamChunk | None = None
         self._chunks: Iterator[StreamChunk] | None = None
@@ -185,6 +188,7 @@ class RouteStream:
                     # The stream broke after the client got part of it: bill what was sent,
                     # and say so; no failover is possible once bytes went out.
                     attempt.error = f"stream broke after {pieces} pieces: {failure}"
+                    self.broken = True
             self.result = finish_request(
                 ctx,
                 completion=completion,

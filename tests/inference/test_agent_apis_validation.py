@@ -92,6 +92,8 @@ MESSAGES = [
     ({"output_config": {"effort": "extreme"}}, "output_config.effort"),
     ({"output_config": {"format": {"type": "json_schema"}}}, "output_config.format.schema"),
     ({"model": 5}, "model"),
+    # A final assistant turn (a prefill) would be answered after, not continued.
+    ({"messages": [USER, {"role": "assistant", "content": '{"a":'}]}, "messages[1].role"),
 ]
 RESPONSES = [
     ({"input": []}, "input"),
@@ -127,6 +129,32 @@ RESPONSES = [
     ({"stream": 1}, "stream"),
     ({"metadata": "x"}, "metadata"),
     ({"model": None}, "model"),
+    (
+        {
+            "input": [
+                {"role": "user", "content": [{"type": "input_image", "image_url": "file:///etc/passwd"}]}
+            ]
+        },
+        "input[0].content[0].image_url",
+    ),
+    (
+        {
+            "input": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "input_image", "image_url": "https://x.test/a.png", "detail": {"a": 1}}
+                    ],
+                }
+            ]
+        },
+        "input[0].content[0].detail",
+    ),
+    ({"text": {"verbosity": {"a": 1}}}, "text.verbosity"),
+    ({"stream_options": "x"}, "stream_options"),
+    ({"prompt_cache_key": 5}, "prompt_cache_key"),
+    ({"safety_identifier": 5}, "safety_identifier"),
+    ({"tools": [{"type": "function", "name": "f", "description": 3}]}, "tools[0].description"),
 ]
 
 
@@ -164,6 +192,13 @@ def test_a_malformed_responses_body_is_a_400_naming_the_field(
     assert answer.status_code == 400, answer.content
     assert answer.json()["error"]["param"] == param, answer.json()
     assert not InferenceRequest.objects.exists()
+
+
+def test_count_tokens_checks_the_fields_it_does_not_need(client: tuple[Client, str]) -> None:
+    for fields, param in (({"stream": "junk"}, "stream"), ({"max_tokens": "junk"}, "max_tokens")):
+        body = {"model": client[1], "messages": [USER], **fields}
+        answer = _post(client, "/v1/messages/count_tokens", body)
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == param, answer.content
 
 
 def _junk(rng: random.Random, depth: int = 0) -> Any:

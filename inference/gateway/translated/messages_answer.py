@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from inference.adapters.base import tool_arguments_object
+from inference.gateway.translated.common import answer_text, arguments_object, arguments_text, new_tool_call
 
 # How the chat answer ended → Messages' stop_reason.
 _STOP_REASONS = {
@@ -30,7 +30,7 @@ def _usage(usage: dict[str, Any] | None) -> dict[str, int]:
     written = int(details.get("cache_write_tokens") or 0)  # reported by some OpenAI-style providers
     reasoning = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens")
     doc: dict[str, Any] = {
-        "input_tokens": prompt - cached - written,
+        "input_tokens": max(0, prompt - cached - written),
         "cache_creation_input_tokens": written,
         "cache_read_input_tokens": cached,
         "output_tokens": int(usage.get("completion_tokens") or 0),
@@ -49,19 +49,21 @@ def chat_to_message(chat: dict[str, Any], *, request_id: int | None, model: str)
     choice = (chat.get("choices") or [{}])[0]
     message = choice.get("message") or {}
     content: list[dict[str, Any]] = []
-    text = message.get("content") or message.get("refusal")
+    text = answer_text(message.get("content")) or answer_text(message.get("refusal"))
     if text:
         content.append({"type": "text", "text": text})
     for call in message.get("tool_calls") or []:
         function = call.get("function") or {}
-        arguments = tool_arguments_object(function.get("arguments") or "")
+        arguments = arguments_object(function.get("arguments"))
         content.append(
             {
                 "type": "tool_use",
                 "id": call.get("id"),
                 "name": function.get("name"),
                 # Arguments that are not a JSON object are given as the provider wrote them.
-                "input": arguments if arguments is not None else {"_arguments": function.get("arguments")},
+                "input": arguments
+                if arguments is not None
+                else {"_arguments": arguments_text(function.get("arguments"))},
             }
         )
     finish = choice.get("finish_reason") or "stop"
@@ -122,7 +124,7 @@ class MessagesStream:
     request_id: int | None
     model: str
     _block: int = -1  # the open content block's index (-1: none open)
-    _open: str | None = None  # "text", or "tool:<chat tool-call index>"
+    _open: str | None = None  # "text", or "tool:<tool-call id>" (common.new_tool_call)
     _finish: str = "stop"
     _refused: bool = False
     _usage: dict[str, Any] | None = None
@@ -160,7 +162,7 @@ class MessagesStream:
             if choice.get("index", 0) != 0:
                 continue
             delta = choice.get("delta") or {}
-            text = delta.get("content") or delta.get("refusal")
+            text = answer_text(delta.get("content")) or answer_text(delta.get("refusal"))
             if delta.get("refusal"):
                 self._refused = True
             if text:
@@ -168,9 +170,9 @@ class MessagesStream:
                     yield from self._open_block("text", {"type": "text", "text": ""})
                 yield self._delta({"type": "text_delta", "text": text})
             for call in delta.get("tool_calls") or []:
-                kind = f"tool:{call.get('index', 0)}"
+                kind = new_tool_call(call, self._open)
                 function = call.get("function") or {}
-                if self._open != kind:
+                if kind is not None:
                     block = {
                         "type": "tool_use",
                         "id": call.get("id"),
@@ -178,13 +180,19 @@ class MessagesStream:
                         "input": {},
                     }
                     yield from self._open_block(kind, block)
-                if function.get("arguments"):
-                    yield self._delta({"type": "input_json_delta", "partial_json": function["arguments"]})
+                piece = arguments_text(function.get("arguments"))
+                if piece:
+                    yield self._delta({"type": "input_json_delta", "partial_json": piece})
             if choice.get("finish_reason"):
                 self._finish = choice["finish_reason"]
 
-    def end(self, switchyard: dict[str, Any] | None) -> Iterator[bytes]:
+    def end(self, switchyard: dict[str, Any] | None, *, broken: bool) -> Iterator[bytes]:
         yield from self._close()
+        if broken:
+            # Anthropic's stream error event: the SDK raises it; no message_stop follows.
+            error = {"type": "api_error", "message": "The provider's stream broke: the answer is incomplete"}
+            yield _event("error", {"type": "error", "error": error, "switchyard": switchyard})
+            return
         stop_reason = "refusal" if self._refused else _STOP_REASONS.get(self._finish, "end_turn")
         delta: dict[str, Any] = {
             "type": "message_delta",

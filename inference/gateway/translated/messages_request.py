@@ -37,7 +37,7 @@ from inference.gateway.openai_body import (
     string_field,
 )
 from inference.gateway.openai_request import ParsedRequest
-from inference.gateway.translated.common import chat_parse_translated, invalid
+from inference.gateway.translated.common import chat_parse_translated, invalid, text_content
 
 API_VERSION = "2023-06-01"  # the only version of the Messages API there is, and the SDK's default
 
@@ -141,8 +141,9 @@ def _tool_result(block: dict[str, Any], where: str) -> dict[str, Any]:
     is_error = block.get("is_error", False)
     if not isinstance(is_error, bool):
         raise invalid(f"{where}.is_error", "must be true or false")
-    text = "".join(texts)
-    return {"role": "tool", "tool_call_id": call_id, "content": f"Error: {text}" if is_error else text}
+    if is_error:
+        texts = [f"Error: {texts[0] if texts else ''}", *texts[1:]]
+    return {"role": "tool", "tool_call_id": call_id, "content": text_content(texts or [""])}
 
 
 def _user_messages(content: Any, where: str) -> list[dict[str, Any]]:
@@ -164,7 +165,7 @@ def _user_messages(content: Any, where: str) -> list[dict[str, Any]]:
     messages = list(tools)
     if parts:
         if all(p["type"] == "text" for p in parts):
-            messages.append({"role": "user", "content": "".join(p["text"] for p in parts)})
+            messages.append({"role": "user", "content": text_content([p["text"] for p in parts])})
         else:
             messages.append({"role": "user", "content": parts})
     if not messages:
@@ -197,7 +198,10 @@ def _assistant_message(content: Any, where: str) -> dict[str, Any]:
             )
         else:
             raise invalid(f"{at}.type", f"{kind!r} cannot be carried to this workflow's deployments")
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts or not calls else None}
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": text_content(texts) if texts else ("" if not calls else None),
+    }
     if calls:
         message["tool_calls"] = calls
     return message
@@ -214,9 +218,9 @@ def _messages(doc: dict[str, Any]) -> list[dict[str, Any]]:
         for i, block in enumerate(blocks):
             if block["type"] != "text":
                 raise invalid(f"system[{i}].type", "must be text")
-        chat.append(
-            {"role": "system", "content": "".join(_text(b, f"system[{i}]") for i, b in enumerate(blocks))}
-        )
+        texts = [_text(b, f"system[{i}]") for i, b in enumerate(blocks)]
+        if texts:
+            chat.append({"role": "system", "content": text_content(texts)})
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(m, dict) or "content" not in m:
@@ -228,6 +232,12 @@ def _messages(doc: dict[str, Any]) -> list[dict[str, Any]]:
             chat.append(_assistant_message(m["content"], where))
         else:
             raise invalid(f"{where}.role", "must be user or assistant")
+    if messages[-1].get("role") == "assistant":
+        raise invalid(
+            f"messages[{len(messages) - 1}].role",
+            "is a final assistant turn (a prefill), which cannot be carried: a chat model answers "
+            "after it instead of continuing it",
+        )
     return chat
 
 
@@ -333,11 +343,12 @@ def messages_to_chat(doc: dict[str, Any], *, counting: bool = False) -> dict[str
         if name not in _FIELDS:
             raise invalid(name, "is not a field of the Messages API")
     chat: dict[str, Any] = {"model": doc.get("model"), "messages": _messages(doc)}
-    if not counting:
-        max_tokens: Any = doc.get("max_tokens")
+    max_tokens: Any = doc.get("max_tokens")
+    if not counting or max_tokens is not None:  # count_tokens takes the field but needs none
         if not is_int(max_tokens) or not 1 <= max_tokens <= MAX_TOKENS_LIMIT:
             raise invalid("max_tokens", f"must be an integer from 1 to {MAX_TOKENS_LIMIT}")
-        chat["max_tokens"] = max_tokens
+        if not counting:
+            chat["max_tokens"] = max_tokens
     tools = _tools(doc)
     if tools is not None:
         chat["tools"] = tools
@@ -367,10 +378,10 @@ def messages_to_chat(doc: dict[str, Any], *, counting: bool = False) -> dict[str
             chat["user"] = user
     _output_config(doc, chat)
     stream = doc.get("stream")
-    if stream is not None and not counting:
+    if stream is not None:
         if not isinstance(stream, bool):
             raise invalid("stream", "must be true or false")
-        if stream:
+        if stream and not counting:
             chat["stream"] = True
             chat["stream_options"] = {"include_usage": True}
     return chat

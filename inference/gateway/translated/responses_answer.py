@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from inference.gateway.translated.common import answer_text, arguments_text, new_tool_call
+
 
 def response_id(request_id: int | None) -> str:
     return f"resp_sy{request_id}"
@@ -75,7 +77,7 @@ def _call_item(ident: str, call: dict[str, Any], status: str = "completed") -> d
         "status": status,
         "call_id": call.get("id"),
         "name": function.get("name"),
-        "arguments": function.get("arguments") or "",
+        "arguments": arguments_text(function.get("arguments")),
     }
 
 
@@ -84,27 +86,23 @@ def response_document(
     request_id: int | None,
     model: str,
     request: dict[str, Any],
-    text: str,
-    refusal: str | None,
-    calls: list[dict[str, Any]],
+    output: list[dict[str, Any]],
     finish: str,
     usage: dict[str, Any] | None,
     created: int,
     status: str = "completed",
+    error: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    rid = response_id(request_id)
-    output: list[dict[str, Any]] = []
-    if text or refusal or not calls:
-        output.append(_message_item(f"msg_sy{request_id}", text, refusal))
-    output.extend(_call_item(f"fc_sy{request_id}_{k}", call) for k, call in enumerate(calls))
+    """A Response object; `status` in_progress (no output or usage yet), completed (incomplete
+    when the answer stopped for length) or failed (with `error`)."""
     incomplete = finish == "length" and status == "completed"
     return {
-        "id": rid,
+        "id": response_id(request_id),
         "object": "response",
         "created_at": created,
         "status": "incomplete" if incomplete else status,
         "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-        "error": None,
+        "error": error,
         "model": model,
         "output": output if status != "in_progress" else [],
         **_echo(request),
@@ -115,16 +113,21 @@ def response_document(
 def chat_to_response(
     chat: dict[str, Any], *, request_id: int | None, model: str, request: dict[str, Any]
 ) -> dict[str, Any]:
-    """A chat answer (choice 0: Responses has no `n`) as a Response object."""
+    """A chat answer (choice 0: Responses has no `n`) as a Response object: a message item (also
+    when the answer is empty, so that output_text reads ''), then a function_call item per call."""
     choice = (chat.get("choices") or [{}])[0]
     message = choice.get("message") or {}
+    text, refusal = answer_text(message.get("content")), answer_text(message.get("refusal"))
+    calls = list(message.get("tool_calls") or [])
+    output: list[dict[str, Any]] = []
+    if text or refusal or not calls:
+        output.append(_message_item(f"msg_sy{request_id}_0", text, refusal or None))
+    output.extend(_call_item(f"fc_sy{request_id}_{len(output)}", call) for call in calls)
     return response_document(
         request_id=request_id,
         model=model,
         request=request,
-        text=message.get("content") or "",
-        refusal=message.get("refusal"),
-        calls=list(message.get("tool_calls") or []),
+        output=output,
         finish=choice.get("finish_reason") or "stop",
         usage=chat.get("usage"),
         created=int(chat.get("created") or time.time()),
@@ -134,21 +137,26 @@ def chat_to_response(
 @dataclass
 class ResponsesStream:
     """Chat stream events in, Responses stream events out, each with its sequence_number:
-    response.created and response.in_progress; for the text, output_item.added, content_part.added,
-    output_text.delta..., output_text.done, content_part.done, output_item.done; for each tool
-    call, output_item.added, function_call_arguments.delta..., function_call_arguments.done,
-    output_item.done; then response.completed (or response.incomplete) with the usage."""
+    response.created and response.in_progress; for each text run, output_item.added,
+    content_part.added, output_text.delta (or refusal.delta)..., output_text.done,
+    content_part.done, output_item.done; for each tool call, output_item.added,
+    function_call_arguments.delta..., function_call_arguments.done, output_item.done; then
+    response.completed (or response.incomplete) with the usage, whose output is the items in the
+    order they were streamed, or response.failed when the provider's stream broke.
+
+    Item ids carry the output index (`msg_sy<request>_<n>`, `fc_sy<request>_<n>`), so a text run
+    after a tool call is an item of its own, as in the plain answer."""
 
     request_id: int | None
     model: str
     request: dict[str, Any]
     created: int = field(default_factory=lambda: int(time.time()))
     _seq: int = 0
-    _index: int = -1  # the open output item's index
-    _open: str | None = None  # "text" or "tool:<k>"
+    _output: list[dict[str, Any]] = field(default_factory=list)  # the items closed so far
+    _open: str | None = None  # "text", or "tool:<tool-call id>" (common.new_tool_call)
     _text: str = ""
     _refusal: str = ""
-    _calls: list[dict[str, Any]] = field(default_factory=list)
+    _call: dict[str, Any] | None = None  # the open tool call, chat-shaped
     _finish: str = "stop"
     _usage: dict[str, Any] | None = None
 
@@ -157,28 +165,48 @@ class ResponsesStream:
         self._seq += 1
         return f"event: {kind}\ndata: ".encode() + json.dumps(doc, separators=(",", ":")).encode() + b"\n\n"
 
-    def _document(self, status: str) -> dict[str, Any]:
+    def _document(self, status: str, error: dict[str, str] | None = None) -> dict[str, Any]:
         return response_document(
             request_id=self.request_id,
             model=self.model,
             request=self.request,
-            text=self._text,
-            refusal=self._refusal or None,
-            calls=self._calls,
+            output=list(self._output),
             finish=self._finish,
             usage=self._usage,
             created=self.created,
             status=status,
+            error=error,
         )
 
     def start(self) -> Iterator[bytes]:
         yield self._event("response.created", response=self._document("in_progress"))
         yield self._event("response.in_progress", response=self._document("in_progress"))
 
+    @property
+    def _index(self) -> int:  # the open item's output index
+        return len(self._output)
+
     def _item_id(self) -> str:
-        if self._open == "text":
-            return f"msg_sy{self.request_id}"
-        return f"fc_sy{self.request_id}_{len(self._calls) - 1}"
+        return f"{'msg' if self._open == 'text' else 'fc'}_sy{self.request_id}_{self._index}"
+
+    def _open_text(self, refusal: bool) -> Iterator[bytes]:
+        yield from self._close()
+        self._open, self._text, self._refusal = "text", "", ""
+        item = _message_item(self._item_id(), "", None, status="in_progress")
+        item["content"] = []
+        yield self._event("response.output_item.added", output_index=self._index, item=item)
+        part: dict[str, Any] = (
+            {"type": "refusal", "refusal": ""}
+            if refusal
+            else {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        )
+        yield self._event(
+            "response.content_part.added",
+            item_id=self._item_id(),
+            output_index=self._index,
+            content_index=0,
+            part=part,
+        )
 
     def _close(self) -> Iterator[bytes]:
         if self._open is None:
@@ -186,7 +214,6 @@ class ResponsesStream:
         ident, index = self._item_id(), self._index
         if self._open == "text":
             item = _message_item(ident, self._text, self._refusal or None)
-            part = item["content"][0]
             if not self._refusal:
                 yield self._event(
                     "response.output_text.done",
@@ -197,10 +224,14 @@ class ResponsesStream:
                     logprobs=[],
                 )
             yield self._event(
-                "response.content_part.done", item_id=ident, output_index=index, content_index=0, part=part
+                "response.content_part.done",
+                item_id=ident,
+                output_index=index,
+                content_index=0,
+                part=item["content"][0],
             )
         else:
-            item = _call_item(ident, self._calls[-1])
+            item = _call_item(ident, self._call or {})
             yield self._event(
                 "response.function_call_arguments.done",
                 item_id=ident,
@@ -209,6 +240,7 @@ class ResponsesStream:
                 arguments=item["arguments"],
             )
         yield self._event("response.output_item.done", output_index=index, item=item)
+        self._output.append(item)
         self._open = None
 
     def feed(self, chunk: dict[str, Any]) -> Iterator[bytes]:
@@ -218,65 +250,46 @@ class ResponsesStream:
             if choice.get("index", 0) != 0:
                 continue
             delta = choice.get("delta") or {}
-            text, refusal = delta.get("content"), delta.get("refusal")
-            if text or refusal:
-                if self._open != "text":
-                    yield from self._close()
-                    self._index += 1
-                    self._open = "text"
-                    item = _message_item(f"msg_sy{self.request_id}", "", None, status="in_progress")
-                    item["content"] = []
-                    yield self._event("response.output_item.added", output_index=self._index, item=item)
-                    part: dict[str, Any] = (
-                        {"type": "refusal", "refusal": ""}
-                        if refusal
-                        else {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-                    )
-                    yield self._event(
-                        "response.content_part.added",
-                        item_id=self._item_id(),
-                        output_index=self._index,
-                        content_index=0,
-                        part=part,
-                    )
-                if text:
-                    self._text += text
-                    yield self._event(
-                        "response.output_text.delta",
-                        item_id=self._item_id(),
-                        output_index=self._index,
-                        content_index=0,
-                        delta=text,
-                        logprobs=[],
-                    )
-                if refusal:
-                    self._refusal += refusal
-                    yield self._event(
-                        "response.refusal.delta",
-                        item_id=self._item_id(),
-                        output_index=self._index,
-                        content_index=0,
-                        delta=refusal,
-                    )
+            text, refusal = answer_text(delta.get("content")), answer_text(delta.get("refusal"))
+            if text and (self._open != "text" or self._refusal):
+                yield from self._open_text(refusal=False)
+            if text:
+                self._text += text
+                yield self._event(
+                    "response.output_text.delta",
+                    item_id=self._item_id(),
+                    output_index=self._index,
+                    content_index=0,
+                    delta=text,
+                    logprobs=[],
+                )
+            if refusal:
+                if self._open != "text" or self._text:
+                    yield from self._open_text(refusal=True)
+                self._refusal += refusal
+                yield self._event(
+                    "response.refusal.delta",
+                    item_id=self._item_id(),
+                    output_index=self._index,
+                    content_index=0,
+                    delta=refusal,
+                )
             for call in delta.get("tool_calls") or []:
-                kind = f"tool:{call.get('index', 0)}"
                 function = call.get("function") or {}
-                if self._open != kind:
+                kind = new_tool_call(call, self._open)
+                if kind is not None:
                     yield from self._close()
-                    self._index += 1
                     self._open = kind
-                    self._calls.append(
-                        {
-                            "id": call.get("id"),
-                            "type": "function",
-                            "function": {"name": function.get("name"), "arguments": ""},
-                        }
-                    )
-                    item = _call_item(self._item_id(), self._calls[-1], status="in_progress")
+                    self._call = {
+                        "id": call.get("id"),
+                        "type": "function",
+                        "function": {"name": function.get("name"), "arguments": ""},
+                    }
+                    item = _call_item(self._item_id(), self._call, status="in_progress")
                     yield self._event("response.output_item.added", output_index=self._index, item=item)
-                piece = function.get("arguments")
-                if piece:
-                    self._calls[-1]["function"]["arguments"] += piece
+                piece = arguments_text(function.get("arguments"))
+                if piece and self._call is not None:
+                    self._call["function"]["arguments"] += piece
                     yield self._event(
                         "response.function_call_arguments.delta",
                         item_id=self._item_id(),
@@ -286,10 +299,21 @@ class ResponsesStream:
             if choice.get("finish_reason"):
                 self._finish = choice["finish_reason"]
 
-    def end(self, switchyard: dict[str, Any] | None) -> Iterator[bytes]:
+    def end(self, switchyard: dict[str, Any] | None, *, broken: bool) -> Iterator[bytes]:
+        if not self._output and self._open is None:
+            yield from self._open_text(refusal=False)  # an empty answer: one empty message, as plain
         yield from self._close()
-        final = self._document("completed")
+        if broken:
+            error = {
+                "code": "server_error",
+                "message": "The provider's stream broke: the answer is incomplete",
+            }
+            final = self._document("failed", error)
+        else:
+            final = self._document("completed")
         if switchyard is not None:
             final["switchyard"] = switchyard
-        kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
+        kind = {"failed": "response.failed", "incomplete": "response.incomplete"}.get(
+            final["status"], "response.completed"
+        )
         yield self._event(kind, response=final)

@@ -22,7 +22,7 @@ from typing import Any
 
 from inference.gateway.openai_body import field_error
 from inference.gateway.openai_request import ParsedRequest
-from inference.gateway.translated.common import chat_parse_translated, invalid
+from inference.gateway.translated.common import chat_parse_translated, invalid, text_content
 
 # Fields carried to the chat body under the same name (their checks are the chat parser's).
 _SAME = (
@@ -64,36 +64,44 @@ _REFUSED = {
 }
 
 
-def _text_of(parts: Any, where: str, kinds: tuple[str, ...]) -> tuple[str, list[dict[str, Any]]]:
-    """A message's content: its text and its chat content parts (input_image as image_url)."""
+def _text_of(parts: Any, where: str, kinds: tuple[str, ...]) -> list[dict[str, Any]]:
+    """A message's content as chat content parts: text parts (a refusal's text too) and
+    input_image as image_url (an http(s) or data: URL; file ids need OpenAI's file store)."""
     if isinstance(parts, str):
-        return parts, [{"type": "text", "text": parts}]
+        return [{"type": "text", "text": parts}]
     if not isinstance(parts, list):
         raise invalid(where, "must be a string or a list of content parts")
-    text: list[str] = []
     chat: list[dict[str, Any]] = []
     for i, part in enumerate(parts):
         at = f"{where}[{i}]"
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind in kinds and kind != "input_image":
-            value = part.get("text")
-            if not isinstance(value, str):
-                raise invalid(f"{at}.text", "must be a string")
-            text.append(value)
-            chat.append({"type": "text", "text": value})
-        elif kind == "input_image" and "input_image" in kinds:
-            url = part.get("image_url")
-            if not isinstance(url, str) or not url:
-                raise invalid(
-                    f"{at}.image_url", "must be a URL or a data: URL (file ids need OpenAI's file store)"
-                )
-            image: dict[str, Any] = {"url": url}
-            if part.get("detail") is not None:
-                image["detail"] = part["detail"]
-            chat.append({"type": "image_url", "image_url": image})
-        else:
+        if kind not in kinds:
             raise invalid(f"{at}.type", f"must be one of {', '.join(kinds)}")
-    return "".join(text), chat
+        if kind == "input_image":
+            url = part.get("image_url")
+            if not isinstance(url, str) or not url.startswith(("https://", "http://", "data:image/")):
+                raise invalid(f"{at}.image_url", "must be an http(s) URL or a data:image/ URL")
+            image: dict[str, Any] = {"url": url}
+            detail = part.get("detail")
+            if detail is not None:
+                if detail not in ("low", "high", "auto"):
+                    raise invalid(f"{at}.detail", "must be low, high or auto")
+                image["detail"] = detail
+            chat.append({"type": "image_url", "image_url": image})
+            continue
+        key = "refusal" if kind == "refusal" else "text"
+        value = part.get(key)
+        if not isinstance(value, str):
+            raise invalid(f"{at}.{key}", "must be a string")
+        chat.append({"type": "text", "text": value})
+    return chat
+
+
+def _content(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    """Chat content: text alone as a string (or text parts, kept apart), else the parts."""
+    if all(p["type"] == "text" for p in parts):
+        return text_content([p["text"] for p in parts] or [""])
+    return parts
 
 
 def _input(doc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -120,11 +128,9 @@ def _input(doc: dict[str, Any]) -> list[dict[str, Any]]:
             if role not in ("user", "assistant", "system", "developer"):
                 raise invalid(f"{where}.role", "must be user, assistant, system or developer")
             kinds = ("output_text", "refusal") if role == "assistant" else ("input_text", "input_image")
-            text, parts = _text_of(item.get("content"), f"{where}.content", kinds)
-            if role == "assistant" or all(p["type"] == "text" for p in parts):
-                chat.append({"role": role, "content": text})
-            else:
-                chat.append({"role": role, "content": parts})
+            chat.append(
+                {"role": role, "content": _content(_text_of(item.get("content"), f"{where}.content", kinds))}
+            )
         elif kind == "function_call":
             call_id, name, arguments = item.get("call_id"), item.get("name"), item.get("arguments")
             for key, got in (("call_id", call_id), ("name", name), ("arguments", arguments)):
@@ -142,8 +148,8 @@ def _input(doc: dict[str, Any]) -> list[dict[str, Any]]:
             call_id, output = item.get("call_id"), item.get("output")
             if not isinstance(call_id, str):
                 raise invalid(f"{where}.call_id", "must be the call_id of the function_call it answers")
-            text, _ = _text_of(output, f"{where}.output", ("input_text",))
-            chat.append({"role": "tool", "tool_call_id": call_id, "content": text})
+            parts = _text_of(output, f"{where}.output", ("input_text",))
+            chat.append({"role": "tool", "tool_call_id": call_id, "content": _content(parts)})
         else:
             raise invalid(f"{where}.type", f"{kind!r} cannot be carried to this workflow's deployments")
     return chat
@@ -164,6 +170,8 @@ def _tools(doc: dict[str, Any], chat: dict[str, Any]) -> None:
         function = {
             k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None
         }
+        if tool.get("description") is not None and not isinstance(tool["description"], str):
+            raise invalid(f"{at}.description", "must be a string")
         extra = set(tool) - {"type", "name", "description", "parameters", "strict"}
         if extra:
             raise invalid(f"{at}.{sorted(extra)[0]}", "cannot be carried to this workflow's deployments")
@@ -195,6 +203,8 @@ def _text_format(doc: dict[str, Any], chat: dict[str, Any]) -> None:
         if key not in ("format", "verbosity"):
             raise invalid(f"text.{key}", "is not a field of text")
     if text.get("verbosity") is not None:
+        if text["verbosity"] not in ("low", "medium", "high"):
+            raise invalid("text.verbosity", "must be low, medium or high")
         chat["verbosity"] = text["verbosity"]
     fmt = text.get("format")
     if fmt is None:
@@ -234,8 +244,17 @@ def responses_to_chat(doc: dict[str, Any]) -> dict[str, Any]:
     for name in _SAME:
         if doc.get(name) is not None:
             chat[name] = doc[name]
+    for name in ("safety_identifier", "prompt_cache_key"):
+        if doc.get(name) is not None and (not isinstance(doc[name], str) or len(doc[name]) > 256):
+            raise invalid(name, "must be a string of at most 256 characters")
     if doc.get("safety_identifier") is not None and "user" not in chat:
         chat["user"] = doc["safety_identifier"]
+    options = doc.get("stream_options")
+    if options is not None:
+        if not isinstance(options, dict) or any(k != "include_obfuscation" for k in options):
+            raise invalid("stream_options", "may only hold include_obfuscation (which has no effect here)")
+        if not isinstance(options.get("include_obfuscation", False), bool):
+            raise invalid("stream_options.include_obfuscation", "must be true or false")
     if doc.get("max_output_tokens") is not None:
         chat["max_completion_tokens"] = doc["max_output_tokens"]
     _tools(doc, chat)
