@@ -15,12 +15,16 @@ client may retry. Django closes the broken connection at the end of the request 
 kept one before the next request uses it (CONN_HEALTH_CHECKS), so answers resume by themselves
 once the database is back (tests/integration/test_restart_drills.py).
 
+Under /v1/messages (Anthropic's Messages API) every error, the views' own included, leaves here in
+Anthropic's shape instead (`{"type": "error", "error": {...}}`, its status and headers kept).
+
 Installed in settings.MIDDLEWARE right after SecurityMiddleware, so it sees the answers of every
 middleware below it.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -31,6 +35,9 @@ from django.db import InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase
 
 from inference.gateway.responses import error_response
+from inference.gateway.translated.messages_answer import error_body
+
+ANTHROPIC_PREFIX = "/v1/messages"
 
 PREFIX = "/v1"
 logger = logging.getLogger(__name__)
@@ -115,6 +122,22 @@ def _too_big(request: HttpRequest) -> HttpResponse | None:
     return None
 
 
+def _anthropic_shaped(response: HttpResponse) -> HttpResponse:
+    """An OpenAI-shaped error answer rewritten in Anthropic's error shape (status and headers kept)."""
+    if response.status_code < 400 or not response.get("Content-Type", "").startswith("application/json"):
+        return response
+    try:
+        doc = json.loads(response.content)
+    except ValueError:
+        return response
+    if not isinstance(doc, dict) or not isinstance(doc.get("error"), dict) or "type" in doc:
+        return response
+    response.content = json.dumps(error_body(response.status_code, doc)).encode()
+    if response.has_header("Content-Length"):
+        response["Content-Length"] = str(len(response.content))
+    return response
+
+
 class GatewayErrorsMiddleware:
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
         self.get_response = get_response
@@ -122,6 +145,15 @@ class GatewayErrorsMiddleware:
     def __call__(self, request: HttpRequest) -> HttpResponseBase:
         if not is_gateway_path(request.path_info):
             return self.get_response(request)
+        response = self._answer(request)
+        path = request.path_info
+        if (path == ANTHROPIC_PREFIX or path.startswith(ANTHROPIC_PREFIX + "/")) and isinstance(
+            response, HttpResponse
+        ):
+            return _anthropic_shaped(response)
+        return response
+
+    def _answer(self, request: HttpRequest) -> HttpResponseBase:
         refused = _too_big(request)
         if refused is not None:
             # No `Connection: close` here although the body was not read: a WSGI application may

@@ -57,7 +57,7 @@ from inference.gateway.responses import (
     tokens_used,
 )
 from inference.gateway.streaming import StreamTranslator, stream_response
-from inference.gateway.translated.messages_answer import MessagesStream, chat_to_message, error_body
+from inference.gateway.translated.messages_answer import MessagesStream, chat_to_message
 from inference.gateway.translated.messages_request import API_VERSION, messages_request_parse
 from inference.gateway.translated.responses_answer import ResponsesStream, chat_to_response
 from inference.gateway.translated.responses_request import responses_request_parse
@@ -352,14 +352,6 @@ def _anthropic_version_problem(request: HttpRequest) -> HttpResponse | None:
     )
 
 
-def _anthropic_errors(response: HttpResponse | StreamingHttpResponse) -> HttpResponse | StreamingHttpResponse:
-    """An error answer rewritten in Anthropic's error shape (status and headers kept)."""
-    if response.status_code < 400 or isinstance(response, StreamingHttpResponse):
-        return response
-    response.content = json.dumps(error_body(response.status_code, json.loads(response.content))).encode()
-    return response
-
-
 @csrf_exempt
 @transaction.non_atomic_requests
 def responses(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
@@ -391,7 +383,8 @@ def response_item(request: HttpRequest, response_id: str, rest: str = "") -> Htt
 @transaction.non_atomic_requests
 def messages(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
     """POST /v1/messages: Anthropic's Messages API on the chat pipeline."""
-    return _anthropic_errors(_anthropic_version_problem(request) or _complete(request, api="messages"))
+    # Errors leave in Anthropic's shape: GatewayErrorsMiddleware rewrites every /v1/messages error.
+    return _anthropic_version_problem(request) or _complete(request, api="messages")
 
 
 @csrf_exempt
@@ -401,10 +394,10 @@ def messages_count_tokens(request: HttpRequest) -> HttpResponse:
     (inference.admission, the count limits and budgets use), not a provider's tokenizer.
     No provider is called and nothing is billed; the caller must be allowed the workflow."""
     if request.method != "POST":
-        return _anthropic_errors(method_not_allowed("POST"))  # type: ignore[return-value]
+        return method_not_allowed("POST")
     problem = _anthropic_version_problem(request)
     if problem is not None:
-        return _anthropic_errors(problem)  # type: ignore[return-value]
+        return problem
     try:
         caller = caller_grant(request)
         parsed = messages_request_parse(_Body(request).document(), counting=True)
@@ -412,7 +405,7 @@ def messages_count_tokens(request: HttpRequest) -> HttpResponse:
         workflow = caller_workflow(parsed.model, caller)
         caller_authorize(caller, workflow)
     except _REFUSALS as exc:
-        return _anthropic_errors(_refusal(exc))  # type: ignore[return-value]
+        return _refusal(exc)
     doc = {"input_tokens": input_tokens(parsed.request)}
     return HttpResponse(json.dumps(doc), content_type="application/json")
 

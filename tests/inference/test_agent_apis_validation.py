@@ -201,6 +201,30 @@ def test_count_tokens_checks_the_fields_it_does_not_need(client: tuple[Client, s
         assert answer.status_code == 400 and answer.json()["error"]["param"] == param, answer.content
 
 
+def test_errors_made_outside_the_view_leave_in_anthropics_shape_too(
+    client: tuple[Client, str], settings: Any
+) -> None:
+    settings.V1_MAX_BODY_BYTES = 1000
+    http, slug = client
+    too_big = _post(
+        client,
+        "/v1/messages",
+        {"model": slug, "max_tokens": 8, "messages": [{"role": "user", "content": "x" * 2000}]},
+    )
+    unknown = http.post("/v1/messages/batches", "{}", content_type="application/json")
+    wrong_method = http.get("/v1/messages")
+    for answer, status, kind in (
+        (too_big, 413, "request_too_large"),
+        (unknown, 404, "not_found_error"),
+        (wrong_method, 405, "invalid_request_error"),
+    ):
+        assert answer.status_code == status
+        doc = answer.json()
+        assert doc["type"] == "error" and doc["error"]["type"] == kind, doc
+    # Other /v1 paths keep OpenAI's shape.
+    assert "type" not in http.post("/v1/nothing", "{}", content_type="application/json").json()
+
+
 def _junk(rng: random.Random, depth: int = 0) -> Any:
     choices = [None, True, 0, -1, 1.5, "", "x", "user", "text", "function_call", "tool_use", [], {}]
     if depth < 3:

@@ -91,7 +91,9 @@ _ERROR_TYPES = {
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    409: "invalid_request_error",
     413: "request_too_large",
+    422: "invalid_request_error",
     429: "rate_limit_error",
     503: "overloaded_error",
 }
