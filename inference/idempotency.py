@@ -147,5 +147,5 @@ def idempotent_answers_purge(*, now: datetime | None = None) -> int:
     """Blank the kept /v1 answers whose replay window passed; returns how many (beat's task)."""
     now = now or timezone.now()
     return InferenceRequest.objects.filter(answer_kept_until__lte=now).update(
-        response_text="", answer_kept_until=None
+        response_text="", response_doc=None, answer_kept_until=None
     )

@@ -60,6 +60,10 @@ class InferenceRequest(models.Model):
     # retries re-read it; a /v1 Idempotency-Key's answer only for a workflow that keeps prompts
     # and only until answer_kept_until (inference.idempotency).
     response_text = models.TextField(blank=True)
+    # The whole answer document (OpenAI chat or completion shape: tool calls, refusal, usage
+    # details) the provider sent, kept with response_text under the same rule, so that a replay
+    # is the answer itself and not its text alone. NULL for a streamed answer (its text is kept).
+    response_doc = models.JSONField(null=True, blank=True)
     # A /v1 Idempotency-Key request: sha256 of its body, so a retry naming the same key with
     # another body is refused rather than answered with this request's answer.
     request_digest = models.CharField(max_length=64, blank=True, default="")

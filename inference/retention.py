@@ -131,7 +131,7 @@ def retained_prompts_forget(*, workflow_id: int) -> int:
     deleted, _ = RetainedPrompt.objects.filter(workflow_id=workflow_id).delete()
     # Answers kept for Idempotency-Key replays (inference.idempotency) go too.
     InferenceRequest.objects.filter(workflow_id=workflow_id, answer_kept_until__isnull=False).update(
-        response_text="", answer_kept_until=None
+        response_text="", response_doc=None, answer_kept_until=None
     )
     if connection.vendor == "postgresql":
         # A journal entry whose fold failed keeps its kept input until an operator refolds it:

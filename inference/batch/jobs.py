@@ -159,7 +159,7 @@ def batch_job_objects_delete(*, job: BatchJob) -> None:
             store.delete(key)
     InferenceRequest.objects.filter(
         client_request_id__startswith=batch_request_id(job_id=job.pk, line_key="")
-    ).exclude(response_text="").update(response_text="")
+    ).exclude(response_text="").update(response_text="", response_doc=None)
     BatchJob.objects.filter(pk=job.pk).update(holds_prompts_until=None)
 
 

@@ -72,6 +72,7 @@ def finish_request(
         client_request_id=client_request_id,
         # A /v1 key's answer only for a workflow that keeps prompts, for the replay window.
         response_text=completion.text if (completion is not None and keep_answer) else "",
+        response_doc=completion.raw if (completion is not None and keep_answer) else None,
         request_digest=ctx.request_digest,
         answer_kept_until=answer_kept_until(
             client_request_id=client_request_id, retain=ctx.retain, now=timezone.now()
@@ -153,7 +154,18 @@ def replay(row: InferenceRequest, *, digest: str | None = None) -> RouteResult:
     replay_check(row, digest=digest)
     completion = None
     if row.status == InferenceRequest.Status.SUCCEEDED:
-        completion = Completion(text=row.response_text, tokens_in=row.tokens_in, tokens_out=row.tokens_out)
+        # The whole answer where it was kept (tool calls and all), else its text.
+        doc = row.response_doc
+        finish = (
+            (doc.get("choices") or [{}])[0].get("finish_reason") if isinstance(doc, dict) else None
+        ) or "stop"
+        completion = Completion(
+            text=row.response_text,
+            tokens_in=row.tokens_in,
+            tokens_out=row.tokens_out,
+            finish_reason=finish,
+            raw=doc if isinstance(doc, dict) else None,
+        )
     return RouteResult(
         ok=row.status == InferenceRequest.Status.SUCCEEDED,
         request_id=row.pk,

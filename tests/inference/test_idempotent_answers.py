@@ -23,6 +23,7 @@ from registry.models import Workflow
 from registry.services import api_token_create
 from tests.factories import api_client
 from tests.inference.helpers import priced_deployment, routed_workflow
+from tests.inference.recording_provider import RecordingProvider, chat_answer
 
 pytestmark = pytest.mark.django_db
 Start = Callable[..., MockProviderServer]
@@ -114,7 +115,7 @@ def test_with_opt_in_the_answer_is_replayed_in_the_window_only_and_purged_after(
         # ... and the purge blanks it.
         assert tasks.idempotent_answers_purge.apply().get() == 1
     row.refresh_from_db()
-    assert row.response_text == "" and row.answer_kept_until is None
+    assert row.response_text == "" and row.response_doc is None and row.answer_kept_until is None
     assert server.behaviour.total_calls() == 1
 
 
@@ -148,3 +149,65 @@ def test_a_retry_of_a_failed_request_gets_the_failure_again_without_a_call(
     assert again.status_code == 502 and again.json()["error"]["code"] == "upstream_error"
     assert server.behaviour.total_calls() == calls
     assert InferenceRequest.objects.count() == 1
+
+
+CALL = {
+    "id": "call_1",
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
+}
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+# (path, body): a tool-call answer asked for through each API that takes Idempotency-Key.
+KEYED_APIS = {
+    "chat": (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "weather?"}], "tools": [TOOL]},
+    ),
+    "messages": (
+        "/v1/messages",
+        {
+            "max_tokens": 32,
+            "messages": [{"role": "user", "content": "weather?"}],
+            "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}],
+        },
+    ),
+    "responses": (
+        "/v1/responses",
+        {
+            "input": "weather?",
+            "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}],
+        },
+    ),
+}
+
+
+@pytest.mark.parametrize("api", list(KEYED_APIS))
+def test_a_replayed_answer_is_the_whole_answer_with_its_tool_calls(operator: User, api: str) -> None:
+    """An agent retrying a request must get the tool call it was answered, not an empty turn."""
+    provider = RecordingProvider()
+    try:
+        provider.script.answer = chat_answer(None, tool_calls=[CALL], finish_reason="tool_calls")
+        workflow = routed_workflow(
+            operator,
+            [priced_deployment(base_url=provider.base_url)],
+            retain_prompts=True,
+            prompt_retention_days=7,
+        )
+        _, raw = api_token_create(user=operator, name="replay")
+        client = Client(HTTP_X_API_KEY=raw)
+        path, body = KEYED_APIS[api]
+        first, again = (
+            client.post(
+                path,
+                json.dumps({"model": workflow.slug, **body}),
+                content_type="application/json",
+                HTTP_IDEMPOTENCY_KEY="agent-turn-1",
+            )
+            for _ in range(2)
+        )
+        assert first.status_code == again.status_code == 200, (first.content, again.content)
+        assert again.json() == first.json()
+        assert provider.script.calls() == 1  # the retry was answered from the record
+        assert "get_weather" in json.dumps(again.json())
+    finally:
+        provider.stop()
