@@ -180,6 +180,7 @@ def test_a_malformed_message_body_is_a_400_naming_the_field(
     doc = answer.json()
     assert doc["type"] == "error" and doc["error"]["type"] == "invalid_request_error"
     assert doc["error"]["param"] == param, doc
+    assert doc["error"]["message"].startswith(param.split("[")[0].split(".")[0]), doc  # in the API's terms
     assert not InferenceRequest.objects.exists()
 
 
@@ -190,7 +191,9 @@ def test_a_malformed_responses_body_is_a_400_naming_the_field(
     body = {"model": client[1], "input": "hi", **fields}
     answer = _post(client, "/v1/responses", body)
     assert answer.status_code == 400, answer.content
-    assert answer.json()["error"]["param"] == param, answer.json()
+    error = answer.json()["error"]
+    assert error["param"] == param, error
+    assert error["message"].startswith(param.split("[")[0].split(".")[0]), error  # in the API's terms
     assert not InferenceRequest.objects.exists()
 
 

@@ -74,7 +74,10 @@ def chat_parse_translated(
     try:
         return chat_request_parse(chat)
     except InvalidRequest as exc:
-        param = exc.param or ""
-        head = param.split(".")[0].split("[")[0]
-        param = head if head in lists else renamed.get(head, param)
-        raise InvalidRequest(str(exc), param=param or None, code=exc.code, status=exc.status) from exc
+        chat_param = exc.param or ""
+        head = chat_param.split(".")[0].split("[")[0]
+        param = head if head in lists else renamed.get(head, chat_param)
+        message = str(exc)
+        if head in renamed and chat_param and message.startswith(chat_param):
+            message = param + message[len(chat_param) :]  # "stop must be ..." → "stop_sequences ..."
+        raise InvalidRequest(message, param=param or None, code=exc.code, status=exc.status) from exc
