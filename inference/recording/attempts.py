@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from decimal import ROUND_HALF_EVEN, Decimal
+from typing import Any
 
 from billing.models import Unit
 from billing.services import AMOUNT_QUANTUM
@@ -56,6 +57,18 @@ def db_text(text: str) -> str:
     if not text.isascii():
         text = text.encode("utf-8", "replace").decode("utf-8")
     return text
+
+
+def db_json(value: Any) -> Any:
+    """A JSON value as PostgreSQL's jsonb can store it: every string in it, keys included, through
+    db_text (jsonb refuses \\u0000 as text does)."""
+    if isinstance(value, str):
+        return db_text(value)
+    if isinstance(value, dict):
+        return {db_text(str(k)): db_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [db_json(v) for v in value]
+    return value
 
 
 def quantize_amount(value: Decimal) -> Decimal:

@@ -16,7 +16,14 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from inference.models import InferenceRequest
-from inference.recording.attempts import AttemptInfo, Outcome, billable_units, db_text, quantize_amount
+from inference.recording.attempts import (
+    AttemptInfo,
+    Outcome,
+    billable_units,
+    db_json,
+    db_text,
+    quantize_amount,
+)
 from inference.recording.fold import FoldAttempt, FoldJob, fold_jobs
 from inference.recording.journal import journal_nudge
 from inference.selectors import PlanEntry, RoutePlan
@@ -101,7 +108,7 @@ def inference_request_record(
         "error": db_text(error[:4000]),
         "client_request_id": client_request_id or None,
         "response_text": db_text(response_text),
-        "response_doc": response_doc,
+        "response_doc": db_json(response_doc) if response_doc is not None else None,
         "request_digest": request_digest,
         "answer_kept_until": answer_kept_until,
         "created_at": now,
@@ -138,7 +145,7 @@ def inference_request_record(
         breaker=list(breaker_transitions),
         api_key_id=api_key_id,
         bill_to=bill_to,
-        kept=kept,
+        kept=db_json(kept) if kept is not None else None,  # prompts may hold NUL, jsonb may not
     )
     if not (inline or settings.INFERENCE_RECORDING == "inline" or connection.in_atomic_block):
         # One statement in autocommit: the row and its journal entry are durable (committed)

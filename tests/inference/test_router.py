@@ -16,13 +16,14 @@ from billing.budgets import BudgetExhausted
 from billing.models import Budget, UsageRecord
 from inference.adapters.base import ChatMessage, ChatRequest
 from inference.breaker.breakers import breaker_state
-from inference.models import InferenceAttempt, InferenceRequest
+from inference.models import InferenceAttempt, InferenceRequest, RetainedPrompt
 from inference.recording import db_text
 from inference.router.entry import route
 from inference.router.policy import Strategy
 from inference.services import quality_record_create
 from registry.models import FailoverEvent, RoutingPolicyVersion
 from tests.factories import make_deployment
+from tests.helpers import ledger_settled
 from tests.inference.helpers import priced_deployment, routed_workflow
 
 pytestmark = pytest.mark.django_db
@@ -375,6 +376,22 @@ def test_text_postgresql_cannot_store_is_recorded_with_replacement_characters(
     workflow = routed_workflow(admin_user, [priced_deployment(server)])
     result = route(workflow=workflow, request=PING, client_request_id="test:nul")
     assert result.ok and result.completion is not None and result.completion.text == "a\x00b"
-    assert InferenceRequest.objects.get(pk=result.request_id).response_text == "a\ufffdb"
+    row = InferenceRequest.objects.get(pk=result.request_id)
+    assert row.response_text == "a\ufffdb"
+    # The answer document kept for replays (jsonb refuses \u0000 too), and the prompt a
+    # retaining workflow keeps: both stored with the replacement character.
+    assert row.response_doc is not None
+    assert row.response_doc["choices"][0]["message"]["content"] == "a\ufffdb"
+    kept = routed_workflow(
+        admin_user, [priced_deployment(server)], retain_prompts=True, prompt_retention_days=7
+    )
+    nul_prompt = ChatRequest(
+        messages=(ChatMessage("user", "p\x00ng"),),
+        wire={"messages": [{"role": "user", "content": "p\x00ng"}]},
+    )
+    assert route(workflow=kept, request=nul_prompt, retain=True).ok
+    ledger_settled()
+    retained = RetainedPrompt.objects.get(workflow=kept)
+    assert retained.request["messages"][0]["content"] == "p\ufffdng" and retained.response_text == "a\ufffdb"
     assert db_text("bad \ud800 and \x00") == "bad ? and \ufffd"
     assert db_text("Grüße 😀") == "Grüße 😀"
