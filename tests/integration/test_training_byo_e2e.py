@@ -235,6 +235,16 @@ def test_a_brought_llama_trains_on_two_clusters_of_two_ranks_survives_a_kill_res
     # Its newest checkpoint counts on from the step it was killed at, not from zero.
     later = max(k for k in checkpoints.list(0) if k[0] == 1)
     meta, tensors = checkpoints.read(0, *later)
+
+    def recorded() -> bool:
+        # A chunk writes its checkpoint, then records itself finished with its last steps: the
+        # run can end in between, so wait for the record before summing the steps.
+        close_old_connections()
+        return LearnerChunk.objects.filter(
+            learner=learner, generation=1, seq=later[1], finished_at__isnull=False
+        ).exists()
+
+    wait_until(recorded, timeout=60, what="the checkpointed chunk's record")
     trained_since = sum(
         LearnerChunk.objects.filter(learner=learner, generation=1, seq__lte=later[1]).values_list(
             "steps", flat=True
