@@ -21,6 +21,7 @@ from inference.adapters.openai_compat import close_all
 from inference.breaker import breakers as breaker
 from inference.gateway.caller import gateway_caches_clear
 from inference.selectors import rolling_caches_clear, route_cache_invalidate
+from tests.inference.recording_provider import RecordingProvider
 
 
 @pytest.fixture(autouse=True)
@@ -119,3 +120,12 @@ def served(transactional_db: Any, tmp_path: Path) -> Iterator[tuple[Any, str, st
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+@pytest.fixture
+def provider() -> Iterator[RecordingProvider]:
+    """A loopback OpenAI-compatible provider that records every body it receives
+    (tests/inference/recording_provider.py)."""
+    server = RecordingProvider()
+    yield server
+    server.stop()

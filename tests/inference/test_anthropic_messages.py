@@ -8,7 +8,6 @@ translated route), what the SDK made of the answer (plain and streamed), and the
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
@@ -47,13 +46,6 @@ USAGE = {
     "total_tokens": 2040,
     "prompt_tokens_details": {"cached_tokens": 1536, "cache_write_tokens": 200},
 }
-
-
-@pytest.fixture
-def provider() -> Iterator[RecordingProvider]:
-    server = RecordingProvider()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ provider's side.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
@@ -177,13 +177,6 @@ FEATURES: dict[str, tuple[dict[str, Any], Callable[[], dict[str, Any]]]] = {
     ),
     "usage_details": ({"messages": [USER], "reasoning_effort": "low"}, _usage_details),
 }
-
-
-@pytest.fixture
-def provider() -> Iterator[RecordingProvider]:
-    server = RecordingProvider()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

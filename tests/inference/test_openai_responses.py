@@ -9,7 +9,6 @@ event accumulator), and the ledger.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
@@ -66,13 +65,6 @@ SCHEMA = {
 
 
 @pytest.fixture
-def provider() -> Iterator[RecordingProvider]:
-    server = RecordingProvider()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
 def setup(live_server: Any, operator: User, provider: RecordingProvider) -> tuple[openai.OpenAI, Workflow]:
     deployment = priced_deployment(
         base_url=provider.base_url, provider_model_id="provider-model", supports_vision=True
@@ -89,8 +81,7 @@ def _create(client: openai.OpenAI, *, stream: bool, **kwargs: Any) -> Any:
     if not stream:
         return client.responses.create(**kwargs)
     with client.responses.stream(**kwargs) as events:
-        for _ in events:
-            pass
+        events.until_done()  # every event through the SDK's accumulator
         return events.get_final_response()
 
 

@@ -51,6 +51,16 @@ def arguments_object(value: Any) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else tool_arguments_object(arguments_text(value))
 
 
+def choice_deltas(chunk: dict[str, Any]) -> list[tuple[dict[str, Any], str | None]]:
+    """A chat stream chunk's deltas of choice 0 with their finish reasons (the agents' APIs have
+    no `n`: other choices are not asked for and not passed on)."""
+    return [
+        (choice.get("delta") or {}, choice.get("finish_reason"))
+        for choice in chunk.get("choices") or []
+        if choice.get("index", 0) == 0
+    ]
+
+
 def new_tool_call(call: dict[str, Any], open_kind: str | None) -> str | None:
     """The kind (`tool:<id>`) of the output block a streamed tool-call delta starts, or None
     when it continues the open one. A delta with an id the open block does not have starts a

@@ -9,7 +9,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from inference.gateway.translated.common import answer_text, arguments_object, arguments_text, new_tool_call
+from inference.gateway.translated.common import (
+    answer_text,
+    arguments_object,
+    arguments_text,
+    choice_deltas,
+    new_tool_call,
+)
 
 # How the chat answer ended → Messages' stop_reason.
 _STOP_REASONS = {
@@ -160,10 +166,7 @@ class MessagesStream:
     def feed(self, chunk: dict[str, Any]) -> Iterator[bytes]:
         if chunk.get("usage"):
             self._usage = chunk["usage"]
-        for choice in chunk.get("choices") or []:
-            if choice.get("index", 0) != 0:
-                continue
-            delta = choice.get("delta") or {}
+        for delta, finish in choice_deltas(chunk):
             text = answer_text(delta.get("content")) or answer_text(delta.get("refusal"))
             if delta.get("refusal"):
                 self._refused = True
@@ -185,8 +188,8 @@ class MessagesStream:
                 piece = arguments_text(function.get("arguments"))
                 if piece:
                     yield self._delta({"type": "input_json_delta", "partial_json": piece})
-            if choice.get("finish_reason"):
-                self._finish = choice["finish_reason"]
+            if finish:
+                self._finish = finish
 
     def end(self, switchyard: dict[str, Any] | None, *, broken: bool) -> Iterator[bytes]:
         yield from self._close()

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from inference.gateway.translated.common import answer_text, arguments_text, new_tool_call
+from inference.gateway.translated.common import answer_text, arguments_text, choice_deltas, new_tool_call
 
 
 def response_id(request_id: int | None) -> str:
@@ -246,10 +246,7 @@ class ResponsesStream:
     def feed(self, chunk: dict[str, Any]) -> Iterator[bytes]:
         if chunk.get("usage"):
             self._usage = chunk["usage"]
-        for choice in chunk.get("choices") or []:
-            if choice.get("index", 0) != 0:
-                continue
-            delta = choice.get("delta") or {}
+        for delta, finish in choice_deltas(chunk):
             text, refusal = answer_text(delta.get("content")), answer_text(delta.get("refusal"))
             if text and (self._open != "text" or self._refusal):
                 yield from self._open_text(refusal=False)
@@ -296,8 +293,8 @@ class ResponsesStream:
                         output_index=self._index,
                         delta=piece,
                     )
-            if choice.get("finish_reason"):
-                self._finish = choice["finish_reason"]
+            if finish:
+                self._finish = finish
 
     def end(self, switchyard: dict[str, Any] | None, *, broken: bool) -> Iterator[bytes]:
         if not self._output and self._open is None:
