@@ -42,6 +42,8 @@ SERVICE_BY_UNIT = {
     Unit.OUTPUT_TOKENS_1M: "Model inference",
     Unit.CACHED_INPUT_TOKENS_1M: "Model inference",
     Unit.REASONING_TOKENS_1M: "Model inference",
+    Unit.BATCH_INPUT_TOKENS_1M: "Model inference",
+    Unit.BATCH_OUTPUT_TOKENS_1M: "Model inference",
     Unit.REQUEST: "Model inference",
     Unit.STORAGE_GB_MONTH: "Storage",
     Unit.EGRESS_GB: "Data transfer",
@@ -73,6 +75,12 @@ UNIT_TERMS = {
     ),
     Unit.REASONING_TOKENS_1M: UnitTerms(
         _AI, _GENAI, "1000000 Tokens", "Tokens", _MILLION, "Reasoning Tokens"
+    ),
+    Unit.BATCH_INPUT_TOKENS_1M: UnitTerms(
+        _AI, _GENAI, "1000000 Tokens", "Tokens", _MILLION, "Batch Input Tokens"
+    ),
+    Unit.BATCH_OUTPUT_TOKENS_1M: UnitTerms(
+        _AI, _GENAI, "1000000 Tokens", "Tokens", _MILLION, "Batch Output Tokens"
     ),
     Unit.REQUEST: UnitTerms(_AI, _GENAI, "Requests", "Requests", Decimal(1), "Requests"),
     Unit.STORAGE_GB_MONTH: UnitTerms(

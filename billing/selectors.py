@@ -126,6 +126,8 @@ PURPOSE_BY_UNIT = {
     Unit.OUTPUT_TOKENS_1M: "inference",
     Unit.CACHED_INPUT_TOKENS_1M: "inference",
     Unit.REASONING_TOKENS_1M: "inference",
+    Unit.BATCH_INPUT_TOKENS_1M: "inference",
+    Unit.BATCH_OUTPUT_TOKENS_1M: "inference",
     Unit.REQUEST: "inference",
     Unit.STORAGE_GB_MONTH: "storage and transfer",
     Unit.EGRESS_GB: "storage and transfer",

@@ -56,6 +56,9 @@ class PlanEntry(Candidate):
     # Prices of the token kinds providers report apart ($/1M; None: billed as input / output).
     cached_input_price: Decimal | None = None
     reasoning_price: Decimal | None = None
+    # A batch job's token prices ($/1M; None: billed at the input / output price).
+    batch_input_price: Decimal | None = None
+    batch_output_price: Decimal | None = None
     # What it can serve (Deployment.supports_*, limited to what its adapter maps, and what its
     # adapter serves whatever is declared: adapters.registry.ADAPTER_INHERENT).
     capabilities: frozenset[str] = frozenset()
@@ -174,33 +177,35 @@ class TokenPrices:
     currency: str  # of the prices found; USD when there is none
     cached_input: Decimal | None = None
     reasoning: Decimal | None = None
+    batch_input: Decimal | None = None
+    batch_output: Decimal | None = None
 
 
 def deployment_token_prices(*, deployment: Deployment, at: datetime, prices: PriceResolver) -> TokenPrices:
     """The input and output token prices in force at `at` for the deployment (its own price,
     else its provider's), as the ledger will price its usage."""
+
+    def price(unit: Unit) -> Decimal | None:
+        found = prices.resolve(
+            unit=unit, at=at, deployment_id=deployment.pk, provider_id=deployment.provider_id
+        )
+        return found.unit_price if found is not None else None
+
     found_in = prices.resolve(
         unit=Unit.INPUT_TOKENS_1M, at=at, deployment_id=deployment.pk, provider_id=deployment.provider_id
     )
     found_out = prices.resolve(
         unit=Unit.OUTPUT_TOKENS_1M, at=at, deployment_id=deployment.pk, provider_id=deployment.provider_id
     )
-    found_cached = prices.resolve(
-        unit=Unit.CACHED_INPUT_TOKENS_1M,
-        at=at,
-        deployment_id=deployment.pk,
-        provider_id=deployment.provider_id,
-    )
-    found_reasoning = prices.resolve(
-        unit=Unit.REASONING_TOKENS_1M, at=at, deployment_id=deployment.pk, provider_id=deployment.provider_id
-    )
     priced = found_in or found_out
     return TokenPrices(
         input=found_in.unit_price if found_in else None,
         output=found_out.unit_price if found_out else None,
         currency=priced.currency if priced is not None else "USD",
-        cached_input=found_cached.unit_price if found_cached else None,
-        reasoning=found_reasoning.unit_price if found_reasoning else None,
+        cached_input=price(Unit.CACHED_INPUT_TOKENS_1M),
+        reasoning=price(Unit.REASONING_TOKENS_1M),
+        batch_input=price(Unit.BATCH_INPUT_TOKENS_1M),
+        batch_output=price(Unit.BATCH_OUTPUT_TOKENS_1M),
     )
 
 
@@ -265,6 +270,8 @@ def _plan_entry(
         target=target,
         cached_input_price=found.cached_input,
         reasoning_price=found.reasoning,
+        batch_input_price=found.batch_input,
+        batch_output_price=found.batch_output,
         capabilities=(frozenset(declared) & ADAPTER_FEATURES[target.kind]) | ADAPTER_INHERENT[target.kind],
         max_context_tokens=d.max_context_tokens,
     )

@@ -30,6 +30,10 @@ class Unit(models.TextChoices):
     OUTPUT_TOKENS_1M = "output_tokens_1m", "1M output tokens"
     CACHED_INPUT_TOKENS_1M = "cached_input_tokens_1m", "1M cached input tokens"
     REASONING_TOKENS_1M = "reasoning_tokens_1m", "1M reasoning tokens"
+    # A batch job's tokens (inference.batch), where the provider sells them cheaper than
+    # interactive ones; without such a price they are billed at the input / output price.
+    BATCH_INPUT_TOKENS_1M = "batch_input_tokens_1m", "1M batch input tokens"
+    BATCH_OUTPUT_TOKENS_1M = "batch_output_tokens_1m", "1M batch output tokens"
     REQUEST = "request", "request"
     STORAGE_GB_MONTH = "storage_gb_month", "GB-month of storage"
     EGRESS_GB = "egress_gb", "GB of egress"

@@ -30,6 +30,7 @@ class AttemptInfo:
     tokens_out: int = 0
     cached_tokens: int = 0  # of tokens_in, read from the provider's prompt cache
     reasoning_tokens: int = 0  # of tokens_out, spent reasoning
+    batch: bool = False  # a batch job's line: its input and output at the batch prices, if any
     cost: Decimal = Decimal("0")
     error: str = ""
     started_at: float = 0.0  # perf_counter at the start, for time lost between attempts
@@ -81,6 +82,8 @@ UNIT_SUFFIX = {
     Unit.OUTPUT_TOKENS_1M.value: "out",
     Unit.CACHED_INPUT_TOKENS_1M.value: "cached",
     Unit.REASONING_TOKENS_1M.value: "reasoning",
+    Unit.BATCH_INPUT_TOKENS_1M.value: "batch-in",
+    Unit.BATCH_OUTPUT_TOKENS_1M.value: "batch-out",
 }
 
 
@@ -92,20 +95,28 @@ def billable_units(a: AttemptInfo) -> list[tuple[str, Decimal, Decimal]]:
     the cached tokens are their own row at that price and the input row holds the rest; where
     it has a reasoning price, likewise for reasoning tokens and the output row. Without such a
     price they stay in the input (output) row at its price.
+
+    A batch job's line (`a.batch`) has its input and output rows in the batch units at the
+    batch prices where the price book has them (providers sell batch tokens at about half the
+    interactive price); where it has none, at the input and output prices.
     """
     out = []
     entry = a.entry
     tokens_in, tokens_out = a.tokens_in, a.tokens_out
     cached = min(a.cached_tokens, tokens_in) if entry.cached_input_price is not None else 0
     reasoning = min(a.reasoning_tokens, tokens_out) if entry.reasoning_price is not None else 0
-    if tokens_in - cached and entry.input_price is not None:
-        out.append((Unit.INPUT_TOKENS_1M.value, Decimal(tokens_in - cached) / MILLION, entry.input_price))
+    in_unit, in_price = Unit.INPUT_TOKENS_1M.value, entry.input_price
+    if a.batch and entry.batch_input_price is not None:
+        in_unit, in_price = Unit.BATCH_INPUT_TOKENS_1M.value, entry.batch_input_price
+    out_unit, out_price = Unit.OUTPUT_TOKENS_1M.value, entry.output_price
+    if a.batch and entry.batch_output_price is not None:
+        out_unit, out_price = Unit.BATCH_OUTPUT_TOKENS_1M.value, entry.batch_output_price
+    if tokens_in - cached and in_price is not None:
+        out.append((in_unit, Decimal(tokens_in - cached) / MILLION, in_price))
     if cached and entry.cached_input_price is not None:
         out.append((Unit.CACHED_INPUT_TOKENS_1M.value, Decimal(cached) / MILLION, entry.cached_input_price))
-    if tokens_out - reasoning and entry.output_price is not None:
-        out.append(
-            (Unit.OUTPUT_TOKENS_1M.value, Decimal(tokens_out - reasoning) / MILLION, entry.output_price)
-        )
+    if tokens_out - reasoning and out_price is not None:
+        out.append((out_unit, Decimal(tokens_out - reasoning) / MILLION, out_price))
     if reasoning and entry.reasoning_price is not None:
         out.append((Unit.REASONING_TOKENS_1M.value, Decimal(reasoning) / MILLION, entry.reasoning_price))
     return out

@@ -21,7 +21,7 @@ from inference.adapters.registry import adapter_for
 from inference.breaker.breakers import breakers, record_success
 from inference.breaker.redis_breakers import RedisBreakers
 from inference.breaker.state import breaker_settings, monotonic_now
-from inference.models import InferenceAttempt
+from inference.models import Endpoint, InferenceAttempt
 from inference.recording import AttemptInfo
 from inference.router.context import Context, call_target, candidates, cost_estimate, needs_admission
 from inference.router.errors import CostLimitExceeded, NoRoute
@@ -247,6 +247,7 @@ def ok_attempt(
         cached_tokens=completion.cached_tokens,
         reasoning_tokens=completion.reasoning_tokens,
         started_at=started,
+        batch=ctx.endpoint == Endpoint.BATCH,
     )
     ctx.attempts.append(attempt)
     transition = record_success(entry.deployment_id, latency_ms=latency, probe=probe, cfg=breaker_settings())
