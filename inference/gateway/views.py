@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -37,16 +35,12 @@ from django.views.decorators.csrf import csrf_exempt
 
 from billing.budgets import BudgetExhausted
 from billing.services import NoPriceError
-from inference.adapters.base import Completion, InferenceInput
+from inference.adapters.base import InferenceInput
 from inference.admission import input_tokens
+from inference.gateway.apis import APIS, EMBEDDINGS, Api, answer_document
 from inference.gateway.caller import caller_authorize, caller_grant, caller_grant_deferred, caller_workflow
 from inference.gateway.openai_body import InvalidRequest, json_document
-from inference.gateway.openai_request import (
-    ParsedRequest,
-    chat_request_parse,
-    completion_request_parse,
-    embedding_request_parse,
-)
+from inference.gateway.openai_request import embedding_request_parse
 from inference.gateway.responses import (
     GatewayError,
     answer_headers,
@@ -57,16 +51,13 @@ from inference.gateway.responses import (
     tokens_used,
 )
 from inference.gateway.streaming import StreamTranslator, stream_response
-from inference.gateway.translated.messages_answer import MessagesStream, chat_to_message
 from inference.gateway.translated.messages_request import API_VERSION, messages_request_parse
-from inference.gateway.translated.responses_answer import ResponsesStream, chat_to_response
-from inference.gateway.translated.responses_request import responses_request_parse
 from inference.idempotency import IdempotencyConflict, caller_key_problem, request_digest, v1_request_id
 from inference.models import Endpoint
 from inference.ratelimit.limits import RateCheck, RateLimited, StaleGrant, version_check
 from inference.router.context import context_tokens
 from inference.router.entry import route
-from inference.router.errors import CapabilityMissing, CostLimitExceeded, NoRoute, RouteResult
+from inference.router.errors import CapabilityMissing, CostLimitExceeded, NoRoute
 from registry.models import Workflow
 
 logger = logging.getLogger(__name__)
@@ -114,35 +105,6 @@ def _idempotency_key(request: HttpRequest) -> str | None:
     return key
 
 
-@dataclass(frozen=True)
-class _Api:
-    """One generation API on the pipeline: how its body becomes the chat or completion request
-    the router takes, and (for an API that is not OpenAI's chat or completions) how the chat
-    answer becomes its own, plain (`answer(chat_doc, request_id, workflow_slug, body)`) and
-    streamed (`stream(request_id, workflow_slug, body)`, a StreamTranslator)."""
-
-    parse: Callable[[dict[str, Any]], ParsedRequest]
-    chat: bool = True
-    answer: Callable[[dict[str, Any], int | None, str, dict[str, Any]], dict[str, Any]] | None = None
-    stream: Callable[[int | None, str, dict[str, Any]], StreamTranslator] | None = None
-
-
-_APIS = {
-    "chat": _Api(chat_request_parse),
-    "completion": _Api(completion_request_parse, chat=False),
-    "messages": _Api(
-        messages_request_parse,
-        answer=lambda doc, rid, model, body: chat_to_message(doc, request_id=rid, model=model),
-        stream=lambda rid, model, body: MessagesStream(rid, model),
-    ),
-    "responses": _Api(
-        responses_request_parse,
-        answer=lambda doc, rid, model, body: chat_to_response(doc, request_id=rid, model=model, request=body),
-        stream=lambda rid, model, body: ResponsesStream(rid, model, body),
-    ),
-}
-
-
 # --- Responses -----------------------------------------------------------------------------------------
 
 
@@ -186,41 +148,8 @@ def _refusal(exc: Exception) -> HttpResponse:
     return error_response(502, f"Pricing changed while answering; retry: {exc}", "api_error", "no_price")
 
 
-def _synthesized(result: RouteResult, c: Completion, model: str, *, chat: bool) -> dict[str, Any]:
-    """An OpenAI answer document for adapters that do not speak OpenAI (Bedrock, replays)."""
-    usage = {
-        "prompt_tokens": c.tokens_in,
-        "completion_tokens": c.tokens_out,
-        "total_tokens": c.tokens_in + c.tokens_out,
-    }
-    if chat:
-        return {
-            "id": f"chatcmpl-sy{result.request_id}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": model,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": c.text},
-                    "finish_reason": c.finish_reason,
-                    "logprobs": None,
-                }
-            ],
-            "usage": usage,
-        }
-    return {
-        "id": f"cmpl-sy{result.request_id}",
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [{"index": 0, "text": c.text, "finish_reason": c.finish_reason, "logprobs": None}],
-        "usage": usage,
-    }
-
-
 def _translator(
-    spec: _Api, model: str, body: dict[str, Any]
+    spec: Api, model: str, body: dict[str, Any]
 ) -> Callable[[int | None], StreamTranslator] | None:
     """The stream translator of `spec`'s API for this request, given its id (None: chat's own)."""
     make = spec.stream
@@ -230,7 +159,7 @@ def _translator(
 
 
 def _complete(request: HttpRequest, *, api: str) -> HttpResponse | StreamingHttpResponse:
-    """`api`: the key of _APIS."""
+    """`api`: the key of inference.gateway.apis.APIS."""
     if request.method != "POST":
         return method_not_allowed("POST")
     body = _Body(request)
@@ -247,7 +176,7 @@ def _complete_checked(
     request: HttpRequest, body: _Body, *, api: str, limits: RateCheck, fresh: bool
 ) -> HttpResponse | StreamingHttpResponse:
     verify: bytes | None = None  # a cached grant not checked against the version yet
-    spec = _APIS[api]
+    spec = APIS[api]
     chat = spec.chat
     try:
         if fresh:
@@ -306,19 +235,7 @@ def _complete_checked(
     limits.settle(tokens_used(result))
     if not result.ok or result.completion is None:
         return route_failure(result, caller, workflow.team_id)
-    c = result.completion
-    if c.raw is not None:
-        # The provider's answer with every field it sent (tool calls, refusal, logprobs,
-        # system_fingerprint, usage details, n choices); only the id and the model are ours.
-        doc: dict[str, Any] = {
-            **c.raw,
-            "id": f"{'chatcmpl' if chat else 'cmpl'}-sy{result.request_id}",
-            "model": workflow.slug,
-        }
-    else:
-        doc = _synthesized(result, c, workflow.slug, chat=chat)
-    if spec.answer is not None:
-        doc = spec.answer(doc, result.request_id, workflow.slug, document)
+    doc = answer_document(api, result, workflow.slug, document)
     response = HttpResponse(json.dumps(doc, separators=(",", ":")), content_type="application/json")
     answer_headers(response, result, result.deployment_slug, caller, workflow.team_id)
     return response
@@ -439,7 +356,7 @@ def _embeddings_checked(request: HttpRequest, limits: RateCheck) -> HttpResponse
     limits.settle(tokens_used(result))
     if not result.ok or result.completion is None or result.completion.raw is None:
         return route_failure(result, caller, workflow.team_id)
-    doc = {**result.completion.raw, "model": workflow.slug}
+    doc = answer_document(EMBEDDINGS, result, workflow.slug, {})
     response = HttpResponse(json.dumps(doc, separators=(",", ":")), content_type="application/json")
     answer_headers(response, result, result.deployment_slug, caller, workflow.team_id)
     return response
