@@ -14,7 +14,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
-from registry.models import ApiToken, Deployment, RoutingPolicyVersion, Workflow
+from registry.models import ApiToken, Deployment, RoutingPolicyVersion, Team, Workflow
 
 
 class Endpoint(models.TextChoices):
@@ -288,6 +288,35 @@ class QualityRecord(models.Model):
         return f"{self.deployment_id}: {self.score} ({self.source})"
 
 
+class GatewayFile(models.Model):
+    """A file of OpenAI's Files API (/v1/files): a batch's input, uploaded by a caller, or its
+    output and error files, written by the job. The bytes live in the object store at `key`.
+
+    Owned by a team (None: the platform's, uploaded with a platform key); a batch's output is
+    also its workflow's, so a key limited to other workflows does not see it. Who sees a file
+    is decided in one place, inference.gateway.bulk.files.file_visible."""
+
+    class Purpose(models.TextChoices):
+        BATCH = "batch", "Batch input"
+        BATCH_OUTPUT = "batch_output", "Batch output"
+
+    team = models.ForeignKey(Team, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    workflow = models.ForeignKey(Workflow, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    purpose = models.CharField(max_length=16, choices=Purpose.choices)
+    filename = models.CharField(max_length=255)
+    bytes = models.PositiveBigIntegerField(default=0)
+    key = models.CharField(max_length=512)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    api_key = models.ForeignKey(ApiToken, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"file {self.pk} ({self.filename})"
+
+
 class BatchJob(models.Model):
     class State(models.TextChoices):
         PENDING = "pending", "Pending"
@@ -320,6 +349,20 @@ class BatchJob(models.Model):
     # Lines per minute for this job, below the workflow's, team's and key's own limits, which
     # every line respects too (inference.batch.pacing waits rather than fails).
     max_rpm = models.PositiveIntegerField(null=True, blank=True)
+    # A job of OpenAI's Batch API (/v1/batches): the API its lines call ("chat", "responses",
+    # "embeddings"; empty: a Switchyard job of /api/), its files and the caller's metadata.
+    # Its output is written in OpenAI's shape, answers and errors apart.
+    api = models.CharField(max_length=16, blank=True, default="")
+    input_file = models.ForeignKey(
+        GatewayFile, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    output_file = models.ForeignKey(
+        GatewayFile, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    error_file = models.ForeignKey(
+        GatewayFile, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    metadata = models.JSONField(null=True, blank=True)
     # The input and output objects hold kept prompts (a replay): they are deleted when the
     # replay ends, at this time at the latest (the kept rows' expiry, by the retention purge),
     # or when the workflow opts out (inference.retention). NULL once deleted, or never held.

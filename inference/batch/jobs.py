@@ -18,6 +18,10 @@ Running (`batch_job_execute`, called by the `inference.batch_job_run` task):
   (`.../part-00000.jsonl`); a resumed run skips the parts that exist and re-reads their
   counters, so finished lines are not redone. At the end the parts are joined into
   `output_uri`.
+* A job of OpenAI's Batch API (`job.api`, /v1/batches: inference.gateway.batches) keeps each
+  line's answer document in its parts, and at the end writes OpenAI's output file (answers)
+  and error file (failed lines) as GatewayFile rows instead of the one output object; its parts
+  are then deleted, so deleting those files deletes every copy of the answers.
 * `inference.batch_jobs_resume` (beat) re-queues jobs whose lease went stale and pending jobs
   whose task message was lost (the filesystem broker drops a message taken by a killed worker).
 """
@@ -42,9 +46,11 @@ from django.utils import timezone
 from billing.budgets import BudgetExhausted
 from inference.admission import CallTooLarge, Paced, PacingStopped, call_pace, request_tokens
 from inference.batch.lines import batch_lines_parse, job_prefix, output_key, part_key
+from inference.batch.openai_files import api_outputs_write
 from inference.batch.pacing import batch_limits
+from inference.gateway.apis import answer_document
 from inference.idempotency import batch_request_id
-from inference.models import BatchJob, Endpoint, InferenceRequest
+from inference.models import BatchJob, Endpoint, GatewayFile, InferenceRequest
 from inference.router.entry import route
 from inference.router.errors import CapabilityMissing, CostLimitExceeded, NoRoute
 from registry.claims import lease_claim, lease_release, lease_renew
@@ -98,6 +104,9 @@ def batch_job_create(
     holds_prompts_until: datetime | None = None,
     enqueue: bool = True,
     teams: frozenset[int] | None = None,
+    input_file: GatewayFile | None = None,
+    api: str = "",
+    metadata: dict[str, str] | None = None,
 ) -> BatchJob:
     """Validate the input (a key in the object store, or JSONL text stored here) and queue the job.
     `api_key`: the key it was asked for with (its budgets apply, its ledger rows name it).
@@ -106,14 +115,20 @@ def batch_job_create(
     `enqueue=False`: the caller runs it (batch_job_execute) itself, as a replay study does.
     `teams`: the teams in which the caller may create jobs (None: platform-wide roles); a key
     it names must belong to the workflow's team (registry.store.keys), checked before the
-    store is read, and JSONL text is stored under that team's prefix."""
+    store is read, and JSONL text is stored under that team's prefix.
+    `input_file`, `api`, `metadata`: a job of OpenAI's Batch API; the gateway checked that the
+    caller sees the file (inference.gateway.files), and its lines are in OpenAI's format for
+    `api`."""
     if deployment is not None and not deployment.enabled:
         raise RegistryError(f"deployment {deployment.slug} is disabled", field="deployment")
     if max_rpm is not None and max_rpm < 1:
         raise RegistryError("max_rpm must be at least 1", field="max_rpm")
     owner = _user(user)
     store = default_store()
-    if input_jsonl is not None:
+    if input_file is not None:
+        input_uri = input_file.key
+        data = store.get(input_uri)
+    elif input_jsonl is not None:
         if input_uri:
             raise RegistryError("give input_uri or input_jsonl, not both", field="input_uri")
         data = input_jsonl.encode("utf-8")
@@ -132,7 +147,7 @@ def batch_job_create(
             data = store.get(input_uri)
         except (ObjectNotFoundError, ValueError) as exc:
             raise RegistryError(f"no object {input_uri!r} in the store ({exc})", field="input_uri") from None
-    lines = batch_lines_parse(data)
+    lines = batch_lines_parse(data, api=api)
     with transaction.atomic():
         job = BatchJob.objects.create(
             workflow=workflow,
@@ -144,6 +159,9 @@ def batch_job_create(
             deployment=deployment,
             max_rpm=max_rpm,
             holds_prompts_until=holds_prompts_until,
+            api=api,
+            input_file=input_file,
+            metadata=metadata,
         )
         if enqueue:
             transaction.on_commit(lambda: batch_job_enqueue(job_id=job.pk))
@@ -268,20 +286,17 @@ def _run_line(job: BatchJob, line: BatchLine, lease: _Lease | None = None) -> di
             deployment=job.deployment,
         )
     except CallTooLarge as exc:
-        return {**record, "response": None, "error": f"rate limit: {exc}", "cost": "0"}
+        return _refused(record, f"rate limit: {exc}", "rate_limit_exceeded")
     except PacingStopped as exc:
         # The lease was lost (another runner, a cancel) while the line waited: it is not sent.
-        return {
-            **record,
-            "response": None,
-            "error": f"{exc} (the job was cancelled or taken over)",
-            "cost": "0",
-        }
+        return _refused(record, f"{exc} (the job was cancelled or taken over)", "batch_cancelled")
     except BudgetExhausted as exc:
         # Not recorded, so not billed: the line is reported failed in the output.
-        return {**record, "response": None, "error": f"budget exhausted: {exc}", "cost": "0"}
-    except (CostLimitExceeded, CapabilityMissing) as exc:
-        return {**record, "response": None, "error": str(exc), "cost": "0"}
+        return _refused(record, f"budget exhausted: {exc}", "budget_exhausted")
+    except CostLimitExceeded as exc:
+        return _refused(record, str(exc), "max_cost_exceeded")
+    except CapabilityMissing as exc:
+        return _refused(record, str(exc), "unsupported_feature")
     if paced is not None:
         c = result.completion
         paced.settle((c.tokens_in + c.tokens_out) if c is not None else 0)
@@ -289,7 +304,12 @@ def _run_line(job: BatchJob, line: BatchLine, lease: _Lease | None = None) -> di
             record["rate_limit_waits"] = paced.waits  # how often the line waited for a window
     record["request_id"] = result.request_id
     record["cost"] = str(result.cost)
-    if result.ok and result.completion is not None:
+    if job.api and result.ok and result.completion is not None:
+        # OpenAI's Batch API: the answer document the live endpoint would have sent.
+        assert line.body is not None  # noqa: S101 (every line of such a job has one)
+        record["body"] = answer_document(job.api, result, job.workflow.slug, line.body)
+        record["error"] = None
+    elif result.ok and result.completion is not None:
         record["response"] = {
             "text": result.completion.text,
             "deployment": result.deployment_slug,
@@ -300,7 +320,13 @@ def _run_line(job: BatchJob, line: BatchLine, lease: _Lease | None = None) -> di
     else:
         record["response"] = None
         record["error"] = result.error or "failed"
+        record["code"] = "provider_error"
     return record
+
+
+def _refused(record: dict[str, Any], error: str, code: str) -> dict[str, Any]:
+    """A line refused before any provider answered it: nothing recorded, nothing billed."""
+    return {**record, "response": None, "error": error, "code": code, "cost": "0"}
 
 
 def _dump(records: list[dict[str, Any]]) -> bytes:
@@ -332,7 +358,7 @@ def batch_job_execute(*, job_id: int) -> BatchJob | None:
     ).get(pk=job_id)
     store = default_store()
     try:
-        lines = batch_lines_parse(store.get(job.input_uri))
+        lines = batch_lines_parse(store.get(job.input_uri), api=job.api)
     except Exception as exc:
         return _fail(job_id, token, f"input unreadable: {exc}")
     lease = _Lease(token)
@@ -376,9 +402,11 @@ def _execute(job: BatchJob, lines: list[BatchLine], lease: _Lease) -> BatchJob |
         store.put(key, _dump(records))
         for record in records:
             finished.add(record)
+    now = timezone.now()
+    if job.api:
+        return _api_finish(job, keys, lease, finished, now)
     # Streamed a part file at a time: the output is never joined into one byte string.
     store.put_stream(output_key(job), (store.get(k) for k in keys))
-    now = timezone.now()
     succeeded = lease_release(
         BatchJob,
         pk=job_id,
@@ -392,6 +420,36 @@ def _execute(job: BatchJob, lines: list[BatchLine], lease: _Lease) -> BatchJob |
         **finished.counters(),
     )
     return BatchJob.objects.get(pk=job_id) if succeeded else None
+
+
+def _api_finish(
+    job: BatchJob, keys: list[str], lease: _Lease, finished: _Tally, now: datetime
+) -> BatchJob | None:
+    """An OpenAI Batch API job's end: its output and error files, then its parts deleted."""
+    with transaction.atomic():
+        outputs = api_outputs_write(job, keys)
+        succeeded = lease_release(
+            BatchJob,
+            pk=job.pk,
+            states=[BatchJob.State.RUNNING],
+            to_state=BatchJob.State.SUCCEEDED,
+            heartbeat="updated_at",
+            holder={"updated_at": lease.token},
+            now=now,
+            finished_at=now,
+            output_file=outputs.output,
+            error_file=outputs.errors,
+            **finished.counters(),
+        )
+        if not succeeded:
+            transaction.set_rollback(True)  # the other runner (or the cancel) decides
+    if not succeeded:
+        outputs.discard()
+        return None
+    store = default_store()
+    for key in keys:  # the answers now live in the output file only
+        store.delete(key)
+    return BatchJob.objects.get(pk=job.pk)
 
 
 def _fail(

@@ -1,12 +1,18 @@
 """A batch job's input lines, checked when the job is created, and where its objects live: each
-job's folder of the object store (its parts and output), and which team owns a key in it."""
+job's folder of the object store (its parts and output), and which team owns a key in it.
+
+Two line formats: Switchyard's (`{"custom_id", "messages" | "prompt", ...}`, jobs of /api/)
+and OpenAI's Batch API (`{"custom_id", "method": "POST", "url", "body"}`, jobs of /v1/batches),
+whose body is checked by the parser of the API it names (inference.gateway.apis)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from inference.adapters.base import InferenceInput
+from inference.adapters.base import InferenceInput, RoutedInput
+from inference.gateway.apis import BATCH_URLS, api_parse
 from inference.gateway.openai_body import InvalidRequest, json_document
 from inference.gateway.openai_request import chat_request_parse, completion_request_parse
 from inference.idempotency import caller_key_problem
@@ -14,7 +20,8 @@ from inference.models import BatchJob
 from registry.services import RegistryError
 from registry.validation import id_parse
 
-MAX_LINES = 100_000
+MAX_LINES = 100_000  # OpenAI's Batch API allows 50,000 requests per batch
+AUTO_API = "auto"  # batch_lines_iter: the OpenAI format, for the API the first line names
 
 
 @dataclass(frozen=True)
@@ -22,7 +29,10 @@ class BatchLine:
     number: int  # 1-based line number in the input file
     key: str  # custom_id, or "line-<number>"
     custom_id: str | None
-    request: InferenceInput
+    request: RoutedInput
+    # OpenAI's format only: the body as sent (an answer of /v1/responses echoes it) and its model.
+    body: dict[str, Any] | None = None
+    model: str | None = None
 
 
 def _line_request(obj: dict[str, Any], where: str) -> InferenceInput:
@@ -39,18 +49,58 @@ def _line_request(obj: dict[str, Any], where: str) -> InferenceInput:
         raise RegistryError(f"{where}: {exc}", field="input") from None
 
 
-def batch_lines_parse(data: bytes) -> list[BatchLine]:
-    """The requests of a JSONL input (blank lines skipped); RegistryError names the bad line."""
+def _api_line(obj: dict[str, Any], api: str, where: str) -> tuple[RoutedInput, dict[str, Any], str]:
+    """An OpenAI Batch API line's request, body and model: its url must be the batch's endpoint."""
+    unknown = sorted(set(obj) - {"custom_id", "method", "url", "body"})
+    if unknown:
+        raise RegistryError(f"{where}: unknown field {unknown[0]!r}", field="input")
+    if obj.get("method") != "POST":
+        raise RegistryError(f"{where}: method must be POST", field="input")
+    url = obj.get("url")
+    if not isinstance(url, str) or BATCH_URLS.get(url) != api:
+        wanted = next(u for u, a in BATCH_URLS.items() if a == api)
+        raise RegistryError(f"{where}: url must be the batch's endpoint, {wanted}", field="input")
+    body = obj.get("body")
+    if not isinstance(body, dict):
+        raise RegistryError(f"{where}: body must be an object", field="input")
+    try:
+        parsed = api_parse(api, body)
+    except InvalidRequest as exc:
+        raise RegistryError(f"{where}: body: {exc}", field="input") from None
+    if getattr(parsed, "stream", False):
+        raise RegistryError(f"{where}: body: stream is not allowed in a batch", field="input")
+    assert parsed.model is not None  # noqa: S101 (required by the parser)
+    return parsed.request, body, parsed.model
+
+
+def batch_lines_parse(data: bytes, *, api: str = "") -> list[BatchLine]:
+    """The requests of a JSONL input (blank lines skipped); RegistryError names the bad line.
+    `api`: the API of an OpenAI Batch API job (inference.gateway.apis.BATCH_URLS), whose lines
+    are in that format and must each have a custom_id; "": Switchyard's format."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise RegistryError("input is not UTF-8 text", field="input") from None
-    lines: list[BatchLine] = []
+    return list(batch_lines_iter(text.split("\n"), api=api))
+
+
+def batch_lines_iter(raw_lines: Iterable[str | bytes], *, api: str = "") -> Iterator[BatchLine]:
+    """The requests of JSONL lines, one at a time (an upload is checked without holding it).
+    Lines end at "\n" only (a trailing "\r" is dropped): JSON strings may hold U+2028 or U+0085,
+    which str.splitlines would take for line ends. `api`: as batch_lines_parse; AUTO_API: the
+    OpenAI format, for the API the first line's url names (every line must name the same)."""
     seen: set[str] = set()
-    for number, raw in enumerate(text.splitlines(), start=1):
+    count = 0
+    for number, item in enumerate(raw_lines, start=1):
+        where = f"line {number}"
+        if isinstance(item, bytes):
+            try:
+                item = item.decode("utf-8")
+            except UnicodeDecodeError:
+                raise RegistryError(f"{where}: not UTF-8 text", field="input") from None
+        raw = item.removesuffix("\n").removesuffix("\r")
         if not raw.strip():
             continue
-        where = f"line {number}"
         try:
             # Strict JSON, an object, valid Unicode throughout (a lone surrogate in a custom_id
             # or a message is refused here, not by the database or a provider), bounded depth.
@@ -58,7 +108,14 @@ def batch_lines_parse(data: bytes) -> list[BatchLine]:
         except InvalidRequest as exc:
             message = str(exc).replace("The request body", "the line")
             raise RegistryError(f"{where}: {message}", field="input") from None
+        if api == AUTO_API:
+            url = obj.get("url")
+            api = BATCH_URLS.get(url, "") if isinstance(url, str) else ""
+            if not api:
+                raise RegistryError(f"{where}: url must be one of {', '.join(BATCH_URLS)}", field="input")
         custom_id = obj.get("custom_id")
+        if api and custom_id is None:
+            raise RegistryError(f"{where}: custom_id is required", field="input")
         if custom_id is not None:
             # It becomes part of the request's client_request_id: checked as every caller's key.
             problem = caller_key_problem(custom_id) if isinstance(custom_id, str) else "must be a string"
@@ -68,12 +125,16 @@ def batch_lines_parse(data: bytes) -> list[BatchLine]:
         if key in seen:
             raise RegistryError(f"{where}: duplicate custom_id {key!r}", field="input")
         seen.add(key)
-        lines.append(BatchLine(number, key, custom_id, _line_request(obj, where)))
-        if len(lines) > MAX_LINES:
+        count += 1
+        if count > MAX_LINES:
             raise RegistryError(f"input has more than {MAX_LINES} lines", field="input")
-    if not lines:
+        if api:
+            request, body, model = _api_line(obj, api, where)
+            yield BatchLine(number, key, custom_id, request, body, model)
+        else:
+            yield BatchLine(number, key, custom_id, _line_request(obj, where))
+    if not count:
         raise RegistryError("input has no lines", field="input")
-    return lines
 
 
 def job_prefix(job: BatchJob) -> str:

@@ -7,14 +7,19 @@ from __future__ import annotations
 import threading
 import time
 from datetime import UTC
+from typing import TypeVar
 
+from django.db.models import Model, Q, QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
 from inference.gateway.responses import GatewayError
 from inference.ratelimit.limits import version_check, version_folded
 from registry.auth.access import TokenGrant, cached_grant_unverified, grant_cache_clear, grant_for_raw_token
+from registry.auth.roles import ALL_ROLES
 from registry.models import Workflow
+
+_Row = TypeVar("_Row", bound=Model)
 
 # A workflow's row (its slug and id) is cached this long; who may call it is checked every time.
 WORKFLOW_CACHE_SECONDS = 5.0
@@ -123,3 +128,23 @@ def caller_authorize(caller: TokenGrant, workflow: Workflow) -> None:
             type_="permission_error",
             code="workflow_not_allowed",
         )
+
+
+def caller_rows(rows: QuerySet[_Row], caller: TokenGrant, *, team: str, workflow: str) -> QuerySet[_Row]:
+    """The rows a caller may see and act on among `rows`, objects it owns through /v1 (files,
+    batches): those of a team it holds a role in (`team`: the rows' team field; a team key: its
+    own team only) or, for a platform-wide role, of no team; and for a key limited to workflows,
+    none of another workflow (`workflow`: the rows' workflow field; a row of no workflow is its
+    team's). The same rule as a workflow's (registry.auth.principal.roles_in); the one query
+    every /v1 list, read, download, cancel and delete of such rows goes through."""
+    principal = caller.principal
+    teams = principal.visible_teams
+    reach = Q(**{f"{team}__isnull": False}) if teams is None else Q(**{f"{team}__in": teams})
+    if principal.may(ALL_ROLES, None):
+        reach |= Q(**{f"{team}__isnull": True})
+    rows = rows.filter(reach)
+    if principal.workflow_ids is not None:
+        rows = rows.filter(
+            Q(**{f"{workflow}__isnull": True}) | Q(**{f"{workflow}__in": principal.workflow_ids})
+        )
+    return rows

@@ -111,7 +111,8 @@ def _too_big(request: HttpRequest) -> HttpResponse | None:
         length = -1
     if length < 0:
         return error_response(400, "Content-Length is not a length", "invalid_request_error", "bad_request")
-    limit = settings.V1_MAX_BODY_BYTES
+    files = request.path_info.rstrip("/") == "/v1/files"  # an upload, under its own limit
+    limit = settings.V1_MAX_FILE_BYTES if files else settings.V1_MAX_BODY_BYTES
     if length > limit:
         return error_response(
             413,

@@ -398,6 +398,9 @@ INFERENCE_JOURNAL_FOLD_DELAY_SECONDS = env_float("SWITCHYARD_JOURNAL_FOLD_DELAY_
 # The largest /v1 request body (long contexts, images as data URLs); over it: a 413 in the
 # OpenAI shape. The pages and /api keep Django's DATA_UPLOAD_MAX_MEMORY_SIZE.
 V1_MAX_BODY_BYTES = env_int("SWITCHYARD_V1_MAX_BODY_BYTES", 32 * 1024 * 1024, minimum=1024)
+# The largest upload to /v1/files (a batch's JSONL; OpenAI's own limit for batch input is
+# 200 MB). Spooled to a temporary file past FILE_UPLOAD_MAX_MEMORY_SIZE, never held whole.
+V1_MAX_FILE_BYTES = env_int("SWITCHYARD_V1_MAX_FILE_BYTES", 200 * 1024 * 1024, minimum=1024)
 
 # --- Metrics and traces (stack.metrics, registry.tracing) ---------------------------
 # The router's counters and histograms (inference.metrics); off only to measure what they cost.

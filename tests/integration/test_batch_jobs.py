@@ -1,5 +1,6 @@
 """A batch job on a real control worker that is SIGKILLed mid-job: another worker resumes it and
-every line is billed exactly once."""
+every line is billed exactly once. Both line formats: Switchyard's (/api/) and OpenAI's Batch
+API (/v1/batches, whose output is a file of answer documents)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from django.db import close_old_connections
 from bench.mockprovider import Behaviour, MockProviderServer
 from billing.models import UsageRecord
 from inference.batch import jobs as batch
-from inference.models import BatchJob, InferenceRequest
+from inference.models import BatchJob, GatewayFile, InferenceRequest
 from registry.auth.roles import Role
 from registry.store.objectstore import default_store
 from tests.factories import make_user
@@ -40,8 +41,33 @@ def _job(pk: int) -> BatchJob:
     return BatchJob.objects.get(pk=pk)
 
 
+def _openai_input(workflow_slug: str, operator: Any) -> GatewayFile:
+    """An uploaded Batch API input, as POST /v1/files leaves it (tests/inference/test_openai_batches.py)."""
+    text = "".join(
+        json.dumps(
+            {
+                "custom_id": f"row-{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {"model": workflow_slug, "messages": [{"role": "user", "content": f"q{i}"}]},
+            }
+        )
+        + "\n"
+        for i in range(LINES)
+    ).encode()
+    default_store().put("inference/files/input.jsonl", text)
+    return GatewayFile.objects.create(
+        purpose=GatewayFile.Purpose.BATCH,
+        filename="input.jsonl",
+        bytes=len(text),
+        key="inference/files/input.jsonl",
+        created_by=operator,
+    )
+
+
+@pytest.mark.parametrize("line_format", ["switchyard", "openai"])
 def test_a_batch_job_survives_a_sigkilled_worker_and_bills_every_line_once(
-    processes: Processes, provider: MockProviderServer, settings: Any, tmp_path: Path
+    processes: Processes, provider: MockProviderServer, settings: Any, tmp_path: Path, line_format: str
 ) -> None:
     store_url = f"file://{tmp_path / 'objects'}"
     settings.OBJECT_STORE_URL = store_url
@@ -58,7 +84,12 @@ def test_a_batch_job_survives_a_sigkilled_worker_and_bills_every_line_once(
         for i in range(LINES)
     )
     processes.start("control", "worker", "--control", "--loglevel", "info", env=env)
-    job = batch.batch_job_create(workflow=workflow, user=operator, input_jsonl=text)
+    if line_format == "openai":
+        job = batch.batch_job_create(
+            workflow=workflow, user=operator, input_file=_openai_input(workflow.slug, operator), api="chat"
+        )
+    else:
+        job = batch.batch_job_create(workflow=workflow, user=operator, input_jsonl=text)
 
     wait_until(
         lambda: _job(job.pk).done >= 12,
@@ -86,10 +117,18 @@ def test_a_batch_job_survives_a_sigkilled_worker_and_bills_every_line_once(
     ledger_settled()
     assert UsageRecord.objects.count() == 2 * LINES
     assert finished.cost == sum(r.cost for r in requests)
-    out = [json.loads(x) for x in default_store().get(finished.output_uri).splitlines()]
-    assert [o["custom_id"] for o in out] == [f"row-{i}" for i in range(LINES)]
-    assert len({o["request_id"] for o in out}) == LINES
-    assert all(o["response"]["text"] == "answer" for o in out)
+    if line_format == "openai":
+        assert finished.output_file is not None and finished.error_file is None
+        out = [json.loads(x) for x in default_store().get(finished.output_file.key).splitlines()]
+        assert [o["custom_id"] for o in out] == [f"row-{i}" for i in range(LINES)]
+        assert len({o["response"]["request_id"] for o in out}) == LINES
+        assert all(o["response"]["body"]["choices"][0]["message"]["content"] == "answer" for o in out)
+        assert all(o["response"]["body"]["model"] == workflow.slug for o in out)
+    else:
+        out = [json.loads(x) for x in default_store().get(finished.output_uri).splitlines()]
+        assert [o["custom_id"] for o in out] == [f"row-{i}" for i in range(LINES)]
+        assert len({o["request_id"] for o in out}) == LINES
+        assert all(o["response"]["text"] == "answer" for o in out)
     # Finished lines were not redone: the lines recorded before the kill were replayed, not
     # called; only a line the killed worker had in flight (called, not recorded) is called twice.
     assert LINES <= provider.behaviour.total_calls() <= LINES + 1

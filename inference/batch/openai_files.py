@@ -1,0 +1,109 @@
+"""The output of a job of OpenAI's Batch API: its parts' records turned into OpenAI's output file
+(one line per answered request) and error file (one per failed line), each a GatewayFile of the
+job's workflow and team, written a part at a time (never joined in memory)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from inference.batch.lines import job_prefix
+from inference.models import BatchJob, GatewayFile
+from registry.store.objectstore import default_store
+
+
+def file_id(pk: int) -> str:
+    """A file's id on /v1/files (OpenAI's are `file-...`)."""
+    return f"file-sy{pk}"
+
+
+def batch_id(pk: int) -> str:
+    """A batch's id on /v1/batches (OpenAI's are `batch_...`)."""
+    return f"batch_sy{pk}"
+
+
+def _output_line(job: BatchJob, record: dict[str, Any]) -> dict[str, Any] | None:
+    if record.get("error") is not None:
+        return None
+    rid = record.get("request_id")
+    return {
+        "id": f"batch_req_sy{rid}",
+        "custom_id": record.get("custom_id"),
+        "response": {"status_code": 200, "request_id": f"req_sy{rid}", "body": record.get("body")},
+        "error": None,
+    }
+
+
+def _error_line(job: BatchJob, record: dict[str, Any]) -> dict[str, Any] | None:
+    if record.get("error") is None:
+        return None
+    rid = record.get("request_id")
+    return {
+        # A refused line has no request: its id names the job and the line.
+        "id": f"batch_req_sy{rid}" if rid is not None else f"batch_req_sy{job.pk}_line{record.get('line')}",
+        "custom_id": record.get("custom_id"),
+        "response": None,
+        "error": {"code": record.get("code") or "failed", "message": str(record["error"])},
+    }
+
+
+@dataclass
+class ApiOutputs:
+    output: GatewayFile | None
+    errors: GatewayFile | None
+
+    def discard(self) -> None:
+        """Delete what was written (the job was cancelled or taken over meanwhile)."""
+        store = default_store()
+        for f in (self.output, self.errors):
+            if f is not None:
+                store.delete(f.key)
+
+
+def _write(
+    job: BatchJob,
+    keys: list[str],
+    name: str,
+    shape: Callable[[BatchJob, dict[str, Any]], dict[str, Any] | None],
+) -> GatewayFile | None:
+    """One output object from the parts (None and nothing kept when no record has this shape)."""
+    store = default_store()
+    key = f"{job_prefix(job)}{name}.jsonl"
+    size = 0
+
+    def chunks() -> Iterator[bytes]:
+        nonlocal size
+        for part in keys:
+            lines = []
+            for raw in store.get(part).splitlines():
+                line = shape(job, json.loads(raw))
+                if line is not None:
+                    lines.append(json.dumps(line, separators=(",", ":")).encode() + b"\n")
+            chunk = b"".join(lines)
+            size += len(chunk)
+            if chunk:
+                yield chunk
+
+    store.put_stream(key, chunks())
+    if size == 0:
+        store.delete(key)
+        return None
+    return GatewayFile.objects.create(
+        team_id=job.workflow.team_id,
+        workflow_id=job.workflow_id,
+        purpose=GatewayFile.Purpose.BATCH_OUTPUT,
+        filename=f"{batch_id(job.pk)}_{name}.jsonl",
+        bytes=size,
+        key=key,
+        created_by_id=job.created_by_id,
+        api_key_id=job.api_key_id,
+    )
+
+
+def api_outputs_write(job: BatchJob, keys: list[str]) -> ApiOutputs:
+    """The job's output and error files, from its part objects `keys` (in line order)."""
+    return ApiOutputs(
+        output=_write(job, keys, "output", _output_line), errors=_write(job, keys, "errors", _error_line)
+    )
