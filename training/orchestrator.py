@@ -332,6 +332,7 @@ def learner_chunk_execute(
         next_check = training_from + CHECK_SECONDS
         next_owed_check = training_from
         tokens_before = learner_row.tokens
+        budget_at = services.learner_chunk_budget_deadline(run_id=run.pk)  # checked every step
         while True:
             outcome.losses.append(learner.train_step())
             if outcome.first_step_at is None:
@@ -379,9 +380,12 @@ def learner_chunk_execute(
                 # what is held, once the fragment's overlap window has closed.
                 if learner.may_adopt(f, tau):
                     learner.adopt_held(f, how=how, alpha=alpha)
-            if now >= next_check:
+            if now >= next_check or (budget_at is not None and time.time() >= budget_at):
                 next_check = now + CHECK_SECONDS
+                budget_at = services.learner_chunk_budget_deadline(run_id=run.pk)  # others spend too
                 stop = services.learner_chunk_should_stop(learner_id=learner_id, generation=generation)
+                if not stop and budget_at is not None and time.time() >= budget_at:
+                    stop = services.BUDGET_REACHED  # stopped like a chunk's end: a checkpoint
                 if stop:
                     outcome.stopped_by = stop
                     outcome.stopped_at = time.time()
@@ -425,6 +429,8 @@ def learner_chunk_execute(
         _LEARNERS.pop((run_key(run), index), None)  # not finished: the cache is not chunk `seq`'s end
         raise
     slot.done = (generation, seq)
+    if outcome.stopped_by == services.BUDGET_REACHED:
+        services.training_run_budget_reached(run=run)  # billed: the run ends budget_exhausted
     if outcome.stopped_by.startswith("run "):
         forget_run(run)  # the run is over: free this worker's model, optimizer and corpus
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import TypedDict
 
@@ -12,6 +12,7 @@ from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, Sum
 from billing.budgets import budget_hard_limit_keys, budget_may_spend, spend_target
 from billing.models import Unit
 from billing.selectors import PriceResolver, spend_grouped, spend_total, usage_for_subject
+from billing.services import SECONDS_PER_HOUR
 from registry.models import Cluster, FailoverEvent
 from registry.validation import id_parse
 from training.models import (
@@ -24,6 +25,7 @@ from training.models import (
     TrainingRun,
 )
 from training.placement import ClusterOption
+from training.run_config import RunConfig
 
 RUN_SUBJECT_TYPE = "training_run"
 
@@ -87,6 +89,51 @@ def run_failover_events(*, run: TrainingRun) -> QuerySet[FailoverEvent]:
 def run_spend(*, run_id: int) -> Decimal:
     """Cost so far: the ledger's total for the run (every chunk is billed as it finishes)."""
     return spend_total(subject_type=RUN_SUBJECT_TYPE, subject_id=str(run_id))
+
+
+# A chunk unfinished for longer than this many of its chunk_seconds (plus a minute) died with
+# its worker: it is never billed, so it adds nothing to what the run is spending.
+_LIVE_CHUNK_FACTOR, _LIVE_CHUNK_SLACK_S = 2, 60.0
+
+
+def run_budget_deadline(*, run: TrainingRun, now: datetime) -> datetime | None:
+    """When the run's money budget will be spent at the rate it spends now; `now` when it is
+    spent already; None without a money budget or with nothing running.
+
+    Spent: the ledger's total for the run (a chunk is billed as it finishes) plus what each live
+    unfinished chunk has run up since its claim, at its cluster's accelerator-hour price in
+    force (the price the chunk will be billed at); the rate is the sum of those chunks'
+    accelerators × price. A chunk checks this as it trains (training.orchestrator), so a run
+    stops within about one inner step (and its checkpoint write) of its budget instead of at
+    the end of a chunk."""
+    if run.money_budget is None:
+        return None
+    live_for = timedelta(
+        seconds=RunConfig(run.config).chunk_seconds * _LIVE_CHUNK_FACTOR + _LIVE_CHUNK_SLACK_S
+    )
+    chunks = LearnerChunk.objects.filter(
+        learner__run=run, finished_at__isnull=True, started_at__gt=now - live_for
+    ).select_related("cluster")
+    prices = PriceResolver()
+    accrued = rate = Decimal(0)
+    for chunk in chunks:
+        price = prices.resolve(
+            unit=Unit.ACCELERATOR_HOUR,
+            at=now,
+            cluster_id=chunk.cluster_id,
+            provider_id=chunk.cluster.provider_id,
+        )
+        if price is None:
+            continue
+        per_second = price.unit_price * chunk.accelerators / SECONDS_PER_HOUR
+        accrued += per_second * Decimal(str(max(0.0, (now - chunk.started_at).total_seconds())))
+        rate += per_second
+    remaining = run.money_budget - run_spend(run_id=run.pk) - accrued
+    if remaining <= 0:
+        return now
+    if rate == 0:
+        return None
+    return now + timedelta(seconds=float(remaining / rate))
 
 
 def learners_occupying(*, exclude_run_id: int | None = None) -> dict[int, int]:

@@ -147,6 +147,31 @@ def test_a_spent_money_budget_stops_the_run_and_keeps_a_checkpoint(tmp_path: Pat
 
 
 @pytest.mark.django_db
+def test_a_money_budget_is_checked_as_the_chunk_trains_not_at_its_end(tmp_path: Path) -> None:
+    """A run with a 2.00 budget at a dollar per accelerator-second and 60-second chunks: at its
+    chunk's end the run would have spent about 60; checked every step it stops near 2, with a
+    checkpoint, and ends budget_exhausted."""
+    from training import selectors
+
+    _cluster("3600.0"), _cluster("3600.0")
+    run = _start(tmp_path, money_budget="2.00", chunk_seconds=60, learner_timeout=150)
+    learner = TrainingLearner.objects.get(run=run, index=0)
+    orchestrator.learner_chunk_execute(learner_id=learner.pk, generation=0, seq=0, worker_hostname="w@1")
+    chunk = LearnerChunk.objects.get(learner=learner, seq=0)
+    assert chunk.stopped_by == services.BUDGET_REACHED and chunk.steps >= 1
+    assert chunk.finished_at is not None and chunk.billed
+    assert (0, 0) in orchestrator.run_checkpoints(run).list(0)  # stopped as a chunk ends
+    run.refresh_from_db()
+    assert run.state == TrainingRun.State.BUDGET_EXHAUSTED
+    assert "money budget 2.000000000 USD spent" in run.reason
+    spent = selectors.run_spend(run_id=run.pk)
+    # Billed from the claim to the chunk's end: the budget, plus the last step and the
+    # checkpoint write; nowhere near the 60 the whole chunk would have cost.
+    assert Decimal("1.99") <= spent < Decimal("20")
+    assert not LearnerChunk.objects.filter(learner=learner, seq=1).exists()
+
+
+@pytest.mark.django_db
 def test_a_learner_that_fails_on_every_cluster_fails_the_run_instead_of_moving_forever(
     tmp_path: Path,
 ) -> None:

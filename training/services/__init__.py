@@ -10,14 +10,17 @@ training.dispatch, never by importing training.tasks.
 from __future__ import annotations
 
 from training.services.chunks import (
+    BUDGET_REACHED,
     INTERRUPTED,
     MAX_CHUNK_FAILURES,
     ChunkClaim,
     ChunkOutcome,
+    learner_chunk_budget_deadline,
     learner_chunk_claim,
     learner_chunk_finish,
     learner_chunk_progress,
     learner_chunk_should_stop,
+    training_run_budget_reached,
 )
 from training.services.lineage import model_version_register_final, model_versions_register_due
 from training.services.placing import training_run_place
@@ -56,6 +59,7 @@ from training.services.syncer import (
 )
 
 __all__ = [
+    "BUDGET_REACHED",
     "INTERRUPTED",
     "INTERRUPTION_STOP_SECONDS",
     "MAX_CHUNK_FAILURES",
@@ -70,6 +74,7 @@ __all__ = [
     "learner_chunk_claim",
     "learner_chunk_finish",
     "learner_chunk_progress",
+    "learner_chunk_budget_deadline",
     "learner_chunk_should_stop",
     "learner_failover",
     "model_version_register_final",
@@ -84,6 +89,7 @@ __all__ = [
     "syncer_tick_claim",
     "syncer_tick_continue",
     "training_run_budget_exhaust",
+    "training_run_budget_reached",
     "training_run_cancel",
     "training_run_check_stop",
     "training_run_create",

@@ -25,6 +25,7 @@ MAX_CHUNK_FAILURES = 3
 # How a chunk's stop reason starts when its cluster is under a spot interruption notice: the
 # chunk pushes its delta and stops, and the learner is moved (training.services.supervision).
 INTERRUPTED = "interrupted: "
+BUDGET_REACHED = "money budget reached"  # a chunk's stop reason (learner_chunk_budget_deadline)
 
 
 def cluster_interruption_reason(cluster: Cluster) -> str:
@@ -204,6 +205,29 @@ def learner_chunk_should_stop(*, learner_id: int, generation: int) -> str:
     if stopped or learner.cluster is None:
         return stopped
     return cluster_interruption_reason(learner.cluster)
+
+
+def learner_chunk_budget_deadline(*, run_id: int) -> float | None:
+    """When (epoch seconds) a running chunk of the run must stop because the run's money budget
+    is then spent at the rate the run spends now (selectors.run_budget_deadline); None: never.
+    The chunk stops saying BUDGET_REACHED, writes its checkpoint, is billed, and the run ends
+    budget_exhausted (training_run_check_stop)."""
+    run = TrainingRun.objects.filter(pk=run_id).first()
+    at = selectors.run_budget_deadline(run=run, now=timezone.now()) if run is not None else None
+    return at.timestamp() if at is not None else None
+
+
+def training_run_budget_reached(*, run: TrainingRun) -> TrainingRun:
+    """A chunk stopped with BUDGET_REACHED and was billed: the run ends budget_exhausted (even
+    if the billed seconds came out a millisecond short of the projection), keeping a checkpoint."""
+    run.refresh_from_db()
+    if run.state not in (TrainingRun.State.RUNNING, TrainingRun.State.RECOVERING):
+        return run
+    spent = selectors.run_spend(run_id=run.pk)
+    why = (
+        f"money budget {run.money_budget} {run.currency} spent ({spent}; stopped inside a chunk at its rate)"
+    )
+    return training_run_budget_exhaust(run=run, why=why)
 
 
 def _billable_seconds(*, run: TrainingRun, started_at: datetime, wall_seconds: float) -> float:
