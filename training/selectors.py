@@ -9,7 +9,7 @@ from typing import TypedDict
 
 from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, Sum
 
-from billing.budgets import budget_hard_limit_keys, budget_may_spend, spend_target
+from billing.budgets import budget_hard_limit_keys, budget_headroom, budget_may_spend, spend_target
 from billing.models import Unit
 from billing.selectors import PriceResolver, spend_grouped, spend_total, usage_for_subject
 from billing.services import SECONDS_PER_HOUR
@@ -97,8 +97,9 @@ _LIVE_CHUNK_FACTOR, _LIVE_CHUNK_SLACK_S = 2, 60.0
 
 
 def run_budget_deadline(*, run: TrainingRun, now: datetime) -> datetime | None:
-    """When the run's money budget will be spent at the rate it spends now; `now` when it is
-    spent already; None without a money budget or with nothing running.
+    """When the run's money budget, or a hard budget of the run or its team, will be spent at the
+    rate the run spends now; `now` when it is spent already; None without such a budget or with
+    nothing running.
 
     Spent: the ledger's total for the run (a chunk is billed as it finishes) plus what each live
     unfinished chunk has run up since its claim, at its cluster's accelerator-hour price in
@@ -106,7 +107,8 @@ def run_budget_deadline(*, run: TrainingRun, now: datetime) -> datetime | None:
     accelerators × price. A chunk checks this as it trains (training.orchestrator), so a run
     stops within about one inner step (and its checkpoint write) of its budget instead of at
     the end of a chunk."""
-    if run.money_budget is None:
+    headroom = budget_headroom(target=spend_target(team=run.team_slug, training_run_id=str(run.pk)))
+    if run.money_budget is None and headroom is None:
         return None
     live_for = timedelta(
         seconds=RunConfig(run.config).chunk_seconds * _LIVE_CHUNK_FACTOR + _LIVE_CHUNK_SLACK_S
@@ -128,7 +130,11 @@ def run_budget_deadline(*, run: TrainingRun, now: datetime) -> datetime | None:
         per_second = price.unit_price * chunk.accelerators / SECONDS_PER_HOUR
         accrued += per_second * Decimal(str(max(0.0, (now - chunk.started_at).total_seconds())))
         rate += per_second
-    remaining = run.money_budget - run_spend(run_id=run.pk) - accrued
+    # A hard budget's spent amount already holds the run's billed chunks; its own does not.
+    left = [room - accrued for room in (headroom,) if room is not None]
+    if run.money_budget is not None:
+        left.append(run.money_budget - run_spend(run_id=run.pk) - accrued)
+    remaining = min(left)
     if remaining <= 0:
         return now
     if rate == 0:

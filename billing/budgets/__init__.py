@@ -40,6 +40,7 @@ from billing.budgets.admission import (
     Admission,
     budget_admission,
     budget_admit,
+    budget_headroom,
     budget_may_spend,
     budget_settle,
 )
@@ -76,6 +77,7 @@ __all__ = [
     "budget_errors",
     "budget_forecast",
     "budget_hard_limit_keys",
+    "budget_headroom",
     "budget_may_spend",
     "budget_period_bounds",
     "budget_record_spend",

@@ -165,3 +165,20 @@ def budget_may_spend(*, target: SpendTarget) -> tuple[bool, str]:
                 budget=budget, spent=state.spent, reserved=state.reserved, start=state.start, end=state.end
             )
     return True, ""
+
+
+def budget_headroom(*, target: SpendTarget) -> Decimal | None:
+    """Read-only: what the tightest hard-limit budget of a spend on `target` still allows this
+    period (its limit less spent and reserved; at most zero once spent); None when no hard budget
+    covers the target. A training chunk stops when its running cost reaches it."""
+    now = timezone.now()
+    room: Decimal | None = None
+    for budget in budgets_for_target(target=target):
+        if not budget.hard_limit:
+            continue
+        state = budget_state(budget=budget, now=now)
+        if state is None:
+            continue
+        left = budget.limit_amount - state.spent - state.reserved
+        room = left if room is None else min(room, left)
+    return room

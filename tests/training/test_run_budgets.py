@@ -161,3 +161,24 @@ def test_a_run_whose_every_cluster_is_over_budget_stops_saying_so(tmp_path: Path
     assert run.reason.startswith("no cluster left within budget: ")
     assert f"{a.slug}: budget 'a-cap' is spent" in run.reason
     assert f"{b.slug}: budget 'b-provider-cap' is spent" in run.reason
+
+
+@pytest.mark.django_db
+def test_a_teams_hard_budget_stops_a_run_inside_its_chunk(tmp_path: Path) -> None:
+    """A team budget of 3.00 with 1.00 spent elsewhere, a dollar per accelerator-second and
+    60-second chunks: the chunk stops near the 2.00 the budget has left, not 60 later."""
+    _cluster("3600.0"), _cluster("3600.0")
+    make_team("vision")
+    _hard_budget("vision-cap", "3", scope=Budget.Scope.TEAM, team="vision")
+    _spend(_cluster("3600.0"), str(Decimal(1) / 3600), team="vision")  # 1.00 USD of other work
+    run = _start(team="vision", chunk_seconds=60, learner_timeout=150)
+    learner = TrainingLearner.objects.get(run=run, index=0)
+    orchestrator.learner_chunk_execute(learner_id=learner.pk, generation=0, seq=0, worker_hostname="w@1")
+    chunk = LearnerChunk.objects.get(learner=learner, seq=0)
+    assert chunk.stopped_by == services.BUDGET_REACHED and chunk.billed
+    run.refresh_from_db()
+    assert run.state == TrainingRun.State.BUDGET_EXHAUSTED
+    assert "vision-cap" in run.reason or "hard budget" in run.reason
+    spent = UsageRecord.objects.filter(subject_type="training_run", subject_id=str(run.pk))
+    total = sum(r.amount for r in spent)
+    assert Decimal("1.99") <= total < Decimal("20")  # the budget's 2.00 left, not a 60-second chunk

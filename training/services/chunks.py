@@ -224,9 +224,11 @@ def training_run_budget_reached(*, run: TrainingRun) -> TrainingRun:
     if run.state not in (TrainingRun.State.RUNNING, TrainingRun.State.RECOVERING):
         return run
     spent = selectors.run_spend(run_id=run.pk)
-    why = (
-        f"money budget {run.money_budget} {run.currency} spent ({spent}; stopped inside a chunk at its rate)"
-    )
+    why = selectors.run_budget_refusal(run=run)  # a hard budget the chunk's bill used up
+    if not why and run.money_budget is not None and spent >= run.money_budget * Decimal("0.99"):
+        why = f"money budget {run.money_budget} {run.currency} spent ({spent}; stopped inside a chunk at its rate)"
+    if not why:
+        why = f"a hard budget of the run or its team reached at the run's rate (the run spent {spent})"
     return training_run_budget_exhaust(run=run, why=why)
 
 
