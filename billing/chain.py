@@ -58,9 +58,9 @@ CHAINED_FIELDS = (
 
 
 # Added later; hashed only when not NULL (see the module docstring), in this order.
-OPTIONAL_CHAINED_FIELDS = ("api_key_id",)
+OPTIONAL_CHAINED_FIELDS = ("api_key_id", "cost_avoided")
 # The tag each is written with (short: it is in every hashed row that has it).
-OPTIONAL_TAGS = {"api_key_id": "k"}
+OPTIONAL_TAGS = {"api_key_id": "k", "cost_avoided": "a"}
 ALL_CHAINED_FIELDS = CHAINED_FIELDS + OPTIONAL_CHAINED_FIELDS
 
 

@@ -378,3 +378,16 @@ def _verify_in_python(partition: str, chunk_size: int) -> LedgerVerification:
         expected_sequence += 1
         checked += 1
     return _check_head(partition, checked, prev)
+
+
+def cost_avoided_by_cache(*, since_day: date, teams: frozenset[str] | None = None) -> dict[str, Decimal]:
+    """What the response cache saved since `since_day` (UTC), per currency: the sum of its hit
+    rows' cost_avoided (inference.cache). `teams` (team slugs): those teams' only; None: all.
+    Read from the ledger (the hits' rows only, through a partial index), not the rollups."""
+    rows = UsageRecord.objects.filter(
+        cost_avoided__isnull=False, occurred_at__gte=datetime.combine(since_day, time.min, tzinfo=UTC)
+    )
+    if teams is not None:
+        rows = rows.filter(team__in=teams)
+    totals = rows.values("currency").annotate(total=Sum("cost_avoided")).order_by("currency")
+    return {t["currency"]: t["total"] for t in totals}

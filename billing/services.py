@@ -57,6 +57,8 @@ class UsageInput:
     description: str = ""
     # Reversals only: the row being cancelled (its price is reused).
     reverses: UsageRecord | None = None
+    # A response-cache hit: what the cached answer cost when it was bought (the row bills 0).
+    cost_avoided: Decimal | None = None
 
 
 def usage_record(
@@ -332,6 +334,7 @@ def _priced_row(item: UsageInput, prices: PriceResolver, recorded_at: datetime) 
         "workflow_id": _pk(item.workflow),
         "team": item.team or (item.workflow.team_slug if item.workflow is not None else ""),
         "api_key_id": item.api_key_id,
+        "cost_avoided": _quantize(item.cost_avoided) if item.cost_avoided is not None else None,
         "quantity": quantity,
         "unit": str(item.unit),
         "unit_price": unit_price,

@@ -75,6 +75,9 @@ SWITCHYARD_COLUMNS = (
     # The API key whose request caused the row, by its public prefix; empty for none. (FOCUS
     # Tags could carry it too: billing.exports.rows builds them.)
     "x_ApiKey",
+    # A response-cache hit's row (BilledCost 0): what the cached answer cost when it was bought,
+    # the spend the cache avoided; empty on every other row.
+    "x_CostAvoided",
 )
 COLUMNS = FOCUS_COLUMNS + SWITCHYARD_COLUMNS
 DECIMAL_COLUMNS = frozenset(
@@ -86,6 +89,7 @@ DECIMAL_COLUMNS = frozenset(
         "ListUnitPrice",
         "PricingQuantity",
         "ConsumedQuantity",
+        "x_CostAvoided",
     }
 )
 # FOCUS DateTimeFormat: whole seconds, "2026-05-04T09:00:00Z"; x_OccurredAt keeps microseconds.

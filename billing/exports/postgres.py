@@ -162,6 +162,7 @@ def postgres_csv_chunks(filters: ExportFilters) -> Iterator[bytes]:
         "x_OccurredAt": (_sql_iso("u.occurred_at"), []),
         "x_Reverses": ("u.reverses_id", []),
         "x_ApiKey": ("coalesce(k.prefix, '')", []),
+        "x_CostAvoided": ("u.cost_avoided", []),
     }
     select = ", ".join(f'{expressions[name][0]} AS "{name}"' for name in COLUMNS)
     params: list[object] = [value for name in COLUMNS for value in expressions[name][1]]

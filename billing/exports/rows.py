@@ -55,6 +55,7 @@ _BASE_FIELDS = (
     "cluster__slug",
     "cluster__region",
     "deployment__slug",
+    "cost_avoided",
 )
 # Tags read the fields TAG_FIELDS names ("subject" and "training_run" are made here, below).
 _TAG_SOURCE_FIELDS = tuple(
@@ -152,6 +153,7 @@ def export_rows(*, filters: ExportFilters, chunk_size: int = CHUNK_ROWS) -> Iter
             cluster_slug,
             cluster_region,
             deployment_slug,
+            cost_avoided,
         ) = values[: len(_BASE_FIELDS)]
         region = cluster_region or provider_region
         key = (unit, cluster_slug, deployment_slug, provider_slug, provider_name, region)
@@ -231,6 +233,7 @@ def export_rows(*, filters: ExportFilters, chunk_size: int = CHUNK_ROWS) -> Iter
             occurred_at,
             reverses_id,
             values[_API_KEY_AT] or "",  # x_ApiKey
+            cost_avoided,  # x_CostAvoided
         )
 
 

@@ -30,12 +30,12 @@ from billing.exports.columns import (
 from billing.exports.filters import ExportFilters
 from billing.exports.postgres import postgres_csv_chunks
 from billing.exports.rows import export_rows
-from billing.money import ledger_text
+from billing.money import ledger_text_or_none
 
 
 def _cell_formatter(name: str) -> Callable[[Any], Any]:
     if name in DECIMAL_COLUMNS:
-        return ledger_text
+        return ledger_text_or_none  # x_CostAvoided is empty on most rows
     if name in FOCUS_TIME_COLUMNS:
         return focus_time_text
     if name in TIME_COLUMNS:

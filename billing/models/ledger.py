@@ -152,6 +152,9 @@ class UsageRecord(models.Model):
     reverses = models.OneToOneField(
         "self", null=True, blank=True, on_delete=models.PROTECT, related_name="reversed_by"
     )
+    # A response-cache hit's row (inference.cache): billed nothing, it records what the answer
+    # cost when it was bought, the spend the cache avoided. NULL on every other row.
+    cost_avoided = models.DecimalField(max_digits=24, decimal_places=9, null=True, blank=True)
     # Lets a retried task bill the same work exactly once.
     idempotency_key = models.CharField(max_length=128, unique=True)
     # Hash chain (billing.chain): sha256 over the canonical fields and prev_hash.
@@ -168,6 +171,12 @@ class UsageRecord(models.Model):
             # Spend per provider per day (the overview chart) scans by time.
             models.Index(fields=["occurred_at", "provider"], name="usage_time_provider_idx"),
             models.Index(fields=["subject_type", "subject_id"], name="usage_subject_idx"),
+            # The response cache's savings (the dashboard): its hit rows only.
+            models.Index(
+                fields=["occurred_at"],
+                name="usage_cache_hit_idx",
+                condition=models.Q(cost_avoided__isnull=False),
+            ),
         ]
         constraints = [
             # `ledger verify` and the rollup watermark walk the chain in this order.

@@ -24,6 +24,7 @@ from billing.quality import cost_per_quality_point
 from billing.selectors import (
     PURPOSE_BY_UNIT,
     budgets_of_teams,
+    cost_avoided_by_cache,
     price_in_force,
     spend_grouped,
     spend_per_provider_per_day,
@@ -127,6 +128,7 @@ class BillingDashboardView(RoleRequiredMixin, View):
                 "failover_costs": list(failover),
                 "token_prices": _token_prices(since_day=first_day, now=now),
                 "quality_costs": cost_per_quality_point(since_day=first_day, teams=slugs),
+                "saved_by_cache": sorted(cost_avoided_by_cache(since_day=month_start, teams=slugs).items()),
                 "quality_days": CHART_DAYS,
             },
             status=pick.status,
