@@ -207,6 +207,8 @@ class WorkflowForm(forms.ModelForm[Workflow]):
             "tpm_limit",
             "retain_prompts",
             "prompt_retention_days",
+            "response_cache_seconds",
+            "response_cache_entries",
         ]
         formfield_callback = model_formfield
 
@@ -242,6 +244,21 @@ class WorkflowRetentionForm(forms.Form):
     retain_prompts = forms.BooleanField(required=False, label="Keep prompts and answers for replays")
     prompt_retention_days = IntegerField(
         required=False, min_value=1, max_value=MAX_PROMPT_RETENTION_DAYS, label="Retention (days)"
+    )
+    # The response cache (inference.cache): 0 seconds is off.
+    response_cache_seconds = IntegerField(
+        required=False,
+        min_value=0,
+        max_value=services.MAX_CACHE_SECONDS,
+        initial=0,
+        label="Response cache (seconds, 0: off)",
+    )
+    response_cache_entries = IntegerField(
+        required=False,
+        min_value=0,
+        max_value=services.MAX_CACHE_ENTRIES,
+        initial=1000,
+        label="Most cached answers",
     )
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.auth.mixins import LoginRequiredMixin
 from django.core.exceptions import PermissionDenied
-from django.db import models
+from django.db import models, transaction
 from django.forms import ModelForm
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
@@ -294,12 +294,23 @@ class WorkflowDetailView(RoleRequiredMixin, View):
     def _retention(self, request: HttpRequest, workflow: Workflow) -> HttpResponse:
         retention = WorkflowRetentionForm(request.POST)
         if retention.is_valid():
+            data = retention.cleaned_data
+            # Left out: kept as they are (a form of an older page, a client posting retention only).
+            cache = {
+                k: getattr(workflow, k) if data[k] is None else data[k]
+                for k in ("response_cache_seconds", "response_cache_entries")
+            }
             try:
-                services.workflow_retention_set(
-                    workflow=workflow,
-                    retain_prompts=retention.cleaned_data["retain_prompts"],
-                    prompt_retention_days=retention.cleaned_data["prompt_retention_days"],
+                services.workflow_cache_check(
+                    seconds=cache["response_cache_seconds"], entries=cache["response_cache_entries"]
                 )
+                with transaction.atomic():
+                    services.workflow_retention_set(
+                        workflow=workflow,
+                        retain_prompts=data["retain_prompts"],
+                        prompt_retention_days=data["prompt_retention_days"],
+                    )
+                    services.workflow_update(workflow, **cache)
             except services.RegistryError as exc:
                 retention.add_error(exc.field if exc.field in retention.fields else None, str(exc))
                 return self._render(request, workflow, SwitchPrimaryForm(), status=400, retention=retention)
@@ -332,6 +343,8 @@ class WorkflowDetailView(RoleRequiredMixin, View):
                     initial={
                         "retain_prompts": workflow.retain_prompts,
                         "prompt_retention_days": workflow.prompt_retention_days,
+                        "response_cache_seconds": workflow.response_cache_seconds,
+                        "response_cache_entries": workflow.response_cache_entries,
                     }
                 ),
                 "can_write": user_may_change_team_object(request.user, workflow.team_id),

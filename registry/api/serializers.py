@@ -247,6 +247,8 @@ class WorkflowSerializer(ModelSerializer[Workflow]):
             "tpm_limit",
             "retain_prompts",
             "prompt_retention_days",
+            "response_cache_seconds",
+            "response_cache_entries",
             "current_policy",
             "route",
             "created_at",

@@ -42,6 +42,16 @@ class Workflow(models.Model):
         help_text="Days a kept prompt lives (required when prompts are kept)",
     )
 
+    # The response cache (inference.cache), opt-in: an exact repeat of a request (same API, body,
+    # route version) is answered from the cache for this many seconds (0: off), at most
+    # `response_cache_entries` answers per workflow. Never longer than kept prompts live.
+    response_cache_seconds = models.PositiveIntegerField(
+        default=0, help_text="Seconds a cached answer is served (0: no cache)"
+    )
+    response_cache_entries = models.PositiveIntegerField(
+        default=1000, help_text="Most answers cached for this workflow"
+    )
+
     class Meta:
         ordering = ["slug"]
         constraints = [

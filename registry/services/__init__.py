@@ -79,7 +79,10 @@ from registry.services.tokens import (
     api_token_team_check,
 )
 from registry.services.workflows import (
+    MAX_CACHE_ENTRIES,
+    MAX_CACHE_SECONDS,
     WORKFLOW_FIELDS,
+    workflow_cache_check,
     workflow_check,
     workflow_create,
     workflow_policy_change,
@@ -143,6 +146,9 @@ __all__ = [
     "team_membership_remove",
     "team_membership_set",
     "team_memberships_sync_from_claims",
+    "MAX_CACHE_ENTRIES",
+    "MAX_CACHE_SECONDS",
+    "workflow_cache_check",
     "workflow_check",
     "workflow_create",
     "workflow_policy_change",

@@ -26,8 +26,20 @@ from registry.services.records import fields_assign
 # What a workflow's update may change: its owner is who created it, its route changes through a
 # new policy version (workflow_policy_change, workflow_switch_primary).
 WORKFLOW_FIELDS = frozenset(
-    {"slug", "team", "description", "rpm_limit", "tpm_limit", "retain_prompts", "prompt_retention_days"}
+    {
+        "slug",
+        "team",
+        "description",
+        "rpm_limit",
+        "tpm_limit",
+        "retain_prompts",
+        "prompt_retention_days",
+        "response_cache_seconds",
+        "response_cache_entries",
+    }
 )
+MAX_CACHE_SECONDS = 30 * 86_400  # a cached answer lives at most 30 days
+MAX_CACHE_ENTRIES = 1_000_000
 
 
 def _validate_route(deployments: Sequence[Deployment]) -> None:
@@ -102,13 +114,26 @@ def workflow_retention_set(
     return workflow
 
 
+def workflow_cache_check(*, seconds: Any, entries: Any) -> None:
+    """The response cache's settings: whole numbers within their bounds (each error names its field)."""
+    for field, value, high in (
+        ("response_cache_seconds", seconds, MAX_CACHE_SECONDS),
+        ("response_cache_entries", entries, MAX_CACHE_ENTRIES),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high:
+            raise RegistryError(f"must be a whole number from 0 to {high}", field=field)
+    if seconds and not entries:
+        raise RegistryError("a cache needs room for at least one answer", field="response_cache_entries")
+
+
 def workflow_check(workflow: Workflow) -> None:
     """A workflow's rules, on the state it would be saved with: rate limits within their columns,
-    a retention period when prompts are kept."""
+    a retention period when prompts are kept, the cache's bounds."""
     rate_limit_check(rpm_limit=workflow.rpm_limit, tpm_limit=workflow.tpm_limit)
     workflow_retention_check(
         retain_prompts=workflow.retain_prompts, prompt_retention_days=workflow.prompt_retention_days
     )
+    workflow_cache_check(seconds=workflow.response_cache_seconds, entries=workflow.response_cache_entries)
 
 
 def workflow_update(workflow: Workflow, **fields: Any) -> Workflow:
@@ -134,10 +159,13 @@ def workflow_create(
     tpm_limit: int | None = None,
     retain_prompts: bool = False,
     prompt_retention_days: int | None = None,
+    response_cache_seconds: int = 0,
+    response_cache_entries: int = 1000,
 ) -> Workflow:
     _validate_route(deployments)
     rate_limit_check(rpm_limit=rpm_limit, tpm_limit=tpm_limit)
     workflow_retention_check(retain_prompts=retain_prompts, prompt_retention_days=prompt_retention_days)
+    workflow_cache_check(seconds=response_cache_seconds, entries=response_cache_entries)
     with transaction.atomic():
         workflow = Workflow.objects.create(
             slug=slug,
@@ -148,6 +176,8 @@ def workflow_create(
             tpm_limit=tpm_limit,
             retain_prompts=retain_prompts,
             prompt_retention_days=prompt_retention_days,
+            response_cache_seconds=response_cache_seconds,
+            response_cache_entries=response_cache_entries,
         )
         workflow_policy_change(
             workflow=workflow,
