@@ -51,6 +51,9 @@ class InferenceRequest(models.Model):
     # equals the sum of request costs exactly.
     cost = models.DecimalField(max_digits=20, decimal_places=9, default=Decimal("0"))
     currency = models.CharField(max_length=3, default="USD")
+    # Answered from the response cache (inference.cache): cost is 0 and this is what the cached
+    # answer cost when it was bought. NULL for every request a deployment answered.
+    cost_avoided = models.DecimalField(max_digits=20, decimal_places=9, null=True, blank=True)
     attempts = models.PositiveSmallIntegerField(default=0)
     error = models.TextField(blank=True)
     # Client-supplied request id / idempotency key: a batch retry with the same key is

@@ -112,7 +112,7 @@ from bench.gateway.server import (
     requests_per_second,
     web_server_config,
 )
-from bench.gateway.translated import translated_api_figures
+from bench.gateway.translated import cache_figures, translated_api_figures
 from bench.meta import run_meta
 from bench.mockprovider import Behaviour, MockProviderServer
 from billing.budgets import budget_admit, budget_save, budget_settle, spend_target
@@ -168,6 +168,9 @@ def _seed(ok_url: str, failing_url: str) -> dict[str, Any]:
         "ok": workflow_create(slug=f"{tag}-ok", owner=user, deployments=[healthy]),
         "failover": workflow_create(slug=f"{tag}-failover", owner=user, deployments=[failing, healthy]),
         "circuit": workflow_create(slug=f"{tag}-circuit", owner=user, deployments=[dead, healthy]),
+        "cached": workflow_create(
+            slug=f"{tag}-cached", owner=user, deployments=[healthy], response_cache_seconds=3600
+        ),
     }
     _, token = api_token_create(user=user, name="bench")
     limit = 10**9  # never reached: the bench measures the check, not refusals
@@ -378,6 +381,7 @@ def main(argv: list[str]) -> int:
         out.update(translated_api_figures(gateway, port, seeded["token"], wfs["ok"].slug, n=n, warmup=warm))
         out["messages_overhead_p50_ms"] = out["messages_p50_ms"] - out["direct_p50_ms"]
         out["responses_overhead_p50_ms"] = out["responses_p50_ms"] - out["direct_p50_ms"]
+        out.update(cache_figures(gateway, wfs["ok"].slug, wfs["cached"].slug, n=n, warmup=warm))
         # Rate limits on, and limits and budgets on: a key without any, one with rate limits and
         # a team key with everything, request by request in turn (the same load on all three).
         limited = Client(port, "/v1/chat/completions", {"Authorization": f"Bearer {seeded['limited_token']}"})

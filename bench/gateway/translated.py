@@ -45,3 +45,45 @@ def translated_api_figures(
             statistics.median(a - c for a, c in zip(api_samples, chat_samples, strict=True)) * 1000.0
         )
     return out
+
+
+def cache_figures(chat: Client, plain: str, cached: str, *, n: int, warmup: int) -> dict[str, float]:
+    """The response cache (inference.cache), each figure paired with the same request to a workflow
+    without a cache (same deployment), sent in turn:
+
+    - cache_hit_p50_ms: a repeat answered from the cache (one Redis GET instead of the call);
+    - cache_hit_vs_uncached_paired_p50_ms: hit minus the uncached request (negative: time saved);
+    - cache_miss_added_paired_p50_ms: what the cache adds to a request it cannot answer (the
+      lookup, then storing the answer), each a new body so that every one misses."""
+    hit_body = {**BODY, "model": cached}
+    status, doc = chat.post(hit_body)  # bought once; every later one is a hit
+    if status != 200:
+        raise RuntimeError(f"gateway answered {status}: {doc}")
+    hits: list[float] = []
+    plains: list[float] = []
+    misses: list[float] = []
+    plain_misses: list[float] = []
+    for i in range(warmup + n):
+        unique = [{"role": "user", "content": f"ping {i}"}]
+        for body, samples in (
+            (hit_body, hits),
+            ({**BODY, "model": plain}, plains),
+            ({**BODY, "model": cached, "messages": unique}, misses),
+            ({**BODY, "model": plain, "messages": unique}, plain_misses),
+        ):
+            t0 = time.perf_counter()
+            status, doc = chat.post(body)
+            if status != 200:
+                raise RuntimeError(f"gateway answered {status}: {doc}")
+            if i >= warmup:
+                samples.append(time.perf_counter() - t0)
+    out: dict[str, float] = {}
+    out["cache_hit_p50_ms"], _ = percentiles(hits)
+    out["cache_uncached_interleaved_p50_ms"], _ = percentiles(plains)
+    out["cache_hit_vs_uncached_paired_p50_ms"] = (
+        statistics.median(h - p for h, p in zip(hits, plains, strict=True)) * 1000.0
+    )
+    out["cache_miss_added_paired_p50_ms"] = (
+        statistics.median(m - p for m, p in zip(misses, plain_misses, strict=True)) * 1000.0
+    )
+    return out

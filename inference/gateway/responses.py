@@ -58,6 +58,10 @@ def answer_headers(
         if caller.sees_costs(team_id):  # money per team: registry.auth.principal
             response["x-switchyard-cost"] = f"{result.cost:f}"
             response["x-switchyard-currency"] = result.currency
+            if result.cost_avoided is not None:
+                response["x-switchyard-cost-avoided"] = f"{result.cost_avoided:f}"
+        if result.cost_avoided is not None:
+            response["x-switchyard-cache"] = "hit"  # answered from the response cache (inference.cache)
         if result.request_id is not None:
             response["x-switchyard-request-id"] = str(result.request_id)
         if result.policy_version is not None:

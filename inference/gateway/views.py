@@ -37,6 +37,7 @@ from billing.budgets import BudgetExhausted
 from billing.services import NoPriceError
 from inference.adapters.base import InferenceInput
 from inference.admission import input_tokens
+from inference.cache import CacheAsk
 from inference.gateway.apis import APIS, EMBEDDINGS, Api, answer_document
 from inference.gateway.caller import caller_authorize, caller_grant, caller_grant_deferred, caller_workflow
 from inference.gateway.openai_body import InvalidRequest, json_document
@@ -225,6 +226,9 @@ def _complete_checked(
             # Only an opted-in workflow's requests are kept (inference.retention); the fold
             # checks the setting again, so an opt-out is not delayed by this cached row.
             retain=workflow.retain_prompts,
+            # A keyed request has its own replay (inference.idempotency); the rest may be
+            # answered from the workflow's response cache, if it has one (inference.cache).
+            cache=CacheAsk(api, document) if key is None else None,
         )
     except _REFUSALS as exc:
         if verify is not None:

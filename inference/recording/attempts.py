@@ -31,6 +31,8 @@ class AttemptInfo:
     cached_tokens: int = 0  # of tokens_in, read from the provider's prompt cache
     reasoning_tokens: int = 0  # of tokens_out, spent reasoning
     batch: bool = False  # a batch job's line: its input and output at the batch prices, if any
+    # A response-cache hit (inference.cache): nothing billed; what the cached answer cost.
+    cost_avoided: Decimal | None = None
     cost: Decimal = Decimal("0")
     error: str = ""
     started_at: float = 0.0  # perf_counter at the start, for time lost between attempts
@@ -96,12 +98,21 @@ def billable_units(a: AttemptInfo) -> list[tuple[str, Decimal, Decimal]]:
     it has a reasoning price, likewise for reasoning tokens and the output row. Without such a
     price they stay in the input (output) row at its price.
 
-    A batch job's line (`a.batch`) has its input and output rows in the batch units at the
+    A response-cache hit (`a.cost_avoided` set) bills one row of zero tokens that records the
+    cost avoided. A batch job's line (`a.batch`) has its input and output rows in the batch units at the
     batch prices where the price book has them (providers sell batch tokens at about half the
     interactive price); where it has none, at the input and output prices.
     """
-    out = []
     entry = a.entry
+    if a.cost_avoided is not None:
+        # A cache hit: one row of no tokens at the deployment's price (so 0), carrying the cost
+        # it avoided into the ledger (UsageRecord.cost_avoided).
+        if entry.input_price is not None:
+            return [(Unit.INPUT_TOKENS_1M.value, Decimal(0), entry.input_price)]
+        if entry.output_price is not None:
+            return [(Unit.OUTPUT_TOKENS_1M.value, Decimal(0), entry.output_price)]
+        return []
+    out = []
     tokens_in, tokens_out = a.tokens_in, a.tokens_out
     cached = min(a.cached_tokens, tokens_in) if entry.cached_input_price is not None else 0
     reasoning = min(a.reasoning_tokens, tokens_out) if entry.reasoning_price is not None else 0

@@ -74,6 +74,8 @@ class FoldJob:
     bill_to: str = ""
     # The kept input and answer (inference.retention), only for a workflow that keeps prompts.
     kept: dict[str, Any] | None = None
+    # A response-cache hit: the cost it avoided, carried onto its ledger row.
+    cost_avoided: Decimal | None = None
 
     def journal(self) -> dict[str, Any]:
         """The journal entry (JSON) kept on the request row until the job is folded."""
@@ -107,6 +109,7 @@ class FoldJob:
             "bill_to": self.bill_to,
             # Only for a workflow that opted in to keeping prompts; cleared with the entry.
             **({"kept": self.kept} if self.kept is not None else {}),
+            **({"avoided": str(self.cost_avoided)} if self.cost_avoided is not None else {}),
         }
 
     @classmethod
@@ -138,6 +141,7 @@ class FoldJob:
             breaker=[(int(d), str(t), str(c)) for d, t, c in doc.get("breaker", [])],
             api_key_id=doc.get("api_key"),
             bill_to=str(doc.get("bill_to") or ""),
+            cost_avoided=Decimal(doc["avoided"]) if doc.get("avoided") is not None else None,
             kept=doc.get("kept"),
         )
 
@@ -213,7 +217,9 @@ def fold_jobs(
                     deployment=deployment,
                     workflow=workflow,
                     api_key_id=job.api_key_id,
-                    description=f"{workflow.slug} via {deployment.slug}",
+                    description=f"{workflow.slug} via {deployment.slug}"
+                    + (" (response cache)" if job.cost_avoided is not None else ""),
+                    cost_avoided=job.cost_avoided,
                 )
             )
     costs: dict[tuple[int, int], Decimal] = {}

@@ -90,6 +90,7 @@ def inference_request_record(
         a.cost = sum((quantize_amount(quantize_amount(qty) * price) for _, qty, price in units), Decimal(0))
         billed += [(a.position, unit, qty) for unit, qty, _ in units]
     total = sum((a.cost for a in attempts if a.outcome == Outcome.OK), Decimal(0))
+    avoided = next((a.cost_avoided for a in attempts if a.cost_avoided is not None), None)
     currency = winner.currency if winner is not None else "USD"
     values: dict[str, Any] = {
         "workflow_id": workflow.pk,
@@ -103,6 +104,7 @@ def inference_request_record(
         "latency_ms": latency_ms,
         "ttft_ms": ttft_ms,
         "cost": total,
+        "cost_avoided": avoided,
         "currency": currency,
         "attempts": len(attempts),
         "error": db_text(error[:4000]),
@@ -146,6 +148,7 @@ def inference_request_record(
         api_key_id=api_key_id,
         bill_to=bill_to,
         kept=db_json(kept) if kept is not None else None,  # prompts may hold NUL, jsonb may not
+        cost_avoided=avoided,
     )
     if not (inline or settings.INFERENCE_RECORDING == "inline" or connection.in_atomic_block):
         # One statement in autocommit: the row and its journal entry are durable (committed)

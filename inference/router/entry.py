@@ -16,7 +16,9 @@ from inference.adapters.base import (
     StreamChunk,
 )
 from inference.admission import input_tokens
+from inference.cache import CacheAsk, CachedAnswer, cache_get, cache_key, cache_put, cache_seconds
 from inference.models import Endpoint, InferenceAttempt
+from inference.recording import AttemptInfo
 from inference.recording.record import request_id_reserve
 from inference.router.calls import attempt_calls, ok_attempt
 from inference.router.context import Context, prepare
@@ -42,6 +44,7 @@ def route(
     bill_to: str = "",
     retain: bool = False,
     request_digest: str | None = None,
+    cache: CacheAsk | None = None,
 ) -> RouteResult:
     """Serve `request` for `workflow` by its current policy version (see the module docstring).
 
@@ -54,7 +57,9 @@ def route(
     `retain`: keep the input and answer (the gateway, for a workflow that opted in:
     inference.retention); for a /v1 Idempotency-Key it also keeps the answer for the replay
     window. `request_digest`: the /v1 body's hash, which a retry with the same key must match
-    (inference.idempotency; IdempotencyConflict otherwise).
+    (inference.idempotency; IdempotencyConflict otherwise). `cache`: the gateway's API and body
+    of a request the workflow's response cache may answer (inference.cache): a hit is recorded
+    at no cost with the cost it avoided; an answer bought here is cached for the next one.
     """
     if client_request_id:
         # A replay answers only inside the key's own scope: the key names its namespace
@@ -67,6 +72,13 @@ def route(
     )
     ctx.bill_to = bill_to
     ctx.request_digest = request_digest or ""
+    key = None
+    if cache is not None and cache_seconds(workflow):
+        key = cache_key(cache, workflow_id=workflow.pk, policy_id=ctx.plan.policy_id)
+        hit = cache_get(workflow, key)
+        answered = _cached_answer(ctx, hit) if hit is not None else None
+        if answered is not None:
+            return answered
     completion: Completion | None = None
     winner: PlanEntry | None = None
     with ExitStack() as stack:
@@ -95,7 +107,37 @@ def route(
                 raise
             return replay(row, digest=request_digest)
     raise_refusal(ctx, winner)
+    if key is not None and winner is not None and completion is not None and not result.replayed:
+        cache_put(
+            workflow,
+            key,
+            CachedAnswer(winner.deployment_id, result.cost, result.currency, completion, time.time()),
+        )
     return result
+
+
+def _cached_answer(ctx: Context, hit: CachedAnswer) -> RouteResult | None:
+    """Record a cache hit as a request of the deployment that gave the answer, at no cost; None
+    (a miss) when that deployment is no longer in the route."""
+    entry = next((e for e in ctx.plan.entries if e.deployment_id == hit.deployment_id), None)
+    if entry is None:
+        return None
+    c = hit.completion
+    attempt = AttemptInfo(
+        position=0,
+        entry=entry,
+        outcome=Outcome.OK,
+        status_code=c.status_code,
+        latency_ms=(time.perf_counter() - ctx.started) * 1000.0,
+        tokens_in=c.tokens_in,
+        tokens_out=c.tokens_out,
+        cached_tokens=c.cached_tokens,
+        reasoning_tokens=c.reasoning_tokens,
+        started_at=ctx.started,
+        cost_avoided=hit.cost,
+    )
+    ctx.attempts.append(attempt)
+    return finish_request(ctx, completion=c, winner=entry, stream=False, ttft_ms=None, client_request_id=None)
 
 
 class RouteStream:

@@ -75,3 +75,5 @@ class RouteResult:
     # When nothing answered: the shortest wait (seconds) before a rate-limited deployment of the
     # route takes calls again (its provider's Retry-After); None when none is cooling down.
     retry_after: float | None = None
+    # Answered from the response cache (inference.cache): what the answer cost when bought.
+    cost_avoided: Decimal | None = None

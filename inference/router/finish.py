@@ -129,6 +129,7 @@ def finish_request(
         policy_version=policy_version,
         demoted=ctx.demoted,
         retry_after=retry_after,
+        cost_avoided=row.cost_avoided,
     )
 
 

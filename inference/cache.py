@@ -1,0 +1,227 @@
+"""The response cache: a workflow that opts in (Workflow.response_cache_seconds > 0) answers an
+exact repeat of a request from the answer bought the first time, for a zero-cost ledger row that
+records the cost it avoided.
+
+What counts as a repeat: the same API (chat, completion, messages, responses) and the same body
+less what cannot change the answer (`stream`, `stream_options`, `user`, `metadata`), for the same
+workflow at the same routing-policy version. The key is a SHA-256 of those, so nothing of the
+prompt is stored; the value is the answer (the chat-level document and its token counts), the
+deployment that gave it and what it cost. Never across workflows (so never across teams): the
+key starts with the workflow's id. A new policy version (a switch of the primary, a new route)
+changes the key, so nothing cached before it is served after it.
+
+How long: the workflow's response_cache_seconds, and for a workflow that keeps prompts never
+longer than its prompt_retention_days (no cached answer outlives the retention); a shorter
+setting applies to answers cached before it (each carries the time it was stored). How many:
+at most response_cache_entries answers per workflow, the oldest evicted first.
+
+Where: Redis when REDIS_URL is set (one GET per lookup; shared by every web process); otherwise
+this process's memory (the embedded demo). Redis down: a lookup is a miss and nothing is stored,
+never an error. Streamed requests, requests with an Idempotency-Key (they have their own replay,
+inference.idempotency) and embeddings are never cached.
+
+The router (inference.router.entry.route) asks and records: a hit is recorded as a request of
+the cached deployment with cost 0 and `cost_avoided` set, on the request row and on its ledger
+row (billing's UsageRecord.cost_avoided, exported as x_CostAvoided).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+
+from inference.adapters.base import Completion
+from registry.models import Workflow
+from registry.shared_redis.client import REDIS_DOWN_ERRORS, redis_client
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "sy:rc:"
+# Body fields that cannot change the answer (how it is delivered, who to attribute it to).
+_NOT_ANSWER = frozenset({"stream", "stream_options", "user", "metadata"})
+REDIS_TIMEOUT_S = 0.25  # a slow Redis is a miss, never a slow answer
+DAY_SECONDS = 86_400
+
+
+@dataclass(frozen=True)
+class CacheAsk:
+    """What the gateway hands the router for a request the cache may answer: its API and body."""
+
+    api: str
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class CachedAnswer:
+    deployment_id: int
+    cost: Decimal
+    currency: str
+    completion: Completion
+    stored_at: float
+
+
+def cache_seconds(workflow: Workflow) -> int:
+    """How long the workflow's answers are served from the cache (0: not cached)."""
+    seconds = workflow.response_cache_seconds
+    if seconds and workflow.retain_prompts and workflow.prompt_retention_days:
+        seconds = min(seconds, workflow.prompt_retention_days * DAY_SECONDS)
+    return seconds
+
+
+def cache_key(ask: CacheAsk, *, workflow_id: int, policy_id: int | None) -> str:
+    normal = {k: v for k, v in ask.body.items() if k not in _NOT_ANSWER}
+    text = json.dumps([ask.api, normal], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"{PREFIX}{workflow_id}:{policy_id or 0}:{digest}"
+
+
+def _index_key(workflow_id: int) -> str:
+    return f"{PREFIX}idx:{workflow_id}"
+
+
+def _encode(answer: CachedAnswer) -> bytes:
+    c = answer.completion
+    doc = {
+        "d": answer.deployment_id,
+        "c": str(answer.cost),
+        "cur": answer.currency,
+        "t": answer.stored_at,
+        "x": c.text,
+        "i": c.tokens_in,
+        "o": c.tokens_out,
+        "f": c.finish_reason,
+        "k": c.cached_tokens,
+        "r": c.reasoning_tokens,
+        "raw": c.raw,
+    }
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def _decode(data: bytes) -> CachedAnswer:
+    doc = json.loads(data)
+    completion = Completion(
+        text=doc["x"],
+        tokens_in=doc["i"],
+        tokens_out=doc["o"],
+        finish_reason=doc["f"],
+        cached_tokens=doc["k"],
+        reasoning_tokens=doc["r"],
+        raw=doc["raw"],
+    )
+    return CachedAnswer(doc["d"], Decimal(doc["c"]), doc["cur"], completion, float(doc["t"]))
+
+
+class _LocalStore:
+    """Answers in this process, per workflow in insertion order (no REDIS_URL)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_workflow: dict[int, OrderedDict[str, tuple[bytes, float]]] = {}
+
+    def get(self, workflow_id: int, key: str) -> bytes | None:
+        with self._lock:
+            hit = self._by_workflow.get(workflow_id, OrderedDict()).get(key)
+        if hit is None or hit[1] <= time.time():
+            return None
+        return hit[0]
+
+    def put(self, workflow_id: int, key: str, value: bytes, *, ttl: int, entries: int) -> None:
+        with self._lock:
+            answers = self._by_workflow.setdefault(workflow_id, OrderedDict())
+            answers.pop(key, None)
+            answers[key] = (value, time.time() + ttl)
+            while len(answers) > entries:
+                answers.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._by_workflow.clear()
+
+
+class _RedisStore:
+    """Answers in Redis: each under its key with the TTL, and a per-workflow index (a sorted set
+    by store time) that bounds how many the workflow keeps."""
+
+    def __init__(self, url: str) -> None:
+        self.redis = redis_client(url, timeout=REDIS_TIMEOUT_S)
+
+    def get(self, workflow_id: int, key: str) -> bytes | None:
+        value = self.redis.get(key)
+        return value if isinstance(value, bytes) else None
+
+    def put(self, workflow_id: int, key: str, value: bytes, *, ttl: int, entries: int) -> None:
+        index, now = _index_key(workflow_id), time.time()
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.set(key, value, ex=ttl)
+        pipe.zadd(index, {key: now})
+        pipe.zremrangebyscore(index, "-inf", now - ttl)  # entries that expired by themselves
+        pipe.expire(index, ttl)
+        pipe.zcard(index)
+        size = pipe.execute()[-1]
+        if size > entries:
+            popped: list[tuple[bytes, float]] = self.redis.zpopmin(index, size - entries)  # type: ignore[assignment]
+            evicted = [key for key, _ in popped]
+            if evicted:
+                self.redis.delete(*evicted)
+
+    def clear(self) -> None:
+        keys = list(self.redis.scan_iter(f"{PREFIX}*"))
+        if keys:
+            self.redis.delete(*keys)
+
+
+_local = _LocalStore()
+_stores: dict[str, _RedisStore] = {}
+
+
+def _store() -> _LocalStore | _RedisStore:
+    url = settings.REDIS_URL
+    if not url:
+        return _local
+    store = _stores.get(url)
+    if store is None:
+        store = _stores[url] = _RedisStore(url)
+    return store
+
+
+def cache_get(workflow: Workflow, key: str) -> CachedAnswer | None:
+    """The cached answer under `key` if it is younger than the workflow's cache time now."""
+    seconds = cache_seconds(workflow)
+    if not seconds:
+        return None
+    try:
+        data = _store().get(workflow.pk, key)
+    except REDIS_DOWN_ERRORS:
+        return None
+    if data is None:
+        return None
+    answer = _decode(data)
+    if answer.stored_at + seconds <= time.time():
+        return None  # the setting was shortened (or prompts' retention) since it was stored
+    return answer
+
+
+def cache_put(workflow: Workflow, key: str, answer: CachedAnswer) -> None:
+    seconds = cache_seconds(workflow)
+    if not seconds:
+        return
+    try:
+        _store().put(workflow.pk, key, _encode(answer), ttl=seconds, entries=workflow.response_cache_entries)
+    except REDIS_DOWN_ERRORS:
+        logger.warning("response cache: Redis unreachable, answer of %s not cached", workflow.slug)
+
+
+def cache_clear() -> None:
+    """Forget every cached answer (tests; an operator flushing the cache)."""
+    _local.clear()
+    if settings.REDIS_URL:
+        _store().clear()
