@@ -385,7 +385,9 @@ def cost_avoided_by_cache(*, since_day: date, teams: frozenset[str] | None = Non
     rows' cost_avoided (inference.cache). `teams` (team slugs): those teams' only; None: all.
     Read from the ledger (the hits' rows only, through a partial index), not the rollups."""
     rows = UsageRecord.objects.filter(
-        cost_avoided__isnull=False, occurred_at__gte=datetime.combine(since_day, time.min, tzinfo=UTC)
+        cost_avoided__isnull=False,
+        reversed_by__isnull=True,  # a reversed hit saved nothing
+        occurred_at__gte=datetime.combine(since_day, time.min, tzinfo=UTC),
     )
     if teams is not None:
         rows = rows.filter(team__in=teams)

@@ -77,11 +77,13 @@ def cache_seconds(workflow: Workflow) -> int:
     return seconds
 
 
-def cache_key(ask: CacheAsk, *, workflow_id: int, policy_id: int | None) -> str:
+def cache_key(ask: CacheAsk, *, workflow: Workflow, policy_id: int | None) -> str:
+    """The workflow, its team (a workflow moved to another team starts an empty cache), the
+    route version and the digest of the API and the body less _NOT_ANSWER."""
     normal = {k: v for k, v in ask.body.items() if k not in _NOT_ANSWER}
     text = json.dumps([ask.api, normal], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
-    return f"{PREFIX}{workflow_id}:{policy_id or 0}:{digest}"
+    return f"{PREFIX}{workflow.pk}:{workflow.team_id or 0}:{policy_id or 0}:{digest}"
 
 
 def _index_key(workflow_id: int) -> str:
@@ -204,7 +206,10 @@ def cache_get(workflow: Workflow, key: str) -> CachedAnswer | None:
         return None
     if data is None:
         return None
-    answer = _decode(data)
+    try:
+        answer = _decode(data)
+    except (ValueError, KeyError, TypeError):
+        return None  # not an answer this version wrote: a miss, which overwrites it
     if answer.stored_at + seconds <= time.time():
         return None  # the setting was shortened (or prompts' retention) since it was stored
     return answer

@@ -303,8 +303,12 @@ class GatewayFile(models.Model):
         BATCH = "batch", "Batch input"
         BATCH_OUTPUT = "batch_output", "Batch output"
 
-    team = models.ForeignKey(Team, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
-    workflow = models.ForeignKey(Workflow, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    team = models.ForeignKey(
+        Team, null=True, blank=True, on_delete=models.PROTECT, related_name="gateway_files"
+    )
+    workflow = models.ForeignKey(
+        Workflow, null=True, blank=True, on_delete=models.PROTECT, related_name="gateway_files"
+    )
     purpose = models.CharField(max_length=16, choices=Purpose.choices)
     filename = models.CharField(max_length=255)
     bytes = models.PositiveBigIntegerField(default=0)

@@ -13,7 +13,7 @@ from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 
 from billing.models import Budget, PriceBook
-from inference.models import ChaosConfig
+from inference.models import ChaosConfig, GatewayFile
 from inference.retention import retained_prompts_forget
 from inference.selectors import route_cache_invalidate
 from registry.models import Deployment, Provider, RoutingPolicyEntry, RoutingPolicyVersion, Workflow
@@ -41,6 +41,19 @@ def connect() -> None:
             _invalidate, sender=model, dispatch_uid=f"inference-route-cache-del-{model.__name__}"
         )
     post_save.connect(_forget_prompts, sender=Workflow, dispatch_uid="inference-retention-opt-out")
+    post_save.connect(_files_follow_team, sender=Workflow, dispatch_uid="inference-files-follow-team")
+
+
+def _files_follow_team(sender: Any, instance: Workflow, created: bool, **kwargs: Any) -> None:
+    """A workflow moved to another team takes its batches' output files along: the old team no
+    longer sees its answers, the new one does (inference.gateway.files)."""
+    if not created:
+        moved = GatewayFile.objects.filter(workflow_id=instance.pk)
+        if instance.team_id is None:
+            moved = moved.filter(team__isnull=False)
+        else:
+            moved = moved.exclude(team_id=instance.team_id)
+        moved.update(team_id=instance.team_id)
 
 
 def _forget_prompts(sender: Any, instance: Workflow, created: bool, **kwargs: Any) -> None:

@@ -207,8 +207,6 @@ class WorkflowForm(forms.ModelForm[Workflow]):
             "tpm_limit",
             "retain_prompts",
             "prompt_retention_days",
-            "response_cache_seconds",
-            "response_cache_entries",
         ]
         formfield_callback = model_formfield
 
@@ -276,6 +274,8 @@ class WorkflowChangeForm(ServiceModelForm[Workflow]):
             "tpm_limit",
             "retain_prompts",
             "prompt_retention_days",
+            "response_cache_seconds",
+            "response_cache_entries",
         ]
         formfield_callback = model_formfield
 

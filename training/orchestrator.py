@@ -429,9 +429,9 @@ def learner_chunk_execute(
         _LEARNERS.pop((run_key(run), index), None)  # not finished: the cache is not chunk `seq`'s end
         raise
     slot.done = (generation, seq)
-    if outcome.stopped_by == services.BUDGET_REACHED:
-        services.training_run_budget_reached(run=run)  # billed: the run ends budget_exhausted
-    if outcome.stopped_by.startswith("run "):
+    if outcome.stopped_by.startswith("run ") or (  # or a budget reached, billed: the run ends
+        outcome.stopped_by == services.BUDGET_REACHED and services.training_run_budget_reached(run, chunk.pk)
+    ):
         forget_run(run)  # the run is over: free this worker's model, optimizer and corpus
 
 

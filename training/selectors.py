@@ -7,13 +7,14 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import TypedDict
 
+from django.conf import settings
 from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, Sum
 
 from billing.budgets import budget_hard_limit_keys, budget_headroom, budget_may_spend, spend_target
 from billing.models import Unit
 from billing.selectors import PriceResolver, spend_grouped, spend_total, usage_for_subject
 from billing.services import SECONDS_PER_HOUR
-from registry.models import Cluster, FailoverEvent
+from registry.models import Cluster, FailoverEvent, WorkerHeartbeat
 from registry.validation import id_parse
 from training.models import (
     GlobalVersionRecord,
@@ -25,7 +26,6 @@ from training.models import (
     TrainingRun,
 )
 from training.placement import ClusterOption
-from training.run_config import RunConfig
 
 RUN_SUBJECT_TYPE = "training_run"
 
@@ -91,50 +91,67 @@ def run_spend(*, run_id: int) -> Decimal:
     return spend_total(subject_type=RUN_SUBJECT_TYPE, subject_id=str(run_id))
 
 
-# A chunk unfinished for longer than this many of its chunk_seconds (plus a minute) died with
-# its worker: it is never billed, so it adds nothing to what the run is spending.
-_LIVE_CHUNK_FACTOR, _LIVE_CHUNK_SLACK_S = 2, 60.0
+# Heartbeats a worker may miss before its chunk stops counting towards the run's rate of spend.
+_MISSED_HEARTBEATS = 3
 
 
-def run_budget_deadline(*, run: TrainingRun, now: datetime) -> datetime | None:
-    """When the run's money budget, or a hard budget of the run or its team, will be spent at the
-    rate the run spends now; `now` when it is spent already; None without such a budget or with
-    nothing running.
+def chunk_price_per_second(
+    chunk: LearnerChunk, *, at: datetime, prices: PriceResolver | None = None
+) -> Decimal | None:
+    """What the chunk costs per second held (its cluster's accelerator-hour price in force ×
+    its accelerators / 3600); None when no price is in force (it will not be billed)."""
+    price = (prices or PriceResolver()).resolve(
+        unit=Unit.ACCELERATOR_HOUR, at=at, cluster_id=chunk.cluster_id, provider_id=chunk.cluster.provider_id
+    )
+    return price.unit_price * chunk.accelerators / SECONDS_PER_HOUR if price is not None else None
 
-    Spent: the ledger's total for the run (a chunk is billed as it finishes) plus what each live
-    unfinished chunk has run up since its claim, at its cluster's accelerator-hour price in
-    force (the price the chunk will be billed at); the rate is the sum of those chunks'
-    accelerators × price. A chunk checks this as it trains (training.orchestrator), so a run
-    stops within about one inner step (and its checkpoint write) of its budget instead of at
-    the end of a chunk."""
+
+def run_budget_left(*, run: TrainingRun, now: datetime) -> tuple[Decimal, Decimal] | None:
+    """(what the tightest budget of the run still allows, what the run spends per second now);
+    None without a money budget or a hard budget of the run or its team.
+
+    Spent: the ledger's total for the run (a chunk is billed as it finishes) plus what each
+    unfinished chunk has run up since its claim at its price (chunk_price_per_second): up to
+    now, or for a chunk whose worker stopped heartbeating up to its last heartbeat (as
+    supervision bills a lost chunk); the rate is the sum of the live chunks' prices."""
     headroom = budget_headroom(target=spend_target(team=run.team_slug, training_run_id=str(run.pk)))
     if run.money_budget is None and headroom is None:
         return None
-    live_for = timedelta(
-        seconds=RunConfig(run.config).chunk_seconds * _LIVE_CHUNK_FACTOR + _LIVE_CHUNK_SLACK_S
-    )
-    chunks = LearnerChunk.objects.filter(
-        learner__run=run, finished_at__isnull=True, started_at__gt=now - live_for
-    ).select_related("cluster")
+    chunks = LearnerChunk.objects.filter(learner__run=run, finished_at__isnull=True).select_related("cluster")
+    stale = timedelta(seconds=settings.HEARTBEAT_SECONDS * _MISSED_HEARTBEATS)
     prices = PriceResolver()
     accrued = rate = Decimal(0)
     for chunk in chunks:
-        price = prices.resolve(
-            unit=Unit.ACCELERATOR_HOUR,
-            at=now,
-            cluster_id=chunk.cluster_id,
-            provider_id=chunk.cluster.provider_id,
-        )
-        if price is None:
+        per_second = chunk_price_per_second(chunk, at=now, prices=prices)
+        if per_second is None:
             continue
-        per_second = price.unit_price * chunk.accelerators / SECONDS_PER_HOUR
-        accrued += per_second * Decimal(str(max(0.0, (now - chunk.started_at).total_seconds())))
-        rate += per_second
+        seen = (
+            WorkerHeartbeat.objects.filter(cluster_id=chunk.cluster_id, hostname=chunk.worker_hostname)
+            .values_list("last_seen_at", flat=True)
+            .first()
+        )
+        live = seen is None or now - seen <= stale  # no heartbeat row: a worker of this process
+        end = now if live or seen is None else max(seen, chunk.progress_at or chunk.started_at)
+        accrued += per_second * Decimal(str(max(0.0, (end - chunk.started_at).total_seconds())))
+        if live:
+            rate += per_second
     # A hard budget's spent amount already holds the run's billed chunks; its own does not.
     left = [room - accrued for room in (headroom,) if room is not None]
     if run.money_budget is not None:
         left.append(run.money_budget - run_spend(run_id=run.pk) - accrued)
-    remaining = min(left)
+    return min(left), rate
+
+
+def run_budget_deadline(*, run: TrainingRun, now: datetime) -> datetime | None:
+    """When the run's money budget, or a hard budget of the run or its team, will be spent at the
+    rate the run spends now (run_budget_left); `now` when it is spent already; None without
+    such a budget or with nothing running. A chunk checks it at every inner step
+    (training.orchestrator), so a run stops within about one step (and its checkpoint write) of
+    its budget instead of at the end of a chunk."""
+    position = run_budget_left(run=run, now=now)
+    if position is None:
+        return None
+    remaining, rate = position
     if remaining <= 0:
         return now
     if rate == 0:

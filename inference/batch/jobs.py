@@ -20,8 +20,9 @@ Running (`batch_job_execute`, called by the `inference.batch_job_run` task):
   `output_uri`.
 * A job of OpenAI's Batch API (`job.api`, /v1/batches: inference.gateway.batches) keeps each
   line's answer document in its parts, and at the end writes OpenAI's output file (answers)
-  and error file (failed lines) as GatewayFile rows instead of the one output object; its parts
-  are then deleted, so deleting those files deletes every copy of the answers.
+  and error file (failed lines) as GatewayFile rows instead of the one output object (keys of
+  its own per attempt, under a renewed lease); its parts are then deleted, so deleting those
+  files deletes every copy of a completed batch's answers.
 * `inference.batch_jobs_resume` (beat) re-queues jobs whose lease went stale and pending jobs
   whose task message was lost (the filesystem broker drops a message taken by a killed worker).
 """
@@ -45,7 +46,7 @@ from django.utils import timezone
 
 from billing.budgets import BudgetExhausted
 from inference.admission import CallTooLarge, Paced, PacingStopped, call_pace, request_tokens
-from inference.batch.lines import batch_lines_parse, job_prefix, output_key, part_key
+from inference.batch.lines import batch_lines_parse, batch_stored_lines, job_prefix, output_key, part_key
 from inference.batch.openai_files import api_outputs_write
 from inference.batch.pacing import batch_limits
 from inference.gateway.apis import answer_document
@@ -125,9 +126,11 @@ def batch_job_create(
         raise RegistryError("max_rpm must be at least 1", field="max_rpm")
     owner = _user(user)
     store = default_store()
+    data: bytes | None = None
     if input_file is not None:
         input_uri = input_file.key
-        data = store.get(input_uri)
+        # Checked as it streams from the store (a file may be 200 MB): never held whole here.
+        total = sum(1 for _ in batch_stored_lines(input_uri, api=api))
     elif input_jsonl is not None:
         if input_uri:
             raise RegistryError("give input_uri or input_jsonl, not both", field="input_uri")
@@ -147,13 +150,20 @@ def batch_job_create(
             data = store.get(input_uri)
         except (ObjectNotFoundError, ValueError) as exc:
             raise RegistryError(f"no object {input_uri!r} in the store ({exc})", field="input_uri") from None
-    lines = batch_lines_parse(data, api=api)
+    if data is not None:
+        total = len(batch_lines_parse(data, api=api))
     with transaction.atomic():
+        if (
+            input_file is not None
+            and not GatewayFile.objects.select_for_update().filter(pk=input_file.pk).exists()
+        ):
+            # Deleted meanwhile (inference.gateway.files locks the row the same way to delete it).
+            raise RegistryError("the input file was deleted", field="input_file_id")
         job = BatchJob.objects.create(
             workflow=workflow,
             endpoint=Endpoint.BATCH,
             input_uri=input_uri,
-            total=len(lines),
+            total=total,
             created_by=owner,
             api_key=api_key,
             deployment=deployment,
@@ -426,6 +436,10 @@ def _api_finish(
     job: BatchJob, keys: list[str], lease: _Lease, finished: _Tally, now: datetime
 ) -> BatchJob | None:
     """An OpenAI Batch API job's end: its output and error files, then its parts deleted."""
+    renewed = _renew(job.pk, lease.token)  # a fresh lease for the writing
+    if renewed is None:
+        return None
+    lease.token = renewed
     with transaction.atomic():
         outputs = api_outputs_write(job, keys)
         succeeded = lease_release(

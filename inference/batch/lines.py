@@ -18,7 +18,9 @@ from inference.gateway.openai_request import chat_request_parse, completion_requ
 from inference.idempotency import caller_key_problem
 from inference.models import BatchJob
 from registry.services import RegistryError
+from registry.store.objectstore import default_store
 from registry.validation import id_parse
+from storage.objectstore import ObjectNotFoundError
 
 MAX_LINES = 100_000  # OpenAI's Batch API allows 50,000 requests per batch
 AUTO_API = "auto"  # batch_lines_iter: the OpenAI format, for the API the first line names
@@ -135,6 +137,17 @@ def batch_lines_iter(raw_lines: Iterable[str | bytes], *, api: str = "") -> Iter
             yield BatchLine(number, key, custom_id, _line_request(obj, where))
     if not count:
         raise RegistryError("input has no lines", field="input")
+
+
+def batch_stored_lines(key: str, *, api: str) -> Iterator[BatchLine]:
+    """The lines of an object of the store, checked as batch_lines_iter checks them, read as a
+    stream (lines end at "\n" only). RegistryError for a missing object or a bad line."""
+    try:
+        stream = default_store().open_read(key)
+    except (ObjectNotFoundError, ValueError):
+        raise RegistryError("the input file is gone from the object store", field="input") from None
+    with stream:
+        yield from batch_lines_iter(stream, api=api)
 
 
 def job_prefix(job: BatchJob) -> str:

@@ -5,6 +5,7 @@ job's workflow and team, written a part at a time (never joined in memory)."""
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -67,10 +68,13 @@ def _write(
     keys: list[str],
     name: str,
     shape: Callable[[BatchJob, dict[str, Any]], dict[str, Any] | None],
+    attempt: str,
 ) -> GatewayFile | None:
-    """One output object from the parts (None and nothing kept when no record has this shape)."""
+    """One output object from the parts (None and nothing kept when no record has this shape).
+    `attempt` keeps each runner's objects apart: a runner that lost the lease while writing
+    discards its own objects, never the winner's."""
     store = default_store()
-    key = f"{job_prefix(job)}{name}.jsonl"
+    key = f"{job_prefix(job)}{name}-{attempt}.jsonl"
     size = 0
 
     def chunks() -> Iterator[bytes]:
@@ -104,6 +108,11 @@ def _write(
 
 def api_outputs_write(job: BatchJob, keys: list[str]) -> ApiOutputs:
     """The job's output and error files, from its part objects `keys` (in line order)."""
-    return ApiOutputs(
-        output=_write(job, keys, "output", _output_line), errors=_write(job, keys, "errors", _error_line)
-    )
+    attempt = uuid.uuid4().hex[:12]
+    output = _write(job, keys, "output", _output_line, attempt)
+    try:
+        errors = _write(job, keys, "errors", _error_line, attempt)
+    except BaseException:
+        ApiOutputs(output, None).discard()
+        raise
+    return ApiOutputs(output=output, errors=errors)

@@ -27,7 +27,7 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from inference.batch.jobs import batch_job_cancel, batch_job_create
-from inference.batch.lines import batch_lines_parse
+from inference.batch.lines import batch_stored_lines
 from inference.batch.openai_files import batch_id, file_id
 from inference.gateway.apis import BATCH_URLS
 from inference.gateway.caller import caller_authorize, caller_grant, caller_rows, caller_workflow
@@ -45,7 +45,6 @@ from inference.models import BatchJob, GatewayFile
 from registry.auth.access import TokenGrant
 from registry.models import ApiToken
 from registry.services import RegistryError
-from registry.store.objectstore import default_store
 
 COMPLETION_WINDOW = "24h"  # the only window OpenAI offers
 METADATA_PAIRS, METADATA_KEY_MAX, METADATA_VALUE_MAX = 16, 64, 512  # OpenAI's bounds
@@ -140,13 +139,17 @@ def _create(request: HttpRequest, caller: TokenGrant) -> HttpResponse:
     found = visible_files(caller).filter(pk=pk, purpose=GatewayFile.Purpose.BATCH).first() if pk else None
     if found is None:
         raise not_found("file", raw_file)
-    try:
-        lines = batch_lines_parse(default_store().get(found.key), api=api)
+    names: set[str] = set()
+    try:  # streamed from the store, line by line: a file may be 200 MB
+        for line in batch_stored_lines(found.key, api=api):
+            names.add(line.model or "")
+            if len(names) > 1:
+                break
     except RegistryError as exc:
         raise InvalidRequest(
             f"The input file is not a batch for {endpoint}: {exc}", param="input_file_id"
         ) from None
-    models = sorted({line.model or "" for line in lines})
+    models = sorted(names)
     if len(models) > 1:
         raise InvalidRequest(
             f"Every request of a batch must name the same model; this file names {', '.join(models[:5])}",

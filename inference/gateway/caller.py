@@ -130,12 +130,14 @@ def caller_authorize(caller: TokenGrant, workflow: Workflow) -> None:
         )
 
 
-def caller_rows(rows: QuerySet[_Row], caller: TokenGrant, *, team: str, workflow: str) -> QuerySet[_Row]:
+def caller_rows(
+    rows: QuerySet[_Row], caller: TokenGrant, *, team: str, workflow: str, uploader: str | None = None
+) -> QuerySet[_Row]:
     """The rows a caller may see and act on among `rows`, objects it owns through /v1 (files,
     batches): those of a team it holds a role in (`team`: the rows' team field; a team key: its
     own team only) or, for a platform-wide role, of no team; and for a key limited to workflows,
-    none of another workflow (`workflow`: the rows' workflow field; a row of no workflow is its
-    team's). The same rule as a workflow's (registry.auth.principal.roles_in); the one query
+    none of another workflow (`workflow`: the rows' workflow field) and, of the rows of no
+    workflow, only those it made itself (`uploader`: the rows' API key field; None: none of them). The same rule as a workflow's (registry.auth.principal.roles_in); the one query
     every /v1 list, read, download, cancel and delete of such rows goes through."""
     principal = caller.principal
     teams = principal.visible_teams
@@ -144,7 +146,6 @@ def caller_rows(rows: QuerySet[_Row], caller: TokenGrant, *, team: str, workflow
         reach |= Q(**{f"{team}__isnull": True})
     rows = rows.filter(reach)
     if principal.workflow_ids is not None:
-        rows = rows.filter(
-            Q(**{f"{workflow}__isnull": True}) | Q(**{f"{workflow}__in": principal.workflow_ids})
-        )
+        mine = Q(**{f"{workflow}__isnull": True, uploader: caller.token_id}) if uploader else Q(pk__in=[])
+        rows = rows.filter(mine | Q(**{f"{workflow}__in": principal.workflow_ids}))
     return rows

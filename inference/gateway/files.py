@@ -36,13 +36,16 @@ from registry.services import RegistryError
 from registry.store.keys import team_object_prefix
 from registry.store.objectstore import default_store
 from registry.validation import id_parse
+from storage.objectstore import ObjectNotFoundError
 
 FILENAME_MAX = 255
 LIST_LIMIT_MAX = 10_000  # OpenAI's own bound on a page of files
 
 
 def visible_files(caller: TokenGrant) -> QuerySet[GatewayFile]:
-    return caller_rows(GatewayFile.objects.all(), caller, team="team", workflow="workflow")
+    return caller_rows(
+        GatewayFile.objects.all(), caller, team="team", workflow="workflow", uploader="api_key"
+    )
 
 
 def file_document(f: GatewayFile) -> dict[str, Any]:
@@ -167,7 +170,10 @@ def _upload(request: HttpRequest, caller: TokenGrant) -> HttpResponse:
             403, "This API key holds no role to upload files with", "permission_error", "permission_denied"
         )
     try:
-        for _ in batch_lines_iter(upload, api=AUTO_API):
+        # The file object itself, not Django's File iteration (which ends lines at a bare "\r"
+        # too): lines end at "\n" only, as when the batch is created and run.
+        upload.seek(0)
+        for _ in batch_lines_iter(upload.file or [], api=AUTO_API):
             pass  # each line is checked as it is read
     except RegistryError as exc:
         return error_response(
@@ -240,7 +246,12 @@ def file_item(request: HttpRequest, file_ref: str) -> HttpResponse:
     if request.method == "GET":
         return json_response(file_document(f))
     active = (BatchJob.State.PENDING, BatchJob.State.RUNNING)
-    reader = BatchJob.objects.filter(input_file=f, state__in=active).values_list("pk", flat=True).first()
+    with transaction.atomic():
+        # The row locked as batch_job_create locks it: a batch is made from it or it is deleted.
+        GatewayFile.objects.select_for_update().filter(pk=f.pk).exists()
+        reader = BatchJob.objects.filter(input_file=f, state__in=active).values_list("pk", flat=True).first()
+        if reader is None:
+            GatewayFile.objects.filter(pk=f.pk).delete()
     if reader is not None:
         return error_response(
             409,
@@ -249,7 +260,6 @@ def file_item(request: HttpRequest, file_ref: str) -> HttpResponse:
             "file_in_use",
             param="file_id",
         )
-    GatewayFile.objects.filter(pk=f.pk).delete()
     default_store().delete(f.key)
     return json_response({"id": file_id(f.pk), "object": "file", "deleted": True})
 
@@ -264,6 +274,10 @@ def file_content(request: HttpRequest, file_ref: str) -> HttpResponse | Streamin
         f = visible_file(caller_grant(request), file_ref)
     except GatewayError as exc:
         return _gateway_error(exc, "file_id")
-    response = StreamingHttpResponse(default_store().iter_chunks(f.key), content_type="application/jsonl")
+    try:
+        chunks = default_store().iter_chunks(f.key)
+    except (ObjectNotFoundError, ValueError):
+        return _gateway_error(not_found("file", file_ref), "file_id")  # its object is gone
+    response = StreamingHttpResponse(chunks, content_type="application/jsonl")
     response["Content-Length"] = str(f.bytes)
     return response

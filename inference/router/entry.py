@@ -74,7 +74,7 @@ def route(
     ctx.request_digest = request_digest or ""
     key = None
     if cache is not None and cache_seconds(workflow):
-        key = cache_key(cache, workflow_id=workflow.pk, policy_id=ctx.plan.policy_id)
+        key = cache_key(cache, workflow=workflow, policy_id=ctx.plan.policy_id)
         hit = cache_get(workflow, key)
         answered = _cached_answer(ctx, hit) if hit is not None else None
         if answered is not None:

@@ -107,8 +107,8 @@ def team_update(
 
 
 def team_delete(*, team: Team) -> None:
-    """Delete a team and its memberships. A team that still owns workflows, API keys or training
-    runs is kept: they would become platform objects, which its members no longer see."""
+    """Delete a team and its memberships. A team that still owns workflows, API keys, training
+    runs or /v1 files is kept: they would become platform objects, which its members no longer see."""
     with transaction.atomic():
         team = Team.objects.select_for_update().get(pk=team.pk)
         owned = [
@@ -117,6 +117,7 @@ def team_delete(*, team: Team) -> None:
                 (team.workflows.count(), "workflows"),
                 (team.api_tokens.count(), "API keys"),
                 (team.training_runs.count(), "training runs"),  # type: ignore[attr-defined]
+                (team.gateway_files.count(), "/v1 files"),  # type: ignore[attr-defined]
             )
             if count
         ]

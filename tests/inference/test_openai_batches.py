@@ -24,7 +24,7 @@ from inference import tasks
 from inference.models import BatchJob, GatewayFile
 from registry.auth.roles import Role
 from registry.models import Workflow
-from registry.services import api_token_create
+from registry.services import api_token_create, workflow_update
 from registry.store.objectstore import default_store
 from tests.factories import make_member, make_price, make_team
 from tests.helpers import ledger_settled
@@ -351,10 +351,16 @@ def test_files_and_batches_are_seen_only_by_their_team_and_workflow(
             call()
     assert outsider.files.list().data == [] and outsider.batches.list().data == []
 
-    # A key of the same team limited to another workflow sees the upload, not the batch or its output.
+    # A key of the same team limited to another workflow sees neither the other key's upload
+    # (its prompts) nor the batch or its output; its own uploads it does.
     sibling = routed_workflow(member, [], team=team_setup["team"])
     scoped = client_of(member, team=team_setup["team"], workflows=[sibling])
-    assert {f.id for f in scoped.files.list()} == {uploaded.id}
+    assert scoped.files.list().data == []
+    with pytest.raises(openai.NotFoundError):
+        scoped.files.content(uploaded.id)
+    own = scoped.files.create(file=("own.jsonl", _jsonl(_chat_lines(sibling, 1))), purpose="batch")
+    assert {f.id for f in scoped.files.list()} == {own.id}
+    assert own.id in {f.id for f in client.files.list()}  # the unscoped team key sees the team's files
     with pytest.raises(openai.NotFoundError):
         scoped.files.content(output_id)
     with pytest.raises(openai.NotFoundError):
@@ -417,3 +423,48 @@ def test_bad_batch_parameters_name_the_field(team_setup: dict[str, Any]) -> None
         client.files.create(file=("in.jsonl", b"{}"), purpose="assistants")
     assert _status_of(exc) == (400, "purpose")
     assert not BatchJob.objects.exists()
+
+
+def test_a_workflow_moved_to_another_team_takes_its_outputs_along(
+    team_setup: dict[str, Any], live_server: Any
+) -> None:
+    client, workflow = team_setup["client"], team_setup["workflow"]
+    uploaded = client.files.create(file=("in.jsonl", _jsonl(_chat_lines(workflow, 1))), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    _run(batch.id)
+    output_id = client.batches.retrieve(batch.id).output_file_id
+    assert output_id is not None
+    beta = make_team("beta")
+    workflow_update(workflow, team=beta)
+    with pytest.raises(openai.NotFoundError):  # the old team no longer reads the answers
+        client.files.content(output_id)
+    _, raw = api_token_create(user=make_member(beta, Role.OPERATOR), name="beta", team=beta)
+    beta_client = openai.OpenAI(base_url=f"{live_server.url}/v1", api_key=raw, max_retries=0)
+    assert len(_lines(beta_client, output_id)) == 1
+
+
+def test_a_file_whose_object_is_gone_answers_404_not_500(team_setup: dict[str, Any]) -> None:
+    client, workflow = team_setup["client"], team_setup["workflow"]
+    uploaded = client.files.create(file=("in.jsonl", _jsonl(_chat_lines(workflow, 1))), purpose="batch")
+    default_store().delete(GatewayFile.objects.get().key)
+    with pytest.raises(openai.NotFoundError):
+        client.files.content(uploaded.id)
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+    assert "gone" in exc.value.message and not BatchJob.objects.exists()
+
+
+def test_a_team_that_still_owns_files_is_kept_with_a_clear_error(team_setup: dict[str, Any]) -> None:
+    from registry.services.teams import TeamError, team_delete
+
+    client, workflow = team_setup["client"], team_setup["workflow"]
+    client.files.create(file=("in.jsonl", _jsonl(_chat_lines(workflow, 1))), purpose="batch")
+    workflow.policy_versions.all().delete()
+    workflow.delete()
+    team_setup["token"].delete()
+    with pytest.raises(TeamError, match="1 /v1 files"):
+        team_delete(team=team_setup["team"])

@@ -239,3 +239,22 @@ def test_the_dashboard_shows_what_the_cache_saved(setup: dict[str, Any], auditor
     html = page.get("/billing/").content.decode()
     card = html[html.index('id="saved-by-cache"') :][:600]
     assert f"{2 * COST:f}".rstrip("0") in card
+
+
+def test_a_workflow_moved_to_another_team_starts_an_empty_cache_and_garbage_is_a_miss(
+    setup: dict[str, Any], provider: RecordingProvider
+) -> None:
+    from inference.gateway.caller import gateway_caches_clear
+    from tests.factories import make_team
+
+    _chat(setup)
+    workflow_update(setup["workflow"], team=make_team("elsewhere"))
+    gateway_caches_clear()
+    assert _chat(setup).headers.get("x-switchyard-cache") is None
+    workflow = Workflow.objects.get(pk=setup["workflow"].pk)
+    for key in cache._stores[next(iter(cache._stores))].redis.scan_iter(f"{cache.PREFIX}{workflow.pk}:*"):
+        if b":idx:" not in key:
+            cache._stores[next(iter(cache._stores))].redis.set(key, b"not json")
+    assert _chat(setup).headers.get("x-switchyard-cache") is None  # a corrupt entry: a miss, not a 500
+    assert _chat(setup).headers.get("x-switchyard-cache") == "hit"  # and it was overwritten
+    assert provider.script.calls() == 3

@@ -26,6 +26,7 @@ MAX_CHUNK_FAILURES = 3
 # chunk pushes its delta and stops, and the learner is moved (training.services.supervision).
 INTERRUPTED = "interrupted: "
 BUDGET_REACHED = "money budget reached"  # a chunk's stop reason (learner_chunk_budget_deadline)
+BUDGET_SLACK_SECONDS = 1  # of a chunk's time: a budget with less left than this is spent
 
 
 def cluster_interruption_reason(cluster: Cluster) -> str:
@@ -217,19 +218,32 @@ def learner_chunk_budget_deadline(*, run_id: int) -> float | None:
     return at.timestamp() if at is not None else None
 
 
-def training_run_budget_reached(*, run: TrainingRun) -> TrainingRun:
-    """A chunk stopped with BUDGET_REACHED and was billed: the run ends budget_exhausted (even
-    if the billed seconds came out a millisecond short of the projection), keeping a checkpoint."""
+def training_run_budget_reached(run: TrainingRun, chunk_id: int) -> bool:
+    """Chunk `chunk_id` stopped with BUDGET_REACHED and was billed: the run ends budget_exhausted
+    with a checkpoint when what its budget still allows is at most BUDGET_SLACK_SECONDS of that
+    chunk's time (the billed seconds may come out a hair under the projection); otherwise it
+    goes on (another learner's chunk ended meanwhile, say) and its next chunk checks again.
+    True when the run has ended (this worker then frees the run's engine)."""
     run.refresh_from_db()
     if run.state not in (TrainingRun.State.RUNNING, TrainingRun.State.RECOVERING):
-        return run
+        return run.is_finished
+    now = timezone.now()
+    position = selectors.run_budget_left(run=run, now=now)
+    chunk = LearnerChunk.objects.select_related("cluster").get(pk=chunk_id)
+    per_second = selectors.chunk_price_per_second(chunk, at=now) or Decimal(0)
+    if position is None or position[0] > per_second * BUDGET_SLACK_SECONDS:
+        return False
     spent = selectors.run_spend(run_id=run.pk)
     why = selectors.run_budget_refusal(run=run)  # a hard budget the chunk's bill used up
-    if not why and run.money_budget is not None and spent >= run.money_budget * Decimal("0.99"):
+    if (
+        not why
+        and run.money_budget is not None
+        and spent >= run.money_budget - per_second * BUDGET_SLACK_SECONDS
+    ):
         why = f"money budget {run.money_budget} {run.currency} spent ({spent}; stopped inside a chunk at its rate)"
     if not why:
         why = f"a hard budget of the run or its team reached at the run's rate (the run spent {spent})"
-    return training_run_budget_exhaust(run=run, why=why)
+    return training_run_budget_exhaust(run=run, why=why).is_finished
 
 
 def _billable_seconds(*, run: TrainingRun, started_at: datetime, wall_seconds: float) -> float:
