@@ -232,7 +232,14 @@ def test_the_admin_changes_a_workflows_settings_through_the_service_and_never_ad
     workflow = make_workflow(owner=operator, deployments=[make_deployment()])
     client = _superuser_client()
     assert client.get("/admin/stack/workflow/add/").status_code == 403
-    form = {"slug": workflow.slug, "description": "d", "rpm_limit": "60", "tpm_limit": ""}
+    form = {
+        "slug": workflow.slug,
+        "description": "d",
+        "rpm_limit": "60",
+        "tpm_limit": "",
+        "response_cache_seconds": "0",
+        "response_cache_entries": "1000",
+    }
     changed = client.post(f"/admin/stack/workflow/{workflow.pk}/change/", form)
     assert changed.status_code == 302, changed.content.decode()[:2000]
     workflow.refresh_from_db()
