@@ -105,10 +105,11 @@ def route_failure(result: RouteResult, caller: TokenGrant, team_id: int | None) 
 
 
 def tokens_used(result: RouteResult | None) -> int | None:
-    """What the provider reported (0 when nothing was answered), for the token limits."""
+    """What the provider reported (0 when nothing was answered, or when the response cache
+    answered: a hit calls no provider), for the token limits."""
     if result is None:
         return None
     c = result.completion
-    if c is None:
+    if c is None or result.cost_avoided is not None:
         return 0
     return c.tokens_in + c.tokens_out

@@ -20,6 +20,7 @@ from billing.exports.columns import COLUMNS
 from billing.models import UsageRecord
 from inference import cache
 from inference.models import InferenceRequest
+from inference.ratelimit.limits import rate_limiter_reset
 from registry.models import Workflow
 from registry.services import api_token_create, workflow_switch_primary, workflow_update
 from tests.helpers import ledger_settled
@@ -171,6 +172,29 @@ def test_off_by_default_and_when_turned_off(setup: dict[str, Any], provider: Rec
     gateway_caches_clear()  # the gateway's workflow row is cached for seconds
     assert _chat(setup).headers.get("x-switchyard-cache") is None
     assert provider.script.calls() == 4
+
+
+def test_a_hit_spends_none_of_the_token_limit(setup: dict[str, Any], provider: RecordingProvider) -> None:
+    # A hit calls no provider, so it counts as a request but not as tokens: the key's limit of
+    # 1,300 tokens a minute takes the one bought answer (1,200 reported tokens) and then every
+    # repeat. Counted at the hit's 1,200 tokens, the third request would be refused (429).
+    rate_limiter_reset()
+    token, raw = api_token_create(user=setup["operator"], name="tpm")
+    token.tpm_limit = 1300
+    token.save()
+    client = openai.OpenAI(base_url=f"{setup['url']}/v1", api_key=raw, max_retries=0)
+    body = {
+        "model": setup["workflow"].slug,
+        "messages": [{"role": "user", "content": "what is cached?"}],
+        "max_tokens": 50,
+    }
+    answers = [client.chat.completions.with_raw_response.create(**body) for _ in range(5)]
+    assert [a.headers.get("x-switchyard-cache") for a in answers] == [None] + ["hit"] * 4
+    assert provider.script.calls() == 1
+    # Each hit's estimate is taken from what the bought answer left (100) and given back.
+    assert {a.headers["x-ratelimit-remaining-tokens"] for a in answers[1:]} == {
+        answers[1].headers["x-ratelimit-remaining-tokens"]
+    }
 
 
 @pytest.mark.parametrize("redis", [True, False], ids=["redis", "process-memory"])
