@@ -104,7 +104,7 @@ $(OIDC_PROVIDER_STAMP): tests/oidc_provider/package-lock.json
 # a throwaway PostgreSQL and Redis for the run. The 20 slowest tests are listed at the end.
 PYTEST_WORKERS ?= 3
 pytest: install-dev focus-validator oidc-provider
-	scripts/with_test_services.sh $(PY) -m pytest -n $(PYTEST_WORKERS) --maxschedchunk=2 --durations=20
+	scripts/with_test_services.sh $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --durations=20
 
 fmt: install-dev
 	$(PY) -m ruff format .

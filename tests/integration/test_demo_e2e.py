@@ -30,6 +30,8 @@ from typing import Any
 import pytest
 from django.conf import settings
 
+# One of the suite's trainers, which one pytest-xdist worker runs one after another
+# (tests/xdist_workers.py, SERIAL_GROUPS).
 pytestmark = pytest.mark.integration
 
 MANAGE = str(Path(settings.BASE_DIR) / "manage.py")

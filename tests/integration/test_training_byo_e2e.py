@@ -49,6 +49,8 @@ from training.models import LearnerChunk, ModelVersion, TrainingLearner, Trainin
 from training.run_engines import run_checkpoints, run_engine, run_transport, version_params
 from training.services import training_run_create
 
+# One of the suite's trainers, which one pytest-xdist worker runs one after another
+# (tests/xdist_workers.py, SERIAL_GROUPS).
 pytestmark = pytest.mark.integration
 
 FAST = {"SWITCHYARD_TRAINING_SUPERVISE_SECONDS": "1"}

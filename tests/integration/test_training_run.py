@@ -31,6 +31,8 @@ from training.models import (
 from training.services import training_run_create
 from training.tasks import syncer_tick_task
 
+# One of the suite's trainers, which one pytest-xdist worker runs one after another
+# (tests/xdist_workers.py, SERIAL_GROUPS).
 pytestmark = pytest.mark.integration
 
 FAST = {"SWITCHYARD_TRAINING_SUPERVISE_SECONDS": "1"}
