@@ -418,3 +418,28 @@ class RetainedPrompt(models.Model):
 
     def __str__(self) -> str:
         return f"retained prompt of request {self.inference_request_id}"
+
+
+class StoredResponse(models.Model):
+    """A `/v1/responses` answer kept for `previous_response_id` and GET/DELETE /v1/responses/{id}:
+    only for a workflow that keeps prompts (Workflow.retain_prompts), only when the caller did not
+    send `store: false`, and only until `expires_at` (its prompt_retention_days). Written and
+    deleted with the workflow's other kept prompts (inference.retention); its id on the wire is
+    the request's (`resp_sy{request id}`)."""
+
+    inference_request = models.OneToOneField(
+        InferenceRequest, on_delete=models.CASCADE, primary_key=True, related_name="stored_response"
+    )
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="stored_responses")
+    # The whole conversation this response answered, as Responses input items (the previous
+    # response's input and output first, when it continued one), then the Response object.
+    input_items = models.JSONField()
+    response = models.JSONField()
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["expires_at"], name="stored_response_expires_idx")]
+
+    def __str__(self) -> str:
+        return f"resp_sy{self.inference_request_id}"

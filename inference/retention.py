@@ -12,6 +12,10 @@ opted-in workflow) and the fold writes the row in the transaction that writes th
 ledger rows (`retained_prompts_write`), off the answer's path. A workflow that did not opt in has
 no kept input built, journaled or written anywhere.
 
+A `/v1/responses` answer is kept the same way, as a StoredResponse (`stored_response_keep`),
+for `previous_response_id` and GET /v1/responses/{id}: written on the answer's path (the next
+turn names it at once), only under the opt-in and until the same expiry, deleted with the rest.
+
 Opting out deletes at once: the fold re-reads the workflow's setting under a share lock
 (`FOR SHARE`), which the opt-out's UPDATE waits for (and vice versa), so a request in flight
 while the workflow opts out is either kept before the opt-out (and deleted by it) or not kept.
@@ -25,11 +29,11 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from inference.adapters.base import ChatRequest, CompletionRequest, RoutedInput
-from inference.models import BatchJob, InferenceRequest, RetainedPrompt
+from inference.models import BatchJob, InferenceRequest, RetainedPrompt, StoredResponse
 from registry.models import Workflow
 
 # The caller's settings that change the answer, kept with the prompt so a replay asks the same
@@ -77,14 +81,7 @@ def retained_prompts_write(entries: Sequence[tuple[int, int, datetime, Mapping[s
     that keep prompts *now* get rows (read under FOR SHARE, see the module docstring)."""
     if not entries:
         return 0
-    workflow_ids = {workflow_id for _, workflow_id, _, _ in entries}
-    if connection.vendor == "postgresql":
-        days = dict(_days_for_share(workflow_ids))
-    else:  # SQLite (the embedded demo) has one writer at a time: no lock is needed
-        found = Workflow.objects.filter(
-            pk__in=workflow_ids, retain_prompts=True, prompt_retention_days__isnull=False
-        ).values_list("pk", "prompt_retention_days")
-        days = {pk: d for pk, d in found if d is not None}
+    days = _retention_days({workflow_id for _, workflow_id, _, _ in entries})
     rows = [
         RetainedPrompt(
             inference_request_id=request_id,
@@ -100,6 +97,42 @@ def retained_prompts_write(entries: Sequence[tuple[int, int, datetime, Mapping[s
     ]
     RetainedPrompt.objects.bulk_create(rows, ignore_conflicts=True)  # a refold writes nothing twice
     return len(rows)
+
+
+def stored_response_keep(
+    *, request_id: int, workflow_id: int, input_items: list[dict[str, Any]], response: dict[str, Any]
+) -> bool:
+    """Keep a /v1/responses answer for `previous_response_id` and GET /v1/responses/{id}
+    (inference.gateway.stored), if its workflow keeps prompts now (read under FOR SHARE, as the
+    fold reads it: an opt-out in flight either deletes this row or was made before it). Written
+    on the answer's path, not by the fold: a client names the response in its next request at
+    once. Returns whether it was kept."""
+    with transaction.atomic():
+        days = _retention_days({workflow_id}).get(workflow_id)
+        if days is None:
+            return False
+        now = timezone.now()
+        row = StoredResponse(
+            inference_request_id=request_id,
+            workflow_id=workflow_id,
+            input_items=input_items,
+            response=response,
+            created_at=now,
+            expires_at=now + timedelta(days=days),
+        )
+        StoredResponse.objects.bulk_create([row], ignore_conflicts=True)  # an idempotent replay
+    return True
+
+
+def _retention_days(workflow_ids: set[int]) -> dict[int, int]:
+    """{workflow id: prompt_retention_days} of those workflows that keep prompts now."""
+    if connection.vendor == "postgresql":
+        return dict(_days_for_share(workflow_ids))
+    # SQLite (the embedded demo) has one writer at a time: no lock is needed.
+    found = Workflow.objects.filter(
+        pk__in=workflow_ids, retain_prompts=True, prompt_retention_days__isnull=False
+    ).values_list("pk", "prompt_retention_days")
+    return {pk: d for pk, d in found if d is not None}
 
 
 def _days_for_share(workflow_ids: set[int]) -> list[tuple[int, int]]:
@@ -121,14 +154,20 @@ def retained_prompts_purge(*, now: datetime | None = None) -> dict[str, int]:
     that hold kept prompts past theirs. Returns how many of each went (beat's task)."""
     now = now or timezone.now()
     deleted, _ = RetainedPrompt.objects.filter(expires_at__lte=now).delete()
+    stored, _ = StoredResponse.objects.filter(expires_at__lte=now).delete()
     jobs = BatchJob.objects.filter(holds_prompts_until__lte=now)
-    return {"retained_prompts": deleted, "batch_jobs_scrubbed": batch_jobs_scrub(jobs=jobs)}
+    return {
+        "retained_prompts": deleted,
+        "stored_responses": stored,
+        "batch_jobs_scrubbed": batch_jobs_scrub(jobs=jobs),
+    }
 
 
 def retained_prompts_forget(*, workflow_id: int) -> int:
     """A workflow opted out (or was never in): delete every kept request of it and every replay
     object that holds one. Returns how many kept requests went."""
     deleted, _ = RetainedPrompt.objects.filter(workflow_id=workflow_id).delete()
+    StoredResponse.objects.filter(workflow_id=workflow_id).delete()
     # Answers kept for Idempotency-Key replays (inference.idempotency) go too.
     InferenceRequest.objects.filter(workflow_id=workflow_id, answer_kept_until__isnull=False).update(
         response_text="", response_doc=None, answer_kept_until=None

@@ -54,10 +54,10 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The long tests first: those that start processes or servers (`integration`), then the
     browser's, then the rest, each group in its collected order. pytest-xdist hands tests out in
-    this order (`make test` passes --dist loadgroup: a worker takes a few at a time, and the tests
-    of a SERIAL_GROUPS entry of tests/xdist_workers.py, the trainers, go to one worker, first), so the long ones start at once
-    and the short ones fill in behind them, instead of a five-minute test starting when the
-    others are nearly done."""
+    this order (`make test` passes --dist loadgroup: a worker takes a few at a time, and the
+    tests of a SERIAL_GROUPS entry of tests/xdist_workers.py, the trainers, go to one worker,
+    first), so the long ones start at once and the short ones fill in behind them, instead of a
+    five-minute test starting when the others are nearly done."""
 
     def rank(item: pytest.Item) -> int:
         if item.get_closest_marker("integration") is not None:

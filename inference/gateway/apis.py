@@ -53,6 +53,7 @@ APIS = {
         stream=lambda rid, model, body: ResponsesStream(rid, model, body),
     ),
 }
+RESPONSES = "responses"  # OpenAI's Responses: its responses may be stored (inference.gateway.stored)
 EMBEDDINGS = "embeddings"  # not a generation API: its own view, its own answer (the vectors)
 
 # The Batch API's `endpoint` (and each line's `url`) -> the API its lines call.

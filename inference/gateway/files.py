@@ -97,22 +97,8 @@ def list_page(
 ) -> tuple[list[Any], bool]:
     """One page of `rows` (newest first, or oldest first with order=asc) after the `after` id:
     OpenAI's cursor pagination. Bad parameters: GatewayError 400 naming them."""
-    raw_limit = request.GET.get("limit", str(default_limit))
-    limit = id_parse(raw_limit)
-    if limit is None or not 1 <= limit <= LIST_LIMIT_MAX:
-        raise GatewayError(
-            400,
-            f"limit must be an integer from 1 to {LIST_LIMIT_MAX}",
-            type_="invalid_request_error",
-            code="invalid_limit",
-        )
-    order = request.GET.get("order", "desc")
-    if order not in ("asc", "desc"):
-        raise GatewayError(
-            400, "order must be asc or desc", type_="invalid_request_error", code="invalid_order"
-        )
+    limit, order, after = list_params(request, default_limit=default_limit)
     rows = rows.order_by("pk" if order == "asc" else "-pk")
-    after = request.GET.get("after")
     if after is not None:
         pk = object_pk(after, prefix)
         if pk is None:
@@ -125,6 +111,25 @@ def list_page(
         rows = rows.filter(pk__gt=pk) if order == "asc" else rows.filter(pk__lt=pk)
     page = list(rows[: limit + 1])
     return page[:limit], len(page) > limit
+
+
+def list_params(request: HttpRequest, *, default_limit: int) -> tuple[int, str, str | None]:
+    """A /v1 list's `limit` (1 to LIST_LIMIT_MAX), `order` (asc or desc, default desc) and
+    `after` (an id, checked by the list); bad ones are a GatewayError 400 naming them."""
+    limit = id_parse(request.GET.get("limit", str(default_limit)))
+    if limit is None or not 1 <= limit <= LIST_LIMIT_MAX:
+        raise GatewayError(
+            400,
+            f"limit must be an integer from 1 to {LIST_LIMIT_MAX}",
+            type_="invalid_request_error",
+            code="invalid_limit",
+        )
+    order = request.GET.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise GatewayError(
+            400, "order must be asc or desc", type_="invalid_request_error", code="invalid_order"
+        )
+    return limit, order, request.GET.get("after")
 
 
 def list_document(items: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:

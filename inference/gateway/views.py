@@ -38,7 +38,7 @@ from billing.services import NoPriceError
 from inference.adapters.base import InferenceInput
 from inference.admission import input_tokens
 from inference.cache import CacheAsk
-from inference.gateway.apis import APIS, EMBEDDINGS, Api, answer_document
+from inference.gateway.apis import APIS, EMBEDDINGS, RESPONSES, Api, answer_document
 from inference.gateway.caller import caller_authorize, caller_grant, caller_grant_deferred, caller_workflow
 from inference.gateway.openai_body import InvalidRequest, json_document
 from inference.gateway.openai_request import embedding_request_parse
@@ -51,6 +51,7 @@ from inference.gateway.responses import (
     route_failure,
     tokens_used,
 )
+from inference.gateway.stored import response_item_answer, responses_keep, responses_own, responses_turn
 from inference.gateway.streaming import StreamTranslator, stream_response
 from inference.gateway.translated.messages_request import API_VERSION, messages_request_parse
 from inference.idempotency import IdempotencyConflict, caller_key_problem, request_digest, v1_request_id
@@ -186,11 +187,16 @@ def _complete_checked(
             caller, verify = caller_grant_deferred(request)
         # The whole request is checked before the workflow is looked up or a provider called.
         document = body.document()
-        parsed = spec.parse(document)
+        own, previous = responses_own(document) if api == RESPONSES else (document, None)
+        parsed = spec.parse(own)
         key = _idempotency_key(request)
         assert parsed.model is not None  # noqa: S101 (required by the parser)
         workflow = caller_workflow(parsed.model, caller)
         caller_authorize(caller, workflow)
+        # A Responses request may continue a stored one (inference.gateway.stored).
+        turn = responses_turn(own, previous, caller, workflow) if api == RESPONSES else None
+        if turn is not None and turn.continued:
+            parsed = spec.parse(turn.document)
         # The caller's key, in the caller's and the workflow's namespace (inference.idempotency).
         client_request_id = (
             v1_request_id(user_id=caller.user_id, workflow_id=workflow.pk, key=key)
@@ -228,7 +234,7 @@ def _complete_checked(
             retain=workflow.retain_prompts,
             # A keyed request has its own replay (inference.idempotency); the rest may be
             # answered from the workflow's response cache, if it has one (inference.cache).
-            cache=CacheAsk(api, document) if key is None else None,
+            cache=CacheAsk(api, turn.document if turn is not None else document) if key is None else None,
         )
     except _REFUSALS as exc:
         if verify is not None:
@@ -240,6 +246,8 @@ def _complete_checked(
     if not result.ok or result.completion is None:
         return route_failure(result, caller, workflow.team_id)
     doc = answer_document(api, result, workflow.slug, document)
+    if turn is not None:
+        responses_keep(turn, request_id=result.request_id, workflow=workflow, answer=doc)
     response = HttpResponse(json.dumps(doc, separators=(",", ":")), content_type="application/json")
     answer_headers(response, result, result.deployment_slug, caller, workflow.team_id)
     return response
@@ -283,21 +291,9 @@ def responses(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
 @csrf_exempt
 @transaction.non_atomic_requests
 def response_item(request: HttpRequest, response_id: str, rest: str = "") -> HttpResponse:
-    """GET or DELETE /v1/responses/{id} (and .../input_items, .../cancel): Switchyard keeps no
-    responses (inference.gateway.translated.responses_request), so after the key is checked each is a 404
-    that says so."""
-    try:
-        caller_grant(request)
-    except GatewayError as exc:
-        return error_response(exc.status, str(exc), exc.type, exc.code)
-    return error_response(
-        404,
-        "Switchyard keeps no responses (every response is answered with store: false); "
-        "send the conversation in input instead",
-        "invalid_request_error",
-        "response_not_found",
-        param="response_id",
-    )
+    """GET or DELETE /v1/responses/{id} (and .../input_items, .../cancel): a stored response
+    (inference.gateway.stored)."""
+    return response_item_answer(request, response_id, rest)
 
 
 @csrf_exempt

@@ -287,7 +287,7 @@ def test_what_cannot_be_carried_is_a_400_naming_the_field(
     assert provider.script.calls() == 0 and not InferenceRequest.objects.exists()
 
 
-def test_stored_responses_are_not_kept_and_say_so(setup: tuple[openai.OpenAI, Workflow]) -> None:
+def test_an_unknown_response_is_a_404_and_a_bad_key_a_401(setup: tuple[openai.OpenAI, Workflow]) -> None:
     client, _ = setup
     with pytest.raises(openai.NotFoundError) as missing:
         client.responses.retrieve("resp_sy1")

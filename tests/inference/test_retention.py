@@ -115,9 +115,13 @@ def test_the_purge_deletes_expired_kept_requests_and_replay_objects_that_hold_th
     assert store.list(f"inference/batch/jobs/{job.pk}-") and store.get(job.input_uri)
 
     # Not yet expired: nothing goes.
-    assert tasks.retained_prompts_purge.apply().get() == {"retained_prompts": 0, "batch_jobs_scrubbed": 0}
+    assert tasks.retained_prompts_purge.apply().get() == {
+        "retained_prompts": 0,
+        "stored_responses": 0,
+        "batch_jobs_scrubbed": 0,
+    }
     later = now + timedelta(days=1, minutes=1)
-    assert retained_purge(later) == {"retained_prompts": 4, "batch_jobs_scrubbed": 1}
+    assert retained_purge(later) == {"retained_prompts": 4, "stored_responses": 0, "batch_jobs_scrubbed": 1}
     assert not RetainedPrompt.objects.filter(workflow=workflow).exists()
     assert store.list(f"inference/batch/jobs/{job.pk}-") == [] and not store.list("inference/batch/inputs/")
     job.refresh_from_db()

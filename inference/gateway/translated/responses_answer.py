@@ -47,7 +47,7 @@ def _echo(request: dict[str, Any]) -> dict[str, Any]:
         "max_output_tokens": request.get("max_output_tokens"),
         "metadata": request.get("metadata") or {},
         "parallel_tool_calls": request.get("parallel_tool_calls", True),
-        "previous_response_id": None,
+        "previous_response_id": request.get("previous_response_id"),
         "reasoning": {"effort": reasoning.get("effort"), "summary": None},
         "store": False,
         "temperature": request.get("temperature"),

@@ -11,9 +11,9 @@ bug users report of other gateways).
 Written from OpenAI's published API reference (Responses, its streaming events, the input item
 types); the support table in docs/inference.md lists each field as passed, translated or refused.
 
-Not built: Switchyard keeps no responses. `store` is answered `false`, `previous_response_id`
-is a 400 that says to send the conversation in `input`, and GET/DELETE of a response are 404s
-(inference.gateway.views).
+`store` and `previous_response_id` are the live endpoint's (inference.gateway.stored: it takes
+`previous_response_id` out of the body before this parser sees it and puts the conversation in
+`input`); anywhere else, a batch line, `previous_response_id` is a 400 here.
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ _HANDLED = frozenset(
     }
 )
 _REFUSED = {
-    "background": "background responses need a response store, which Switchyard does not keep",
-    "conversation": "conversations need a response store, which Switchyard does not keep",
+    "background": "is not run here: every response is answered at once",
+    "conversation": "(OpenAI's Conversations) is not kept here: use previous_response_id on a workflow that retains prompts",
     "prompt": "prompt templates live in OpenAI's dashboard",
     "max_tool_calls": "limits OpenAI's built-in tools, which a chat route does not run",
     "top_logprobs": "logprobs are not translated back into output_text items",
@@ -231,7 +231,7 @@ def responses_to_chat(doc: dict[str, Any]) -> dict[str, Any]:
     if doc.get("previous_response_id") is not None:
         raise invalid(
             "previous_response_id",
-            "cannot be used: Switchyard keeps no responses; send the whole conversation in input",
+            "cannot be used in a batch line: send the whole conversation in input",
         )
     store = doc.get("store")
     if store is not None and not isinstance(store, bool):
