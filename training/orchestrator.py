@@ -3,24 +3,21 @@
 The engine (training/engine) is used as is, through the run's engine objects (training.run_engines);
 this module keeps what must survive between Celery tasks:
 
-* a learner's state (model, AdamW moments, schedule position, sampler, anchors, the held copy
-  of the global version) is checkpointed to the object store at the end of every chunk
-  (training.engine.checkpoint, keyed by the chunk that wrote it), so chunk c + 1 continues it
-  in whatever worker process of the cluster picks it up (`--concurrency > 1`, two workers on
-  one queue, a restarted worker, a re-placed learner on another cluster). The process that ran
-  chunk c keeps the learner in `_LEARNERS` and skips the read. Only a learner with no
-  checkpoint at all rejoins from the newest global versions with a fresh optimizer, as
-  Decoupled DiLoCo's failed learners do (arXiv 2604.21428);
+* a learner's state (model, AdamW moments, schedule position, sampler, anchors, held copy) is
+  checkpointed at the end of every chunk (training.engine.checkpoint, keyed by the chunk that
+  wrote it), so chunk c + 1 continues it in any worker process that picks it up, on this or
+  (re-placed) another cluster; the process that ran chunk c keeps it in `_LEARNERS`. Only a
+  learner with no checkpoint rejoins from the newest global versions with a fresh optimizer,
+  as Decoupled DiLoCo's failed learners do (arXiv 2604.21428);
 * a run's `Syncer` lives in `_SYNCERS` on the control worker, so grace windows survive between
   ticks; it is rebuilt with `Syncer.resume` whenever the store holds a version it has not seen
   (reading the newest version of each fragment and the pending deltas, whatever the run's
   length). A tick that published sweeps the store (training.services.retention).
 
 Chunks stay idempotent: a chunk run again after a crash restores the checkpoint written before
-it started (never its first attempt's), and a fragment that its first attempt already pushed
-is not pushed again (`_reconcile_pushes`). Global versions come down as down-deltas from the
-copy the learner holds (`_fetch_versions`); overlap τ is honoured as in the simulator: a
-fragment's new version is adopted no earlier than τ inner steps after the fragment's push.
+it started (never its first attempt's), and what a dead chunk pushed is neither pushed nor
+trained again (`_reconcile_pushes`). Versions come down as down-deltas from the copy the
+learner holds (`_fetch_versions`), adopted no earlier than τ inner steps after the push.
 
 Every database write goes through training.services; tensors go only through the object store.
 The engine modules import torch, so they are imported inside the functions that use them.
@@ -85,14 +82,10 @@ DOWN_CHAIN_LIMIT: dict[str, int] = {"fp32": 1, "bf16": 1, "int8": 3, "4bit": 7, 
 
 @dataclass
 class LearnerSlot:
-    """A learner and its push bookkeeping.
-
-    A fragment that falls due while the learner's previous delta for it is still waiting for
-    the syncer (no newer version adopted since) is *owed*, not pushed: its steps stay in the
-    next delta, which is sent as soon as a newer version arrives. Pushing again would queue two
-    fresh deltas of one learner on one version, and the syncer's token-weighted mean would
-    average the two segments instead of adding them, throwing half the work away.
-    """
+    """A learner and its push bookkeeping. A fragment that falls due while its previous delta
+    still waits for the syncer (no newer version adopted since) is *owed*, not pushed: its steps
+    go in the next delta, sent once a newer version arrives. Two fresh deltas of one learner on
+    one version would be averaged by the syncer's token-weighted mean, not added: half lost."""
 
     learner: Learner
     pushed_base: dict[int, int] = field(default_factory=dict)  # fragment -> base version of the last push
@@ -164,8 +157,8 @@ def _learner_for(run: TrainingRun, index: int, generation: int, seq: int, steps_
         transport = run_transport(run)
         params, versions, _ = newest_global(transport, engine.fragments, held=True)
         learner.rejoin(params, versions)
-        # Continue the learner's lr schedule where its previous incarnation stopped.
-        learner.step_count = steps_done
+        # Continue the lr schedule (and the sampler: learner_sampler skipped as many steps).
+        learner.step_count = learner.windows = steps_done
         start = LearnerStart(
             slot=LearnerSlot(learner=learner),
             source=LearnerChunk.StateSource.REJOIN,
@@ -176,31 +169,38 @@ def _learner_for(run: TrainingRun, index: int, generation: int, seq: int, steps_
     return start
 
 
-def _reconcile_pushes(slot: LearnerSlot, transport: ObjectStoreTransport, index: int, first_seq: int) -> None:
-    """Account for pushes made after the learner's state was saved, by a chunk that then died.
-
-    Delta ids number a learner's pushes in increasing order, so every delta of this learner
-    with a number at or past the restored push counter was pushed after the checkpoint. Such a
+def _reconcile_pushes(
+    slot: LearnerSlot, transport: ObjectStoreTransport, index: int, first_seq: int, *, rejoined: bool
+) -> None:
+    """Account for pushes made after the learner's state was saved, by a chunk that then died
+    (this chunk's earlier attempt, or, for a re-placed learner, its old generation's last chunk):
+    delta ids number a learner's pushes in increasing order, so every delta of this learner with
+    a number at or past the restored push counter (this chunk's first, for a rejoined learner,
+    which restored none) was pushed after the checkpoint. Such a
     push already carried the fragment's pending steps: they are forgotten here (the anchor
-    moves to θ_local) instead of being sent twice. The steps that dead chunk trained after the
-    checkpoint are in the global model through its pushes; this chunk trains its own. Pushes
-    are numbered past the dead chunk's, so none is mistaken for one already consumed.
+    moves to θ_local) instead of being sent twice, and the windows the dead chunk trained up to
+    its newest push are skipped, not trained again (Learner.skip_windows says why). Pushes are
+    numbered past the dead chunk's, so none is mistaken for one already consumed.
     """
     learner = slot.learner
+    since = first_seq if rejoined else learner.seq
     learner.seq = max(learner.seq, first_seq)
     for f in range(len(learner.fragments)):
         later = sorted(
             (int(i.rsplit("-s", 1)[1]), i)
             for i in transport.delta_ids(f, learner=index)
-            if int(i.rsplit("-s", 1)[1]) >= learner.seq
+            if int(i.rsplit("-s", 1)[1]) >= since
         )
         if not later:
             continue
         learner.forget_pending(f)
         slot.owed.discard(f)
         newest_seq, newest_id = later[-1]
-        slot.pushed_base[f] = transport.get_delta(f, newest_id).base_version
+        newest = transport.get_delta(f, newest_id)
+        slot.pushed_base[f] = newest.base_version
         learner.seq = max(learner.seq, newest_seq + 1)
+        if newest.windows > learner.windows:
+            learner.skip_windows(newest.windows - learner.windows)
 
 
 def _fetch_versions(
@@ -241,13 +241,10 @@ def _push_before_interruption(
     learner_id: int,
     tokens_total: int,
 ) -> None:
-    """The cluster is being reclaimed: push every fragment's pending steps now, at this step
-    boundary, instead of at its next due step.
-
-    A fragment whose previous delta is still with the syncer is not pushed again (LearnerSlot
-    says why); its steps stay in the checkpoint this chunk writes next, which the re-placed
-    learner restores. Either way every token trained has reached the store, so the learner's
-    tokens at its last push are all of them (the supervisor's tokens_lost is then 0).
+    """The cluster is being reclaimed: push every fragment's pending steps now, not at its next
+    due step. A fragment whose previous delta is still with the syncer is not pushed again
+    (LearnerSlot says why): its steps stay in this chunk's checkpoint, which the re-placed
+    learner restores. Every token trained reaches the store (the supervisor's tokens_lost: 0).
     """
     learner = slot.learner
     for f in range(len(learner.fragments)):
@@ -314,10 +311,12 @@ def learner_chunk_execute(
         rc = engine.rc
         transport = run_transport(run)
         learner = slot.learner
-        _reconcile_pushes(slot, transport, index, (generation * CHUNK_SPACE + seq) * PUSH_SPACE)
+        first_seq = (generation * CHUNK_SPACE + seq) * PUSH_SPACE
+        _reconcile_pushes(slot, transport, index, first_seq, rejoined=begin.source == "rejoin")
         ranks = learner_ranks_start(
             engine=engine, learner=learner, index=index, generation=generation, steps_done=learner_row.steps
         )
+        learner.rank_skip = 0  # the ranks that started skipped them
         h = rc.h
         frag_offsets = offsets(rc.fragment_count, h)
         alpha = float(rc.raw["fragments"]["alpha"])

@@ -3,6 +3,7 @@ and the syncer records every published version once. (Real workers: tests/integr
 
 from __future__ import annotations
 
+import hashlib
 from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
 from typing import Any
@@ -269,3 +270,80 @@ def test_a_chunk_run_again_after_a_crash_starts_from_the_checkpoint_before_it_an
     # checkpoint went up with the dead attempt's push and are not sent again.
     pushed = sum(transport.get_delta(0, d).steps for d in rerun)
     assert pushed + meta["learner"]["pending_steps"][0] == chunk.steps
+
+
+@pytest.mark.parametrize("then", ["run-again", "re-placed"])
+def test_the_windows_a_dead_chunk_pushed_are_not_trained_again(
+    placed_4bit_run: TrainingRun, monkeypatch: pytest.MonkeyPatch, then: str
+) -> None:
+    """A chunk pushes, then dies before its checkpoint. Its learner, run again (the broker
+    redelivers the chunk) or re-placed (a new generation), restores the previous checkpoint:
+    the windows the dead chunk trained up to its newest push are in the global model through
+    that push, so they are skipped, and training goes on from the first window it had not
+    pushed (issue 31: exactly-once tokens)."""
+    from training.engine.learner import Learner
+
+    run = placed_4bit_run
+    learner = TrainingLearner.objects.get(run=run, index=0)
+    seq = _chunks_until_pushed(run, learner)
+    orchestrator.syncer_tick_execute(run_id=run.pk, token=run.syncer_token)  # so it may push again
+
+    drawn: list[str] = []  # the windows trained, in order (a digest of each batch)
+    pushed_after: list[int] = []  # how many windows were trained when each delta was made
+    real_step, real_delta = Learner.train_step, Learner.make_delta
+
+    def recording_step(self: Learner) -> float:
+        real_next = self.sampler.next
+
+        def recording_next() -> Any:
+            x, y = real_next()
+            drawn.append(hashlib.sha256(x.cpu().numpy().tobytes()).hexdigest())
+            return x, y
+
+        self.sampler.next = recording_next
+        try:
+            return real_step(self)
+        finally:
+            del self.sampler.next
+
+    def recording_delta(self: Learner, fragment: int, **kwargs: Any) -> Any:
+        pushed_after.append(len(drawn))
+        return real_delta(self, fragment, **kwargs)
+
+    monkeypatch.setattr(Learner, "train_step", recording_step)
+    monkeypatch.setattr(Learner, "make_delta", recording_delta)
+    checkpoints = type(_checkpoints(run))
+    real_write = checkpoints.write
+
+    def killed(*args: Any, **kwargs: Any) -> None:
+        raise _Killed
+
+    monkeypatch.setattr(checkpoints, "write", killed)
+    with pytest.raises(_Killed):
+        orchestrator.learner_chunk_execute(
+            learner_id=learner.pk, generation=0, seq=seq, worker_hostname="w@1"
+        )
+    monkeypatch.setattr(checkpoints, "write", real_write)
+    assert pushed_after, "the dead chunk pushed before it died"
+    dead, pushed = list(drawn), max(pushed_after)
+    assert (0, seq) not in _checkpoints(run).list(0)  # it died before its checkpoint
+    orchestrator.syncer_tick_execute(run_id=run.pk, token=run.syncer_token)  # its pushes merged
+
+    orchestrator._LEARNERS.clear()  # the process is gone
+    drawn.clear()
+    generation, next_seq = 0, seq
+    if then == "re-placed":
+        services.learner_failover(learner_id=learner.pk, reason="worker lost", now=timezone.now())
+        learner.refresh_from_db()
+        generation, next_seq = learner.generation, 0
+        assert generation == 1, learner.last_error
+    orchestrator.learner_chunk_execute(
+        learner_id=learner.pk, generation=generation, seq=next_seq, worker_hostname="w@2"
+    )
+    chunk = LearnerChunk.objects.get(learner=learner, generation=generation, seq=next_seq)
+    assert chunk.finished_at is not None and not chunk.error
+    assert chunk.checkpoint_key.endswith(f"g000000-c{seq - 1:08d}.syd")  # restored from before it
+    assert drawn, "the learner trained after the restore"
+    assert not set(dead[:pushed]) & set(drawn)  # no pushed window is trained again
+    if len(dead) > pushed:  # windows trained but never pushed come next, in order
+        assert drawn[: len(dead) - pushed] == dead[pushed:][: len(drawn)]

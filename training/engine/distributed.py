@@ -168,6 +168,7 @@ def replica_blob(
         "learner": {k: meta[k] for k in ("learner", "step_count", "opt_keys")},
         "ranks": learner.ranks,
         "sampler": sampler_meta,
+        "skip": learner.rank_skip,  # windows a dead chunk pushed (Learner.skip_windows)
     }
     return pack(header, keep)
 
@@ -397,6 +398,7 @@ def _helper_learner(blob: bytes, device: torch.device) -> Learner:
         ranks=int(header["ranks"]),
     )
     learner.load_replica(header["learner"], tensors)
+    learner.skip_windows(int(header.get("skip", 0)))
     return learner
 
 

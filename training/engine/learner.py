@@ -107,6 +107,11 @@ class Learner:
         self.rank_samplers: dict[int, torch.Tensor] = {}  # rank -> its sampler's saved position
         self.compressor = Compressor(compression or CompressionConfig())
         self.step_count = 0  # position in the inner lr schedule
+        # Batches this rank has drawn from its sampler: the windows trained, plus those skipped
+        # because a chunk that died had already pushed them (skip_windows). A delta records it, so
+        # a learner restored from an older checkpoint knows which windows reached the syncer.
+        self.windows = 0
+        self.rank_skip = 0  # windows ranks 1..N-1 skip when they next start (replica_blob)
         self.seq = 0
         self.tokens_per_step = sampler.batch_size * sampler.block_size * ranks  # all ranks' windows
         self.total_tokens = 0
@@ -142,6 +147,7 @@ class Learner:
         for group in self.opt.param_groups:
             group["lr"] = lr
         x, y = self.sampler.next()
+        self.windows += 1
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         with self._autocast():
             loss = self.net(x, y)
@@ -179,6 +185,7 @@ class Learner:
             tokens=self.pending_tokens[fragment],
             tensors=self.compressor.compress(raw),
             sent_at=now,
+            windows=self.windows,
         )
         self.seq += 1
         self.pending_steps[fragment] = 0
@@ -280,6 +287,7 @@ class Learner:
         meta = {
             "learner": self.id,
             "step_count": self.step_count,
+            "windows": self.windows,
             "seq": self.seq,
             "total_tokens": self.total_tokens,
             "base_version": list(self.base_version),
@@ -308,6 +316,7 @@ class Learner:
             int(k.split("@", 1)[1]): t.clone() for k, t in tensors.items() if k.startswith("sampler@")
         }
         self.step_count = int(meta["step_count"])
+        self.windows = int(meta.get("windows", self.step_count))  # checkpoints written before it
         self.seq = int(meta["seq"])
         self.total_tokens = int(meta["total_tokens"])
         self.base_version = [int(v) for v in meta["base_version"]]
@@ -345,6 +354,18 @@ class Learner:
     def sampler_state(self) -> torch.Tensor | None:
         """This process's sampler position (what a checkpoint saves as ``sampler``)."""
         return _sampler_state(self.sampler)
+
+    def skip_windows(self, count: int) -> None:
+        """Draw `count` batches without training on them, here and (at their next start) on the
+        learner's other ranks: the windows a chunk that died had trained and already pushed.
+
+        The lr schedule (step_count) does not move: it counts the steps this learner's state
+        has taken. Training them again would put those windows into the global model twice
+        (the pushes are merged or will be); skipping them keeps every window at most once."""
+        for _ in range(count):
+            self.sampler.next()
+        self.windows += count
+        self.rank_skip += count
 
     @torch.no_grad()
     def forget_pending(self, fragment: int) -> None:

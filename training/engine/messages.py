@@ -30,6 +30,9 @@ class FragmentDelta:
     tokens: int  # tokens behind this Δ
     tensors: dict[str, EncodedTensor]
     sent_at: float = 0.0  # virtual or real seconds
+    # The learner's Learner.windows when it pushed: every window up to it has reached the store
+    # (through this delta or an earlier one of each fragment); -1 when not known (older blobs).
+    windows: int = -1
 
     @property
     def id(self) -> str:
@@ -130,6 +133,7 @@ def delta_parts(d: FragmentDelta) -> Parts:
         "steps": d.steps,
         "tokens": d.tokens,
         "sent_at": d.sent_at,
+        "windows": d.windows,
         "kinds": kinds,
     }
     return meta, tensors
@@ -146,6 +150,7 @@ def delta_from_parts(meta: dict[str, Any], tensors: dict[str, torch.Tensor]) -> 
         tokens=meta["tokens"],
         tensors=enc,
         sent_at=meta["sent_at"],
+        windows=int(meta.get("windows", -1)),
     )
 
 

@@ -120,6 +120,19 @@ def test_two_gloo_ranks_give_the_loss_of_one_rank_at_the_same_global_batch_throu
         torch.testing.assert_close(rank1.params[name], p)
     assert rank1.opt.state_dict()["state"][0]["exp_avg"].abs().sum() > 0  # AdamW moments came along
 
+    # Windows skipped on rank 0 (a dead chunk had pushed them) are skipped by rank 1 as it
+    # starts: its next batch is the one after them, and the lr schedule does not move.
+    again = _ranked(data, init)
+    again.load_state_dict(*unpack(pack(meta, tensors)))
+    again.skip_windows(2)
+    assert (again.windows, again.step_count) == (4 + 2, 4)
+    rank1 = _helper_learner(replica_blob(again, rank=1, sampler=_spec(data, 1)), torch.device("cpu"))
+    assert (rank1.windows, rank1.step_count) == (2, 4)
+    x0, _ = again.sampler.next()
+    x1, _ = rank1.sampler.next()
+    x, _ = _union_after(data, steps=6).next()
+    assert torch.equal(x0, x[:HALF]) and torch.equal(x1, x[HALF:])
+
 
 def _union_after(data: torch.Tensor, *, steps: int) -> _Union:
     """The one-rank sampler after ``steps`` batches."""
