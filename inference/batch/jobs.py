@@ -18,13 +18,13 @@ Running (`batch_job_execute`, called by the `inference.batch_job_run` task):
   (`.../part-00000.jsonl`); a resumed run skips the parts that exist and re-reads their
   counters, so finished lines are not redone. At the end the parts are joined into
   `output_uri`.
-* A job of OpenAI's Batch API (`job.api`, /v1/batches: inference.gateway.batches) keeps each
-  line's answer document in its parts, and at the end writes OpenAI's output file (answers)
-  and error file (failed lines) as GatewayFile rows instead of the one output object (keys of
-  its own per attempt, under a renewed lease); its parts are then deleted, so deleting those
-  files deletes every copy of a completed batch's answers.
+* A job of OpenAI's Batch API (`job.api`, /v1/batches) keeps each line's answer document in
+  its parts and ends with OpenAI's output and error files (GatewayFile rows, written under a
+  renewed lease; inference.batch.openai_files), also when cancelled or failed part way (the
+  lines done); its parts are then deleted: those files are the answers' only copy.
 * `inference.batch_jobs_resume` (beat) re-queues jobs whose lease went stale and pending jobs
-  whose task message was lost (the filesystem broker drops a message taken by a killed worker).
+  whose task message was lost, and writes the files of a Batch API job that ended while its
+  runner was dead.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from django.utils import timezone
 from billing.budgets import BudgetExhausted
 from inference.admission import CallTooLarge, Paced, PacingStopped, call_pace, request_tokens
 from inference.batch.lines import batch_lines_parse, batch_stored_lines, job_prefix, output_key, part_key
-from inference.batch.openai_files import api_outputs_write
+from inference.batch.openai_files import api_outputs_keep_partial, api_outputs_write
 from inference.batch.pacing import batch_limits
 from inference.gateway.apis import answer_document
 from inference.idempotency import batch_request_id
@@ -110,16 +110,12 @@ def batch_job_create(
     metadata: dict[str, str] | None = None,
 ) -> BatchJob:
     """Validate the input (a key in the object store, or JSONL text stored here) and queue the job.
-    `api_key`: the key it was asked for with (its budgets apply, its ledger rows name it).
-    `deployment`: every line calls it only (a replay); `max_rpm`: the job's own pace;
-    `holds_prompts_until`: its objects hold kept prompts (inference.retention deletes them);
-    `enqueue=False`: the caller runs it (batch_job_execute) itself, as a replay study does.
-    `teams`: the teams in which the caller may create jobs (None: platform-wide roles); a key
-    it names must belong to the workflow's team (registry.store.keys), checked before the
-    store is read, and JSONL text is stored under that team's prefix.
-    `input_file`, `api`, `metadata`: a job of OpenAI's Batch API; the gateway checked that the
-    caller sees the file (inference.gateway.files), and its lines are in OpenAI's format for
-    `api`."""
+    `api_key`: the key asked with (its budgets apply); `deployment`: the only one its lines call
+    (a replay); `max_rpm`: its own pace; `holds_prompts_until`: its objects hold kept prompts;
+    `enqueue=False`: the caller runs it itself (a replay study). `teams`: where the caller may
+    create jobs (None: platform-wide); a key it names must be the workflow's team's (checked
+    before the store is read). `input_file`, `api`, `metadata`: a job of OpenAI's Batch API
+    (the gateway checked the caller sees the file; its lines are in OpenAI's format for `api`)."""
     if deployment is not None and not deployment.enabled:
         raise RegistryError(f"deployment {deployment.slug} is disabled", field="deployment")
     if max_rpm is not None and max_rpm < 1:
@@ -231,13 +227,9 @@ def _claim(job_id: int) -> datetime | None:
 
 def _renew(job_id: int, token: datetime, **counters: Any) -> datetime | None:
     """Compare-and-set the lease; None when another runner took it or the job was cancelled."""
+    running = [BatchJob.State.RUNNING]
     return lease_renew(
-        BatchJob,
-        pk=job_id,
-        states=[BatchJob.State.RUNNING],
-        heartbeat="updated_at",
-        holder={"updated_at": token},
-        **counters,
+        BatchJob, pk=job_id, states=running, heartbeat="updated_at", holder={"updated_at": token}, **counters
     )
 
 
@@ -255,12 +247,8 @@ class _Tally:
         self.cost += Decimal(str(record.get("cost") or "0"))
 
     def counters(self, extra: _Tally | None = None) -> dict[str, Any]:
-        other = extra or _Tally()
-        return {
-            "done": self.done + other.done,
-            "failed": self.failed + other.failed,
-            "cost": self.cost + other.cost,
-        }
+        o = extra or _Tally()
+        return {"done": self.done + o.done, "failed": self.failed + o.failed, "cost": self.cost + o.cost}
 
 
 @contextmanager
@@ -375,9 +363,9 @@ def batch_job_execute(*, job_id: int) -> BatchJob | None:
     try:
         return _execute(job, lines, lease)
     except Exception as exc:
-        # A poison job fails visibly instead of being re-queued by the resume task forever;
-        # a killed worker raises nothing here and its job is resumed.
-        return _fail(job_id, lease.token, f"{type(exc).__name__}: {exc}")
+        # A poison job fails visibly instead of being re-queued by the resume task forever
+        # (keeping what it answered); a killed worker raises nothing here and is resumed.
+        return _kept(_fail(job_id, lease.token, f"{type(exc).__name__}: {exc}"))
 
 
 def _execute(job: BatchJob, lines: list[BatchLine], lease: _Lease) -> BatchJob | None:
@@ -396,18 +384,22 @@ def _execute(job: BatchJob, lines: list[BatchLine], lease: _Lease) -> BatchJob |
                 finished.add(json.loads(raw))
             continue
         current = _Tally()
-        records = []
+        records: list[dict[str, Any]] = []
         for line in lines[start : start + size]:
             try:
                 with _line_span(job_id, line):
                     record = _run_line(job, line, lease)
             except NoRoute as exc:
-                return _fail(job_id, lease.token, f"no route: {exc}", finished.counters(current))
+                store.put(key, _dump(records))
+                return _kept(_fail(job_id, lease.token, f"no route: {exc}", finished.counters(current)))
             records.append(record)
             current.add(record)
             renewed = _renew(job_id, lease.token, **finished.counters(current))
-            if renewed is None:
-                return None  # lease lost: the other runner (or the cancel) decides
+            if renewed is None:  # lease lost: the other runner or the cancel decides
+                if BatchJob.objects.filter(pk=job_id, state=BatchJob.State.CANCELLED).exists():
+                    store.put(key, _dump(records))  # cancelled: what was answered is kept
+                    _kept(BatchJob.objects.get(pk=job_id), finished.counters(current))
+                return None
             lease.token = renewed
         store.put(key, _dump(records))
         for record in records:
@@ -485,10 +477,23 @@ def _fail(
     return BatchJob.objects.get(pk=job_id) if failed else None
 
 
+def _kept(job: BatchJob | None, counters: dict[str, Any] | None = None) -> BatchJob | None:
+    """A job that ended part way, with the output and error files of the lines it did (Batch API)."""
+    if job is not None and api_outputs_keep_partial(job, counters):
+        job.refresh_from_db()
+    return job
+
+
 def batch_jobs_resume() -> list[int]:
-    """Re-queue jobs whose runner died (stale lease) and pending jobs whose message was lost."""
+    """Re-queue jobs whose runner died (stale lease) and pending jobs whose message was lost;
+    keep the answers of Batch API jobs cancelled or failed while their runner was dead."""
     cutoff = timezone.now() - stale_after()
     ids = list(BatchJob.objects.filter(state__in=_ACTIVE, updated_at__lt=cutoff).values_list("pk", flat=True))
     for job_id in ids:
         batch_job_enqueue(job_id=job_id)
+    # Those that ended in the last day (older ones had their sweeps; the scan stays bounded).
+    ended = BatchJob.objects.filter(state__in=[BatchJob.State.CANCELLED, BatchJob.State.FAILED], api__gt="")
+    ended = ended.filter(updated_at__lt=cutoff, updated_at__gt=cutoff - timedelta(days=1))
+    for job in ended.filter(output_file__isnull=True, error_file__isnull=True).select_related("workflow"):
+        _kept(job)
     return ids

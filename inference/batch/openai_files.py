@@ -1,6 +1,8 @@
 """The output of a job of OpenAI's Batch API: its parts' records turned into OpenAI's output file
 (one line per answered request) and error file (one per failed line), each a GatewayFile of the
-job's workflow and team, written a part at a time (never joined in memory)."""
+job's workflow and team, written a part at a time (never joined in memory). A job cancelled or
+failed part way keeps the files of the lines it finished (`api_outputs_keep_partial`), as
+OpenAI's batches do: answers that were paid for are never lost with the parts."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
+
+from django.db import transaction
 
 from inference.batch.lines import job_prefix
 from inference.models import BatchJob, GatewayFile
@@ -116,3 +120,33 @@ def api_outputs_write(job: BatchJob, keys: list[str]) -> ApiOutputs:
         ApiOutputs(output, None).discard()
         raise
     return ApiOutputs(output=output, errors=errors)
+
+
+def api_outputs_keep_partial(job: BatchJob, counters: dict[str, Any] | None = None) -> bool:
+    """A Batch API job that was cancelled, or failed part way, gets the output and error files of
+    the parts it wrote (with `counters`, the lines they hold), then its parts are deleted. Once
+    per job, under its row lock, and only once it has ended so: its runner has stopped, or stops
+    at its next line (the cancel took its lease). Returns whether files were written."""
+    if not job.api:
+        return False
+    store = default_store()
+    prefix = job_prefix(job)
+    keys = sorted(k for k in store.list(prefix) if k.startswith(f"{prefix}part-"))
+    if not keys:
+        return False
+    with transaction.atomic():
+        ended = (
+            BatchJob.objects.select_for_update()
+            .filter(pk=job.pk, state__in=[BatchJob.State.CANCELLED, BatchJob.State.FAILED])
+            .filter(output_file__isnull=True, error_file__isnull=True)
+            .exists()
+        )
+        if not ended:
+            return False
+        outputs = api_outputs_write(job, keys)
+        BatchJob.objects.filter(pk=job.pk).update(
+            output_file=outputs.output, error_file=outputs.errors, **(counters or {})
+        )
+    for key in keys:  # the answers now live in the files only
+        store.delete(key)
+    return True
