@@ -11,13 +11,11 @@ Running (`batch_job_execute`, called by the `inference.batch_job_run` task):
   with a conditional UPDATE; after every line it renews the lease with a compare-and-set on
   the token it holds, so a runner that lost the lease (or a cancelled job) stops at once.
 * Billing once: each line is routed with client_request_id `batch:<job>:<custom_id or line>`
-  (inference.idempotency: a namespace no /v1 caller can write);
-  a line retried after a crash is answered by the router from the recorded request (replayed,
-  not called nor billed again).
-* Output in parts: every INFERENCE_BATCH_PART_LINES lines are written as one object
-  (`.../part-00000.jsonl`); a resumed run skips the parts that exist and re-reads their
-  counters, so finished lines are not redone. At the end the parts are joined into
-  `output_uri`.
+  (a namespace no /v1 caller can write); a line retried after a crash is replayed from its
+  recorded request, not called nor billed again.
+* Input and output in parts: the input is read as a stream, INFERENCE_BATCH_PART_LINES lines at
+  a time, each part's records written as one object (`.../part-00000.jsonl`); a resumed run
+  skips the parts that exist. At the end the parts are joined into `output_uri`.
 * A job of OpenAI's Batch API (`job.api`, /v1/batches) keeps each line's answer document in
   its parts and ends with OpenAI's output and error files (GatewayFile rows, written under a
   renewed lease; inference.batch.openai_files), also when cancelled or failed part way (the
@@ -46,7 +44,15 @@ from django.utils import timezone
 
 from billing.budgets import BudgetExhausted
 from inference.admission import CallTooLarge, Paced, PacingStopped, call_pace, request_tokens
-from inference.batch.lines import batch_lines_parse, batch_stored_lines, job_prefix, output_key, part_key
+from inference.batch.lines import (
+    BatchInputUnreadable,
+    batch_lines_parse,
+    batch_stored_lines,
+    batch_stored_parts,
+    job_prefix,
+    output_key,
+    part_key,
+)
 from inference.batch.openai_files import api_outputs_keep_partial, api_outputs_write
 from inference.batch.pacing import batch_limits
 from inference.gateway.apis import answer_document
@@ -83,16 +89,6 @@ def stale_after() -> timedelta:
     return timedelta(seconds=settings.INFERENCE_BATCH_STALE_SECONDS)
 
 
-def part_lines() -> int:
-    return settings.INFERENCE_BATCH_PART_LINES
-
-
-def _user(user: User | AnonymousUser | None) -> User:
-    if not isinstance(user, User):
-        raise RegistryError("a signed-in user is required", field="created_by")
-    return user
-
-
 def batch_job_create(
     *,
     workflow: Workflow,
@@ -120,7 +116,8 @@ def batch_job_create(
         raise RegistryError(f"deployment {deployment.slug} is disabled", field="deployment")
     if max_rpm is not None and max_rpm < 1:
         raise RegistryError("max_rpm must be at least 1", field="max_rpm")
-    owner = _user(user)
+    if not isinstance(user, User):
+        raise RegistryError("a signed-in user is required", field="created_by")
     store = default_store()
     data: bytes | None = None
     if input_file is not None:
@@ -160,7 +157,7 @@ def batch_job_create(
             endpoint=Endpoint.BATCH,
             input_uri=input_uri,
             total=total,
-            created_by=owner,
+            created_by=user,
             api_key=api_key,
             deployment=deployment,
             max_rpm=max_rpm,
@@ -354,28 +351,25 @@ def batch_job_execute(*, job_id: int) -> BatchJob | None:
     job = BatchJob.objects.select_related(
         "workflow__team", "api_key__team", "deployment__provider", "deployment__model"
     ).get(pk=job_id)
-    store = default_store()
-    try:
-        lines = batch_lines_parse(store.get(job.input_uri), api=job.api)
-    except Exception as exc:
-        return _fail(job_id, token, f"input unreadable: {exc}")
     lease = _Lease(token)
+    parts = batch_stored_parts(job.input_uri, api=job.api, size=settings.INFERENCE_BATCH_PART_LINES)
     try:
-        return _execute(job, lines, lease)
+        return _execute(job, parts, lease)
+    except BatchInputUnreadable as exc:
+        return _kept(_fail(job_id, lease.token, f"input unreadable: {exc}"))
     except Exception as exc:
         # A poison job fails visibly instead of being re-queued by the resume task forever
         # (keeping what it answered); a killed worker raises nothing here and is resumed.
         return _kept(_fail(job_id, lease.token, f"{type(exc).__name__}: {exc}"))
 
 
-def _execute(job: BatchJob, lines: list[BatchLine], lease: _Lease) -> BatchJob | None:
+def _execute(job: BatchJob, parts: Iterator[list[BatchLine]], lease: _Lease) -> BatchJob | None:
     job_id = job.pk
     store = default_store()
     existing = set(store.list(job_prefix(job)))
-    size = part_lines()
     finished = _Tally()
     keys: list[str] = []
-    for index, start in enumerate(range(0, len(lines), size)):
+    for index, part in enumerate(parts):
         key = part_key(job, index)
         keys.append(key)
         if key in existing:
@@ -385,7 +379,7 @@ def _execute(job: BatchJob, lines: list[BatchLine], lease: _Lease) -> BatchJob |
             continue
         current = _Tally()
         records: list[dict[str, Any]] = []
-        for line in lines[start : start + size]:
+        for line in part:
             try:
                 with _line_span(job_id, line):
                     record = _run_line(job, line, lease)

@@ -150,6 +150,26 @@ def batch_stored_lines(key: str, *, api: str) -> Iterator[BatchLine]:
         yield from batch_lines_iter(stream, api=api)
 
 
+class BatchInputUnreadable(Exception):
+    """A running job's input is gone from the store or a line of it no longer parses."""
+
+
+def batch_stored_parts(key: str, *, api: str, size: int) -> Iterator[list[BatchLine]]:
+    """A job's input, `size` lines at a time, read as a stream (batch_stored_lines): its runner
+    holds one part, never the whole input (a file may be 200 MB)."""
+    part: list[BatchLine] = []
+    try:
+        for line in batch_stored_lines(key, api=api):
+            part.append(line)
+            if len(part) == size:
+                yield part
+                part = []
+    except (RegistryError, OSError, ObjectNotFoundError) as exc:
+        raise BatchInputUnreadable(str(exc)) from exc
+    if part:
+        yield part
+
+
 def job_prefix(job: BatchJob) -> str:
     # The creation time keeps a job's parts apart from an older job that had the same id
     # (a database restored or recreated over the same store).

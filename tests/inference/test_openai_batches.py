@@ -549,3 +549,32 @@ def test_a_batch_cancelled_after_its_runner_died_gets_its_answers_from_the_resum
     assert done.output_file_id is not None
     assert [a["custom_id"] for a in _lines(client, done.output_file_id)] == ["req-0", "req-1"]
     assert not [k for k in default_store().list(job_prefix(job)) if "/part-" in k]
+
+
+def test_the_runner_reads_its_input_as_a_stream_and_fails_cleanly_when_it_is_gone(
+    team_setup: dict[str, Any], provider: RecordingProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client, workflow = team_setup["client"], team_setup["workflow"]
+    provider.script.answer = chat_answer("ok", usage=USAGE)
+    uploaded = client.files.create(file=("in.jsonl", _jsonl(_chat_lines(workflow, 5))), purpose="batch")
+    input_key = GatewayFile.objects.get().key
+    store_class = type(default_store())
+    real_get = store_class.get
+
+    def no_whole_input(self: Any, key: str) -> bytes:
+        assert key != input_key, "the runner read the whole input at once"
+        return real_get(self, key)
+
+    monkeypatch.setattr(store_class, "get", no_whole_input)
+    first = client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    assert _run(first.id).state == BatchJob.State.SUCCEEDED and provider.script.calls() == 5
+
+    second = client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    default_store().delete(input_key)  # gone from the store under the job (an operator's mistake)
+    failed = _run(second.id)
+    assert failed.state == BatchJob.State.FAILED and failed.error.startswith("input unreadable: ")
+    assert provider.script.calls() == 5
