@@ -11,8 +11,8 @@ one passes the same two gates:
   so it is paced, never fast.
   Tokens are counted before the call with `request_tokens` (the whole request plus
   `max_tokens`) and corrected with what the provider reported.
-* Budgets: under a hard budget the router reserves the call's worst case (`worst_case_cost`)
-  in the budget's period row before the call, under a row lock, and settles to the real cost
+* Budgets: under a hard budget the router reserves the call's worst case (`worst_case_cost`:
+  a batch line's at the batch prices it is billed at) in the budget's period row before the call, under a row lock, and settles to the real cost
   once it is in the ledger (billing.budgets.budget_admit / budget_settle). A call is admitted
   only while spent + reserved is below the limit, and each call in flight holds its worst case,
   so a hard budget is overspent by at most one call's worst case, whatever the concurrency.
@@ -112,12 +112,25 @@ def worst_case_output_tokens(request: RoutedInput, *, max_context_tokens: int | 
     return each * request.n
 
 
-def worst_case_cost(entry: PlanEntry, request: RoutedInput) -> Decimal:
+def worst_case_cost(entry: PlanEntry, request: RoutedInput, *, batch: bool = False) -> Decimal:
     """The most the call may cost on `entry`'s deployment: what a hard budget reserves, and
-    what a workflow's max_cost_per_request is compared with."""
+    what a workflow's max_cost_per_request is compared with. Each token at the dearest price the
+    ledger may bill it at (inference.recording.attempts.billable_units): an input token at the
+    input price (a batch line's: the batch input price, where there is one) or the cached-input
+    price, an output token at the output (batch output) price or the reasoning price."""
     tokens_in = Decimal(input_tokens(request))
     tokens_out = Decimal(worst_case_output_tokens(request, max_context_tokens=entry.max_context_tokens))
-    return (tokens_in * (entry.input_price or 0) + tokens_out * (entry.output_price or 0)) / MILLION
+    in_price, out_price = entry.input_price, entry.output_price
+    if batch and entry.batch_input_price is not None:
+        in_price = entry.batch_input_price
+    if batch and entry.batch_output_price is not None:
+        out_price = entry.batch_output_price
+    dear_in = _dearest(in_price, entry.cached_input_price)
+    return (tokens_in * dear_in + tokens_out * _dearest(out_price, entry.reasoning_price)) / MILLION
+
+
+def _dearest(*prices: Decimal | None) -> Decimal:
+    return max((p for p in prices if p is not None), default=Decimal(0))
 
 
 # --- Rate limits for jobs -----------------------------------------------------------------------

@@ -128,7 +128,7 @@ def attempt_calls(ctx: Context, stack: ExitStack, *, stream: bool) -> Iterator[A
                 continue
             limit = ctx.plan.max_cost_per_request
             if limit is not None:
-                estimate = cost_estimate(entry, ctx.request)
+                estimate = cost_estimate(entry, ctx.request, batch=ctx.endpoint == Endpoint.BATCH)
                 if estimate > limit:
                     if ctx.cost_error is None or estimate < ctx.cost_error.estimate:
                         ctx.cost_error = CostLimitExceeded(
@@ -150,7 +150,7 @@ def attempt_calls(ctx: Context, stack: ExitStack, *, stream: bool) -> Iterator[A
                 if needs_admission(ctx, target):
                     stack.enter_context(
                         budget_admission(
-                            estimate=cost_estimate(entry, ctx.request),
+                            estimate=cost_estimate(entry, ctx.request, batch=ctx.endpoint == Endpoint.BATCH),
                             target=target,
                             currency=entry.currency,
                             cached_budgets=True,

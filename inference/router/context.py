@@ -33,9 +33,10 @@ from registry.models import Deployment, Workflow
 Outcome = InferenceAttempt.Outcome
 
 
-def cost_estimate(entry: PlanEntry, request: RoutedInput) -> Decimal:
-    """The call's worst-case cost on `entry`: what a hard budget reserves (inference.admission)."""
-    return worst_case_cost(entry, request)
+def cost_estimate(entry: PlanEntry, request: RoutedInput, *, batch: bool = False) -> Decimal:
+    """The call's worst-case cost on `entry`: what a hard budget reserves (inference.admission);
+    `batch`: a batch job's line, billed at the batch prices where there are any."""
+    return worst_case_cost(entry, request, batch=batch)
 
 
 def call_target(ctx: Context, entry: PlanEntry) -> SpendTarget:

@@ -67,7 +67,7 @@ def test_the_worst_case_reserved_prices_the_tools_and_max_tokens_or_the_deployme
 ) -> None:
     settings.INFERENCE_MAX_OUTPUT_TOKENS = 4096
     million = Decimal(1_000_000)
-    entry: Any = SimpleNamespace(input_price=million, output_price=2 * million, max_context_tokens=None)
+    entry: Any = _entry(input_price=million, output_price=2 * million)
     small = ChatRequest(messages=(ChatMessage("user", "ping"),), max_tokens=3)
     tools = ChatRequest(messages=(ChatMessage("user", "ping"),), max_tokens=3, tools=(BIG_TOOL,))
     # $1 an input token, $2 an output token: the estimate is tokens in + 2 × tokens out.
@@ -77,6 +77,28 @@ def test_the_worst_case_reserved_prices_the_tools_and_max_tokens_or_the_deployme
     assert cost_estimate(entry, unbounded) == Decimal(8 + 2 * 4096 * 2)  # n answers of the default
     entry.max_context_tokens = 1008
     assert cost_estimate(entry, unbounded) == Decimal(8 + 2 * 1000 * 2)  # the context window's rest
+
+
+def _entry(**prices: Decimal) -> Any:
+    fields = ("input", "output", "cached_input", "reasoning", "batch_input", "batch_output")
+    return SimpleNamespace(
+        **{f"{f}_price": prices.get(f"{f}_price") for f in fields}, max_context_tokens=None
+    )
+
+
+def test_the_worst_case_prices_each_token_at_the_dearest_unit_it_may_be_billed_in() -> None:
+    """A hard budget's reservation is an upper bound of what the ledger bills (billable_units):
+    reasoning tokens dearer than output are reserved at their price; a batch line at the batch
+    prices, where there are any, else at the interactive ones."""
+    m = Decimal(1_000_000)
+    small = ChatRequest(messages=(ChatMessage("user", "ping"),), max_tokens=3)  # 8 in, 3 out
+    plain = _entry(input_price=m, output_price=2 * m)
+    assert cost_estimate(plain, small) == cost_estimate(plain, small, batch=True) == Decimal(8 + 2 * 3)
+    reasoning = _entry(input_price=m, output_price=2 * m, reasoning_price=5 * m, cached_input_price=m / 4)
+    assert cost_estimate(reasoning, small) == Decimal(8 + 5 * 3)
+    batch = _entry(input_price=m, output_price=2 * m, batch_input_price=m / 2, batch_output_price=m)
+    assert cost_estimate(batch, small) == Decimal(8 + 2 * 3)
+    assert cost_estimate(batch, small, batch=True) == Decimal(4 + 3)
 
 
 # --- Rate limits: every caller kind counts in the key's window -------------------------------------
