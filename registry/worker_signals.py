@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import socket
+import subprocess
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 from celery.signals import worker_ready, worker_shutdown
@@ -58,9 +61,50 @@ def _file_interruption(cluster_slug: str) -> None:
         logger.error("interruption signal for cluster %s refused: %s", cluster_slug, exc)
 
 
+WORKER_DEVICES_ENV = "SWITCHYARD_WORKER_DEVICES"
+
+
+def worker_devices(environ: Mapping[str, str] | None = None, *, gpus: int | None = None) -> list[int]:
+    """The accelerators this worker offers, as device ordinals its processes see: the
+    SWITCHYARD_WORKER_DEVICES list ("0,1"; "" for none) when set, else one per entry of
+    CUDA_VISIBLE_DEVICES when set, else one per GPU `nvidia-smi -L` lists (`gpus`: that count,
+    for tests), else none. Read without initialising CUDA: the worker forks its pool after this."""
+    env = os.environ if environ is None else environ
+    named = env.get(WORKER_DEVICES_ENV)
+    if named is not None:
+        try:
+            ordinals = [int(x) for x in named.replace(" ", "").split(",") if x]
+        except ValueError:
+            raise ValueError(
+                f"{WORKER_DEVICES_ENV} must be device ordinals such as 0,1 (got {named!r})"
+            ) from None
+        if any(d < 0 for d in ordinals) or len(set(ordinals)) != len(ordinals):
+            raise ValueError(f"{WORKER_DEVICES_ENV} must list distinct ordinals from 0 (got {named!r})")
+        return ordinals
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return list(range(len([x for x in visible.split(",") if x.strip() and x.strip() != "-1"])))
+    if gpus is None:
+        gpus = _nvidia_smi_gpus()
+    return list(range(gpus))
+
+
+def _nvidia_smi_gpus() -> int:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return 0
+    try:
+        listed = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10, check=False)  # noqa: S603
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in listed.stdout.splitlines() if line.startswith("GPU "))
+
+
 def _beat_forever(cluster_slug: str, hostname: str) -> None:
     started_at = timezone.now()
     pid = os.getpid()
+    devices = worker_devices()
+    logger.info("cluster %s: worker %s offers devices %s", cluster_slug, hostname, devices or "none (CPU)")
     while not _stop.is_set():
         # Cleared before the flags are read, so a signal arriving after this is seen by the
         # check below or ends the wait at once.
@@ -72,7 +116,11 @@ def _beat_forever(cluster_slug: str, hostname: str) -> None:
                 _file_interruption(cluster_slug)
             if (
                 cluster_heartbeat(
-                    cluster_slug=cluster_slug, hostname=hostname, pid=pid, started_at=started_at
+                    cluster_slug=cluster_slug,
+                    hostname=hostname,
+                    pid=pid,
+                    started_at=started_at,
+                    devices=devices,
                 )
                 is None
             ):

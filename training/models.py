@@ -311,6 +311,9 @@ class LearnerChunk(models.Model):
     # one device per rank); billed quantity = seconds / 3600 × accelerators accelerator-hours.
     accelerator_seconds = models.DecimalField(max_digits=18, decimal_places=3, default=Decimal("0"))
     accelerators = models.PositiveIntegerField(default=1)
+    # The device ordinals of its worker the chunk owns while it runs, rank r on devices[r]
+    # (training.services.chunks); [] on a worker that offers none (CPU).
+    devices = models.JSONField(default=list, blank=True)
     # Progress written at every push, so a killed chunk still says how far it got.
     progress_at = models.DateTimeField(null=True, blank=True)
     deltas_pushed = models.PositiveIntegerField(default=0)

@@ -16,8 +16,9 @@ this module keeps what must survive between Celery tasks:
 
 Chunks stay idempotent: a chunk run again after a crash restores the checkpoint written before
 it started (never its first attempt's), and what a dead chunk pushed is neither pushed nor
-trained again (`_reconcile_pushes`). Versions come down as down-deltas from the copy the
-learner holds (`_fetch_versions`), adopted no earlier than τ inner steps after the push.
+trained again (training.run_pushes.reconcile_pushes). Versions come down as down-deltas from
+the copy the learner holds (`_fetch_versions`), adopted no earlier than τ inner steps after
+the push. A chunk runs on the devices its worker let it own (training.run_ranks.chunk_devices).
 
 Every database write goes through training.services; tensors go only through the object store.
 The engine modules import torch, so they are imported inside the functions that use them.
@@ -28,7 +29,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from django.utils import timezone
@@ -49,10 +50,13 @@ from training.run_engines import (
     run_transport,
     torch_threads_limit,
 )
-from training.run_ranks import learner_ranks_start
+from training.run_pushes import LearnerSlot, push, push_before_interruption, reconcile_pushes
+from training.run_ranks import chunk_devices, learner_ranks_start
 from training.services import ChunkOutcome
 
 if TYPE_CHECKING:
+    import torch
+
     from training.engine.config import CompressionKind
     from training.engine.learner import Adopt, Learner
     from training.engine.syncer import Syncer
@@ -81,23 +85,6 @@ DOWN_CHAIN_LIMIT: dict[str, int] = {"fp32": 1, "bf16": 1, "int8": 3, "4bit": 7, 
 
 
 @dataclass
-class LearnerSlot:
-    """A learner and its push bookkeeping. A fragment that falls due while its previous delta
-    still waits for the syncer (no newer version adopted since) is *owed*, not pushed: its steps
-    go in the next delta, sent once a newer version arrives. Two fresh deltas of one learner on
-    one version would be averaged by the syncer's token-weighted mean, not added: half lost."""
-
-    learner: Learner
-    pushed_base: dict[int, int] = field(default_factory=dict)  # fragment -> base version of the last push
-    owed: set[int] = field(default_factory=set)
-    done: tuple[int, int] | None = None  # (generation, chunk) whose end state this is
-
-    def extra(self) -> dict[str, object]:
-        """The slot's own state, saved with the learner's checkpoint."""
-        return {"pushed_base": {str(f): v for f, v in self.pushed_base.items()}, "owed": sorted(self.owed)}
-
-
-@dataclass
 class LearnerStart:
     slot: LearnerSlot
     source: str  # LearnerChunk.StateSource
@@ -108,8 +95,16 @@ class LearnerStart:
 _LEARNERS: dict[tuple[RunKey, int], LearnerSlot] = {}
 
 
-def _learner_for(run: TrainingRun, index: int, generation: int, seq: int, steps_done: int) -> LearnerStart:
-    """The learner as chunk (generation, seq) must start it: the state the previous chunk ended with.
+def _learner_for(
+    run: TrainingRun,
+    index: int,
+    generation: int,
+    seq: int,
+    steps_done: int,
+    device: torch.device | None = None,
+) -> LearnerStart:
+    """The learner as chunk (generation, seq) must start it, on `device` (None: the default):
+    the state the previous chunk ended with.
 
     From this process's memory when it ran that chunk, else from the newest checkpoint written
     by an earlier chunk (of this generation or, for a re-placed learner, an earlier one), else
@@ -117,7 +112,11 @@ def _learner_for(run: TrainingRun, index: int, generation: int, seq: int, steps_
     """
     key = (run_key(run), index)
     cached = _LEARNERS.get(key)
-    if cached is not None and cached.done == (generation, seq - 1):
+    if (
+        cached is not None
+        and cached.done == (generation, seq - 1)
+        and device in (None, cached.learner.device)
+    ):
         return LearnerStart(slot=cached, source=LearnerChunk.StateSource.MEMORY)
     _LEARNERS.pop(key, None)
     # Lazily: the engine modules import torch.
@@ -137,6 +136,7 @@ def _learner_for(run: TrainingRun, index: int, generation: int, seq: int, steps_
         init=engine.init,
         compression=rc.compression_config(),
         ranks=rc.ranks,
+        device=device,
     )
     checkpoints = run_checkpoints(run)
     found = checkpoints.latest_before(index, generation, seq)
@@ -169,40 +169,6 @@ def _learner_for(run: TrainingRun, index: int, generation: int, seq: int, steps_
     return start
 
 
-def _reconcile_pushes(
-    slot: LearnerSlot, transport: ObjectStoreTransport, index: int, first_seq: int, *, rejoined: bool
-) -> None:
-    """Account for pushes made after the learner's state was saved, by a chunk that then died
-    (this chunk's earlier attempt, or, for a re-placed learner, its old generation's last chunk):
-    delta ids number a learner's pushes in increasing order, so every delta of this learner with
-    a number at or past the restored push counter (this chunk's first, for a rejoined learner,
-    which restored none) was pushed after the checkpoint. Such a
-    push already carried the fragment's pending steps: they are forgotten here (the anchor
-    moves to θ_local) instead of being sent twice, and the windows the dead chunk trained up to
-    its newest push are skipped, not trained again (Learner.skip_windows says why). Pushes are
-    numbered past the dead chunk's, so none is mistaken for one already consumed.
-    """
-    learner = slot.learner
-    since = first_seq if rejoined else learner.seq
-    learner.seq = max(learner.seq, first_seq)
-    for f in range(len(learner.fragments)):
-        later = sorted(
-            (int(i.rsplit("-s", 1)[1]), i)
-            for i in transport.delta_ids(f, learner=index)
-            if int(i.rsplit("-s", 1)[1]) >= since
-        )
-        if not later:
-            continue
-        learner.forget_pending(f)
-        slot.owed.discard(f)
-        newest_seq, newest_id = later[-1]
-        newest = transport.get_delta(f, newest_id)
-        slot.pushed_base[f] = newest.base_version
-        learner.seq = max(learner.seq, newest_seq + 1)
-        if newest.windows > learner.windows:
-            learner.skip_windows(newest.windows - learner.windows)
-
-
 def _fetch_versions(
     learner: Learner, transport: ObjectStoreTransport, fragment: int, down: CompressionKind
 ) -> int:
@@ -231,44 +197,6 @@ def _fetch_versions(
         learner.receive_full(fragment, full.held, newest)
         break
     return transport.bytes_down - before
-
-
-def _push_before_interruption(
-    slot: LearnerSlot,
-    transport: ObjectStoreTransport,
-    outcome: ChunkOutcome,
-    chunk_id: int,
-    learner_id: int,
-    tokens_total: int,
-) -> None:
-    """The cluster is being reclaimed: push every fragment's pending steps now, not at its next
-    due step. A fragment whose previous delta is still with the syncer is not pushed again
-    (LearnerSlot says why): its steps stay in this chunk's checkpoint, which the re-placed
-    learner restores. Every token trained reaches the store (the supervisor's tokens_lost: 0).
-    """
-    learner = slot.learner
-    for f in range(len(learner.fragments)):
-        if learner.pending_tokens[f] <= 0:
-            continue
-        if f in slot.pushed_base and learner.base_version[f] <= slot.pushed_base[f]:
-            continue
-        slot.owed.discard(f)
-        slot.pushed_base[f] = learner.base_version[f]
-        delta = learner.make_delta(f, now=time.time())
-        sent = transport.bytes_up
-        transport.put_delta(delta)
-        outcome.deltas_pushed += 1
-        outcome.bytes_sent += transport.bytes_up - sent  # measured: the blob the store took
-    services.learner_chunk_progress(
-        chunk_id=chunk_id,
-        learner_id=learner_id,
-        steps=outcome.steps,
-        tokens=outcome.tokens,
-        deltas_pushed=outcome.deltas_pushed,
-        bytes_sent=outcome.bytes_sent,
-        bytes_received=outcome.bytes_received,
-        tokens_at_push=tokens_total,
-    )
 
 
 def forget_run(run: TrainingRun) -> None:
@@ -303,7 +231,8 @@ def learner_chunk_execute(
     ranks = None  # the learner's other ranks (training.run_ranks), while they run
     try:
         torch_threads_limit()
-        begin = _learner_for(run, index, generation, seq, learner_row.steps)
+        devices = chunk_devices(chunk.devices)  # the GPUs its worker let it own, rank by rank
+        begin = _learner_for(run, index, generation, seq, learner_row.steps, devices[0] if devices else None)
         slot = begin.slot
         outcome.state_source, outcome.checkpoint_key = begin.source, begin.checkpoint_key
         outcome.bytes_received = begin.bytes_received
@@ -312,9 +241,14 @@ def learner_chunk_execute(
         transport = run_transport(run)
         learner = slot.learner
         first_seq = (generation * CHUNK_SPACE + seq) * PUSH_SPACE
-        _reconcile_pushes(slot, transport, index, first_seq, rejoined=begin.source == "rejoin")
+        reconcile_pushes(slot, transport, index, first_seq, rejoined=begin.source == "rejoin")
         ranks = learner_ranks_start(
-            engine=engine, learner=learner, index=index, generation=generation, steps_done=learner_row.steps
+            engine=engine,
+            learner=learner,
+            index=index,
+            generation=generation,
+            steps_done=learner_row.steps,
+            devices=devices,
         )
         learner.rank_skip = 0  # the ranks that started skipped them
         h = rc.h
@@ -341,16 +275,9 @@ def learner_chunk_execute(
             pushed = False
             slot.owed.update(due(learner.step_count, h=h, fragment_offsets=frag_offsets))
             for f in sorted(slot.owed):
-                if f in slot.pushed_base and learner.base_version[f] <= slot.pushed_base[f]:
-                    continue  # the last delta is still with the syncer
-                slot.owed.discard(f)
-                slot.pushed_base[f] = learner.base_version[f]
-                delta = learner.make_delta(f, now=time.time())
-                sent = transport.bytes_up
-                transport.put_delta(delta)
-                outcome.deltas_pushed += 1
-                outcome.bytes_sent += transport.bytes_up - sent  # measured: the blob the store took
-                pushed = True
+                if slot.may_push(f):  # not while the last delta is still with the syncer
+                    push(slot, transport, outcome, f)
+                    pushed = True
             now = time.monotonic()
             if pushed:
                 services.learner_chunk_progress(
@@ -389,7 +316,7 @@ def learner_chunk_execute(
                     outcome.stopped_by = stop
                     outcome.stopped_at = time.time()
                     if stop.startswith(services.INTERRUPTED):
-                        _push_before_interruption(
+                        push_before_interruption(
                             slot, transport, outcome, chunk.pk, learner_id, tokens_before + outcome.tokens
                         )
                     break

@@ -13,12 +13,31 @@ from typing import TYPE_CHECKING
 from training.run_engines import RunEngine, sampler_spec
 
 if TYPE_CHECKING:
+    import torch
+
     from training.engine.distributed import LeaderGroup
     from training.engine.learner import Learner
 
 
+def chunk_devices(owned: list[int]) -> list[torch.device] | None:
+    """Where a chunk's ranks run: rank r on CUDA device `owned[r]`, the ordinals its worker let
+    it own (training.services.chunks); None (the learner's default device, rank r on CUDA device
+    r) on a worker that offers none or without CUDA."""
+    import torch  # noqa: PLC0415 (the web process imports this module without torch)
+
+    if not owned or not torch.cuda.is_available():
+        return None
+    return [torch.device("cuda", d) for d in owned]
+
+
 def learner_ranks_start(
-    *, engine: RunEngine, learner: Learner, index: int, generation: int, steps_done: int
+    *,
+    engine: RunEngine,
+    learner: Learner,
+    index: int,
+    generation: int,
+    steps_done: int,
+    devices: list[torch.device] | None = None,
 ) -> LeaderGroup | None:
     """Start the learner's ranks 1..N-1 and join them as rank 0; None for a one-rank learner.
 
@@ -39,4 +58,4 @@ def learner_ranks_start(
             engine, index=index, generation=generation, steps_done=0 if saved else steps_done, rank=rank
         )
         specs.append((meta, tensors))
-    return group_start(learner, samplers=specs)
+    return group_start(learner, samplers=specs, devices=devices)

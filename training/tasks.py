@@ -35,11 +35,20 @@ def training_run_place_task(run_id: int) -> None:
     services.training_run_place(run_id=run_id)
 
 
+# How long a chunk whose devices are owned by its worker's other chunks waits before it asks again.
+DEVICES_BUSY_RETRY_SECONDS = 5
+
+
 @shared_task(bind=True, name=dispatch.LEARNER_CHUNK, ignore_result=True)
 def learner_chunk_task(self: Any, learner_id: int, generation: int, seq: int) -> None:
-    learner_chunk_execute(
-        learner_id=learner_id, generation=generation, seq=seq, worker_hostname=self.request.hostname
-    )
+    try:
+        learner_chunk_execute(
+            learner_id=learner_id, generation=generation, seq=seq, worker_hostname=self.request.hostname
+        )
+    except services.DevicesBusy as busy:
+        # Not a failure: another learner's chunk holds the GPUs; the supervisor moves this
+        # learner if it waits past its learner_timeout.
+        raise self.retry(countdown=DEVICES_BUSY_RETRY_SECONDS, max_retries=None, exc=busy) from None
 
 
 @shared_task(name=dispatch.SYNCER_TICK, ignore_result=True)

@@ -132,6 +132,10 @@ class WorkerHeartbeat(models.Model):
     pid = models.PositiveIntegerField(default=0)
     started_at = models.DateTimeField()
     last_seen_at = models.DateTimeField()
+    # The accelerators the worker offers its chunks, as device ordinals its processes see
+    # (registry.worker_signals); [] on a CPU worker. A chunk owns some of them while it runs
+    # (training.services.chunks), so two learners on one worker never share a device.
+    devices = models.JSONField(default=list, blank=True)
 
     class Meta:
         constraints = [

@@ -26,8 +26,11 @@ from registry.services.records import fields_assign
 logger = logging.getLogger(__name__)
 
 
-def cluster_heartbeat(*, cluster_slug: str, hostname: str, pid: int, started_at: datetime) -> Cluster | None:
-    """Record that a worker of the cluster is alive; a silent cluster turns healthy.
+def cluster_heartbeat(
+    *, cluster_slug: str, hostname: str, pid: int, started_at: datetime, devices: list[int] | None = None
+) -> Cluster | None:
+    """Record that a worker of the cluster is alive (and the devices it offers); a silent
+    cluster turns healthy.
 
     Returns None when the cluster no longer exists (the worker keeps running, it
     just has nothing to report to).
@@ -40,7 +43,7 @@ def cluster_heartbeat(*, cluster_slug: str, hostname: str, pid: int, started_at:
         WorkerHeartbeat.objects.update_or_create(
             cluster=cluster,
             hostname=hostname,
-            defaults={"pid": pid, "started_at": started_at, "last_seen_at": now},
+            defaults={"pid": pid, "started_at": started_at, "last_seen_at": now, "devices": devices or []},
         )
         cluster.last_heartbeat_at = now
         fields = ["last_heartbeat_at"]

@@ -82,8 +82,11 @@ def backend_for(device: torch.device) -> str:
 
 
 def rank_device(rank: int, base: torch.device) -> torch.device:
-    """Rank r's device: CUDA device r (mod the count) on a GPU machine, else the CPU."""
+    """Rank r's device: the CUDA device named (`cuda:3`: the one its chunk owns), else CUDA
+    device r (mod the count) on a GPU machine, else the CPU."""
     if base.type == "cuda":
+        if base.index is not None:
+            return base
         return torch.device("cuda", rank % max(1, torch.cuda.device_count()))
     return torch.device("cpu")
 
@@ -253,8 +256,11 @@ def group_start(
     *,
     samplers: list[tuple[dict[str, Any], dict[str, torch.Tensor]]],
     timeout_s: float = RANK_TIMEOUT_S,
+    devices: list[torch.device] | None = None,
 ) -> LeaderGroup:
     """Start ranks 1..N-1 (``samplers[r - 1]`` is rank r's recipe) and join them as rank 0.
+    Rank r runs on ``devices[r]`` (the learner, rank 0, is on ``devices[0]`` already); without
+    them, on its rank's device of the learner's device type (rank_device).
 
     The learner trains through DDP until ``finish`` (or ``abort``) is called on the result.
     """
@@ -286,7 +292,8 @@ def group_start(
                 "--world",
                 str(world),
             ]
-            cmd += ["--port", str(store.port), "--device", str(learner.device), "--timeout", str(timeout_s)]
+            rank_dev = str(devices[r]) if devices else learner.device.type
+            cmd += ["--port", str(store.port), "--device", rank_dev, "--timeout", str(timeout_s)]
             procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))  # noqa: S603
         leader = LeaderGroup(learner, procs=procs, logs=logs)
         leader.store = store

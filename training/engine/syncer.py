@@ -199,7 +199,7 @@ class Syncer:
     def spent_deltas(self, fragment: int) -> list[str]:
         """Consumed deltas of a fragment the store may delete: every one the last pull listed,
         except each learner's newest (a chunk run again after a crash reconciles its pushes
-        against that one: training.orchestrator._reconcile_pushes)."""
+        against that one: training.run_pushes.reconcile_pushes)."""
         listed = self.listed[fragment] or set()
         newest: dict[str, tuple[int, str]] = {}
         for i in listed:

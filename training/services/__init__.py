@@ -15,6 +15,7 @@ from training.services.chunks import (
     MAX_CHUNK_FAILURES,
     ChunkClaim,
     ChunkOutcome,
+    DevicesBusy,
     learner_chunk_budget_deadline,
     learner_chunk_claim,
     learner_chunk_finish,
@@ -61,6 +62,7 @@ from training.services.syncer import (
 __all__ = [
     "BUDGET_REACHED",
     "INTERRUPTED",
+    "DevicesBusy",
     "INTERRUPTION_STOP_SECONDS",
     "MAX_CHUNK_FAILURES",
     "PLACEMENT_RETRY_SECONDS",

@@ -11,7 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing.services import NoPriceError, accelerator_time_bill
-from registry.models import Cluster, RegisteredModel
+from registry.models import Cluster, RegisteredModel, WorkerHeartbeat
 from registry.services import failover_event_recover
 from training import dispatch, selectors
 from training.models import LearnerChunk, TrainingLearner, TrainingRun
@@ -36,6 +36,38 @@ def cluster_interruption_reason(cluster: Cluster) -> str:
     deadline = cluster.interruption_deadline
     when = f" at {deadline:%Y-%m-%d %H:%M:%S} UTC" if deadline is not None else ""
     return f"{INTERRUPTED}cluster {cluster.slug} is reclaimed{when} (spot interruption notice)"
+
+
+class DevicesBusy(Exception):  # noqa: N818 (a wait, not an error)
+    """The devices the chunk needs are owned by its worker's other chunks: it waits (its task
+    retries) rather than share a GPU with another learner."""
+
+
+def _chunk_devices(
+    *, learner: TrainingLearner, worker_hostname: str, ranks: int, redelivered: int | None
+) -> list[int]:
+    """The device ordinals the chunk owns while it runs: the first `ranks` its worker offers
+    (registry.worker_signals) that no other unfinished chunk of that worker owns; [] on a worker
+    that offers none (CPU). Read under the worker's heartbeat row lock, so chunks claimed at
+    once on one worker (`--concurrency > 1`) get disjoint devices. DevicesBusy when too few
+    are free."""
+    beat = (
+        WorkerHeartbeat.objects.select_for_update()
+        .filter(cluster=learner.cluster, hostname=worker_hostname[:255])
+        .first()
+    )
+    if beat is None or not beat.devices:
+        return []
+    others = LearnerChunk.objects.filter(worker_hostname=worker_hostname[:255], finished_at__isnull=True)
+    if redelivered is not None:
+        others = others.exclude(pk=redelivered)  # its own earlier attempt on this worker
+    held = {d for owned in others.values_list("devices", flat=True) for d in owned}
+    free = [d for d in beat.devices if d not in held]
+    if len(free) < ranks:
+        raise DevicesBusy(
+            f"worker {worker_hostname} offers devices {beat.devices}, of which {sorted(held)} are owned"
+        )
+    return free[:ranks]
 
 
 @dataclass(frozen=True)
@@ -131,6 +163,13 @@ def learner_chunk_claim(
             )
             return None
         else:
+            ranks = RunConfig(run.config).ranks
+            devices = _chunk_devices(
+                learner=learner,
+                worker_hostname=worker_hostname,
+                ranks=ranks,
+                redelivered=existing.pk if existing is not None else None,
+            )
             if existing is None:
                 chunk = LearnerChunk.objects.create(
                     learner=learner,
@@ -138,7 +177,8 @@ def learner_chunk_claim(
                     seq=seq,
                     cluster=learner.cluster,
                     # The devices the chunk runs on (its ranks), not the whole learner slot.
-                    accelerators=RunConfig(run.config).ranks,
+                    accelerators=ranks,
+                    devices=devices,
                     worker_hostname=worker_hostname[:255],
                     started_at=now,
                     progress_at=now,
@@ -146,7 +186,12 @@ def learner_chunk_claim(
             else:
                 chunk = existing
                 LearnerChunk.objects.filter(pk=chunk.pk).update(
-                    worker_hostname=worker_hostname[:255], started_at=now, progress_at=now, steps=0, tokens=0
+                    worker_hostname=worker_hostname[:255],
+                    devices=devices,
+                    started_at=now,
+                    progress_at=now,
+                    steps=0,
+                    tokens=0,
                 )
                 chunk.refresh_from_db()
             TrainingLearner.objects.filter(pk=learner.pk).update(
