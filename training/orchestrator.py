@@ -50,7 +50,7 @@ from training.run_engines import (
     run_transport,
     torch_threads_limit,
 )
-from training.run_pushes import LearnerSlot, push, push_before_interruption, reconcile_pushes
+from training.run_pushes import LearnerSlot, push, push_before_interruption, pushes_record, reconcile_pushes
 from training.run_ranks import chunk_devices, learner_ranks_start
 from training.services import ChunkOutcome
 
@@ -280,16 +280,7 @@ def learner_chunk_execute(
                     pushed = True
             now = time.monotonic()
             if pushed:
-                services.learner_chunk_progress(
-                    chunk_id=chunk.pk,
-                    learner_id=learner_id,
-                    steps=outcome.steps,
-                    tokens=outcome.tokens,
-                    deltas_pushed=outcome.deltas_pushed,
-                    bytes_sent=outcome.bytes_sent,
-                    bytes_received=outcome.bytes_received,
-                    tokens_at_push=tokens_before + outcome.tokens,
-                )
+                pushes_record(chunk.pk, learner_id, outcome, tokens_before + outcome.tokens)
             # A window closing this step is a reason to look at the store now (Streaming
             # DiLoCo mixes the merged fragment in exactly τ steps after its push).
             closing = tau > 0 and any(

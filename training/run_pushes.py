@@ -58,6 +58,11 @@ def push_before_interruption(
     for f in range(len(learner.fragments)):
         if learner.pending_tokens[f] > 0 and slot.may_push(f):
             push(slot, transport, outcome, f)
+    pushes_record(chunk_id, learner_id, outcome, tokens_total)
+
+
+def pushes_record(chunk_id: int, learner_id: int, outcome: ChunkOutcome, tokens_total: int) -> None:
+    """Record how far the chunk got at a push (a chunk killed later leaves this behind)."""
     services.learner_chunk_progress(
         chunk_id=chunk_id,
         learner_id=learner_id,

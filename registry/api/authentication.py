@@ -1,8 +1,10 @@
 """`Authorization: Bearer <token>` authentication for the API.
 
-Every request reads the token and its user from the database, so a revoked token or a
-deactivated user is refused on the next request; what the token may reach is
-registry.auth.access's answer (roles, and the workflows a token is limited to).
+A token, its user and its principal come from registry.auth.access's per-process cache, the
+one the /v1 gateway uses, valid only while the authorisation version has not moved: a revoked
+token or a deactivated user is refused on the next request, and while nothing changed a request
+reads no key, user or role row. What the token may reach is that principal (roles, the key's
+team, the workflows a token is limited to).
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ from django.utils import timezone
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
-from registry.auth.access import token_allows_workflow, token_workflow_scope
-from registry.services import api_token_authenticate
+from registry.auth.access import token_allows_workflow, token_for_raw_token, token_workflow_scope
+from registry.auth.principal import principal_keep
 
 __all__ = ["BearerTokenAuthentication", "token_allows_workflow", "token_workflow_scope"]
 
@@ -34,13 +36,15 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
         raw = raw.strip()
         if not raw:
             raise exceptions.AuthenticationFailed("empty bearer token")
-        token = api_token_authenticate(raw=raw)
-        if token is None or not token.user.is_active:
+        found = token_for_raw_token(raw)
+        if found is None:  # no token, revoked, or its user deactivated
             raise exceptions.AuthenticationFailed("invalid or revoked token")
-        if token.expires_at is not None and token.expired(timezone.now()):
+        token, grant = found
+        if token.expires_at is not None and grant.expired(timezone.now()):
             raise exceptions.AuthenticationFailed(
                 f"this API key expired at {token.expires_at.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
             )
+        principal_keep(request, grant.principal)
         return token.user, token
 
     def authenticate_header(self, request: Request) -> str:

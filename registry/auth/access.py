@@ -1,14 +1,15 @@
 """What an API token may reach: its user's roles and the workflows it is limited to.
 
-One answer for every surface: the REST API (registry.api.authentication and
-registry.auth.scoping filter by `token_workflow_scope`), and the /v1 gateway, which asks
-`grant_for_raw_token` on every request. The gateway's grants are cached per process, but only
-while the authorisation version (registry.auth.version) has not moved, so revoking a
+One answer for every surface: the REST API (registry.api.authentication asks
+`token_for_raw_token`; registry.auth.scoping filters by `token_workflow_scope`), and the /v1
+gateway, which asks `grant_for_raw_token` on every request. Grants are cached per process, but
+only while the authorisation version (registry.auth.version) has not moved, so revoking a
 token, removing a role or deactivating a user takes effect on the next request.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import threading
 import time
@@ -16,10 +17,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.utils import timezone
+
 from registry.auth.principal import Principal, principal_of_key, request_key, token_workflow_scope
 from registry.auth.version import auth_version, grant_cache_register
 from registry.models import ApiToken, Workflow
-from registry.services import api_token_authenticate
+from registry.services import api_token_authenticate, api_token_sso_deadline
 
 TOKEN_MAX_LENGTH = 256
 # A backstop only: a grant is re-read from the database at least this often even when the
@@ -46,6 +49,9 @@ class TokenGrant:
     team_rpm_limit: int | None = None
     team_tpm_limit: int | None = None
     expires_at: datetime | None = None
+    # For a user who signs in through SSO: when its keys stop working without a new sign-in
+    # (registry.services.tokens.api_token_sso_deadline); a cached grant is not used past it.
+    sso_deadline: datetime | None = None
 
     def expired(self, at: datetime) -> bool:
         return self.expires_at is not None and self.expires_at <= at
@@ -88,6 +94,7 @@ def token_grant(token: ApiToken) -> TokenGrant:
         team_rpm_limit=team.rpm_limit if team is not None else None,
         team_tpm_limit=team.tpm_limit if team is not None else None,
         expires_at=token.expires_at,
+        sso_deadline=api_token_sso_deadline(token.user),
     )
 
 
@@ -116,6 +123,7 @@ class _Cached:
     grant: TokenGrant
     version: bytes
     at: float
+    token: ApiToken  # the row the grant was read from, with its user: /api/ hands out copies
 
 
 _grants: dict[bytes, _Cached] = {}
@@ -163,6 +171,24 @@ def grant_for_raw_token(raw: str) -> TokenGrant | None:
     The version is read before the database, so a grant is never cached under a version newer
     than what it was read from. Without a trustworthy version (no Redis, or Redis unreachable)
     every call reads the database (two queries)."""
+    found = _lookup(raw)
+    return found.grant if found is not None else None
+
+
+def token_for_raw_token(raw: str) -> tuple[ApiToken, TokenGrant] | None:
+    """The key row (with its user) and the grant of a raw bearer token, for /api/'s bearer
+    authentication (DRF's request.auth and request.user): from the gateway's cache, on the same
+    terms (grant_for_raw_token), so /api/ reads no key, user or role row while nothing changed.
+    The rows are the caller's own copies: a request that changed one would change no other's."""
+    found = _lookup(raw)
+    if found is None:
+        return None
+    token = copy.copy(found.token)
+    token.user = copy.copy(found.token.user)
+    return token, found.grant
+
+
+def _lookup(raw: str) -> _Cached | None:
     if not _well_formed(raw):
         return None
     version = auth_version().read()
@@ -171,14 +197,16 @@ def grant_for_raw_token(raw: str) -> TokenGrant | None:
     if version is not None:
         hit = _grants.get(key)
         if hit is not None and hit.version == version and now - hit.at < GRANT_MAX_AGE_SECONDS:
-            return hit.grant
+            deadline = hit.grant.sso_deadline
+            if deadline is None or timezone.now() <= deadline:
+                return hit
     token = api_token_authenticate(raw=raw)
     if token is None or not token.user.is_active:
         return None
-    grant = token_grant(token)
+    found = _Cached(token_grant(token), version or b"", now, token)
     if version is not None:
         with _grants_lock:
             if len(_grants) > 10_000:
                 _grants.clear()
-            _grants[key] = _Cached(grant, version, now)
-    return grant
+            _grants[key] = found
+    return found

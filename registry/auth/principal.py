@@ -239,6 +239,13 @@ def request_key(request: Any) -> ApiToken | None:
     return auth if isinstance(auth, ApiToken) else None
 
 
+def principal_keep(request: Any, principal: Principal) -> None:
+    """Keep the principal of a request resolved elsewhere (the API's bearer authentication has
+    its key's, from registry.auth.access's cache): principal_of answers it from then on."""
+    with suppress(AttributeError):
+        setattr(request, _PRINCIPAL_ATTR, principal)
+
+
 def principal_of(request: Any) -> Principal:
     """The principal of a request (a page's HttpRequest or an API's DRF Request), resolved once
     and kept on the request."""

@@ -76,6 +76,7 @@ from registry.services.tokens import (
     api_token_limits_may_raise,
     api_token_limits_set,
     api_token_revoke,
+    api_token_sso_deadline,
     api_token_team_check,
 )
 from registry.services.workflows import (
@@ -112,6 +113,7 @@ __all__ = [
     "TOKEN_NAME_MAX_LENGTH",
     "TOKEN_PREFIX",
     "api_token_authenticate",
+    "api_token_sso_deadline",
     "api_token_limits_may_raise",
     "api_token_create",
     "api_token_limits_set",

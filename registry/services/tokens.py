@@ -109,15 +109,21 @@ def api_token_create(
     return token, f"{TOKEN_PREFIX}_{prefix}_{secret}"
 
 
-def _sso_user_unsynced(user: User, now: datetime) -> bool:
-    """Whether `user` signs in through SSO and has not done so (nor re-authenticated silently)
-    for SWITCHYARD_SSO_KEY_SECONDS. A key cannot ask the provider about its user, so this is
-    the bound within which a user removed at the provider loses what its keys reach."""
+def api_token_sso_deadline(user: User) -> datetime | None:
+    """Until when the keys of `user` work without a new sign-in: for a user who signs in through
+    SSO, SWITCHYARD_SSO_KEY_SECONDS after its last sign-in (or silent re-authentication); None
+    for any other user. A key cannot ask the provider about its user, so this is the bound
+    within which a user removed at the provider loses what its keys reach."""
     try:
         identity = user.sso_identity
     except SsoIdentity.DoesNotExist:
-        return False
-    return now - identity.synced_at > timedelta(seconds=settings.SWITCHYARD_SSO_KEY_SECONDS)
+        return None
+    return identity.synced_at + timedelta(seconds=settings.SWITCHYARD_SSO_KEY_SECONDS)
+
+
+def _sso_user_unsynced(user: User, now: datetime) -> bool:
+    deadline = api_token_sso_deadline(user)
+    return deadline is not None and now > deadline
 
 
 def api_token_authenticate(*, raw: str) -> ApiToken | None:

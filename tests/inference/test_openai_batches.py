@@ -473,18 +473,23 @@ def test_a_team_that_still_owns_files_is_kept_with_a_clear_error(team_setup: dic
         team_delete(team=team_setup["team"])
 
 
-@pytest.mark.parametrize("ending", ["cancelled", "failed"])
-def test_a_batch_that_ends_part_way_keeps_the_answers_of_the_lines_it_did(
-    team_setup: dict[str, Any], provider: RecordingProvider, monkeypatch: pytest.MonkeyPatch, ending: str
-) -> None:
-    """Cancelled while its third line is answered, or failed at its fourth (no route): the lines
-    done are in its output file, as OpenAI's batches keep them, and no part object is left."""
+def _five_line_batch(team_setup: dict[str, Any], provider: RecordingProvider) -> tuple[openai.OpenAI, Any]:
     client, workflow = team_setup["client"], team_setup["workflow"]
     provider.script.answer = chat_answer("ok", usage=USAGE)
     uploaded = client.files.create(file=("in.jsonl", _jsonl(_chat_lines(workflow, 5))), purpose="batch")
     batch = client.batches.create(
         input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
     )
+    return client, batch
+
+
+@pytest.mark.parametrize("ending", ["cancelled", "failed"])
+def test_a_batch_that_ends_part_way_keeps_the_answers_of_the_lines_it_did(
+    team_setup: dict[str, Any], provider: RecordingProvider, monkeypatch: pytest.MonkeyPatch, ending: str
+) -> None:
+    """Cancelled while its third line is answered, or failed at its fourth (no route): the lines
+    done are in its output file, as OpenAI's batches keep them, and no part object is left."""
+    client, batch = _five_line_batch(team_setup, provider)
     real_line = jobs._run_line
     ran: list[int] = []
 
@@ -520,12 +525,7 @@ class _Killed(BaseException):
 def test_a_batch_cancelled_after_its_runner_died_gets_its_answers_from_the_resume_sweep(
     team_setup: dict[str, Any], provider: RecordingProvider, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    client, workflow = team_setup["client"], team_setup["workflow"]
-    provider.script.answer = chat_answer("ok", usage=USAGE)
-    uploaded = client.files.create(file=("in.jsonl", _jsonl(_chat_lines(workflow, 5))), purpose="batch")
-    batch = client.batches.create(
-        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
-    )
+    client, batch = _five_line_batch(team_setup, provider)
     real_line = jobs._run_line
     ran: list[int] = []
 
