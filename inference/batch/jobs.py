@@ -386,6 +386,9 @@ def _execute(job: BatchJob, parts: Iterator[list[BatchLine]], lease: _Lease) -> 
             except NoRoute as exc:
                 store.put(key, _dump(records))
                 return _kept(_fail(job_id, lease.token, f"no route: {exc}", finished.counters(current)))
+            except Exception:
+                store.put(key, _dump(records))  # the job fails (batch_job_execute): keep what it answered
+                raise
             records.append(record)
             current.add(record)
             renewed = _renew(job_id, lease.token, **finished.counters(current))
@@ -487,7 +490,9 @@ def batch_jobs_resume() -> list[int]:
         batch_job_enqueue(job_id=job_id)
     # Those that ended in the last day (older ones had their sweeps; the scan stays bounded).
     ended = BatchJob.objects.filter(state__in=[BatchJob.State.CANCELLED, BatchJob.State.FAILED], api__gt="")
-    ended = ended.filter(updated_at__lt=cutoff, updated_at__gt=cutoff - timedelta(days=1))
+    ended = ended.filter(updated_at__lt=cutoff, updated_at__gt=cutoff - timedelta(days=1)).exclude(
+        done=0, failed=0
+    )
     for job in ended.filter(output_file__isnull=True, error_file__isnull=True).select_related("workflow"):
         _kept(job)
     return ids

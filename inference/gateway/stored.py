@@ -15,9 +15,11 @@ is a 400 that says so; an id that is unknown, expired, deleted or out of the key
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
@@ -76,13 +78,27 @@ def responses_turn(own: dict[str, Any], previous: str | None, caller: TokenGrant
             type_="invalid_request_error",
             code="previous_response_not_found",
         )
-    before = [*found.input_items, *found.response.get("output", [])]
-    return Turn({**own, "input": [*before, *items]}, [*before, *items], continued=True)
+    conversation = [*found.input_items, *found.response.get("output", []), *items]
+    # Each stored response holds its whole conversation: bounded as a request body is, or a
+    # long chain would build (and store) documents no caller could have sent.
+    if len(json.dumps(conversation, separators=(",", ":"))) > settings.V1_MAX_BODY_BYTES:
+        raise invalid(
+            "previous_response_id",
+            f"continues a conversation longer than a request may be ({settings.V1_MAX_BODY_BYTES} bytes "
+            "with this input); start a new one with the part that matters in input",
+        )
+    return Turn({**own, "input": conversation}, conversation, continued=True)
 
 
-def responses_keep(turn: Turn, *, request_id: int | None, workflow: Workflow, answer: dict[str, Any]) -> None:
+def responses_keep(
+    turn: Turn, *, request_id: int | None, workflow: Workflow, answer: dict[str, Any], replayed: bool = False
+) -> None:
     """Keep an answered, unstreamed response when the caller and the workflow allow it, and say in
-    the answer (`store`) whether it was kept."""
+    the answer (`store`) whether it was kept. An idempotent replay (`replayed`) keeps nothing
+    again: a response deleted since stays deleted."""
+    if replayed:
+        answer["store"] = StoredResponse.objects.filter(pk=request_id).exists()
+        return
     kept = False
     if turn.document.get("store") is not False and request_id is not None and workflow.retain_prompts:
         kept = stored_response_keep(

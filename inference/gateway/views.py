@@ -247,7 +247,9 @@ def _complete_checked(
         return route_failure(result, caller, workflow.team_id)
     doc = answer_document(api, result, workflow.slug, document)
     if turn is not None:
-        responses_keep(turn, request_id=result.request_id, workflow=workflow, answer=doc)
+        responses_keep(
+            turn, request_id=result.request_id, workflow=workflow, answer=doc, replayed=result.replayed
+        )
     response = HttpResponse(json.dumps(doc, separators=(",", ":")), content_type="application/json")
     answer_headers(response, result, result.deployment_slug, caller, workflow.team_id)
     return response

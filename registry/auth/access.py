@@ -162,6 +162,9 @@ def cached_grant_unverified(raw: str) -> UnverifiedGrant | None:
     hit = _grants.get(hashlib.sha256(raw.encode()).digest())
     if hit is None or time.monotonic() - hit.at >= GRANT_MAX_AGE_SECONDS:
         return None
+    deadline = hit.grant.sso_deadline
+    if deadline is not None and timezone.now() > deadline:
+        return None  # read again (and refused) by grant_for_raw_token
     return UnverifiedGrant(hit.grant, hit.version)
 
 

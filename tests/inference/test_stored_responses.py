@@ -182,3 +182,31 @@ def test_opting_out_and_expiry_delete_kept_responses(
     assert not StoredResponse.objects.exists()
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(second.id)
+
+
+def test_a_conversation_longer_than_a_request_may_be_is_not_continued(
+    kept: tuple[openai.OpenAI, Workflow], provider: RecordingProvider, settings: Any
+) -> None:
+    client, workflow = kept
+    provider.script.answer = chat_answer("Paris. " * 40)
+    first = client.responses.create(model=workflow.slug, input="Capital of France?")
+    settings.V1_MAX_BODY_BYTES = 300  # the new turn's body fits; the conversation it continues does not
+    calls = provider.script.calls()
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model=workflow.slug, previous_response_id=first.id, input="And Italy?")
+    assert refused.value.param == "previous_response_id" and "longer than a request" in refused.value.message
+    assert provider.script.calls() == calls and StoredResponse.objects.count() == 1
+
+
+def test_a_deleted_response_stays_deleted_when_its_request_is_replayed(
+    kept: tuple[openai.OpenAI, Workflow], provider: RecordingProvider
+) -> None:
+    client, workflow = kept
+    provider.script.answer = chat_answer("Paris.")
+    again = {"Idempotency-Key": "ask-once"}
+    first = client.responses.create(model=workflow.slug, input="Capital of France?", extra_headers=again)
+    assert first.store is True
+    client.responses.delete(first.id)
+    replay = client.responses.create(model=workflow.slug, input="Capital of France?", extra_headers=again)
+    assert replay.id == first.id and replay.store is False and provider.script.calls() == 1
+    assert not StoredResponse.objects.exists()

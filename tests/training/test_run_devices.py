@@ -4,6 +4,7 @@ chunk whose devices are all owned waits (its task retries) instead of stacking o
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -22,6 +23,7 @@ from training.models import LearnerChunk, TrainingLearner, TrainingRun
 from training.run_ranks import chunk_devices
 
 WORKER = "cluster-a@host-1"
+WORKER_STARTED = datetime(2026, 1, 1, tzinfo=UTC)  # before every chunk of these tests
 
 
 def test_a_worker_offers_the_devices_its_environment_names_or_its_gpus() -> None:
@@ -54,7 +56,7 @@ def two_rank_run(db: Any) -> TrainingRun:
 def _offer(run: TrainingRun, devices: list[int]) -> None:
     cluster = TrainingLearner.objects.filter(run=run).first().cluster  # type: ignore[union-attr]
     cluster_heartbeat(
-        cluster_slug=cluster.slug, hostname=WORKER, pid=1, started_at=timezone.now(), devices=devices
+        cluster_slug=cluster.slug, hostname=WORKER, pid=1, started_at=WORKER_STARTED, devices=devices
     )
 
 
@@ -94,6 +96,40 @@ def test_two_learners_on_one_worker_own_disjoint_devices_and_a_third_claim_waits
 
     LearnerChunk.objects.filter(pk=first.pk).update(finished_at=timezone.now())  # learner 0's chunk ends
     assert _claim(run, 1, seq=1).devices == [0, 1]
+
+
+def test_chunks_that_will_never_finish_own_nothing(two_rank_run: TrainingRun) -> None:
+    """A chunk left unfinished by a worker that died, or by a run that was cancelled, does not
+    keep its devices: only live chunks of the worker's current process own any."""
+    run = two_rank_run
+    _offer(run, [0, 1])
+    first = _claim(run, 0)
+    assert first.devices == [0, 1]
+    # The worker restarts (a new process, a new heartbeat start): the dead chunk owns nothing.
+    WorkerHeartbeat.objects.filter(hostname=WORKER).update(started_at=timezone.now())
+    assert _claim(run, 1).devices == [0, 1]
+    # A cancelled run's unfinished chunks own nothing either.
+    other = services.training_run_create(config=run.config, created_by=None, name="devices-2")
+    TrainingRun.objects.filter(pk=run.pk).update(state=TrainingRun.State.CANCELLED)
+    TrainingLearner.objects.filter(run=run).update(cluster=None)
+    services.training_run_place(run_id=other.pk)
+    other.refresh_from_db()
+    assert other.state == TrainingRun.State.RUNNING, other.reason
+    assert _claim(other, 0).devices == [0, 1]
+
+
+def test_a_worker_with_fewer_devices_than_a_learners_ranks_loses_the_learner(
+    two_rank_run: TrainingRun,
+) -> None:
+    _offer(two_rank_run, [0])  # one GPU, two ranks: no wait would help
+    learner = TrainingLearner.objects.get(run=two_rank_run, index=0)
+    claim = services.learner_chunk_claim(
+        learner_id=learner.pk, generation=learner.generation, seq=0, worker_hostname=WORKER
+    )
+    assert claim is None and not LearnerChunk.objects.filter(learner=learner).exists()
+    learner.refresh_from_db()
+    assert learner.state == TrainingLearner.State.LOST
+    assert learner.last_error == f"worker {WORKER} offers 1 device(s), fewer than learners.ranks (2)"
 
 
 def test_a_worker_that_offers_no_devices_owns_none(two_rank_run: TrainingRun) -> None:

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 
-from django.db import transaction
+from django.db import connection, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from billing.services import NoPriceError, accelerator_time_bill
@@ -43,31 +44,54 @@ class DevicesBusy(Exception):  # noqa: N818 (a wait, not an error)
     retries) rather than share a GPU with another learner."""
 
 
+class TooFewDevices(Exception):  # noqa: N818 (a refusal, said on the learner)
+    """The worker offers fewer devices than the run's learners.ranks: no wait would help."""
+
+
 def _chunk_devices(
     *, learner: TrainingLearner, worker_hostname: str, ranks: int, redelivered: int | None
 ) -> list[int]:
     """The device ordinals the chunk owns while it runs: the first `ranks` its worker offers
-    (registry.worker_signals) that no other unfinished chunk of that worker owns; [] on a worker
-    that offers none (CPU). Read under the worker's heartbeat row lock, so chunks claimed at
-    once on one worker (`--concurrency > 1`) get disjoint devices. DevicesBusy when too few
-    are free."""
-    beat = (
-        WorkerHeartbeat.objects.select_for_update()
-        .filter(cluster=learner.cluster, hostname=worker_hostname[:255])
-        .first()
-    )
+    (registry.worker_signals) that no live chunk of that worker owns; [] on a worker that offers
+    none (CPU). Live: unfinished, started since the worker's process started (a restarted worker
+    owns nothing of its dead predecessor's), of its learner's current generation in a live run
+    (a cancelled run's or a moved learner's chunk owns nothing). Chosen under a transaction lock
+    of the worker's own (not a row lock, which the heartbeat's cluster lock could deadlock
+    with), so chunks claimed at once on one worker (`--concurrency > 1`) get disjoint devices.
+    DevicesBusy when too few are free now, TooFewDevices when the worker has too few at all."""
+    hostname = worker_hostname[:255]
+    _worker_lock(hostname)
+    beat = WorkerHeartbeat.objects.filter(cluster=learner.cluster, hostname=hostname).first()
     if beat is None or not beat.devices:
         return []
-    others = LearnerChunk.objects.filter(worker_hostname=worker_hostname[:255], finished_at__isnull=True)
+    if len(beat.devices) < ranks:
+        raise TooFewDevices(
+            f"worker {hostname} offers {len(beat.devices)} device(s), fewer than learners.ranks ({ranks})"
+        )
+    others = LearnerChunk.objects.filter(
+        worker_hostname=hostname,
+        finished_at__isnull=True,
+        started_at__gte=beat.started_at,
+        generation=F("learner__generation"),
+        learner__run__state__in=[TrainingRun.State.RUNNING, TrainingRun.State.RECOVERING],
+    )
     if redelivered is not None:
         others = others.exclude(pk=redelivered)  # its own earlier attempt on this worker
     held = {d for owned in others.values_list("devices", flat=True) for d in owned}
     free = [d for d in beat.devices if d not in held]
     if len(free) < ranks:
         raise DevicesBusy(
-            f"worker {worker_hostname} offers devices {beat.devices}, of which {sorted(held)} are owned"
+            f"worker {hostname} offers devices {beat.devices}, of which {sorted(held)} are owned"
         )
     return free[:ranks]
+
+
+def _worker_lock(hostname: str) -> None:
+    """Serialise device choices on one worker until the transaction ends (PostgreSQL; SQLite,
+    the embedded demo, has one writer at a time already)."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"switchyard-devices:{hostname}"])
 
 
 @dataclass(frozen=True)
@@ -164,12 +188,19 @@ def learner_chunk_claim(
             return None
         else:
             ranks = RunConfig(run.config).ranks
-            devices = _chunk_devices(
-                learner=learner,
-                worker_hostname=worker_hostname,
-                ranks=ranks,
-                redelivered=existing.pk if existing is not None else None,
-            )
+            try:
+                devices = _chunk_devices(
+                    learner=learner,
+                    worker_hostname=worker_hostname,
+                    ranks=ranks,
+                    redelivered=existing.pk if existing is not None else None,
+                )
+            except TooFewDevices as exc:
+                # Not here: the learner is lost, saying why, and the supervisor moves it.
+                TrainingLearner.objects.filter(pk=learner.pk).update(
+                    state=TrainingLearner.State.LOST, state_changed_at=now, last_error=str(exc)[:5000]
+                )
+                return None
             if existing is None:
                 chunk = LearnerChunk.objects.create(
                     learner=learner,
