@@ -49,7 +49,7 @@ if _worker:
             os.environ[_name] = _worker_database(os.environ[_name], _worker)
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # a hook of pytest-xdist's
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """With --dist loadgroup: each SERIAL_GROUPS entry is one unit of work, every other test its
     own (pytest-xdist hands the largest units out first, so the group starts at once)."""
