@@ -42,7 +42,7 @@ def _job(pk: int) -> BatchJob:
 
 
 def _openai_input(workflow_slug: str, operator: Any) -> GatewayFile:
-    """An uploaded Batch API input, as POST /v1/files leaves it (tests/inference/test_openai_batches.py)."""
+    """An uploaded Batch API input, as POST /v1/files leaves it (tests/inference/openai_batches/)."""
     text = "".join(
         json.dumps(
             {
