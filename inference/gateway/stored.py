@@ -16,7 +16,7 @@ is a 400 that says so; an id that is unknown, expired, deleted or out of the key
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -43,7 +43,6 @@ class Turn:
     body, with the conversation so far in `input` when it continues one)."""
 
     document: dict[str, Any]
-    items: list[dict[str, Any]] = field(default_factory=list)  # the whole conversation's input
     continued: bool = False
 
 
@@ -60,9 +59,8 @@ def responses_own(document: dict[str, Any]) -> tuple[dict[str, Any], str | None]
 
 def responses_turn(own: dict[str, Any], previous: str | None, caller: TokenGrant, workflow: Workflow) -> Turn:
     """The conversation a request continues (see the module docstring); `own` has been parsed."""
-    items = _items(own["input"])
     if previous is None:
-        return Turn(own, items)
+        return Turn(own)
     if not workflow.retain_prompts:
         raise invalid(
             "previous_response_id",
@@ -78,7 +76,7 @@ def responses_turn(own: dict[str, Any], previous: str | None, caller: TokenGrant
             type_="invalid_request_error",
             code="previous_response_not_found",
         )
-    conversation = [*found.input_items, *found.response.get("output", []), *items]
+    conversation = [*found.input_items, *found.response.get("output", []), *_items(own["input"])]
     # Each stored response holds its whole conversation: bounded as a request body is, or a
     # long chain would build (and store) documents no caller could have sent.
     if len(json.dumps(conversation, separators=(",", ":"))) > settings.V1_MAX_BODY_BYTES:
@@ -87,7 +85,7 @@ def responses_turn(own: dict[str, Any], previous: str | None, caller: TokenGrant
             f"continues a conversation longer than a request may be ({settings.V1_MAX_BODY_BYTES} bytes "
             "with this input); start a new one with the part that matters in input",
         )
-    return Turn({**own, "input": conversation}, conversation, continued=True)
+    return Turn({**own, "input": conversation}, continued=True)
 
 
 def responses_keep(
@@ -104,7 +102,10 @@ def responses_keep(
         kept = stored_response_keep(
             request_id=request_id,
             workflow_id=workflow.pk,
-            input_items=[_with_id(item, request_id, i) for i, item in enumerate(turn.items)],
+            # The conversation as items, built only when it is kept (not on every request).
+            input_items=[
+                _with_id(item, request_id, i) for i, item in enumerate(_items(turn.document["input"]))
+            ],
             response={**answer, "store": True},
         )
     answer["store"] = kept

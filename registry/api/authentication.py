@@ -40,9 +40,9 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
         if found is None:  # no token, revoked, or its user deactivated
             raise exceptions.AuthenticationFailed("invalid or revoked token")
         token, grant = found
-        if token.expires_at is not None and grant.expired(timezone.now()):
+        if grant.expires_at is not None and grant.expired(timezone.now()):
             raise exceptions.AuthenticationFailed(
-                f"this API key expired at {token.expires_at.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
+                f"this API key expired at {grant.expires_at.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
             )
         principal_keep(request, grant.principal)
         return token.user, token

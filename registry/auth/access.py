@@ -125,6 +125,13 @@ class _Cached:
     at: float
     token: ApiToken  # the row the grant was read from, with its user: /api/ hands out copies
 
+    def usable(self) -> bool:
+        """Read recently enough (GRANT_MAX_AGE_SECONDS), and not past its SSO key deadline."""
+        if time.monotonic() - self.at >= GRANT_MAX_AGE_SECONDS:
+            return False
+        deadline = self.grant.sso_deadline
+        return deadline is None or timezone.now() <= deadline
+
 
 _grants: dict[bytes, _Cached] = {}
 _grants_lock = threading.Lock()
@@ -160,11 +167,8 @@ def cached_grant_unverified(raw: str) -> UnverifiedGrant | None:
     if not _well_formed(raw):
         return None
     hit = _grants.get(hashlib.sha256(raw.encode()).digest())
-    if hit is None or time.monotonic() - hit.at >= GRANT_MAX_AGE_SECONDS:
-        return None
-    deadline = hit.grant.sso_deadline
-    if deadline is not None and timezone.now() > deadline:
-        return None  # read again (and refused) by grant_for_raw_token
+    if hit is None or not hit.usable():
+        return None  # read again (an SSO key past its deadline: refused) by grant_for_raw_token
     return UnverifiedGrant(hit.grant, hit.version)
 
 
@@ -196,17 +200,14 @@ def _lookup(raw: str) -> _Cached | None:
         return None
     version = auth_version().read()
     key = hashlib.sha256(raw.encode()).digest()  # the cache holds no secrets
-    now = time.monotonic()
     if version is not None:
         hit = _grants.get(key)
-        if hit is not None and hit.version == version and now - hit.at < GRANT_MAX_AGE_SECONDS:
-            deadline = hit.grant.sso_deadline
-            if deadline is None or timezone.now() <= deadline:
-                return hit
+        if hit is not None and hit.version == version and hit.usable():
+            return hit
     token = api_token_authenticate(raw=raw)
     if token is None or not token.user.is_active:
         return None
-    found = _Cached(token_grant(token), version or b"", now, token)
+    found = _Cached(token_grant(token), version or b"", time.monotonic(), token)
     if version is not None:
         with _grants_lock:
             if len(_grants) > 10_000:

@@ -121,11 +121,6 @@ def api_token_sso_deadline(user: User) -> datetime | None:
     return identity.synced_at + timedelta(seconds=settings.SWITCHYARD_SSO_KEY_SECONDS)
 
 
-def _sso_user_unsynced(user: User, now: datetime) -> bool:
-    deadline = api_token_sso_deadline(user)
-    return deadline is not None and now > deadline
-
-
 def api_token_authenticate(*, raw: str) -> ApiToken | None:
     parts = raw.split("_", 2)
     if len(parts) != 3 or parts[0] != TOKEN_PREFIX:
@@ -142,7 +137,8 @@ def api_token_authenticate(*, raw: str) -> ApiToken | None:
     if token is None or not hmac.compare_digest(token.key_hash, _hash_secret(secret)):
         return None
     now = timezone.now()
-    if _sso_user_unsynced(token.user, now):
+    deadline = api_token_sso_deadline(token.user)
+    if deadline is not None and now > deadline:  # an SSO user who has not signed in since
         return None
     # Touch at most once a minute: a token used in a hot loop must not turn
     # every request into a write.

@@ -21,7 +21,7 @@ from billing.models import Budget
 from registry.auth.roles import Role
 from registry.models import ApiToken
 from registry.services import api_token_create
-from tests.factories import make_member, make_team
+from tests.factories import make_cluster, make_member, make_team
 
 pytestmark = pytest.mark.django_db
 
@@ -94,6 +94,13 @@ def test_apitoken_revoke_of_an_unknown_prefix_is_a_command_error() -> None:
 def test_worker_for_an_unregistered_cluster_is_a_command_error() -> None:
     with pytest.raises(CommandError, match="no cluster with slug 'nope'"):
         _run("worker", "--cluster", "nope")
+
+
+def test_worker_refuses_devices_it_cannot_offer(monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster = make_cluster()
+    monkeypatch.setenv("SWITCHYARD_WORKER_DEVICES", "0,gpu1")
+    with pytest.raises(CommandError, match="SWITCHYARD_WORKER_DEVICES must be device ordinals"):
+        _run("worker", "--cluster", cluster.slug)
 
 
 def test_worker_refuses_a_concurrency_below_one() -> None:

@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from registry.models import Cluster
 from registry.queues import CONTROL_QUEUE, cluster_queue
-from registry.worker_signals import WORKER_CLUSTER_ENV
+from registry.worker_signals import WORKER_CLUSTER_ENV, worker_devices
 from stack.celery import app
 
 
@@ -41,6 +41,10 @@ class Command(BaseCommand):
             slug: str = options["cluster"]
             if not Cluster.objects.filter(slug=slug).exists():
                 raise CommandError(f"no cluster with slug {slug!r} is registered; add it first")
+            try:  # the devices it will offer: a bad SWITCHYARD_WORKER_DEVICES stops it here
+                worker_devices()
+            except ValueError as exc:
+                raise CommandError(str(exc)) from None
             queue, name = cluster_queue(slug), f"{slug}@%h"
             os.environ[WORKER_CLUSTER_ENV] = slug
         argv = [
