@@ -41,6 +41,7 @@ from django.db import connection
 from bench.mockprovider import Behaviour, MockProviderServer
 from billing.models import Unit, UsageRecord
 from inference.models import InferenceAttempt, InferenceRequest
+from inference.ratelimit.redis_counters import DOWN_BACKOFF_SECONDS
 from registry.auth.roles import Role
 from registry.models import Workflow
 from registry.services import api_token_create
@@ -169,8 +170,9 @@ def _assert_drill(
         )
         print(f"answers resumed {resumed - up_at:.3f} s after the return")
         # Recovered for good: the key's last outcomes (the traffic ran until it had 25 answers
-        # after the return) are all answers. A gunicorn worker may reconnect a moment after its
-        # neighbour, so a refusal may still follow the first answer, never the last ones.
+        # after the return, and after any refusal-without-trying window a worker was in) are all
+        # answers. A gunicorn worker may reconnect a moment after its neighbour, so a refusal may
+        # still follow the first answer, never the last ones.
         last = sorted((o for o in outcomes if o.key == key), key=lambda o: o.started)[-10:]
         assert all(o.request_id is not None for o in last), [_kind(o) for o in last]
 
@@ -287,8 +289,12 @@ def test_a_redis_restart_fails_open_or_closed_per_key_and_never_hangs(
                 time.sleep(OUTAGE_S)
                 redis.start()
                 up_at = time.monotonic()
+                # A gunicorn worker whose last try failed just before the return refuses without
+                # trying for DOWN_BACKOFF_SECONDS more, while its neighbour may answer already: the
+                # traffic runs until the key has been answered after every worker's backoff.
+                settled_at = up_at + DOWN_BACKOFF_SECONDS
                 wait_until(
-                    lambda: traffic.answered_since(up_at, key=fail_closed) >= 25,
+                    lambda: traffic.answered_since(settled_at, key=fail_closed) >= 25,
                     timeout=60,
                     what="the fail-closed key's answers after the restart",
                 )
