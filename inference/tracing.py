@@ -35,7 +35,7 @@ _CALLED = frozenset({Outcome.OK.value, Outcome.RETRYABLE.value, Outcome.NON_RETR
 _OPERATION = {Endpoint.COMPLETION.value: "text_completion", Endpoint.EMBEDDING.value: "embeddings"}
 # gen_ai.system per adapter kind: the conventions' names where one fits; an OpenAI-compatible
 # server speaks OpenAI's API whoever runs it.
-_SYSTEM = {"bedrock": "aws.bedrock", "openai-compatible": "openai"}
+_SYSTEM = {"bedrock": "aws.bedrock", "openai-compatible": "openai", "anthropic": "anthropic"}
 
 
 def _system(entry: PlanEntry) -> str:

@@ -59,6 +59,10 @@ class ChatRequest:
     # Extra provider parameters passed through untouched (OpenAI-compatible only).
     extra: dict[str, Any] = field(default_factory=dict)
     wire: Mapping[str, Any] | None = None
+    # The client's Anthropic Messages body (less `model` and `stream`) when it wrote one
+    # (/v1/messages): an Anthropic-format provider gets it as written, cache_control and all;
+    # every other adapter takes the chat request it was translated into.
+    anthropic_wire: Mapping[str, Any] | None = None
 
     @property
     def needs_json_schema(self) -> bool:
@@ -193,7 +197,8 @@ class ProviderError(Exception):
     `retry_after` is the provider's own wait in seconds (a 429's Retry-After), when it said one.
     `code` is the failover code of the cause (registry.failover_codes): the adapter names
     it where it knows (a timeout, a broken connection, an unreadable answer), else it follows
-    from the HTTP status."""
+    from the HTTP status. `refusal` is set on an adapter's own refusal before any call
+    (adapter_refusal): what it cannot carry, in our words, which the caller is shown."""
 
     def __init__(
         self,
@@ -203,13 +208,27 @@ class ProviderError(Exception):
         status_code: int | None = None,
         retry_after: float | None = None,
         code: FailoverCode | None = None,
+        refusal: str = "",
     ) -> None:
         super().__init__(message)
+        self.refusal = refusal
         self.status_code = status_code
         self.retry_after = retry_after
         self.client_error = status_code in CLIENT_ERROR_STATUSES
         self.retryable = retryable and not self.client_error
         self.code: str = code if code is not None else failover_code_for_status(status_code)
+
+
+def adapter_refusal(target: Target, api: str, message: str) -> ProviderError:
+    """A 400 an adapter raises before calling: the request asks for what `api` (the provider's
+    wire format) cannot carry. `message` names the field; the caller sees it (never a provider's
+    own words, which stay in the logs), the logs also the deployment."""
+    return ProviderError(
+        f"HTTP 400: {target.slug} ({api}): {message}",
+        retryable=False,
+        status_code=400,
+        refusal=f"{api}: {message}",
+    )
 
 
 def classify_status(status: int) -> bool:
@@ -223,7 +242,7 @@ class Target:
 
     deployment_id: int
     slug: str
-    kind: str  # adapter kind: openai-compatible, bedrock
+    kind: str  # adapter kind: openai-compatible, bedrock, anthropic
     base_url: str
     provider_model_id: str
     region: str = ""

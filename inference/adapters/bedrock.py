@@ -31,6 +31,7 @@ from inference.adapters.base import (
     ProviderError,
     StreamChunk,
     Target,
+    adapter_refusal,
     classify_status,
 )
 from inference.adapters.converse_mapping import (
@@ -99,9 +100,7 @@ def unsupported_features(request: InferenceInput) -> list[str]:
 
 
 def _refusal(target: Target, message: str) -> ProviderError:
-    return ProviderError(
-        f"HTTP 400: {target.slug} (Bedrock Converse): {message}", retryable=False, status_code=400
-    )
+    return adapter_refusal(target, "Bedrock Converse", message)
 
 
 def _converse_plan(target: Target, request: InferenceInput) -> ConversePlan:

@@ -2,7 +2,10 @@
 
 Pure Python (no boto3, no Django): the Bedrock adapter (inference.adapters.bedrock) sends what
 `converse_request` builds and hands back what `chat_answer` and `ConverseStreamMapper` make, so
-the gateway passes Bedrock's answers on as it does an OpenAI-compatible provider's.
+the gateway passes Bedrock's answers on as it does an OpenAI-compatible provider's. Anthropic's
+Messages API has Converse's shape under other names, so the Anthropic adapter builds on the same
+mapping (inference.adapters.anthropic_mapping renames its blocks); refusals name no service, the
+adapter that raises them does.
 
 The shapes are the Converse API reference's
 (https://docs.aws.amazon.com/bedrock/latest/APIReference/API_runtime_Converse.html and
@@ -86,13 +89,11 @@ class ConversePlan:
 
 def _tool_use(call: dict[str, Any], where: str) -> dict[str, Any]:
     if call.get("type") != "function":
-        raise Unmappable(f"{where}.type must be function: Bedrock Converse takes function tool calls only")
+        raise Unmappable(f"{where}.type must be function: only function tool calls are mapped")
     function = call["function"]
     arguments = tool_arguments_object(function["arguments"])
     if arguments is None:
-        raise Unmappable(
-            f"{where}.function.arguments must be a JSON object for Bedrock Converse (toolUse.input)"
-        )
+        raise Unmappable(f"{where}.function.arguments must be a JSON object (a tool call's input is one)")
     return {"toolUse": {"toolUseId": call["id"], "name": function["name"], "input": arguments}}
 
 
@@ -149,7 +150,7 @@ def _tool_specs(tools: tuple[dict[str, Any], ...]) -> list[dict[str, Any]]:
     specs = []
     for i, tool in enumerate(tools):
         if tool.get("type") != "function":
-            raise Unmappable(f"tools[{i}].type must be function: Bedrock Converse takes function tools only")
+            raise Unmappable(f"tools[{i}].type must be function: only function tools are mapped")
         function = tool["function"]
         if not _TOOL_NAME.fullmatch(function["name"]):
             raise Unmappable(f"tools[{i}].function.name must be 1 to 64 letters, digits, _ or -")
@@ -182,9 +183,7 @@ def _tool_choice(request: ChatRequest, names: list[str]) -> tuple[str, str | Non
         or not isinstance(function, dict)
         or not isinstance(function.get("name"), str)
     ):
-        raise Unmappable(
-            "tool_choice must name a function for Bedrock Converse: {type: function, function: {name}}"
-        )
+        raise Unmappable("tool_choice must name a function: {type: function, function: {name}}")
     if function["name"] not in names:
         raise Unmappable(f"tool_choice names {function['name'][:64]!r}, which is not one of the tools")
     return "named", function["name"]
@@ -208,9 +207,7 @@ def _json_tool(request: ChatRequest, names: list[str]) -> dict[str, Any] | None:
     else:
         raise Unmappable(f"response_format.type {str(kind)[:32]!r} is not text, json_object or json_schema")
     if spec["name"] in names:
-        raise Unmappable(
-            f"response_format's name {spec['name']!r} is also a tool's: Bedrock needs them apart"
-        )
+        raise Unmappable(f"response_format's name {spec['name']!r} is also a tool's: they must differ")
     description = fmt.get("json_schema", {}).get("description") if kind == "json_schema" else None
     spec["description"] = description or _JSON_TOOL_DESCRIPTION
     return {"toolSpec": spec}

@@ -84,7 +84,7 @@ def _connection(key: ConnKey, timeout: float) -> tuple[http.client.HTTPConnectio
     return conn, True
 
 
-def _drop(key: ConnKey) -> None:
+def connection_drop(key: ConnKey) -> None:
     conn = _connections().pop(key, None)
     if conn is not None:
         conn.close()
@@ -128,10 +128,10 @@ def request_json(
             conn.request(method, prefix + path, body=payload, headers=all_headers)
             return conn.getresponse(), key
         except OutboundRefused as exc:
-            _drop(key)
+            connection_drop(key)
             raise ProviderError(str(exc), retryable=False, code=FailoverCode.ENDPOINT_REFUSED) from exc
         except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
-            _drop(key)
+            connection_drop(key)
             if fresh:
                 raise ProviderError(
                     f"connection to {host}:{port} failed: {exc}",
@@ -141,14 +141,14 @@ def request_json(
             # A kept-alive connection the server had closed: reopen once.
             continue
         except TimeoutError as exc:
-            _drop(key)
+            connection_drop(key)
             raise ProviderError(
                 f"timed out after {timeout:.2f}s calling {host}:{port}",
                 retryable=True,
                 code=FailoverCode.TIMEOUT,
             ) from exc
         except (OSError, http.client.HTTPException) as exc:
-            _drop(key)
+            connection_drop(key)
             raise ProviderError(
                 f"cannot reach {host}:{port}: {exc}", retryable=True, code=FailoverCode.CONNECTION_ERROR
             ) from exc
@@ -157,25 +157,25 @@ def request_json(
     )
 
 
-def _read_all(resp: http.client.HTTPResponse, key: ConnKey) -> bytes:
+def read_body(resp: http.client.HTTPResponse, key: ConnKey) -> bytes:
     try:
         data = resp.read()
     except TimeoutError as exc:
-        _drop(key)
+        connection_drop(key)
         raise ProviderError(
             "timed out reading the answer", retryable=True, code=FailoverCode.TIMEOUT
         ) from exc
     except (OSError, http.client.HTTPException) as exc:
-        _drop(key)
+        connection_drop(key)
         raise ProviderError(
             f"connection broke while reading: {exc}", retryable=True, code=FailoverCode.CONNECTION_ERROR
         ) from exc
     if resp.will_close:
-        _drop(key)
+        connection_drop(key)
     return data
 
 
-def _status_error(target: Target, resp: http.client.HTTPResponse, data: bytes) -> ProviderError:
+def status_error(target: Target, resp: http.client.HTTPResponse, data: bytes) -> ProviderError:
     """The error for an upstream 4xx/5xx: the status only. What the provider said is logged here
     and nowhere else: an upstream body may name internal hosts or echo another system's data,
     and this message reaches attempts, failover events, batch output and eval comments.
@@ -294,9 +294,9 @@ class OpenAICompatibleAdapter:
             timeout=timeout,
             allow_private=target.allow_private,
         )
-        data = _read_all(resp, key)
+        data = read_body(resp, key)
         if resp.status >= 300:  # a redirect is an answer here, never followed
-            raise _status_error(target, resp, data)
+            raise status_error(target, resp, data)
         try:
             doc = json.loads(data)
             choice = doc["choices"][0]
@@ -313,7 +313,7 @@ class OpenAICompatibleAdapter:
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
             # A 200 with a body we cannot read: the provider is broken right now, so another
             # deployment may well answer (the chaos adapter's "malformed" drill). The body is
-            # logged, never passed on (see _status_error).
+            # logged, never passed on (see status_error).
             logger.warning("malformed answer from %s: %r", target.slug, data[:2000])
             raise ProviderError(
                 f"malformed answer from {target.slug}",
@@ -335,9 +335,9 @@ class OpenAICompatibleAdapter:
             timeout=timeout,
             allow_private=target.allow_private,
         )
-        data = _read_all(resp, key)
+        data = read_body(resp, key)
         if resp.status >= 300:  # a redirect is an answer here, never followed
-            raise _status_error(target, resp, data)
+            raise status_error(target, resp, data)
         try:
             doc = json.loads(data)
             if not isinstance(doc, dict) or not isinstance(doc["data"], list):
@@ -367,7 +367,7 @@ class OpenAICompatibleAdapter:
             target.base_url, path, body, headers=headers, timeout=timeout, allow_private=target.allow_private
         )
         if resp.status >= 300:
-            raise _status_error(target, resp, _read_all(resp, key))
+            raise status_error(target, resp, read_body(resp, key))
         return self._events(target, request, resp, key)
 
     def _events(
@@ -423,8 +423,8 @@ class OpenAICompatibleAdapter:
                 else:
                     yield StreamChunk(text=text, finish_reason=finish_now, raw=doc)
         except (TimeoutError, OSError, http.client.HTTPException) as exc:
-            _drop(key)
+            connection_drop(key)
             code = FailoverCode.TIMEOUT if isinstance(exc, TimeoutError) else FailoverCode.CONNECTION_ERROR
             raise ProviderError(f"stream from {target.slug} broke: {exc}", retryable=True, code=code) from exc
         if resp.will_close:
-            _drop(key)
+            connection_drop(key)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from inference.adapters.anthropic import AnthropicAdapter
 from inference.adapters.base import (
     TEXT_TOOL_ARGUMENTS,
     Adapter,
@@ -21,7 +22,11 @@ from registry.failover_codes import FailoverCode
 
 _openai = OpenAICompatibleAdapter()
 _bedrock = BedrockAdapter()
-_ADAPTERS: dict[str, Adapter] = {"openai-compatible": _openai, "bedrock": _bedrock}
+_ADAPTERS: dict[str, Adapter] = {
+    "openai-compatible": _openai,
+    "bedrock": _bedrock,
+    "anthropic": AnthropicAdapter(),
+}
 _CHAOS: dict[str, Adapter] = {kind: ChaosAdapter(inner) for kind, inner in _ADAPTERS.items()}
 
 
@@ -54,18 +59,22 @@ ADAPTER_FEATURES: dict[str, frozenset[str]] = {
     "openai-compatible": frozenset({"tools", "json_schema", "vision", "embeddings"}),
     # Converse toolConfig for tools and JSON mode (adapters/converse_mapping); images refused (400).
     "bedrock": frozenset({"tools", "json_schema"}),
+    # The same mapping, renamed to Messages (adapters/anthropic_mapping); images refused (400).
+    "anthropic": frozenset({"tools", "json_schema"}),
 }
 # What each adapter serves whatever a deployment declares: properties of its wire format.
 ADAPTER_INHERENT: dict[str, frozenset[str]] = {
     "openai-compatible": frozenset({TEXT_TOOL_ARGUMENTS}),  # carried as the client wrote them
     "bedrock": frozenset(),  # toolUse.input is a JSON object
+    "anthropic": frozenset(),  # tool_use.input is a JSON object
 }
 
 
 def adapter_kind(provider_kind: str) -> str:
-    """Bedrock speaks Converse; every other provider kind (on-prem, cloud, openai-compatible,
-    our own `serve_model`) is reached over the OpenAI-compatible HTTP API at its base URL."""
-    return "bedrock" if provider_kind == "bedrock" else "openai-compatible"
+    """Bedrock speaks Converse and Anthropic-format providers Messages; every other provider kind
+    (on-prem, cloud, openai-compatible, our own `serve_model`) is reached over the
+    OpenAI-compatible HTTP API at its base URL."""
+    return provider_kind if provider_kind in ("bedrock", "anthropic") else "openai-compatible"
 
 
 def adapter_for(target: Target) -> Adapter:

@@ -71,7 +71,8 @@ def answer_headers(
 def route_failure(result: RouteResult, caller: TokenGrant, team_id: int | None) -> HttpResponse:
     """Every deployment failed. The caller gets the status class, an OpenAI-style type and the
     request id; what the providers said stays in the logs and the request's attempts (an
-    upstream body may name internal hosts or echo another system's data)."""
+    upstream body may name internal hosts or echo another system's data). An adapter's own
+    refusal (a field its provider's format cannot carry) is ours, and is shown."""
     logger.warning(
         "v1 request %s failed (last status %s): %s", result.request_id, result.status_code, result.error
     )
@@ -79,7 +80,9 @@ def route_failure(result: RouteResult, caller: TokenGrant, team_id: int | None) 
     if result.status_code in CLIENT_ERROR_STATUSES:
         response = error_response(
             400,
-            f"The provider refused the request as invalid{ref}",
+            f"The request cannot be sent to its provider: {result.refusal}{ref}"
+            if result.refusal
+            else f"The provider refused the request as invalid{ref}",
             "invalid_request_error",
             "provider_rejected",
         )

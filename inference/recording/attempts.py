@@ -37,6 +37,7 @@ class AttemptInfo:
     error: str = ""
     started_at: float = 0.0  # perf_counter at the start, for time lost between attempts
     code: str = ""  # a failed call's failover code (registry.failover_codes)
+    refusal: str = ""  # an adapter's own refusal before the call (ProviderError.refusal): shown
 
     @property
     def deployment_id(self) -> int:

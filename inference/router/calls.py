@@ -51,6 +51,7 @@ def error_attempt(
         error=str(exc)[:1000] + (" [client error]" if client_error else ""),
         started_at=started,
         code=exc.code,
+        refusal=exc.refusal,
     )
 
 

@@ -130,6 +130,7 @@ def finish_request(
         demoted=ctx.demoted,
         retry_after=retry_after,
         cost_avoided=row.cost_avoided,
+        refusal=ctx.attempts[-1].refusal if winner is None and ctx.attempts else "",
     )
 
 

@@ -19,6 +19,7 @@ class Provider(models.Model):
         AZURE = "azure", "Azure"
         OPENAI_COMPATIBLE = "openai-compatible", "OpenAI-compatible"
         BEDROCK = "bedrock", "Amazon Bedrock"
+        ANTHROPIC = "anthropic", "Anthropic (Messages API)"
         OTHER = "other", "Other"
 
     slug = models.SlugField(max_length=64, unique=True)

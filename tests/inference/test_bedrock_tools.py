@@ -366,3 +366,15 @@ def test_images_are_still_refused_with_a_400(
     with pytest.raises(openai.BadRequestError):
         _ask(sdk, stream=False, messages=[{"role": "user", "content": [image]}])
     assert converse.behaviour.requests == []
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_a_field_converse_cannot_carry_is_named_in_the_400(
+    sdk: tuple[openai.OpenAI, str], converse: ConverseServer, stream: bool
+) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        _ask(sdk, stream=stream, messages=[USER], logprobs=True, n=2)
+    error = caught.value.body
+    assert isinstance(error, dict) and error["code"] == "provider_rejected"
+    assert "Bedrock Converse: does not take logprobs, n" in error["message"]
+    assert converse.behaviour.requests == []

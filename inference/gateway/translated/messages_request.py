@@ -11,6 +11,10 @@ silence: a field or block that has no chat equivalent is a 400 naming it (`messa
 Written from Anthropic's published API reference (Messages, streaming events, errors); the
 support table in inference/README.md lists each field as passed, translated or refused.
 
+A deployment of an Anthropic-format provider (inference.adapters.anthropic) is sent the body as
+the caller wrote it (`ChatRequest.anthropic_wire`, less model and stream), once it has passed
+these checks; only its answer comes back through chat. For every other provider:
+
 What does not carry over and how it is handled:
 - `cache_control` on system, tools and content blocks is accepted and not sent on: it asks
   Anthropic to write a prompt cache, and OpenAI-compatible providers cache prompts by themselves
@@ -26,9 +30,11 @@ What does not carry over and how it is handled:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
+from inference.adapters.base import ChatRequest
 from inference.gateway.openai_body import (
     MAX_TOKENS_LIMIT,
     USER_MAX_LENGTH,
@@ -393,4 +399,9 @@ def messages_request_parse(doc: dict[str, Any], *, counting: bool = False) -> Pa
     if doc.get("model") is None:
         raise field_error("model", "is required: the workflow to call")
     chat = messages_to_chat(doc, counting=counting)
-    return chat_parse_translated(chat, renamed=_PARAMS, lists=("messages", "tools", "tool_choice"))
+    parsed = chat_parse_translated(chat, renamed=_PARAMS, lists=("messages", "tools", "tool_choice"))
+    if counting or not isinstance(parsed.request, ChatRequest):
+        return parsed
+    # Checked as its chat translation; an Anthropic-format provider gets the body as written.
+    native = {k: v for k, v in doc.items() if k not in ("model", "stream")}
+    return dataclasses.replace(parsed, request=dataclasses.replace(parsed.request, anthropic_wire=native))

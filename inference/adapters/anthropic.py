@@ -1,0 +1,205 @@
+"""Anthropic-format providers (Anthropic's API, and servers that speak its Messages API) over HTTP.
+
+A request the caller wrote in Messages (/v1/messages) is sent as written, `model` replaced; a chat
+request as the Messages body it maps to (inference.adapters.anthropic_mapping: tools, tool
+choice, JSON mode as a forced tool); both to `<base URL>/v1/messages` (the base URL is the host, as in
+Anthropic's SDK: https://api.anthropic.com), with the provider's secret as `x-api-key` and
+`anthropic-version`; the answer, plain or streamed, comes back as OpenAI documents, so the
+gateway passes it on as it does an OpenAI-compatible provider's, and /v1/messages gets it back
+in Anthropic's shape. What the mapping cannot carry is a 400 before any call, naming the field.
+
+The HTTP client is the OpenAI-compatible adapter's (inference.adapters.openai_compat): one
+kept-alive connection per thread and host, opened through the outbound guard; an upstream error
+body is logged there, never passed on. Anthropic's 529 (overloaded) is retryable like any 5xx.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+from collections.abc import Iterator
+from typing import Any
+
+from django.conf import settings
+
+from inference.adapters.anthropic_mapping import (
+    API_VERSION,
+    CARRIED_FIELDS,
+    MessagesStreamMapper,
+    StreamFailed,
+    chat_from_message,
+    messages_body,
+)
+from inference.adapters.base import (
+    ChatRequest,
+    Completion,
+    EmbeddingRequest,
+    InferenceInput,
+    ProviderError,
+    StreamChunk,
+    Target,
+    adapter_refusal,
+    classify_status,
+)
+from inference.adapters.converse_mapping import ConversePlan, Unmappable
+from inference.adapters.openai_compat import ConnKey, connection_drop, read_body, request_json, status_error
+from registry.failover_codes import FailoverCode
+
+# An `error` event's type in a stream -> the HTTP status the same error has as an answer.
+_STREAM_ERROR_STATUS = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "api_error": 500,
+    "overloaded_error": 529,
+}
+
+
+def _refusal(target: Target, message: str) -> ProviderError:
+    return adapter_refusal(target, "Anthropic Messages", message)
+
+
+def _unsupported(request: InferenceInput) -> list[str]:
+    """What the Messages mapping cannot carry: refused, never dropped."""
+    if not isinstance(request, ChatRequest):
+        return ["prompt (Anthropic's Messages API has no text completions)"]
+    out = sorted(name for name in (request.wire or {}) if name not in CARRIED_FIELDS)
+    if request.n != 1:
+        out.append("n")
+    if any(m.parts for m in request.messages):
+        out.append("messages (content parts other than text)")
+    return out
+
+
+def _request(target: Target, request: InferenceInput, *, stream: bool) -> tuple[dict[str, Any], ConversePlan]:
+    model = target.provider_model_id or target.slug
+    if isinstance(request, ChatRequest) and request.anthropic_wire is not None:
+        # The caller wrote Messages (/v1/messages, checked there): sent as written.
+        body = {**request.anthropic_wire, "model": model}
+        if stream:
+            body["stream"] = True
+        return body, ConversePlan(args={})
+    unsupported = _unsupported(request)
+    if unsupported:
+        raise _refusal(target, f"does not take {', '.join(unsupported)}")
+    assert isinstance(request, ChatRequest)  # noqa: S101 (_unsupported refused the others)
+    try:
+        body, plan = messages_body(
+            request,
+            model=model,
+            default_max_tokens=int(settings.INFERENCE_MAX_OUTPUT_TOKENS),
+        )
+    except Unmappable as exc:
+        raise _refusal(target, str(exc)) from exc
+    if stream:
+        body["stream"] = True
+    return body, plan
+
+
+def _headers(target: Target, *, stream: bool) -> dict[str, str]:
+    headers = {"anthropic-version": API_VERSION}
+    if target.credentials:
+        headers["x-api-key"] = target.credentials
+    if stream:
+        headers["Accept"] = "text/event-stream"
+    return headers
+
+
+def _malformed(target: Target, what: str) -> ProviderError:
+    return ProviderError(
+        f"malformed {what} from {target.slug}", retryable=True, code=FailoverCode.MALFORMED_RESPONSE
+    )
+
+
+class AnthropicAdapter:
+    kind = "anthropic"
+
+    def complete(self, target: Target, request: InferenceInput, *, timeout: float) -> Completion:
+        body, plan = _request(target, request, stream=False)
+        resp, key = request_json(
+            target.base_url,
+            "/v1/messages",
+            body,
+            headers=_headers(target, stream=False),
+            timeout=timeout,
+            allow_private=target.allow_private,
+        )
+        data = read_body(resp, key)
+        if resp.status >= 300:  # a redirect is an answer here, never followed
+            raise status_error(target, resp, data)
+        try:
+            doc = json.loads(data)
+            text, finish, raw, usage = chat_from_message(doc, plan, model=target.provider_model_id)
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            raise _malformed(target, "Messages answer") from exc
+        return Completion(
+            text=text,
+            tokens_in=usage.prompt,
+            tokens_out=usage.output,
+            cached_tokens=usage.cache_read,
+            finish_reason=finish,
+            provider_model=str(doc.get("model") or target.provider_model_id),
+            status_code=resp.status,
+            raw=raw,
+        )
+
+    def embed(self, target: Target, request: EmbeddingRequest, *, timeout: float) -> Completion:
+        raise ProviderError(f"{target.slug}: Anthropic's API serves no embeddings", retryable=False)
+
+    def stream(self, target: Target, request: InferenceInput, *, timeout: float) -> Iterator[StreamChunk]:
+        body, plan = _request(target, request, stream=True)
+        resp, key = request_json(
+            target.base_url,
+            "/v1/messages",
+            body,
+            headers=_headers(target, stream=True),
+            timeout=timeout,
+            allow_private=target.allow_private,
+        )
+        if resp.status >= 300:
+            raise status_error(target, resp, read_body(resp, key))
+        return self._events(target, resp, key, MessagesStreamMapper(plan, model=target.provider_model_id))
+
+    def _events(
+        self, target: Target, resp: http.client.HTTPResponse, key: ConnKey, mapper: MessagesStreamMapper
+    ) -> Iterator[StreamChunk]:
+        """Server-sent events: each `data:` line is one event document (its `type` names it)."""
+        try:
+            while True:
+                line = resp.readline()
+                if not line:
+                    break
+                line = line.strip()
+                if not line.startswith(b"data:"):
+                    continue  # `event:` lines repeat the document's type; blank lines end an event
+                try:
+                    doc = json.loads(line[5:])
+                    chunks = mapper.event(doc)
+                except StreamFailed as exc:
+                    status = _STREAM_ERROR_STATUS.get(exc.kind, 500)
+                    connection_drop(key)
+                    raise ProviderError(
+                        f"HTTP {status} {exc.kind[:64]} from {target.slug} (in the stream)",
+                        retryable=classify_status(status),
+                        status_code=status,
+                    ) from exc
+                except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                    connection_drop(key)
+                    raise _malformed(target, "stream event") from exc
+                yield from chunks
+        except (TimeoutError, OSError, http.client.HTTPException) as exc:
+            connection_drop(key)
+            code = FailoverCode.TIMEOUT if isinstance(exc, TimeoutError) else FailoverCode.CONNECTION_ERROR
+            raise ProviderError(f"stream from {target.slug} broke: {exc}", retryable=True, code=code) from exc
+        if not mapper.finished:
+            connection_drop(key)
+            raise ProviderError(
+                f"stream from {target.slug} ended before the message did",
+                retryable=True,
+                code=FailoverCode.CONNECTION_ERROR,
+            )
+        if resp.will_close:
+            connection_drop(key)
