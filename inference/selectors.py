@@ -223,10 +223,13 @@ def _target(d: Deployment, chaos: ChaosConfig | None) -> Target:
     # Checked again here, not only where deployments are saved: a row written before the rule,
     # or left outside after an admin narrowed the provider's endpoints, is refused, not called.
     refused = deployment_endpoint_problem(provider=provider, base_url=d.base_url)
+    kind = adapter_kind(provider.kind)
+    if d.speaks_responses and kind == "openai-compatible":
+        extra["responses_api"] = True  # /v1/responses requests go to its /responses as written
     return Target(
         deployment_id=d.pk,
         slug=d.slug,
-        kind=adapter_kind(provider.kind),
+        kind=kind,
         base_url="" if refused else (d.base_url or provider.base_url).rstrip("/"),
         provider_model_id=d.provider_model_id or d.model.slug,
         region=provider.region,

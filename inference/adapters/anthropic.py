@@ -8,7 +8,7 @@ Anthropic's SDK: https://api.anthropic.com), with the provider's secret as `x-ap
 gateway passes it on as it does an OpenAI-compatible provider's, and /v1/messages gets it back
 in Anthropic's shape. What the mapping cannot carry is a 400 before any call, naming the field.
 
-The HTTP client is the OpenAI-compatible adapter's (inference.adapters.openai_compat): one
+The HTTP client is inference.adapters.http_client: one
 kept-alive connection per thread and host, opened through the outbound guard; an upstream error
 body is logged there, never passed on. Anthropic's 529 (overloaded) is retryable like any 5xx.
 """
@@ -42,7 +42,14 @@ from inference.adapters.base import (
     classify_status,
 )
 from inference.adapters.converse_mapping import ConversePlan, Unmappable
-from inference.adapters.openai_compat import ConnKey, connection_drop, read_body, request_json, status_error
+from inference.adapters.http_client import (
+    ConnKey,
+    connection_drop,
+    read_body,
+    request_json,
+    sse_chunks,
+    status_error,
+)
 from registry.failover_codes import FailoverCode
 
 # An `error` event's type in a stream -> the HTTP status the same error has as an answer.
@@ -166,34 +173,18 @@ class AnthropicAdapter:
     def _events(
         self, target: Target, resp: http.client.HTTPResponse, key: ConnKey, mapper: MessagesStreamMapper
     ) -> Iterator[StreamChunk]:
-        """Server-sent events: each `data:` line is one event document (its `type` names it)."""
-        try:
-            while True:
-                line = resp.readline()
-                if not line:
-                    break
-                line = line.strip()
-                if not line.startswith(b"data:"):
-                    continue  # `event:` lines repeat the document's type; blank lines end an event
-                try:
-                    doc = json.loads(line[5:])
-                    chunks = mapper.event(doc)
-                except StreamFailed as exc:
-                    status = _STREAM_ERROR_STATUS.get(exc.kind, 500)
-                    connection_drop(key)
-                    raise ProviderError(
-                        f"HTTP {status} {exc.kind[:64]} from {target.slug} (in the stream)",
-                        retryable=classify_status(status),
-                        status_code=status,
-                    ) from exc
-                except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                    connection_drop(key)
-                    raise _malformed(target, "stream event") from exc
-                yield from chunks
-        except (TimeoutError, OSError, http.client.HTTPException) as exc:
-            connection_drop(key)
-            code = FailoverCode.TIMEOUT if isinstance(exc, TimeoutError) else FailoverCode.CONNECTION_ERROR
-            raise ProviderError(f"stream from {target.slug} broke: {exc}", retryable=True, code=code) from exc
+        def read(doc: dict[str, Any]) -> list[StreamChunk]:
+            try:
+                return mapper.event(doc)
+            except StreamFailed as exc:  # an `error` event: the status its type has as an answer
+                status = _STREAM_ERROR_STATUS.get(exc.kind, 500)
+                raise ProviderError(
+                    f"HTTP {status} {exc.kind[:64]} from {target.slug} (in the stream)",
+                    retryable=classify_status(status),
+                    status_code=status,
+                ) from exc
+
+        yield from sse_chunks(target, resp, key, read)
         if not mapper.finished:
             connection_drop(key)
             raise ProviderError(
@@ -201,5 +192,3 @@ class AnthropicAdapter:
                 retryable=True,
                 code=FailoverCode.CONNECTION_ERROR,
             )
-        if resp.will_close:
-            connection_drop(key)

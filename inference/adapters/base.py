@@ -63,6 +63,10 @@ class ChatRequest:
     # (/v1/messages): an Anthropic-format provider gets it as written, cache_control and all;
     # every other adapter takes the chat request it was translated into.
     anthropic_wire: Mapping[str, Any] | None = None
+    # The client's Responses body (less `model`; `previous_response_id` already made into
+    # `input`) when it wrote one (/v1/responses, batch lines): a deployment that serves
+    # `/responses` (Deployment.speaks_responses) gets it as written.
+    responses_wire: Mapping[str, Any] | None = None
 
     @property
     def needs_json_schema(self) -> bool:

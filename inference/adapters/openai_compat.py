@@ -1,28 +1,17 @@
 """OpenAI-compatible providers over HTTP (OpenAI, vLLM, llama.cpp, our own serve_model).
 
-The client is http.client with one keep-alive connection per (thread, host): measured on the
-bench's loopback mock it adds well under 0.1 ms per call, where urllib3's PoolManager adds a few
-tenths of a millisecond of bookkeeping. A connection the server closed while idle is detected
-on the next use and reopened once (the request had not been processed: the server closed
-before reading it).
-
-Connections are opened through the outbound guard (registry.outbound.guard) under the provider's
-policy; redirects are not followed; an upstream error body is logged here and never becomes part
-of an error message (which reaches callers, attempts, failover events and batch output).
+The client's own body (`wire`) is sent with only `model` and the stream flags set, and the
+answer document comes back whole. The HTTP client (kept-alive connections through the outbound
+guard, error bodies logged, never passed on) is inference.adapters.http_client's.
 """
 
 from __future__ import annotations
 
-import email.utils
 import http.client
 import json
 import logging
-import socket
-import threading
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlsplit
 
 from inference.adapters.base import (
     ChatRequest,
@@ -34,174 +23,23 @@ from inference.adapters.base import (
     Target,
     classify_status,
 )
+from inference.adapters.http_client import (
+    ConnKey,
+    connection_drop,
+    read_body,
+    request_json,
+    sse_chunks,
+    status_error,
+)
+from inference.adapters.responses_mapping import (
+    ResponseFailed,
+    ResponsesStreamMapper,
+    chat_from_response,
+    responses_body,
+)
 from registry.failover_codes import FailoverCode
-from registry.outbound.guard import PRIVATE_ALLOWED, PUBLIC_ONLY, OutboundRefused, guarded_connection
 
 logger = logging.getLogger(__name__)
-_local = threading.local()
-
-# (scheme, host, port, may reach private networks): a connection vetted under one policy is
-# never reused for a target under a stricter one.
-ConnKey = tuple[str, str, int, bool]
-
-
-def _connections() -> dict[ConnKey, http.client.HTTPConnection]:
-    conns = getattr(_local, "conns", None)
-    if conns is None:
-        conns = _local.conns = {}
-    return conns
-
-
-def _key(base_url: str, allow_private: bool) -> ConnKey:
-    parts = urlsplit(base_url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ProviderError(
-            f"base URL {base_url!r} is not http(s)", retryable=False, code=FailoverCode.ENDPOINT_REFUSED
-        )
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    return parts.scheme, parts.hostname, port, allow_private
-
-
-def _connection(key: ConnKey, timeout: float) -> tuple[http.client.HTTPConnection, bool]:
-    """A kept-alive connection for this thread, and whether it is fresh.
-
-    A fresh one is opened through the outbound guard (registry.outbound.guard): the host is
-    resolved (cached briefly), its addresses checked against the provider's policy, and the
-    socket connected to the address checked. A kept-alive one costs no lookup at all.
-    """
-    conns = _connections()
-    conn = conns.get(key)
-    if conn is not None:
-        conn.timeout = timeout
-        if conn.sock is not None:
-            conn.sock.settimeout(timeout)
-        return conn, False
-    scheme, host, port, allow_private = key
-    conn = guarded_connection(
-        scheme, host, port, timeout=timeout, policy=PRIVATE_ALLOWED if allow_private else PUBLIC_ONLY
-    )
-    conns[key] = conn
-    return conn, True
-
-
-def connection_drop(key: ConnKey) -> None:
-    conn = _connections().pop(key, None)
-    if conn is not None:
-        conn.close()
-
-
-def close_all() -> None:
-    """Close this thread's kept-alive connections (tests, server shutdown)."""
-    for conn in _connections().values():
-        conn.close()
-    _connections().clear()
-
-
-def request_json(
-    base_url: str,
-    path: str,
-    body: dict[str, Any] | None,
-    *,
-    headers: dict[str, str],
-    timeout: float,
-    allow_private: bool = False,
-    method: str = "POST",
-) -> tuple[http.client.HTTPResponse, ConnKey]:
-    """Send one request on the kept-alive connection; the open response and its connection key.
-
-    Connect errors and timeouts become retryable ProviderErrors, a destination the outbound
-    guard refuses a non-retryable one. The caller reads the body (or streams it) and must read
-    it to the end so the connection can be reused. Redirects are answers, never followed.
-    """
-    key = _key(base_url, allow_private)
-    scheme, host, port, _ = key
-    prefix = urlsplit(base_url).path.rstrip("/")
-    payload = json.dumps(body, separators=(",", ":")).encode() if body is not None else None
-    all_headers = {"Content-Type": "application/json", "Accept": "application/json", **headers}
-    for _ in range(2):
-        conn, fresh = _connection(key, timeout)
-        try:
-            if fresh:
-                conn.connect()
-                # One write per request already; NODELAY keeps streamed uploads from waiting.
-                conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn.request(method, prefix + path, body=payload, headers=all_headers)
-            return conn.getresponse(), key
-        except OutboundRefused as exc:
-            connection_drop(key)
-            raise ProviderError(str(exc), retryable=False, code=FailoverCode.ENDPOINT_REFUSED) from exc
-        except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
-            connection_drop(key)
-            if fresh:
-                raise ProviderError(
-                    f"connection to {host}:{port} failed: {exc}",
-                    retryable=True,
-                    code=FailoverCode.CONNECTION_ERROR,
-                ) from exc
-            # A kept-alive connection the server had closed: reopen once.
-            continue
-        except TimeoutError as exc:
-            connection_drop(key)
-            raise ProviderError(
-                f"timed out after {timeout:.2f}s calling {host}:{port}",
-                retryable=True,
-                code=FailoverCode.TIMEOUT,
-            ) from exc
-        except (OSError, http.client.HTTPException) as exc:
-            connection_drop(key)
-            raise ProviderError(
-                f"cannot reach {host}:{port}: {exc}", retryable=True, code=FailoverCode.CONNECTION_ERROR
-            ) from exc
-    raise ProviderError(
-        f"connection to {host}:{port} keeps closing", retryable=True, code=FailoverCode.CONNECTION_ERROR
-    )
-
-
-def read_body(resp: http.client.HTTPResponse, key: ConnKey) -> bytes:
-    try:
-        data = resp.read()
-    except TimeoutError as exc:
-        connection_drop(key)
-        raise ProviderError(
-            "timed out reading the answer", retryable=True, code=FailoverCode.TIMEOUT
-        ) from exc
-    except (OSError, http.client.HTTPException) as exc:
-        connection_drop(key)
-        raise ProviderError(
-            f"connection broke while reading: {exc}", retryable=True, code=FailoverCode.CONNECTION_ERROR
-        ) from exc
-    if resp.will_close:
-        connection_drop(key)
-    return data
-
-
-def status_error(target: Target, resp: http.client.HTTPResponse, data: bytes) -> ProviderError:
-    """The error for an upstream 4xx/5xx: the status only. What the provider said is logged here
-    and nowhere else: an upstream body may name internal hosts or echo another system's data,
-    and this message reaches attempts, failover events, batch output and eval comments.
-
-    A 429 or 503 may say how long to stay away (Retry-After, or OpenAI's and Azure's finer
-    retry-after-ms): the router cools the deployment down for that long.
-    """
-    status = resp.status
-    logger.warning(
-        "provider %s answered HTTP %s: %s", target.slug, status, data[:2000].decode("utf-8", "replace")
-    )
-    retry_after = None
-    if status in (429, 503):
-        retry_after = retry_after_seconds(resp.getheader("Retry-After"))
-        ms = resp.getheader("retry-after-ms")
-        if ms:
-            try:
-                retry_after = max(0.0, float(ms) / 1000.0)
-            except ValueError:
-                pass
-    return ProviderError(
-        f"HTTP {status} from {target.slug}",
-        retryable=classify_status(status),
-        status_code=status,
-        retry_after=retry_after,
-    )
 
 
 def _body(target: Target, request: InferenceInput, *, stream: bool) -> tuple[str, dict[str, Any]]:
@@ -252,24 +90,6 @@ def _usage_counts(usage: dict[str, Any]) -> dict[str, int]:
     }
 
 
-def retry_after_seconds(value: str | None) -> float | None:
-    """A Retry-After header as seconds: delta-seconds or an HTTP date (RFC 9110 §10.2.3)."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        return None
-    return max(0.0, (when - datetime.now(UTC)).total_seconds())
-
-
 def _headers(target: Target) -> dict[str, str]:
     return {"Authorization": f"Bearer {target.credentials}"} if target.credentials else {}
 
@@ -285,6 +105,9 @@ class OpenAICompatibleAdapter:
     kind = "openai-compatible"
 
     def complete(self, target: Target, request: InferenceInput, *, timeout: float) -> Completion:
+        wire = _native_responses(target, request)
+        if wire is not None:
+            return self._responses_complete(target, wire, timeout=timeout)
         path, body = _body(target, request, stream=False)
         resp, key = request_json(
             target.base_url,
@@ -361,6 +184,9 @@ class OpenAICompatibleAdapter:
             ) from exc
 
     def stream(self, target: Target, request: InferenceInput, *, timeout: float) -> Iterator[StreamChunk]:
+        wire = _native_responses(target, request)
+        if wire is not None:
+            return self._responses_stream(target, wire, timeout=timeout)
         path, body = _body(target, request, stream=True)
         headers = {**_headers(target), "Accept": "text/event-stream"}
         resp, key = request_json(
@@ -368,63 +194,123 @@ class OpenAICompatibleAdapter:
         )
         if resp.status >= 300:
             raise status_error(target, resp, read_body(resp, key))
-        return self._events(target, request, resp, key)
+        return sse_chunks(target, resp, key, _ChatEvents(chat=isinstance(request, ChatRequest)))
 
-    def _events(
-        self, target: Target, request: InferenceInput, resp: http.client.HTTPResponse, key: ConnKey
-    ) -> Iterator[StreamChunk]:
-        chat = isinstance(request, ChatRequest)
-        finish: str | None = None
+    def _responses_send(
+        self, target: Target, wire: dict[str, Any], *, stream: bool, timeout: float
+    ) -> tuple[http.client.HTTPResponse, ConnKey]:
+        """A /v1/responses request to a deployment that serves `/responses`, sent as written
+        (inference.adapters.responses_mapping); its answer is read back into chat documents."""
+        body = responses_body(wire, model=target.provider_model_id or target.slug, stream=stream)
+        headers = {**_headers(target), **({"Accept": "text/event-stream"} if stream else {})}
+        resp, key = request_json(
+            target.base_url,
+            "/responses",
+            body,
+            headers=headers,
+            timeout=timeout,
+            allow_private=target.allow_private,
+        )
+        if resp.status >= 300:
+            raise status_error(target, resp, read_body(resp, key))
+        return resp, key
+
+    def _responses_complete(self, target: Target, wire: dict[str, Any], *, timeout: float) -> Completion:
+        resp, key = self._responses_send(target, wire, stream=False, timeout=timeout)
+        data = read_body(resp, key)
         try:
-            while True:
-                line = resp.readline()
-                if not line:
-                    break
-                line = line.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == b"[DONE]":
-                    # Read to the end so the kept-alive connection is reusable.
-                    resp.read()
-                    break
-                try:
-                    doc = json.loads(payload)
-                except ValueError as exc:
-                    raise ProviderError(
-                        f"malformed stream event from {target.slug}",
-                        retryable=True,
-                        code=FailoverCode.MALFORMED_RESPONSE,
-                    ) from exc
-                if not isinstance(doc, dict):
-                    raise ProviderError(
-                        f"malformed stream event from {target.slug}",
-                        retryable=True,
-                        code=FailoverCode.MALFORMED_RESPONSE,
-                    )
-                # One chunk per event, the event itself in `raw`: the gateway passes it on whole.
-                text, finish_now = "", None
-                for choice in doc.get("choices") or []:
-                    if not isinstance(choice, dict):
-                        raise ProviderError(
-                            f"malformed stream event from {target.slug}",
-                            retryable=True,
-                            code=FailoverCode.MALFORMED_RESPONSE,
-                        )
-                    if choice.get("index", 0) == 0:
-                        text = _text_of(choice, chat)
-                        finish_now = choice.get("finish_reason") or None
-                    finish = choice.get("finish_reason") or finish
-                usage = doc.get("usage")
-                if isinstance(usage, dict) and usage:
-                    yield StreamChunk(
-                        text=text, finish_reason=finish or "stop", raw=doc, **_usage_counts(usage)
-                    )
-                else:
-                    yield StreamChunk(text=text, finish_reason=finish_now, raw=doc)
-        except (TimeoutError, OSError, http.client.HTTPException) as exc:
+            doc = json.loads(data)
+            if doc.get("status") == "failed":
+                raise ResponseFailed(str((doc.get("error") or {}).get("code") or "server_error"))
+            raw = chat_from_response(doc)
+        except ResponseFailed as exc:
+            raise _failed(target, exc) from exc
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            logger.warning("malformed Responses answer from %s: %r", target.slug, data[:2000])
+            raise ProviderError(
+                f"malformed answer from {target.slug}",
+                retryable=True,
+                status_code=resp.status,
+                code=FailoverCode.MALFORMED_RESPONSE,
+            ) from exc
+        choice = raw["choices"][0]
+        return Completion(
+            text=str(choice["message"]["content"] or ""),
+            finish_reason=choice["finish_reason"],
+            provider_model=str(doc.get("model") or ""),
+            status_code=resp.status,
+            raw=raw,
+            **_usage_counts(raw["usage"]),
+        )
+
+    def _responses_stream(
+        self, target: Target, wire: dict[str, Any], *, timeout: float
+    ) -> Iterator[StreamChunk]:
+        resp, key = self._responses_send(target, wire, stream=True, timeout=timeout)
+        return self._responses_events(
+            target, resp, key, ResponsesStreamMapper(model=target.provider_model_id)
+        )
+
+    def _responses_events(
+        self, target: Target, resp: http.client.HTTPResponse, key: ConnKey, mapper: ResponsesStreamMapper
+    ) -> Iterator[StreamChunk]:
+        def read(doc: dict[str, Any]) -> list[StreamChunk]:
+            try:
+                return mapper.event(doc)
+            except ResponseFailed as exc:
+                raise _failed(target, exc) from exc
+
+        yield from sse_chunks(target, resp, key, read)
+        if not mapper.finished:
             connection_drop(key)
-            code = FailoverCode.TIMEOUT if isinstance(exc, TimeoutError) else FailoverCode.CONNECTION_ERROR
-            raise ProviderError(f"stream from {target.slug} broke: {exc}", retryable=True, code=code) from exc
-        if resp.will_close:
-            connection_drop(key)
+            raise ProviderError(
+                f"stream from {target.slug} ended before the response did",
+                retryable=True,
+                code=FailoverCode.CONNECTION_ERROR,
+            )
+
+
+def _native_responses(target: Target, request: InferenceInput) -> dict[str, Any] | None:
+    """The caller's Responses body when it wrote one and the deployment serves `/responses`."""
+    if (
+        isinstance(request, ChatRequest)
+        and request.responses_wire is not None
+        and target.extra.get("responses_api")
+    ):
+        return dict(request.responses_wire)
+    return None
+
+
+def _failed(target: Target, exc: ResponseFailed) -> ProviderError:
+    """A Response that failed, or an `error` event, with the status its code means."""
+    status = 429 if exc.code == "rate_limit_exceeded" else 400 if exc.code.startswith("invalid") else 500
+    return ProviderError(
+        f"HTTP {status} {exc.code[:64]} from {target.slug} (the response failed)",
+        retryable=classify_status(status),
+        status_code=status,
+    )
+
+
+class _ChatEvents:
+    """OpenAI chat (or completions) stream events as chunks, one per event, the event itself in
+    `raw` (the gateway passes it on whole); the usage event ends the answer."""
+
+    def __init__(self, *, chat: bool) -> None:
+        self.chat = chat
+        self.finish: str | None = None
+
+    def __call__(self, doc: dict[str, Any]) -> list[StreamChunk]:
+        text, finish_now = "", None
+        for choice in doc.get("choices") or []:
+            if not isinstance(choice, dict):
+                raise TypeError("a choice is not an object")
+            if choice.get("index", 0) == 0:
+                text = _text_of(choice, self.chat)
+                finish_now = choice.get("finish_reason") or None
+            self.finish = choice.get("finish_reason") or self.finish
+        usage = doc.get("usage")
+        if isinstance(usage, dict) and usage:
+            return [
+                StreamChunk(text=text, finish_reason=self.finish or "stop", raw=doc, **_usage_counts(usage))
+            ]
+        return [StreamChunk(text=text, finish_reason=finish_now, raw=doc)]

@@ -194,6 +194,11 @@ class Deployment(models.Model):
     supports_json_schema = models.BooleanField(default=True)
     supports_vision = models.BooleanField(default=False)
     supports_embeddings = models.BooleanField(default=False)
+    # OpenAI-compatible deployments only: the endpoint serves OpenAI's Responses API
+    # (`/responses`), so a /v1/responses request is sent to it as written, not as chat.
+    speaks_responses = models.BooleanField(
+        default=False, help_text="serves OpenAI's /responses: Responses requests go to it as written"
+    )
     max_context_tokens = models.PositiveIntegerField(
         null=True, blank=True, help_text="prompt plus max_tokens; empty: not checked"
     )

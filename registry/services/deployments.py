@@ -23,6 +23,7 @@ DEPLOYMENT_FIELDS = (
     "supports_json_schema",
     "supports_vision",
     "supports_embeddings",
+    "speaks_responses",
     "max_context_tokens",
 )
 

@@ -17,7 +17,7 @@ import pytest
 from django.conf import settings
 
 from bench.mockprovider import Behaviour, MockProviderServer
-from inference.adapters.openai_compat import close_all
+from inference.adapters.http_client import close_all
 from inference.breaker import breakers as breaker
 from inference.gateway.caller import gateway_caches_clear
 from inference.selectors import rolling_caches_clear, route_cache_invalidate

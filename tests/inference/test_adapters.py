@@ -49,11 +49,11 @@ def test_openai_keeps_the_connection_alive(mock_provider: Callable[..., MockProv
     server = mock_provider()
     adapter = OpenAICompatibleAdapter()
     seen: set[int] = set()
-    from inference.adapters import openai_compat
+    from inference.adapters import http_client
 
     for _ in range(5):
         adapter.complete(_target(server.base_url), CHAT, timeout=5)
-        conn = openai_compat._connections()[("http", "127.0.0.1", server.server_address[1], True)]
+        conn = http_client._connections()[("http", "127.0.0.1", server.server_address[1], True)]
         assert conn.sock is not None
         seen.add(conn.sock.getsockname()[1])
     assert len(seen) == 1  # one local port: one TCP connection for all five calls

@@ -11,7 +11,7 @@ from playwright.sync_api import Browser
 
 from bench.mockprovider import Behaviour, MockProviderServer
 from inference.adapters.base import ChatMessage, ChatRequest
-from inference.adapters.openai_compat import close_all
+from inference.adapters.http_client import close_all
 from inference.breaker import breakers as breaker
 from inference.models import ChaosConfig
 from inference.router.entry import route

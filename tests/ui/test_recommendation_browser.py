@@ -11,7 +11,7 @@ from playwright.sync_api import Browser
 
 from bench.mockprovider import Behaviour, MockProviderServer
 from decisions.recommendations.derive import recommendations_from_study
-from inference.adapters.openai_compat import close_all
+from inference.adapters.http_client import close_all
 from inference.breaker import breakers as breaker
 from inference.selectors import route_cache_invalidate
 from registry.auth.roles import Role

@@ -4,7 +4,9 @@ As with Anthropic's Messages (messages_request), a Responses body is translated
 into the chat request it means and checked by `chat_request_parse`; the chat answer, plain or
 streamed, is translated back into a Response object and the Responses stream events. Every
 deployment of the workflow can answer (OpenAI-compatible providers get the chat body, Bedrock
-gets it through Converse). A field or item that a chat route cannot carry is a 400 naming it,
+gets it through Converse, Anthropic-format providers through Messages); a deployment that serves
+`/responses` itself (Deployment.speaks_responses) gets the body as written, once it has passed
+these checks (inference.adapters.responses_mapping). A field or item that a chat route cannot carry is a 400 naming it,
 never a silent drop (a gateway that falls back from Responses to chat and loses fields is the
 bug users report of other gateways).
 
@@ -18,8 +20,10 @@ types); the support table in docs/inference.md lists each field as passed, trans
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+from inference.adapters.base import ChatRequest
 from inference.gateway.openai_body import field_error
 from inference.gateway.openai_request import ParsedRequest
 from inference.gateway.translated.common import chat_parse_translated, invalid, text_content
@@ -291,4 +295,9 @@ def responses_request_parse(doc: dict[str, Any]) -> ParsedRequest:
     if doc.get("model") is None:
         raise field_error("model", "is required: the workflow to call")
     chat = responses_to_chat(doc)  # its errors name the Responses field already
-    return chat_parse_translated(chat, renamed=_PARAMS, lists=("tools", "tool_choice"))
+    parsed = chat_parse_translated(chat, renamed=_PARAMS, lists=("tools", "tool_choice"))
+    if not isinstance(parsed.request, ChatRequest):
+        return parsed
+    # Checked as its chat translation; a deployment that serves /responses gets it as written.
+    native = {k: v for k, v in doc.items() if k not in ("model", "store", "previous_response_id")}
+    return dataclasses.replace(parsed, request=dataclasses.replace(parsed.request, responses_wire=native))
