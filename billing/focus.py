@@ -41,6 +41,7 @@ SERVICE_BY_UNIT = {
     Unit.INPUT_TOKENS_1M: "Model inference",
     Unit.OUTPUT_TOKENS_1M: "Model inference",
     Unit.CACHED_INPUT_TOKENS_1M: "Model inference",
+    Unit.CACHE_WRITE_TOKENS_1M: "Model inference",
     Unit.REASONING_TOKENS_1M: "Model inference",
     Unit.BATCH_INPUT_TOKENS_1M: "Model inference",
     Unit.BATCH_OUTPUT_TOKENS_1M: "Model inference",
@@ -72,6 +73,9 @@ UNIT_TERMS = {
     Unit.OUTPUT_TOKENS_1M: UnitTerms(_AI, _GENAI, "1000000 Tokens", "Tokens", _MILLION, "Output Tokens"),
     Unit.CACHED_INPUT_TOKENS_1M: UnitTerms(
         _AI, _GENAI, "1000000 Tokens", "Tokens", _MILLION, "Cached Input Tokens"
+    ),
+    Unit.CACHE_WRITE_TOKENS_1M: UnitTerms(
+        _AI, _GENAI, "1000000 Tokens", "Tokens", _MILLION, "Cache Write Input Tokens"
     ),
     Unit.REASONING_TOKENS_1M: UnitTerms(
         _AI, _GENAI, "1000000 Tokens", "Tokens", _MILLION, "Reasoning Tokens"

@@ -125,6 +125,7 @@ PURPOSE_BY_UNIT = {
     Unit.INPUT_TOKENS_1M: "inference",
     Unit.OUTPUT_TOKENS_1M: "inference",
     Unit.CACHED_INPUT_TOKENS_1M: "inference",
+    Unit.CACHE_WRITE_TOKENS_1M: "inference",
     Unit.REASONING_TOKENS_1M: "inference",
     Unit.BATCH_INPUT_TOKENS_1M: "inference",
     Unit.BATCH_OUTPUT_TOKENS_1M: "inference",

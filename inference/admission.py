@@ -116,8 +116,8 @@ def worst_case_cost(entry: PlanEntry, request: RoutedInput, *, batch: bool = Fal
     """The most the call may cost on `entry`'s deployment: what a hard budget reserves, and
     what a workflow's max_cost_per_request is compared with. Each token at the dearest price the
     ledger may bill it at (inference.recording.attempts.billable_units): an input token at the
-    input price (a batch line's: the batch input price, where there is one) or the cached-input
-    price, an output token at the output (batch output) price or the reasoning price."""
+    input price (a batch line's: the batch input price, where there is one), the cached-input
+    or the cache-write price, an output token at the output (batch output) price or the reasoning price."""
     tokens_in = Decimal(input_tokens(request))
     tokens_out = Decimal(worst_case_output_tokens(request, max_context_tokens=entry.max_context_tokens))
     in_price, out_price = entry.input_price, entry.output_price
@@ -125,7 +125,7 @@ def worst_case_cost(entry: PlanEntry, request: RoutedInput, *, batch: bool = Fal
         in_price = entry.batch_input_price
     if batch and entry.batch_output_price is not None:
         out_price = entry.batch_output_price
-    dear_in = _dearest(in_price, entry.cached_input_price)
+    dear_in = _dearest(in_price, entry.cached_input_price, entry.cache_write_price)
     return (tokens_in * dear_in + tokens_out * _dearest(out_price, entry.reasoning_price)) / MILLION
 
 

@@ -102,6 +102,7 @@ def _encode(answer: CachedAnswer) -> bytes:
         "o": c.tokens_out,
         "f": c.finish_reason,
         "k": c.cached_tokens,
+        "w": c.cache_write_tokens,
         "r": c.reasoning_tokens,
         "raw": c.raw,
     }
@@ -116,6 +117,7 @@ def _decode(data: bytes) -> CachedAnswer:
         tokens_out=doc["o"],
         finish_reason=doc["f"],
         cached_tokens=doc["k"],
+        cache_write_tokens=doc.get("w", 0),  # entries stored before cache writes were counted
         reasoning_tokens=doc["r"],
         raw=doc["raw"],
     )

@@ -55,6 +55,7 @@ class PlanEntry(Candidate):
     target: Target
     # Prices of the token kinds providers report apart ($/1M; None: billed as input / output).
     cached_input_price: Decimal | None = None
+    cache_write_price: Decimal | None = None
     reasoning_price: Decimal | None = None
     # A batch job's token prices ($/1M; None: billed at the input / output price).
     batch_input_price: Decimal | None = None
@@ -176,6 +177,7 @@ class TokenPrices:
     output: Decimal | None
     currency: str  # of the prices found; USD when there is none
     cached_input: Decimal | None = None
+    cache_write: Decimal | None = None
     reasoning: Decimal | None = None
     batch_input: Decimal | None = None
     batch_output: Decimal | None = None
@@ -203,6 +205,7 @@ def deployment_token_prices(*, deployment: Deployment, at: datetime, prices: Pri
         output=found_out.unit_price if found_out else None,
         currency=priced.currency if priced is not None else "USD",
         cached_input=price(Unit.CACHED_INPUT_TOKENS_1M),
+        cache_write=price(Unit.CACHE_WRITE_TOKENS_1M),
         reasoning=price(Unit.REASONING_TOKENS_1M),
         batch_input=price(Unit.BATCH_INPUT_TOKENS_1M),
         batch_output=price(Unit.BATCH_OUTPUT_TOKENS_1M),
@@ -272,6 +275,7 @@ def _plan_entry(
         deployment=d,
         target=target,
         cached_input_price=found.cached_input,
+        cache_write_price=found.cache_write,
         reasoning_price=found.reasoning,
         batch_input_price=found.batch_input,
         batch_output_price=found.batch_output,

@@ -29,6 +29,9 @@ class Unit(models.TextChoices):
     INPUT_TOKENS_1M = "input_tokens_1m", "1M input tokens"
     OUTPUT_TOKENS_1M = "output_tokens_1m", "1M output tokens"
     CACHED_INPUT_TOKENS_1M = "cached_input_tokens_1m", "1M cached input tokens"
+    # Input tokens written to a provider's prompt cache (Anthropic's cache_creation_input_tokens),
+    # which providers that sell caching price above plain input.
+    CACHE_WRITE_TOKENS_1M = "cache_write_tokens_1m", "1M cache-write input tokens"
     REASONING_TOKENS_1M = "reasoning_tokens_1m", "1M reasoning tokens"
     # A batch job's tokens (inference.batch), where the provider sells them cheaper than
     # interactive ones; without such a price they are billed at the input / output price.

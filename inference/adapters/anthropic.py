@@ -147,6 +147,7 @@ class AnthropicAdapter:
             tokens_in=usage.prompt,
             tokens_out=usage.output,
             cached_tokens=usage.cache_read,
+            cache_write_tokens=usage.cache_write,
             finish_reason=finish,
             provider_model=str(doc.get("model") or target.provider_model_id),
             status_code=resp.status,

@@ -20,7 +20,8 @@ caching):
 - usage: `input_tokens` counts neither cache reads nor cache writes, which are
   `cache_read_input_tokens` and `cache_creation_input_tokens` beside it. The OpenAI usage handed
   on has `prompt_tokens` = all three, `prompt_tokens_details.cached_tokens` = the reads (billed
-  at the cached-input price) and `.cache_write_tokens` = the writes (billed as input). In a
+  at the cached-input price) and `.cache_write_tokens` = the writes (billed at the cache-write
+  price where the price book has one, else as input). In a
   stream, message_start carries the input counts and message_delta cumulative counts (the output,
   and in newer API versions the input ones too): the latest of each is what was used.
 - answers: `text` and `tool_use` blocks are read; thinking blocks are not part of an OpenAI answer
@@ -268,6 +269,7 @@ class MessagesStreamMapper:
                 dataclasses.replace(
                     c,
                     cached_tokens=self.usage.cache_read,
+                    cache_write_tokens=self.usage.cache_write,
                     raw={**(c.raw or {}), "usage": self.usage.openai()},
                 )
                 for c in last

@@ -158,8 +158,9 @@ class Completion:
     `text` is the first choice's text (what batch output and replays keep); `raw` is the
     provider's whole answer document when it speaks OpenAI's format, handed back to the caller
     with every field (tool calls, refusal, logprobs, system_fingerprint, usage details).
-    `cached_tokens` is the part of `tokens_in` the provider read from its prompt cache and
-    `reasoning_tokens` the part of `tokens_out` spent reasoning, as the provider reports them.
+    `cached_tokens` is the part of `tokens_in` the provider read from its prompt cache,
+    `cache_write_tokens` the part it wrote to it, and `reasoning_tokens` the part of `tokens_out`
+    spent reasoning, as the provider reports them.
     """
 
     text: str
@@ -171,6 +172,7 @@ class Completion:
     cached_tokens: int = 0
     reasoning_tokens: int = 0
     raw: dict[str, Any] | None = None
+    cache_write_tokens: int = 0  # of tokens_in, written to the provider's prompt cache
 
 
 @dataclass(frozen=True)
@@ -188,6 +190,7 @@ class StreamChunk:
     cached_tokens: int = 0
     reasoning_tokens: int = 0
     raw: dict[str, Any] | None = None
+    cache_write_tokens: int = 0
 
 
 # "Your request is bad": the same request would be refused by any deployment, so the router

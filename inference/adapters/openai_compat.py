@@ -86,6 +86,9 @@ def _usage_counts(usage: dict[str, Any]) -> dict[str, int]:
         "tokens_in": int(usage.get("prompt_tokens") or 0),
         "tokens_out": int(usage.get("completion_tokens") or 0),
         "cached_tokens": int(prompt_details.get("cached_tokens") or 0),
+        # Not OpenAI's own field: providers that sell prompt caching (and routers in front of
+        # Anthropic models) report cache writes here, as the translated Messages answers read it.
+        "cache_write_tokens": int(prompt_details.get("cache_write_tokens") or 0),
         "reasoning_tokens": int(completion_details.get("reasoning_tokens") or 0),
     }
 

@@ -29,6 +29,7 @@ class AttemptInfo:
     tokens_in: int = 0
     tokens_out: int = 0
     cached_tokens: int = 0  # of tokens_in, read from the provider's prompt cache
+    cache_write_tokens: int = 0  # of tokens_in, written to the provider's prompt cache
     reasoning_tokens: int = 0  # of tokens_out, spent reasoning
     batch: bool = False  # a batch job's line: its input and output at the batch prices, if any
     # A response-cache hit (inference.cache): nothing billed; what the cached answer cost.
@@ -84,6 +85,7 @@ UNIT_SUFFIX = {
     Unit.INPUT_TOKENS_1M.value: "in",
     Unit.OUTPUT_TOKENS_1M.value: "out",
     Unit.CACHED_INPUT_TOKENS_1M.value: "cached",
+    Unit.CACHE_WRITE_TOKENS_1M.value: "cache-write",
     Unit.REASONING_TOKENS_1M.value: "reasoning",
     Unit.BATCH_INPUT_TOKENS_1M.value: "batch-in",
     Unit.BATCH_OUTPUT_TOKENS_1M.value: "batch-out",
@@ -93,11 +95,12 @@ UNIT_SUFFIX = {
 def billable_units(a: AttemptInfo) -> list[tuple[str, Decimal, Decimal]]:
     """(unit, quantity, unit price) per billed unit of an attempt; unpriced units are not billed.
 
-    Providers count cached tokens inside prompt_tokens and reasoning tokens inside
-    completion_tokens (OpenAI's usage object). Where the price book has a cached-input price,
-    the cached tokens are their own row at that price and the input row holds the rest; where
-    it has a reasoning price, likewise for reasoning tokens and the output row. Without such a
-    price they stay in the input (output) row at its price.
+    Providers count cached tokens (read from and written to their prompt cache) inside
+    prompt_tokens and reasoning tokens inside completion_tokens (OpenAI's usage object). Where
+    the price book has a cached-input price, the cached tokens are their own row at that price
+    and the input row holds the rest; likewise cache writes at the cache-write price, and
+    reasoning tokens at the reasoning price beside the output row. Without such a price they
+    stay in the input (output) row at its price.
 
     A response-cache hit (`a.cost_avoided` set) bills one row of zero tokens that records the
     cost avoided. A batch job's line (`a.batch`) has its input and output rows in the batch units at the
@@ -116,6 +119,7 @@ def billable_units(a: AttemptInfo) -> list[tuple[str, Decimal, Decimal]]:
     out = []
     tokens_in, tokens_out = a.tokens_in, a.tokens_out
     cached = min(a.cached_tokens, tokens_in) if entry.cached_input_price is not None else 0
+    written = min(a.cache_write_tokens, tokens_in - cached) if entry.cache_write_price is not None else 0
     reasoning = min(a.reasoning_tokens, tokens_out) if entry.reasoning_price is not None else 0
     in_unit, in_price = Unit.INPUT_TOKENS_1M.value, entry.input_price
     if a.batch and entry.batch_input_price is not None:
@@ -123,10 +127,12 @@ def billable_units(a: AttemptInfo) -> list[tuple[str, Decimal, Decimal]]:
     out_unit, out_price = Unit.OUTPUT_TOKENS_1M.value, entry.output_price
     if a.batch and entry.batch_output_price is not None:
         out_unit, out_price = Unit.BATCH_OUTPUT_TOKENS_1M.value, entry.batch_output_price
-    if tokens_in - cached and in_price is not None:
-        out.append((in_unit, Decimal(tokens_in - cached) / MILLION, in_price))
+    if tokens_in - cached - written and in_price is not None:
+        out.append((in_unit, Decimal(tokens_in - cached - written) / MILLION, in_price))
     if cached and entry.cached_input_price is not None:
         out.append((Unit.CACHED_INPUT_TOKENS_1M.value, Decimal(cached) / MILLION, entry.cached_input_price))
+    if written and entry.cache_write_price is not None:
+        out.append((Unit.CACHE_WRITE_TOKENS_1M.value, Decimal(written) / MILLION, entry.cache_write_price))
     if tokens_out - reasoning and out_price is not None:
         out.append((out_unit, Decimal(tokens_out - reasoning) / MILLION, out_price))
     if reasoning and entry.reasoning_price is not None:

@@ -246,6 +246,7 @@ def ok_attempt(
         tokens_in=completion.tokens_in,
         tokens_out=completion.tokens_out,
         cached_tokens=completion.cached_tokens,
+        cache_write_tokens=completion.cache_write_tokens,
         reasoning_tokens=completion.reasoning_tokens,
         started_at=started,
         batch=ctx.endpoint == Endpoint.BATCH,

@@ -132,6 +132,7 @@ def _cached_answer(ctx: Context, hit: CachedAnswer) -> RouteResult | None:
         tokens_in=c.tokens_in,
         tokens_out=c.tokens_out,
         cached_tokens=c.cached_tokens,
+        cache_write_tokens=c.cache_write_tokens,
         reasoning_tokens=c.reasoning_tokens,
         started_at=ctx.started,
         cost_avoided=hit.cost,
@@ -223,6 +224,7 @@ class RouteStream:
                     tokens_out=usage.tokens_out or 0,
                     finish_reason=finish,
                     cached_tokens=usage.cached_tokens,
+                    cache_write_tokens=usage.cache_write_tokens,
                     reasoning_tokens=usage.reasoning_tokens,
                 )
                 attempt = ok_attempt(ctx, winner, self._call_started, completion, probe=self._probe)

@@ -80,7 +80,7 @@ def test_the_worst_case_reserved_prices_the_tools_and_max_tokens_or_the_deployme
 
 
 def _entry(**prices: Decimal) -> Any:
-    fields = ("input", "output", "cached_input", "reasoning", "batch_input", "batch_output")
+    fields = ("input", "output", "cached_input", "cache_write", "reasoning", "batch_input", "batch_output")
     return SimpleNamespace(
         **{f"{f}_price": prices.get(f"{f}_price") for f in fields}, max_context_tokens=None
     )
@@ -88,14 +88,19 @@ def _entry(**prices: Decimal) -> Any:
 
 def test_the_worst_case_prices_each_token_at_the_dearest_unit_it_may_be_billed_in() -> None:
     """A hard budget's reservation is an upper bound of what the ledger bills (billable_units):
-    reasoning tokens dearer than output are reserved at their price; a batch line at the batch
-    prices, where there are any, else at the interactive ones."""
+    reasoning tokens dearer than output are reserved at their price, input tokens at the
+    cache-write price where it is dearer than input; a batch line at the batch prices, where
+    there are any, else at the interactive ones."""
     m = Decimal(1_000_000)
     small = ChatRequest(messages=(ChatMessage("user", "ping"),), max_tokens=3)  # 8 in, 3 out
     plain = _entry(input_price=m, output_price=2 * m)
     assert cost_estimate(plain, small) == cost_estimate(plain, small, batch=True) == Decimal(8 + 2 * 3)
     reasoning = _entry(input_price=m, output_price=2 * m, reasoning_price=5 * m, cached_input_price=m / 4)
     assert cost_estimate(reasoning, small) == Decimal(8 + 5 * 3)
+    written = _entry(
+        input_price=m, output_price=2 * m, cached_input_price=m / 10, cache_write_price=m * 5 / 4
+    )
+    assert cost_estimate(written, small) == Decimal(10 + 2 * 3)  # 8 tokens at 1.25 each
     batch = _entry(input_price=m, output_price=2 * m, batch_input_price=m / 2, batch_output_price=m)
     assert cost_estimate(batch, small) == Decimal(8 + 2 * 3)
     assert cost_estimate(batch, small, batch=True) == Decimal(4 + 3)

@@ -50,6 +50,7 @@ def _deployment(server: MessagesServer) -> Deployment:
     provider_set_credentials(provider=provider, credentials=SECRET)
     deployment = priced_deployment(provider=provider, provider_model_id="claude-test")
     make_price(unit=Unit.CACHED_INPUT_TOKENS_1M, unit_price=Decimal("0.25"), deployment=deployment)
+    make_price(unit=Unit.CACHE_WRITE_TOKENS_1M, unit_price=Decimal("3.75"), deployment=deployment)
     return deployment
 
 
@@ -77,7 +78,7 @@ def _billed(row: InferenceRequest) -> dict[str, Decimal]:
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
-def test_chat_completions_reach_messages_natively_with_tools_and_cache_reads_billed(
+def test_chat_completions_reach_messages_natively_with_tools_and_cache_reads_and_writes_billed(
     routed: tuple[str, Workflow, str], claude: MessagesServer, stream: bool
 ) -> None:
     url, workflow, raw = routed
@@ -135,9 +136,11 @@ def test_chat_completions_reach_messages_natively_with_tools_and_cache_reads_bil
     assert usage.prompt_tokens_details is not None and usage.prompt_tokens_details.cached_tokens == 20
     row = InferenceRequest.objects.get()
     assert (row.tokens_in, row.tokens_out, row.stream) == (34, 4, stream)
+    # Each part of the prompt in its own unit, at its own price: 9 uncached, 20 read, 5 written.
     assert _billed(row) == {
-        Unit.INPUT_TOKENS_1M: Decimal("0.000014"),  # the cache write is billed as input
+        Unit.INPUT_TOKENS_1M: Decimal("0.000009"),
         Unit.CACHED_INPUT_TOKENS_1M: Decimal("0.000020"),
+        Unit.CACHE_WRITE_TOKENS_1M: Decimal("0.000005"),
         Unit.OUTPUT_TOKENS_1M: Decimal("0.000004"),
     }
 

@@ -20,8 +20,8 @@ What does not carry over and how it is handled:
   Anthropic to write a prompt cache, and OpenAI-compatible providers cache prompts by themselves
   (their cached tokens come back as `cache_read_input_tokens`, billed at the cached-input price).
   A provider that reports cache writes (`prompt_tokens_details.cache_write_tokens`) has them
-  given back as `cache_creation_input_tokens`; they are billed as input tokens (there is no
-  cache-write price unit yet).
+  given back as `cache_creation_input_tokens`; they are billed at the cache-write price
+  (`cache_write_tokens_1m`) where the price book has one, else as input tokens.
 - `stop_reason` "stop_sequence" cannot be told from "end_turn": a chat answer does not say which
   stop sequence ended it, so both are "end_turn" and `stop_sequence` is null.
 - `tool_result` blocks become `tool` messages (a chat tool message holds text only, so an image
