@@ -40,6 +40,7 @@ from inference.adapters.base import (
     Target,
     adapter_refusal,
     classify_status,
+    unmapped_fields,
 )
 from inference.adapters.converse_mapping import ConversePlan, Unmappable
 from inference.adapters.http_client import (
@@ -73,12 +74,7 @@ def _unsupported(request: InferenceInput) -> list[str]:
     """What the Messages mapping cannot carry: refused, never dropped."""
     if not isinstance(request, ChatRequest):
         return ["prompt (Anthropic's Messages API has no text completions)"]
-    out = sorted(name for name in (request.wire or {}) if name not in CARRIED_FIELDS)
-    if request.n != 1:
-        out.append("n")
-    if any(m.parts for m in request.messages):
-        out.append("messages (content parts other than text)")
-    return out
+    return unmapped_fields(request, CARRIED_FIELDS)
 
 
 def _request(target: Target, request: InferenceInput, *, stream: bool) -> tuple[dict[str, Any], ConversePlan]:

@@ -48,7 +48,8 @@ from inference.adapters.converse_mapping import (
 API_VERSION = "2023-06-01"  # the anthropic-version header: the Messages API's one version
 MAX_TEMPERATURE = 1.0
 
-# The client's chat fields this mapping carries; any other is refused by name, never dropped.
+# The client's chat fields this mapping carries (n = 1 only); any other but the accounting ones
+# (base.ACCOUNTING_FIELDS; `user` is carried as metadata.user_id) is refused by name.
 CARRIED_FIELDS = frozenset(
     {
         "messages",
@@ -61,10 +62,6 @@ CARRIED_FIELDS = frozenset(
         "tool_choice",
         "parallel_tool_calls",
         "response_format",
-        "user",
-        "stream",
-        "stream_options",
-        "n",  # 1 only (checked by the adapter)
         "reasoning_effort",  # output_config.effort
     }
 )

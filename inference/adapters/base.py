@@ -126,6 +126,46 @@ def tool_arguments_object(text: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+# Fields of a chat body that say who asks or how to account for the call, not what to answer: an
+# adapter whose provider's format has no place for one leaves it out. Every other field it cannot
+# carry is refused by name (unmapped_fields), never dropped: an answer that silently lacks what
+# the caller asked for (a seed, a penalty, an effort) is wrong without saying so.
+ACCOUNTING_FIELDS = frozenset(
+    {
+        "user",
+        "metadata",
+        "store",
+        "service_tier",
+        "prompt_cache_key",
+        "safety_identifier",
+        "stream",
+        "stream_options",
+    }
+)
+# Values that ask for nothing: sent by SDKs and frameworks that fill in every default.
+_NO_OP_VALUES = {"n": 1, "presence_penalty": 0, "frequency_penalty": 0}
+
+
+def unmapped_fields(request: InferenceInput, carried: frozenset[str]) -> list[str]:
+    """The request's fields that an adapter carrying `carried` (and leaving ACCOUNTING_FIELDS
+    out) cannot send: what it must refuse. A field set to null, false or a no-op default asks
+    for nothing. Content parts other than text are named when `messages` parts are not carried."""
+    out = sorted(
+        name
+        for name, value in (request.wire or {}).items()
+        if name not in carried
+        and name not in ACCOUNTING_FIELDS
+        and value is not None
+        and value is not False
+        and _NO_OP_VALUES.get(name, object()) != value
+    )
+    if request.n != 1 and "n" not in out:
+        out.append("n")
+    if isinstance(request, ChatRequest) and any(m.parts for m in request.messages):
+        out.append("messages (content parts other than text)")
+    return out
+
+
 def request_features(request: InferenceInput | EmbeddingRequest) -> frozenset[str]:
     """The capabilities a deployment needs to serve the request (Deployment.supports_*)."""
     if isinstance(request, EmbeddingRequest):

@@ -33,6 +33,7 @@ from inference.adapters.base import (
     Target,
     adapter_refusal,
     classify_status,
+    unmapped_fields,
 )
 from inference.adapters.converse_mapping import (
     FINISH,
@@ -86,17 +87,28 @@ def _client(target: Target, timeout: float) -> Any:
     return client
 
 
+# The chat fields the Converse mapping carries (adapters/converse_mapping; n = 1 only).
+CONVERSE_FIELDS = frozenset(
+    {
+        "prompt",  # a completion request: one user turn
+        "messages",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "stop",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "response_format",
+    }
+)
+
+
 def unsupported_features(request: InferenceInput) -> list[str]:
     """What this adapter cannot map to Converse: refused (HTTP 400 from the adapter), never
-    dropped, since an answer that silently lacks what the caller asked for is wrong without
-    saying so. Tools and JSON mode are mapped (adapters/converse_mapping); images are not."""
-    wire = request.wire or {}
-    out = [name for name in ("logprobs", "top_logprobs", "logit_bias") if wire.get(name)]
-    if request.n != 1:
-        out.append("n")
-    if isinstance(request, ChatRequest) and any(m.parts for m in request.messages):
-        out.append("messages (content parts other than text)")
-    return out
+    dropped (base.unmapped_fields). Tools and JSON mode are mapped; images are not."""
+    return unmapped_fields(request, CONVERSE_FIELDS)
 
 
 def _refusal(target: Target, message: str) -> ProviderError:

@@ -373,8 +373,26 @@ def test_a_field_converse_cannot_carry_is_named_in_the_400(
     sdk: tuple[openai.OpenAI, str], converse: ConverseServer, stream: bool
 ) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
-        _ask(sdk, stream=stream, messages=[USER], logprobs=True, n=2)
+        _ask(sdk, stream=stream, messages=[USER], logprobs=True, n=2, seed=7, reasoning_effort="low")
     error = caught.value.body
     assert isinstance(error, dict) and error["code"] == "provider_rejected"
-    assert "Bedrock Converse: does not take logprobs, n" in error["message"]
+    assert "Bedrock Converse: does not take logprobs, n, reasoning_effort, seed" in error["message"]
     assert converse.behaviour.requests == []
+
+
+def test_accounting_fields_and_no_op_defaults_are_left_out_not_refused(
+    sdk: tuple[openai.OpenAI, str], converse: ConverseServer
+) -> None:
+    answer = _ask(
+        sdk,
+        stream=False,
+        messages=[USER],
+        user="end-user-7",
+        metadata={"ticket": "T-1"},
+        store=False,
+        n=1,
+        presence_penalty=0,
+        logprobs=False,
+    )
+    assert answer["message"]["content"] == "hello from bedrock"
+    assert set(converse.behaviour.last_body()) == {"messages"}  # nothing else reached Converse
