@@ -18,7 +18,7 @@ import json
 import logging
 import socket
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
@@ -212,7 +212,7 @@ def retry_after_seconds(value: str | None) -> float | None:
     return max(0.0, (when - datetime.now(UTC)).total_seconds())
 
 
-StreamMapper = Callable[[dict[str, Any]], Iterable[StreamChunk]]
+StreamMapper = Callable[[dict[str, Any]], list[StreamChunk]]
 
 
 def sse_chunks(
@@ -240,7 +240,7 @@ def sse_chunks(
                 doc = json.loads(payload)
                 if not isinstance(doc, dict):
                     raise TypeError("a stream event is not a JSON object")
-                chunks = list(mapper(doc))
+                chunks = mapper(doc)
             except ProviderError:
                 connection_drop(key)
                 raise
