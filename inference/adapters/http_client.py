@@ -222,12 +222,18 @@ def sse_chunks(
     `mapper`, whose chunks are yielded (OpenAI's `[DONE]` ends it; `event:` lines are not read,
     every format here repeats the event's type in its data). A line that is not a JSON object,
     or an event the mapper cannot read, is a malformed answer; a ProviderError the mapper raises
-    (the provider's own error event) fails the call. Either way the connection is dropped, never
-    reused with unread data on it."""
+    (the provider's own error event) fails the call. A stream not read to its end (an error, or
+    a caller that stopped reading: the client went away) has its connection dropped, never
+    reused with unread data on it, which would fail the thread's next call to that host. The
+    connection is the one this thread opened (a generator may be closed on another thread)."""
+    conns = _connections()
+    conn = conns.get(key)
+    ended = False
     try:
         while True:
             line = resp.readline()
             if not line:
+                ended = True
                 break
             line = line.strip()
             if not line.startswith(b"data:"):
@@ -235,17 +241,14 @@ def sse_chunks(
             payload = line[5:].strip()
             if payload == b"[DONE]":
                 resp.read()  # to the end, so the kept-alive connection is reusable
+                ended = True
                 break
             try:
                 doc = json.loads(payload)
                 if not isinstance(doc, dict):
                     raise TypeError("a stream event is not a JSON object")
                 chunks = mapper(doc)
-            except ProviderError:
-                connection_drop(key)
-                raise
             except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
-                connection_drop(key)
                 raise ProviderError(
                     f"malformed stream event from {target.slug}",
                     retryable=True,
@@ -253,8 +256,11 @@ def sse_chunks(
                 ) from exc
             yield from chunks
     except (TimeoutError, OSError, http.client.HTTPException) as exc:
-        connection_drop(key)
         code = FailoverCode.TIMEOUT if isinstance(exc, TimeoutError) else FailoverCode.CONNECTION_ERROR
         raise ProviderError(f"stream from {target.slug} broke: {exc}", retryable=True, code=code) from exc
-    if resp.will_close:
-        connection_drop(key)
+    finally:
+        if not ended or resp.will_close:
+            if conn is not None and conns.get(key) is conn:
+                conns.pop(key, None)
+            if conn is not None:
+                conn.close()

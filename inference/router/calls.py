@@ -194,6 +194,25 @@ def attempt_calls(ctx: Context, stack: ExitStack, *, stream: bool) -> Iterator[A
                 return
             except ProviderError as exc:
                 now = time.perf_counter()
+                if exc.refusal:
+                    # The adapter refused before calling: the request asks for what this
+                    # deployment's wire format cannot carry (a field, a text completion). Another
+                    # deployment may take it, and it says nothing about this one's health: skipped
+                    # as a deployment without a capability the request needs is (no breaker
+                    # verdict, no failover event; a claimed probe frees itself after cooldown).
+                    ctx.attempts.append(
+                        AttemptInfo(
+                            position=len(ctx.attempts),
+                            entry=entry,
+                            outcome=Outcome.UNSUPPORTED,
+                            status_code=exc.status_code,
+                            latency_ms=(now - call_started) * 1000.0,
+                            error=str(exc)[:1000],
+                            refusal=exc.refusal,
+                        )
+                    )
+                    refused_by.add(entry.deployment_id)
+                    continue
                 attempt = error_attempt(len(ctx.attempts), entry, exc, call_started, now)
                 ctx.attempts.append(attempt)
                 if exc.client_error:

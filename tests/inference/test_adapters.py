@@ -59,6 +59,23 @@ def test_openai_keeps_the_connection_alive(mock_provider: Callable[..., MockProv
     assert len(seen) == 1  # one local port: one TCP connection for all five calls
 
 
+def test_a_stream_left_part_read_does_not_spoil_the_next_call(
+    mock_provider: Callable[..., MockProviderServer],
+) -> None:
+    """A caller that stops reading a stream (its client went away) leaves unread data on the
+    kept-alive connection: the connection is dropped, and the thread's next call gets a fresh one
+    instead of failing on the old answer's leftovers."""
+    server = mock_provider(text="one two three four five six", tokens_in=4, tokens_out=6)
+    adapter = OpenAICompatibleAdapter()
+    chunks = adapter.stream(_target(server.base_url), CHAT, timeout=5)
+    assert next(iter(chunks)).raw is not None
+    chunks.close()  # type: ignore[attr-defined]  (a generator: what a WSGI server's close() does)
+    assert (
+        adapter.complete(_target(server.base_url), COMPLETION, timeout=5).text
+        == "one two three four five six"
+    )
+
+
 def test_openai_streaming(mock_provider: Callable[..., MockProviderServer]) -> None:
     server = mock_provider(text="one two three", tokens_in=4, tokens_out=3)
     adapter = OpenAICompatibleAdapter()

@@ -23,7 +23,7 @@ from inference.adapters.anthropic import AnthropicAdapter
 from inference.adapters.base import ChatMessage, ChatRequest, ProviderError, Target
 from inference.models import InferenceRequest
 from registry.failover_codes import FailoverCode
-from registry.models import Deployment, Provider, Workflow
+from registry.models import Deployment, FailoverEvent, Provider, Workflow
 from registry.services import api_token_create, provider_set_credentials
 from tests.factories import make_price, make_provider
 from tests.helpers import ledger_settled
@@ -229,6 +229,28 @@ def test_an_overloaded_anthropic_provider_fails_over_to_an_openai_compatible_one
         ("retryable", 529),
         ("ok", 200),
     ]
+
+
+def test_what_messages_cannot_carry_goes_to_the_next_deployment_that_can(
+    live_server: Any, operator: User, claude: MessagesServer, provider: RecordingProvider
+) -> None:
+    fallback = priced_deployment(base_url=provider.base_url, provider_model_id="gpt-fallback")
+    workflow = routed_workflow(operator, [_deployment(claude), fallback])
+    _, raw = api_token_create(user=operator, name="claude-skip")
+    client = openai.OpenAI(base_url=f"{live_server.url}/v1", api_key=raw, max_retries=0)
+    answer = client.chat.completions.create(
+        model=workflow.slug, messages=[{"role": "user", "content": "hi"}], seed=7
+    )
+    assert answer.choices[0].message.content == "hello there"
+    assert claude.behaviour.requests == [] and provider.script.last_body["seed"] == 7
+    ledger_settled()
+    row = InferenceRequest.objects.get()
+    # Skipped as a deployment without a needed capability is: no breaker verdict, no failover.
+    assert [(a.outcome, a.status_code) for a in row.attempt_rows.order_by("position")] == [
+        ("unsupported", 400),
+        ("ok", 200),
+    ]
+    assert not FailoverEvent.objects.exists()
 
 
 @pytest.mark.parametrize(
