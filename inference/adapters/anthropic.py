@@ -81,6 +81,12 @@ def _request(target: Target, request: InferenceInput, *, stream: bool) -> tuple[
     model = target.provider_model_id or target.slug
     if isinstance(request, ChatRequest) and request.anthropic_wire is not None:
         # The caller wrote Messages (/v1/messages, checked there): sent as written.
+        if _long_cache_writes(request.anthropic_wire):
+            raise _refusal(
+                target,
+                "does not take cache_control.ttl other than 5m: hour-long cache writes are billed at "
+                "another price than the one cache-write price the ledger keeps",
+            )
         body = {**request.anthropic_wire, "model": model}
         if stream:
             body["stream"] = True
@@ -100,6 +106,19 @@ def _request(target: Target, request: InferenceInput, *, stream: bool) -> tuple[
     if stream:
         body["stream"] = True
     return body, plan
+
+
+def _long_cache_writes(value: Any) -> bool:
+    """Whether a Messages body asks for a cache write kept longer than the default 5 minutes
+    (a `cache_control` with another `ttl`, anywhere: top level, system, tools, blocks)."""
+    if isinstance(value, dict):
+        control = value.get("cache_control")
+        if isinstance(control, dict) and control.get("ttl", "5m") != "5m":
+            return True
+        return any(_long_cache_writes(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_long_cache_writes(v) for v in value)
+    return False
 
 
 def _headers(target: Target, *, stream: bool) -> dict[str, str]:

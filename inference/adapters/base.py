@@ -143,20 +143,28 @@ ACCOUNTING_FIELDS = frozenset(
     }
 )
 # Values that ask for nothing: sent by SDKs and frameworks that fill in every default.
-_NO_OP_VALUES = {"n": 1, "presence_penalty": 0, "frequency_penalty": 0}
+_NO_OP_VALUES: dict[str, Any] = {
+    "n": 1,
+    "best_of": 1,
+    "top_logprobs": 0,
+    "presence_penalty": 0,
+    "frequency_penalty": 0,
+}
 
 
 def unmapped_fields(request: InferenceInput, carried: frozenset[str]) -> list[str]:
     """The request's fields that an adapter carrying `carried` (and leaving ACCOUNTING_FIELDS
-    out) cannot send: what it must refuse. A field set to null, false or a no-op default asks
-    for nothing. Content parts other than text are named when `messages` parts are not carried."""
+    out) cannot send: what it must refuse. A field set to null, false, an empty object or list,
+    or a no-op default asks for nothing. Content parts other than text are named (images: no
+    mapping here carries them)."""
     out = sorted(
         name
         for name, value in (request.wire or {}).items()
         if name not in carried
         and name not in ACCOUNTING_FIELDS
         and value is not None
-        and value is not False
+        and value is not False  # `is`: 0 == False, and a seed of 0 asks for something
+        and not (isinstance(value, dict | list) and not value)
         and _NO_OP_VALUES.get(name, object()) != value
     )
     if request.n != 1 and "n" not in out:

@@ -286,7 +286,8 @@ def _native_responses(target: Target, request: InferenceInput) -> dict[str, Any]
 
 def _failed(target: Target, exc: ResponseFailed) -> ProviderError:
     """A Response that failed, or an `error` event, with the status its code means."""
-    status = 429 if exc.code == "rate_limit_exceeded" else 400 if exc.code.startswith("invalid") else 500
+    caller_side = exc.code.startswith(("invalid", "image_", "unsupported_", "empty_", "failed_to_download"))
+    status = 429 if exc.code == "rate_limit_exceeded" else 400 if caller_side else 500
     return ProviderError(
         f"HTTP {status} {exc.code[:64]} from {target.slug} (the response failed)",
         retryable=classify_status(status),

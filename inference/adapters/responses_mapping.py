@@ -7,7 +7,8 @@ items and usage; Streaming: the response.* events):
 - body: the caller's, with `model` the deployment's, `stream` as the call needs, and `store`
   false: Switchyard keeps the conversation itself (under the workflow's retention,
   inference.gateway.stored) and `previous_response_id` has already been made into `input`, so the
-  provider is never asked to keep anything.
+  provider is never asked to keep anything. Input items go without their `id` and `status`:
+  with store false the provider knows no item by id.
 - answer: `message` items' output_text (joined) and refusal parts, `function_call` items as
   tool calls (call_id, name, arguments as written); reasoning items are not part of a chat answer.
   status completed is finish_reason stop (tool_calls when there are calls); incomplete is length
@@ -31,6 +32,13 @@ _INCOMPLETE = {"max_output_tokens": "length", "content_filter": "content_filter"
 
 def responses_body(wire: dict[str, Any], *, model: str, stream: bool) -> dict[str, Any]:
     body = {**wire, "model": model, "store": False}
+    if isinstance(body.get("input"), list):
+        # Item ids name items a provider stored; with store false it has none (a continued
+        # conversation's items carry the ids Switchyard gave them), so the items go without.
+        body["input"] = [
+            {k: v for k, v in item.items() if k not in ("id", "status")} if isinstance(item, dict) else item
+            for item in body["input"]
+        ]
     if stream:
         body["stream"] = True
     else:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from registry.models import Deployment
+from registry.models import Deployment, Provider
 from registry.outbound.endpoints import deployment_endpoint_problem
 from registry.services.errors import RegistryError
 from registry.services.records import fields_assign
@@ -30,8 +30,9 @@ DEPLOYMENT_FIELDS = (
 
 def deployment_check(deployment: Deployment) -> None:
     """A deployment's rules, on the state it would be saved with: it names the provider's model
-    or a local endpoint, and its endpoint lies under the provider's endpoints, which decide where
-    the provider's credentials may be sent (registry.outbound.endpoints)."""
+    or a local endpoint, its endpoint lies under the provider's endpoints, which decide where
+    the provider's credentials may be sent (registry.outbound.endpoints), and only an
+    OpenAI-compatible one says it serves OpenAI's /responses."""
     if not deployment.provider_model_id and not deployment.base_url:
         raise RegistryError(
             "give the provider's model id or a local endpoint base_url", field="provider_model_id"
@@ -40,6 +41,13 @@ def deployment_check(deployment: Deployment) -> None:
         problem = deployment_endpoint_problem(provider=deployment.provider, base_url=deployment.base_url)
         if problem is not None:
             raise RegistryError(problem, field="base_url")
+        if deployment.speaks_responses and deployment.provider.kind in (
+            Provider.Kind.BEDROCK,
+            Provider.Kind.ANTHROPIC,
+        ):
+            raise RegistryError(
+                "only an OpenAI-compatible deployment serves OpenAI's /responses", field="speaks_responses"
+            )
 
 
 def deployment_create(**fields: Any) -> Deployment:

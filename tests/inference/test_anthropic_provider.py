@@ -322,3 +322,20 @@ def test_a_stream_cut_before_the_message_ends_is_a_broken_connection(claude: Mes
     whole = list(AnthropicAdapter().stream(_target(claude), CHAT, timeout=5))
     assert "".join(c.text for c in whole) == "hello from claude"
     assert (whole[-1].tokens_in, whole[-1].tokens_out, whole[-1].cached_tokens) == (34, 4, 20)
+
+
+def test_an_hour_long_cache_write_is_refused_by_name_not_billed_at_the_five_minute_price(
+    routed: tuple[str, Workflow, str], claude: MessagesServer
+) -> None:
+    url, workflow, raw = routed
+    client = anthropic.Anthropic(base_url=url, api_key=raw, max_retries=0)
+    long_cached = {"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral", "ttl": "1h"}}
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        client.messages.create(
+            model=workflow.slug,
+            max_tokens=16,
+            system=[long_cached],
+            messages=[{"role": "user", "content": "hi"}],
+        )
+    assert "cache_control.ttl" in str(caught.value)
+    assert claude.behaviour.requests == []

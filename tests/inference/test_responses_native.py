@@ -115,8 +115,11 @@ def test_a_tool_round_trip_goes_to_responses_as_written_and_bills_cached_and_rea
         },
         {"type": "function_call_output", "call_id": "call_paris", "output": "sunny, 21 C"},
     ]
-    second = _create(client, stream=stream, model=workflow.slug, input=history, tools=[WEATHER])
-    assert _sent(upstream)["input"] == history  # the items as written, not chat messages
+    # As an agent sends the items back: with the ids the previous answer gave them.
+    sent_back = [history[0], {**history[1], "id": "fc_sy1", "status": "completed"}, history[2]]
+    second = _create(client, stream=stream, model=workflow.slug, input=sent_back, tools=[WEATHER])
+    # The items as written, not chat messages; with store false the provider knows no item id.
+    assert _sent(upstream)["input"] == history
     assert second.output_text == "Sunny, 21 C." and second.status == "completed"
     assert second.usage.input_tokens == 30 and second.usage.input_tokens_details.cached_tokens == 12
     assert second.usage.output_tokens_details.reasoning_tokens == 3
@@ -178,6 +181,14 @@ def test_a_failed_response_is_a_failed_call_with_its_status(upstream: ResponsesS
     with pytest.raises(ProviderError) as limited:
         list(OpenAICompatibleAdapter().stream(_target(upstream), request, timeout=5))
     assert (limited.value.status_code, limited.value.retryable) == (429, True)
+    upstream.behaviour.fail = "image_too_large"  # the request's fault: no other deployment would take it
+    with pytest.raises(ProviderError) as refused:
+        list(OpenAICompatibleAdapter().stream(_target(upstream), request, timeout=5))
+    assert (refused.value.status_code, refused.value.client_error, refused.value.retryable) == (
+        400,
+        True,
+        False,
+    )
     # Without the deployment's flag the same request is a chat request, to /chat/completions.
     chat_only = dataclasses.replace(_target(upstream), extra={})
     with pytest.raises(ProviderError):  # this server answers a Response object there: unreadable

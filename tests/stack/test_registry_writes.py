@@ -73,6 +73,14 @@ def test_the_deployment_service_names_the_field_a_rule_refuses() -> None:
     with pytest.raises(TypeError):
         deployment_update(deployment, created_at=None)  # not a field a caller sets
 
+    claude = make_provider(kind=Provider.Kind.ANTHROPIC, base_url="https://api.anthropic.com")
+    with pytest.raises(RegistryError) as responses:
+        deployment_create(
+            slug="d-2", model=model, provider=claude, provider_model_id="c", speaks_responses=True
+        )
+    assert responses.value.field == "speaks_responses"
+    assert deployment_update(deployment, speaks_responses=True).speaks_responses  # OpenAI-compatible
+
 
 def test_the_admin_refuses_a_deployment_the_service_refuses_and_saves_one_it_accepts() -> None:
     provider, model = _provider(), make_model()
