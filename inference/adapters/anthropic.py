@@ -43,14 +43,7 @@ from inference.adapters.base import (
     unmapped_fields,
 )
 from inference.adapters.converse_mapping import ConversePlan, Unmappable
-from inference.adapters.http_client import (
-    ConnKey,
-    connection_drop,
-    read_body,
-    request_json,
-    sse_chunks,
-    status_error,
-)
+from inference.adapters.http_client import ConnKey, call_json, connection_drop, open_stream, sse_chunks
 from registry.failover_codes import FailoverCode
 
 # An `error` event's type in a stream -> the HTTP status the same error has as an answer.
@@ -121,12 +114,10 @@ def _long_cache_writes(value: Any) -> bool:
     return False
 
 
-def _headers(target: Target, *, stream: bool) -> dict[str, str]:
+def _headers(target: Target) -> dict[str, str]:
     headers = {"anthropic-version": API_VERSION}
     if target.credentials:
         headers["x-api-key"] = target.credentials
-    if stream:
-        headers["Accept"] = "text/event-stream"
     return headers
 
 
@@ -141,17 +132,7 @@ class AnthropicAdapter:
 
     def complete(self, target: Target, request: InferenceInput, *, timeout: float) -> Completion:
         body, plan = _request(target, request, stream=False)
-        resp, key = request_json(
-            target.base_url,
-            "/v1/messages",
-            body,
-            headers=_headers(target, stream=False),
-            timeout=timeout,
-            allow_private=target.allow_private,
-        )
-        data = read_body(resp, key)
-        if resp.status >= 300:  # a redirect is an answer here, never followed
-            raise status_error(target, resp, data)
+        resp, data = call_json(target, "/v1/messages", body, headers=_headers(target), timeout=timeout)
         try:
             doc = json.loads(data)
             text, finish, raw, usage = chat_from_message(doc, plan, model=target.provider_model_id)
@@ -174,16 +155,7 @@ class AnthropicAdapter:
 
     def stream(self, target: Target, request: InferenceInput, *, timeout: float) -> Iterator[StreamChunk]:
         body, plan = _request(target, request, stream=True)
-        resp, key = request_json(
-            target.base_url,
-            "/v1/messages",
-            body,
-            headers=_headers(target, stream=True),
-            timeout=timeout,
-            allow_private=target.allow_private,
-        )
-        if resp.status >= 300:
-            raise status_error(target, resp, read_body(resp, key))
+        resp, key = open_stream(target, "/v1/messages", body, headers=_headers(target), timeout=timeout)
         return self._events(target, resp, key, MessagesStreamMapper(plan, model=target.provider_model_id))
 
     def _events(

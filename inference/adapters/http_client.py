@@ -194,6 +194,38 @@ def status_error(target: Target, resp: http.client.HTTPResponse, data: bytes) ->
     )
 
 
+def call_json(
+    target: Target, path: str, body: dict[str, Any], *, headers: dict[str, str], timeout: float
+) -> tuple[http.client.HTTPResponse, bytes]:
+    """POST `body` to the target's `path` and read the whole answer; an answer other than 2xx
+    (a redirect included: never followed) is status_error's ProviderError."""
+    resp, key = request_json(
+        target.base_url, path, body, headers=headers, timeout=timeout, allow_private=target.allow_private
+    )
+    data = read_body(resp, key)
+    if resp.status >= 300:
+        raise status_error(target, resp, data)
+    return resp, data
+
+
+def open_stream(
+    target: Target, path: str, body: dict[str, Any], *, headers: dict[str, str], timeout: float
+) -> tuple[http.client.HTTPResponse, ConnKey]:
+    """POST `body` asking for a stream: the open 2xx response to read (sse_chunks), else
+    status_error's ProviderError."""
+    resp, key = request_json(
+        target.base_url,
+        path,
+        body,
+        headers={**headers, "Accept": "text/event-stream"},
+        timeout=timeout,
+        allow_private=target.allow_private,
+    )
+    if resp.status >= 300:
+        raise status_error(target, resp, read_body(resp, key))
+    return resp, key
+
+
 def retry_after_seconds(value: str | None) -> float | None:
     """A Retry-After header as seconds: delta-seconds or an HTTP date (RFC 9110 §10.2.3)."""
     if not value:

@@ -23,14 +23,7 @@ from inference.adapters.base import (
     Target,
     classify_status,
 )
-from inference.adapters.http_client import (
-    ConnKey,
-    connection_drop,
-    read_body,
-    request_json,
-    sse_chunks,
-    status_error,
-)
+from inference.adapters.http_client import ConnKey, call_json, connection_drop, open_stream, sse_chunks
 from inference.adapters.responses_mapping import (
     ResponseFailed,
     ResponsesStreamMapper,
@@ -112,17 +105,7 @@ class OpenAICompatibleAdapter:
         if wire is not None:
             return self._responses_complete(target, wire, timeout=timeout)
         path, body = _body(target, request, stream=False)
-        resp, key = request_json(
-            target.base_url,
-            path,
-            body,
-            headers=_headers(target),
-            timeout=timeout,
-            allow_private=target.allow_private,
-        )
-        data = read_body(resp, key)
-        if resp.status >= 300:  # a redirect is an answer here, never followed
-            raise status_error(target, resp, data)
+        resp, data = call_json(target, path, body, headers=_headers(target), timeout=timeout)
         try:
             doc = json.loads(data)
             choice = doc["choices"][0]
@@ -153,17 +136,7 @@ class OpenAICompatibleAdapter:
             dict(request.wire) if request.wire is not None else {"input": list(request.texts)}
         )
         body["model"] = target.provider_model_id or target.slug
-        resp, key = request_json(
-            target.base_url,
-            "/embeddings",
-            body,
-            headers=_headers(target),
-            timeout=timeout,
-            allow_private=target.allow_private,
-        )
-        data = read_body(resp, key)
-        if resp.status >= 300:  # a redirect is an answer here, never followed
-            raise status_error(target, resp, data)
+        resp, data = call_json(target, "/embeddings", body, headers=_headers(target), timeout=timeout)
         try:
             doc = json.loads(data)
             if not isinstance(doc, dict) or not isinstance(doc["data"], list):
@@ -191,36 +164,15 @@ class OpenAICompatibleAdapter:
         if wire is not None:
             return self._responses_stream(target, wire, timeout=timeout)
         path, body = _body(target, request, stream=True)
-        headers = {**_headers(target), "Accept": "text/event-stream"}
-        resp, key = request_json(
-            target.base_url, path, body, headers=headers, timeout=timeout, allow_private=target.allow_private
-        )
-        if resp.status >= 300:
-            raise status_error(target, resp, read_body(resp, key))
+        resp, key = open_stream(target, path, body, headers=_headers(target), timeout=timeout)
         return sse_chunks(target, resp, key, _ChatEvents(chat=isinstance(request, ChatRequest)))
 
-    def _responses_send(
-        self, target: Target, wire: dict[str, Any], *, stream: bool, timeout: float
-    ) -> tuple[http.client.HTTPResponse, ConnKey]:
-        """A /v1/responses request to a deployment that serves `/responses`, sent as written
-        (inference.adapters.responses_mapping); its answer is read back into chat documents."""
-        body = responses_body(wire, model=target.provider_model_id or target.slug, stream=stream)
-        headers = {**_headers(target), **({"Accept": "text/event-stream"} if stream else {})}
-        resp, key = request_json(
-            target.base_url,
-            "/responses",
-            body,
-            headers=headers,
-            timeout=timeout,
-            allow_private=target.allow_private,
-        )
-        if resp.status >= 300:
-            raise status_error(target, resp, read_body(resp, key))
-        return resp, key
+    # A /v1/responses request to a deployment that serves `/responses`, sent as written
+    # (inference.adapters.responses_mapping); its answer is read back into chat documents.
 
     def _responses_complete(self, target: Target, wire: dict[str, Any], *, timeout: float) -> Completion:
-        resp, key = self._responses_send(target, wire, stream=False, timeout=timeout)
-        data = read_body(resp, key)
+        body = responses_body(wire, model=target.provider_model_id or target.slug, stream=False)
+        resp, data = call_json(target, "/responses", body, headers=_headers(target), timeout=timeout)
         try:
             doc = json.loads(data)
             if doc.get("status") == "failed":
@@ -249,7 +201,8 @@ class OpenAICompatibleAdapter:
     def _responses_stream(
         self, target: Target, wire: dict[str, Any], *, timeout: float
     ) -> Iterator[StreamChunk]:
-        resp, key = self._responses_send(target, wire, stream=True, timeout=timeout)
+        body = responses_body(wire, model=target.provider_model_id or target.slug, stream=True)
+        resp, key = open_stream(target, "/responses", body, headers=_headers(target), timeout=timeout)
         return self._responses_events(
             target, resp, key, ResponsesStreamMapper(model=target.provider_model_id)
         )
