@@ -38,6 +38,7 @@ from typing import Any
 
 from inference.adapters.base import ChatRequest, StreamChunk
 from inference.adapters.converse_mapping import (
+    CONVERSE_FIELDS,
     ConversePlan,
     ConverseStreamMapper,
     Unmappable,
@@ -48,23 +49,10 @@ from inference.adapters.converse_mapping import (
 API_VERSION = "2023-06-01"  # the anthropic-version header: the Messages API's one version
 MAX_TEMPERATURE = 1.0
 
-# The client's chat fields this mapping carries (n = 1 only); any other but the accounting ones
-# (base.ACCOUNTING_FIELDS; `user` is carried as metadata.user_id) is refused by name.
-CARRIED_FIELDS = frozenset(
-    {
-        "messages",
-        "max_tokens",
-        "max_completion_tokens",
-        "temperature",
-        "top_p",
-        "stop",
-        "tools",
-        "tool_choice",
-        "parallel_tool_calls",
-        "response_format",
-        "reasoning_effort",  # output_config.effort
-    }
-)
+# The client's chat fields this mapping carries: the Converse mapping's, and reasoning_effort as
+# output_config.effort; any other but the accounting ones (base.ACCOUNTING_FIELDS; `user` is
+# carried as metadata.user_id) is refused by name. Messages has no text completions.
+CARRIED_FIELDS = (CONVERSE_FIELDS - {"prompt"}) | {"reasoning_effort"}
 # Anthropic's output_config.effort values (OpenAI's minimal and none have no equal: refused).
 EFFORTS = frozenset({"low", "medium", "high", "xhigh", "max"})
 

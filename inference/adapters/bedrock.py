@@ -36,6 +36,7 @@ from inference.adapters.base import (
     unmapped_fields,
 )
 from inference.adapters.converse_mapping import (
+    CONVERSE_FIELDS,
     FINISH,
     ConversePlan,
     ConverseStreamMapper,
@@ -85,24 +86,6 @@ def _client(target: Target, timeout: float) -> Any:
             client.meta.events.register("before-send", botocore_guard(policy))
             _clients[key] = client
     return client
-
-
-# The chat fields the Converse mapping carries (adapters/converse_mapping; n = 1 only).
-CONVERSE_FIELDS = frozenset(
-    {
-        "prompt",  # a completion request: one user turn
-        "messages",
-        "max_tokens",
-        "max_completion_tokens",
-        "temperature",
-        "top_p",
-        "stop",
-        "tools",
-        "tool_choice",
-        "parallel_tool_calls",
-        "response_format",
-    }
-)
 
 
 def unsupported_features(request: InferenceInput) -> list[str]:

@@ -71,6 +71,24 @@ FINISH = {
 }
 
 
+# The chat fields this mapping carries (n = 1 only; a completion's prompt as one user turn).
+CONVERSE_FIELDS = frozenset(
+    {
+        "prompt",  # a completion request: one user turn
+        "messages",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "stop",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "response_format",
+    }
+)
+
+
 class Unmappable(ValueError):
     """The request asks for something Converse cannot express (the adapter answers 400)."""
 

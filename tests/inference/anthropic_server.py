@@ -14,12 +14,11 @@ the first block instead of finishing, and `truncate` ends the stream after the b
 from __future__ import annotations
 
 import json
-import threading
 from dataclasses import dataclass, field
-from http.server import ThreadingHTTPServer
 from typing import Any
 
 from inference.serving.loopback_http import KeepAliveHandler
+from tests.inference.loopback_server import LoopbackServer
 
 
 @dataclass
@@ -123,18 +122,11 @@ class _Handler(KeepAliveHandler):
         self._send(200, b"".join(events), "text/event-stream")
 
 
-class MessagesServer(ThreadingHTTPServer):
-    daemon_threads = True
-
+class MessagesServer(LoopbackServer):
     def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
+        super().__init__(_Handler)
         self.behaviour = MessagesBehaviour()
-        threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-    def stop(self) -> None:
-        self.shutdown()
-        self.server_close()
+        return self.root

@@ -17,12 +17,11 @@ from __future__ import annotations
 import binascii
 import json
 import struct
-import threading
 from dataclasses import dataclass, field
-from http.server import ThreadingHTTPServer
 from typing import Any
 
 from inference.serving.loopback_http import KeepAliveHandler
+from tests.inference.loopback_server import LoopbackServer
 
 
 @dataclass
@@ -136,18 +135,11 @@ class _Handler(KeepAliveHandler):
         self.wfile.write(data)
 
 
-class ConverseServer(ThreadingHTTPServer):
-    daemon_threads = True
-
+class ConverseServer(LoopbackServer):
     def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
+        super().__init__(_Handler)
         self.behaviour = ConverseBehaviour()
-        threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-    def stop(self) -> None:
-        self.shutdown()
-        self.server_close()
+        return self.root

@@ -18,10 +18,10 @@ import copy
 import json
 import threading
 from dataclasses import dataclass, field
-from http.server import ThreadingHTTPServer
 from typing import Any
 
 from inference.serving.loopback_http import KeepAliveHandler
+from tests.inference.loopback_server import LoopbackServer
 
 
 def chat_answer(
@@ -163,20 +163,11 @@ class _Handler(KeepAliveHandler):
         self.wfile.write(b"0\r\n\r\n")
 
 
-class RecordingProvider(ThreadingHTTPServer):
-    daemon_threads = True
-
+class RecordingProvider(LoopbackServer):
     def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
+        super().__init__(_Handler)
         self.script = Script()
-        threading.Thread(
-            target=self.serve_forever, kwargs={"poll_interval": 0.05}, name="recording-provider", daemon=True
-        ).start()
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/v1"
-
-    def stop(self) -> None:
-        self.shutdown()
-        self.server_close()
+        return self.root + "/v1"

@@ -12,12 +12,11 @@ response.failed with that error code instead of finishing.
 from __future__ import annotations
 
 import json
-import threading
 from dataclasses import dataclass, field
-from http.server import ThreadingHTTPServer
 from typing import Any
 
 from inference.serving.loopback_http import KeepAliveHandler
+from tests.inference.loopback_server import LoopbackServer
 
 
 def text_item(text: str) -> dict[str, Any]:
@@ -144,18 +143,11 @@ class _Handler(KeepAliveHandler):
         self._send(b"".join(events), "text/event-stream")
 
 
-class ResponsesServer(ThreadingHTTPServer):
-    daemon_threads = True
-
+class ResponsesServer(LoopbackServer):
     def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
+        super().__init__(_Handler)
         self.behaviour = ResponsesBehaviour()
-        threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/v1"
-
-    def stop(self) -> None:
-        self.shutdown()
-        self.server_close()
+        return self.root + "/v1"
