@@ -117,7 +117,8 @@ def worst_case_cost(entry: PlanEntry, request: RoutedInput, *, batch: bool = Fal
     what a workflow's max_cost_per_request is compared with. Each token at the dearest price the
     ledger may bill it at (inference.recording.attempts.billable_units): an input token at the
     input price (a batch line's: the batch input price, where there is one), the cached-input
-    or the cache-write price, an output token at the output (batch output) price or the reasoning price."""
+    or the cache-write price, an output token at the output (batch output) price or the
+    reasoning price."""
     tokens_in = Decimal(input_tokens(request))
     tokens_out = Decimal(worst_case_output_tokens(request, max_context_tokens=entry.max_context_tokens))
     in_price, out_price = entry.input_price, entry.output_price

@@ -4,11 +4,11 @@ As with Anthropic's Messages (messages_request), a Responses body is translated
 into the chat request it means and checked by `chat_request_parse`; the chat answer, plain or
 streamed, is translated back into a Response object and the Responses stream events. Every
 deployment of the workflow can answer (OpenAI-compatible providers get the chat body, Bedrock
-gets it through Converse, Anthropic-format providers through Messages); a deployment that serves
-`/responses` itself (Deployment.speaks_responses) gets the body as written, once it has passed
-these checks (inference.adapters.responses_mapping). A field or item that a chat route cannot carry is a 400 naming it,
-never a silent drop (a gateway that falls back from Responses to chat and loses fields is the
-bug users report of other gateways).
+gets it through Converse, Anthropic-format providers through Messages); a deployment that
+serves `/responses` itself (Deployment.speaks_responses) gets the body as written, once it has
+passed these checks (inference.adapters.responses_mapping). A field or item that a chat route
+cannot carry is a 400 naming it, never a silent drop (a gateway that falls back from Responses
+to chat and loses fields is the bug users report of other gateways).
 
 Written from OpenAI's published API reference (Responses, its streaming events, the input item
 types); the support table in docs/inference.md lists each field as passed, translated or refused.
