@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta
+from datetime import datetime
 from decimal import Decimal
 
 from django.conf import settings
@@ -27,7 +27,6 @@ from django.utils import timezone
 from billing.budgets import budget_hard_limit_keys
 from billing.models import Unit
 from billing.selectors import PriceResolver
-from billing.selfhosted import self_hosted_cost
 from inference.adapters.base import Target
 from inference.adapters.registry import ADAPTER_FEATURES, ADAPTER_INHERENT, adapter_kind
 from inference.breaker.breakers import breakers
@@ -464,38 +463,3 @@ def workflow_requests(*, workflow: Workflow, limit: int = 100) -> list[Inference
         .select_related("deployment")
         .order_by("-created_at")[:limit]
     )
-
-
-@dataclass(frozen=True)
-class DeploymentPrice:
-    """What a deployment costs per 1M tokens, to set cloud and self-hosted side by side."""
-
-    per_1m_input: Decimal | None
-    per_1m_output: Decimal | None
-    currency: str
-    self_hosted: bool  # per_1m_* are then the amortised hosting cost (billing.selfhosted)
-    # Self-hosted deployments of a model trained here: the same with its training cost spread
-    # over SELF_HOSTED_AMORTISE_MONTHS at the volume served (None otherwise).
-    per_1m_amortised: Decimal | None = None
-    amortise_months: int | None = None
-
-
-def deployment_price_per_1m(*, deployment: Deployment, since_day: date | None = None) -> DeploymentPrice:
-    """Cloud deployments: the token prices in force. Self-hosted ones (hosting_cluster set): the
-    hosting cluster's accelerator-hours over the tokens served, from billing.selfhosted (never
-    computed here); None until it has served a token."""
-    if deployment.hosting_cluster_id is not None:
-        since = since_day or (timezone.now() - timedelta(days=30)).date()
-        figure = self_hosted_cost(
-            deployment=deployment, since_day=since, horizon_months=settings.SELF_HOSTED_AMORTISE_MONTHS
-        )[0]
-        return DeploymentPrice(
-            figure.per_1m_tokens,
-            figure.per_1m_tokens,
-            figure.currency,
-            True,
-            per_1m_amortised=figure.per_1m_amortised,
-            amortise_months=figure.horizon_months,
-        )
-    found = deployment_token_prices(deployment=deployment, at=timezone.now(), prices=PriceResolver())
-    return DeploymentPrice(found.input, found.output, found.currency, False)

@@ -11,16 +11,19 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from decimal import Decimal
 
+from django.conf import settings
 from django.db.models import Avg, Count, Q, QuerySet, Sum
 from django.utils import timezone
 
+from billing.selectors import PriceResolver
+from billing.selfhosted import self_hosted_cost
 from inference.breaker.breakers import breaker_state
 from inference.models import InferenceAttempt, InferenceRequest, QualityRecord
 from inference.router.policy import blended_price
-from inference.selectors import DeploymentPrice, deployment_price_per_1m, deployment_quality_mean
+from inference.selectors import deployment_quality_mean, deployment_token_prices
 from registry.models import Deployment, FailoverEvent, Provider, Workflow
 
 STATS_DAYS = 7
@@ -29,6 +32,41 @@ Outcome = InferenceAttempt.Outcome
 # Outcomes that mean the deployment was actually called (skips never reached it).
 CALLED = (Outcome.OK, Outcome.RETRYABLE, Outcome.NON_RETRYABLE)
 FAILED = (Outcome.RETRYABLE, Outcome.NON_RETRYABLE)
+
+
+@dataclass(frozen=True)
+class DeploymentPrice:
+    """What a deployment costs per 1M tokens, to set cloud and self-hosted side by side."""
+
+    per_1m_input: Decimal | None
+    per_1m_output: Decimal | None
+    currency: str
+    self_hosted: bool  # per_1m_* are then the amortised hosting cost (billing.selfhosted)
+    # Self-hosted deployments of a model trained here: the same with its training cost spread
+    # over SELF_HOSTED_AMORTISE_MONTHS at the volume served (None otherwise).
+    per_1m_amortised: Decimal | None = None
+    amortise_months: int | None = None
+
+
+def deployment_price_per_1m(*, deployment: Deployment, since_day: date | None = None) -> DeploymentPrice:
+    """Cloud deployments: the token prices in force. Self-hosted ones (hosting_cluster set): the
+    hosting cluster's accelerator-hours over the tokens served, from billing.selfhosted (never
+    computed here); None until it has served a token."""
+    if deployment.hosting_cluster_id is not None:
+        since = since_day or (timezone.now() - timedelta(days=30)).date()
+        figure = self_hosted_cost(
+            deployment=deployment, since_day=since, horizon_months=settings.SELF_HOSTED_AMORTISE_MONTHS
+        )[0]
+        return DeploymentPrice(
+            figure.per_1m_tokens,
+            figure.per_1m_tokens,
+            figure.currency,
+            True,
+            per_1m_amortised=figure.per_1m_amortised,
+            amortise_months=figure.horizon_months,
+        )
+    found = deployment_token_prices(deployment=deployment, at=timezone.now(), prices=PriceResolver())
+    return DeploymentPrice(found.input, found.output, found.currency, False)
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:

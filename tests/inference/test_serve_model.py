@@ -19,8 +19,8 @@ from billing.models import Unit, UsageRecord
 from inference.adapters.base import ChatMessage, ChatRequest, CompletionRequest
 from inference.adapters.openai_compat import OpenAICompatibleAdapter
 from inference.router.entry import route
-from inference.selectors import deployment_price_per_1m
 from inference.serving.local import local_server_for_artifact
+from inference.stats_selectors import deployment_price_per_1m
 from registry.models import Provider
 from tests.factories import (
     make_cluster,
