@@ -59,8 +59,10 @@ ADAPTER_FEATURES: dict[str, frozenset[str]] = {
     "openai-compatible": frozenset({"tools", "json_schema", "vision", "embeddings"}),
     # Converse toolConfig for tools and JSON mode (adapters/converse_mapping); images refused (400).
     "bedrock": frozenset({"tools", "json_schema"}),
-    # The same mapping, renamed to Messages (adapters/anthropic_mapping); images refused (400).
-    "anthropic": frozenset({"tools", "json_schema"}),
+    # The same mapping, renamed to Messages (adapters/anthropic_mapping). Images: a /v1/messages
+    # body goes as written, image blocks and all; a chat request's image parts are not mapped,
+    # so the adapter refuses it and the route moves on (adapters/base.unmapped_fields).
+    "anthropic": frozenset({"tools", "json_schema", "vision"}),
 }
 # What each adapter serves whatever a deployment declares: properties of its wire format.
 ADAPTER_INHERENT: dict[str, frozenset[str]] = {

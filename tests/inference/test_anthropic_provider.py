@@ -339,3 +339,31 @@ def test_an_hour_long_cache_write_is_refused_by_name_not_billed_at_the_five_minu
         )
     assert "cache_control.ttl" in str(caught.value)
     assert claude.behaviour.requests == []
+
+
+def test_an_image_goes_natively_in_a_message_and_a_chat_image_goes_elsewhere(
+    live_server: Any, operator: User, claude: MessagesServer, provider: RecordingProvider
+) -> None:
+    claude_deployment = _deployment(claude)
+    claude_deployment.supports_vision = True
+    claude_deployment.save()
+    fallback = priced_deployment(
+        base_url=provider.base_url, provider_model_id="gpt-fallback", supports_vision=True
+    )
+    workflow = routed_workflow(operator, [claude_deployment, fallback])
+    _, raw = api_token_create(user=operator, name="claude-vision")
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+    question = {"role": "user", "content": [image, {"type": "text", "text": "What is this?"}]}
+    client = anthropic.Anthropic(base_url=live_server.url, api_key=raw, max_retries=0)
+    client.messages.create(model=workflow.slug, max_tokens=16, messages=[question])
+    assert _sent(claude)["messages"] == [question]  # the image block as written
+    assert provider.script.calls() == 0
+
+    # A chat request's image parts have no Messages mapping here: the next deployment answers.
+    chat = openai.OpenAI(base_url=f"{live_server.url}/v1", api_key=raw, max_retries=0)
+    url = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    answer = chat.chat.completions.create(
+        model=workflow.slug, messages=[{"role": "user", "content": [url, {"type": "text", "text": "What?"}]}]
+    )
+    assert answer.choices[0].message.content == "hello there"
+    assert len(claude.behaviour.requests) == 1 and provider.script.calls() == 1
