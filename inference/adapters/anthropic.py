@@ -67,7 +67,7 @@ def _unsupported(request: InferenceInput) -> list[str]:
     """What the Messages mapping cannot carry: refused, never dropped."""
     if not isinstance(request, ChatRequest):
         return ["prompt (Anthropic's Messages API has no text completions)"]
-    return unmapped_fields(request, CARRIED_FIELDS)
+    return unmapped_fields(request, CARRIED_FIELDS, parts=frozenset({"image_url"}))
 
 
 def _request(target: Target, request: InferenceInput, *, stream: bool) -> tuple[dict[str, Any], ConversePlan]:

@@ -24,6 +24,9 @@ caching):
   price where the price book has one, else as input). In a
   stream, message_start carries the input counts and message_delta cumulative counts (the output,
   and in newer API versions the input ones too): the latest of each is what was used.
+- images: a chat request's `image_url` parts become `image` blocks ahead of the turn's text
+  (a base64 data: URL as a base64 source, an http(s) URL as a url source; OpenAI's `detail`
+  hint has no Messages equivalent and is left out); other part types (audio, files) are refused.
 - answers: `text` and `tool_use` blocks are read; thinking blocks are not part of an OpenAI answer
   (this mapping never asks for thinking, so none come). stop_reason `refusal` is finish_reason
   `content_filter`; the others are Converse's names already.
@@ -66,6 +69,14 @@ def _block(block: dict[str, Any]) -> dict[str, Any]:
     if "toolUse" in block:
         use = block["toolUse"]
         return {"type": "tool_use", "id": use["toolUseId"], "name": use["name"], "input": use["input"]}
+    if "image" in block:
+        image = block["image"]
+        source = (
+            {"type": "url", "url": image["url"]}
+            if "url" in image
+            else {"type": "base64", "media_type": image["media_type"], "data": image["data"]}
+        )
+        return {"type": "image", "source": source}
     result = block["toolResult"]
     texts = [
         part["text"] if "text" in part else json.dumps(part["json"], ensure_ascii=False)

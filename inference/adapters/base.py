@@ -152,11 +152,13 @@ _NO_OP_VALUES: dict[str, Any] = {
 }
 
 
-def unmapped_fields(request: InferenceInput, carried: frozenset[str]) -> list[str]:
+def unmapped_fields(
+    request: InferenceInput, carried: frozenset[str], *, parts: frozenset[str] = frozenset()
+) -> list[str]:
     """The request's fields that an adapter carrying `carried` (and leaving ACCOUNTING_FIELDS
     out) cannot send: what it must refuse. A field set to null, false, an empty object or list,
-    or a no-op default asks for nothing. Content parts other than text are named (images: no
-    mapping here carries them)."""
+    or a no-op default asks for nothing. Content parts other than text and the `parts` types the
+    adapter maps are named by type."""
     out = sorted(
         name
         for name, value in (request.wire or {}).items()
@@ -169,8 +171,10 @@ def unmapped_fields(request: InferenceInput, carried: frozenset[str]) -> list[st
     )
     if request.n != 1 and "n" not in out:
         out.append("n")
-    if isinstance(request, ChatRequest) and any(m.parts for m in request.messages):
-        out.append("messages (content parts other than text)")
+    if isinstance(request, ChatRequest):
+        kinds = {str(p.get("type")) for m in request.messages for p in m.parts} - parts
+        if kinds:
+            out.append(f"messages (content parts of type {', '.join(sorted(kinds))})")
     return out
 
 

@@ -160,8 +160,32 @@ def _messages(
         elif m.role == "tool":
             add("user", [_tool_result(m)] if tool_blocks else _as_text(m))
         else:
-            add("assistant" if m.role == "assistant" else "user", [{"text": m.content}])
+            images = [_image(p, f"messages[{i}].content") for p in m.parts if p.get("type") == "image_url"]
+            text = [{"text": m.content}] if (m.content or not images) else []
+            add("assistant" if m.role == "assistant" else "user", [*images, *text])
     return system, messages
+
+
+_IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
+
+
+def _image(part: dict[str, Any], where: str) -> dict[str, Any]:
+    """An image_url part as an image block of this mapping, ahead of the turn's text:
+    `{"image": {"media_type", "data"}}` for a base64 data: URL, `{"image": {"url"}}` for an
+    http(s) one. Only the Messages renaming takes them (anthropic_mapping); the Bedrock adapter
+    refuses image parts before mapping (Converse wants the bytes, and no URL)."""
+    url = str((part.get("image_url") or {}).get("url", ""))
+    if url.startswith("data:"):
+        head, _, data = url.partition(",")
+        media_type = head[5:].split(";")[0]
+        if ";base64" not in head or media_type not in _IMAGE_TYPES:
+            raise Unmappable(
+                f"{where}: an image must be a base64 data: URL of a JPEG, PNG, GIF or WebP image"
+            )
+        return {"image": {"media_type": media_type, "data": data}}
+    if url.startswith(("https://", "http://")):
+        return {"image": {"url": url}}
+    raise Unmappable(f"{where}: an image URL must be http(s) or a data: URL")
 
 
 def _tool_specs(tools: tuple[dict[str, Any], ...]) -> list[dict[str, Any]]:

@@ -60,8 +60,8 @@ ADAPTER_FEATURES: dict[str, frozenset[str]] = {
     # Converse toolConfig for tools and JSON mode (adapters/converse_mapping); images refused (400).
     "bedrock": frozenset({"tools", "json_schema"}),
     # The same mapping, renamed to Messages (adapters/anthropic_mapping). Images: a /v1/messages
-    # body goes as written, image blocks and all; a chat request's image parts are not mapped,
-    # so the adapter refuses it and the route moves on (adapters/base.unmapped_fields).
+    # body goes as written, image blocks and all; a chat request's image_url parts become image
+    # blocks (other part types are refused and the route moves on: adapters/base.unmapped_fields).
     "anthropic": frozenset({"tools", "json_schema", "vision"}),
 }
 # What each adapter serves whatever a deployment declares: properties of its wire format.

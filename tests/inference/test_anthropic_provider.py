@@ -341,7 +341,7 @@ def test_an_hour_long_cache_write_is_refused_by_name_not_billed_at_the_five_minu
     assert claude.behaviour.requests == []
 
 
-def test_an_image_goes_natively_in_a_message_and_a_chat_image_goes_elsewhere(
+def test_images_reach_an_anthropic_deployment_from_both_apis_and_audio_goes_elsewhere(
     live_server: Any, operator: User, claude: MessagesServer, provider: RecordingProvider
 ) -> None:
     claude_deployment = _deployment(claude)
@@ -357,13 +357,31 @@ def test_an_image_goes_natively_in_a_message_and_a_chat_image_goes_elsewhere(
     client = anthropic.Anthropic(base_url=live_server.url, api_key=raw, max_retries=0)
     client.messages.create(model=workflow.slug, max_tokens=16, messages=[question])
     assert _sent(claude)["messages"] == [question]  # the image block as written
+
+    # A chat request's image parts become image blocks ahead of the turn's text.
+    chat = openai.OpenAI(base_url=f"{live_server.url}/v1", api_key=raw, max_retries=0)
+    png = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    web = {"type": "image_url", "image_url": {"url": "https://images.example/cat.jpg", "detail": "low"}}
+    text = {"type": "text", "text": "What is this?"}
+    chat.chat.completions.create(
+        model=workflow.slug, messages=[{"role": "user", "content": [png, web, text]}]
+    )
+    assert _sent(claude)["messages"] == [
+        {
+            "role": "user",
+            "content": [
+                image,
+                {"type": "image", "source": {"type": "url", "url": "https://images.example/cat.jpg"}},
+                {"type": "text", "text": "What is this?"},
+            ],
+        }
+    ]
     assert provider.script.calls() == 0
 
-    # A chat request's image parts have no Messages mapping here: the next deployment answers.
-    chat = openai.OpenAI(base_url=f"{live_server.url}/v1", api_key=raw, max_retries=0)
-    url = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    # Audio has no Messages block: the adapter refuses it by name and the next deployment answers.
+    audio = {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}
     answer = chat.chat.completions.create(
-        model=workflow.slug, messages=[{"role": "user", "content": [url, {"type": "text", "text": "What?"}]}]
+        model=workflow.slug, messages=[{"role": "user", "content": [audio, text]}]
     )
     assert answer.choices[0].message.content == "hello there"
-    assert len(claude.behaviour.requests) == 1 and provider.script.calls() == 1
+    assert len(claude.behaviour.requests) == 2 and provider.script.calls() == 1
