@@ -224,8 +224,10 @@ def learner_chunk_execute(
     run, learner_row, chunk = claim.run, claim.learner, claim.chunk
     # The task's span (when tracing is on) names the run it trains for.
     span_attributes(training_run_id=run.pk, learner=learner_row.index, generation=generation, seq=seq)
-    started = time.monotonic()
-    started_at = timezone.now()
+    # Billed from the claim (chunk.started_at), the instant the budget deadline accrues from
+    # (training.selectors.run_budget_left): the claim's own transaction is chunk time too.
+    started_at = chunk.started_at
+    started = time.monotonic() - max(0.0, (timezone.now() - started_at).total_seconds())
     outcome = ChunkOutcome()
     index = learner_row.index
     ranks = None  # the learner's other ranks (training.run_ranks), while they run
