@@ -43,7 +43,14 @@ from inference.adapters.base import (
     unmapped_fields,
 )
 from inference.adapters.converse_mapping import ConversePlan, Unmappable
-from inference.adapters.http_client import ConnKey, call_json, connection_drop, open_stream, sse_chunks
+from inference.adapters.http_client import (
+    ConnKey,
+    call_json,
+    connection_drop,
+    malformed_answer,
+    open_stream,
+    sse_chunks,
+)
 from registry.failover_codes import FailoverCode
 
 # An `error` event's type in a stream -> the HTTP status the same error has as an answer.
@@ -121,12 +128,6 @@ def _headers(target: Target) -> dict[str, str]:
     return headers
 
 
-def _malformed(target: Target, what: str) -> ProviderError:
-    return ProviderError(
-        f"malformed {what} from {target.slug}", retryable=True, code=FailoverCode.MALFORMED_RESPONSE
-    )
-
-
 class AnthropicAdapter:
     kind = "anthropic"
 
@@ -137,7 +138,7 @@ class AnthropicAdapter:
             doc = json.loads(data)
             text, finish, raw, usage = chat_from_message(doc, plan, model=target.provider_model_id)
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
-            raise _malformed(target, "Messages answer") from exc
+            raise malformed_answer(target, resp.status, data, "Messages answer") from exc
         return Completion(
             text=text,
             tokens_in=usage.prompt,

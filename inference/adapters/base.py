@@ -245,6 +245,24 @@ class StreamChunk:
     cache_write_tokens: int = 0
 
 
+def chat_chunk(
+    *, ident: str, created: int, model: str, choices: list[dict[str, Any]], text: str = "", **fields: Any
+) -> StreamChunk:
+    """A StreamChunk carrying an OpenAI chat.completion.chunk event (`raw`, which the gateway
+    passes on), for adapters that map another format's stream: `usage`, when given, goes into
+    the event; the other `fields` are the chunk's own (finish_reason, token counts)."""
+    raw: dict[str, Any] = {
+        "id": ident,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": choices,
+    }
+    if "usage" in fields:
+        raw["usage"] = fields.pop("usage")
+    return StreamChunk(text=text, raw=raw, **fields)
+
+
 # "Your request is bad": the same request would be refused by any deployment, so the router
 # stops at once, and the answer says nothing about the deployment's health (its breaker ignores it).
 CLIENT_ERROR_STATUSES = frozenset({400, 413, 422})

@@ -52,6 +52,7 @@ from inference.adapters.base import (
     ChatMessage,
     ChatRequest,
     StreamChunk,
+    chat_chunk,
     tool_arguments_object,
 )
 
@@ -363,16 +364,14 @@ class ConverseStreamMapper:
         self.blocks: dict[int, int | str | None] = {}
 
     def _chunk(self, choices: list[dict[str, Any]], text: str = "", **fields: Any) -> StreamChunk:
-        raw = {
-            "id": "chatcmpl-bedrock",
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        }
-        if "usage" in fields:
-            raw["usage"] = fields.pop("usage")
-        return StreamChunk(text=text, raw=raw, **fields)
+        return chat_chunk(
+            ident="chatcmpl-bedrock",
+            created=self.created,
+            model=self.model,
+            choices=choices,
+            text=text,
+            **fields,
+        )
 
     def _delta(self, delta: dict[str, Any], text: str = "") -> StreamChunk:
         return self._chunk([{"index": 0, "delta": delta, "finish_reason": None}], text)

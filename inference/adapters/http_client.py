@@ -185,12 +185,25 @@ def status_error(target: Target, resp: http.client.HTTPResponse, data: bytes) ->
             try:
                 retry_after = max(0.0, float(ms) / 1000.0)
             except ValueError:
-                pass
+                pass  # not a number: Retry-After's figure, if any, stands
     return ProviderError(
         f"HTTP {status} from {target.slug}",
         retryable=classify_status(status),
         status_code=status,
         retry_after=retry_after,
+    )
+
+
+def malformed_answer(target: Target, status: int, data: bytes, what: str = "answer") -> ProviderError:
+    """A 2xx whose body cannot be read: the provider is broken right now, so another deployment
+    may well answer (the chaos adapter's "malformed" drill). The body is logged, never passed on
+    (see status_error)."""
+    logger.warning("malformed %s from %s: %r", what, target.slug, data[:2000])
+    return ProviderError(
+        f"malformed {what} from {target.slug}",
+        retryable=True,
+        status_code=status,
+        code=FailoverCode.MALFORMED_RESPONSE,
     )
 
 
@@ -234,7 +247,7 @@ def retry_after_seconds(value: str | None) -> float | None:
     try:
         return max(0.0, float(value))
     except ValueError:
-        pass
+        pass  # not delta-seconds: an HTTP date, next
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):

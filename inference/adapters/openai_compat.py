@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,7 +22,14 @@ from inference.adapters.base import (
     Target,
     classify_status,
 )
-from inference.adapters.http_client import ConnKey, call_json, connection_drop, open_stream, sse_chunks
+from inference.adapters.http_client import (
+    ConnKey,
+    call_json,
+    connection_drop,
+    malformed_answer,
+    open_stream,
+    sse_chunks,
+)
 from inference.adapters.responses_mapping import (
     ResponseFailed,
     ResponsesStreamMapper,
@@ -31,8 +37,6 @@ from inference.adapters.responses_mapping import (
     responses_body,
 )
 from registry.failover_codes import FailoverCode
-
-logger = logging.getLogger(__name__)
 
 
 def _body(target: Target, request: InferenceInput, *, stream: bool) -> tuple[str, dict[str, Any]]:
@@ -120,16 +124,7 @@ class OpenAICompatibleAdapter:
                 **_usage_counts(doc.get("usage") or {}),
             )
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
-            # A 200 with a body we cannot read: the provider is broken right now, so another
-            # deployment may well answer (the chaos adapter's "malformed" drill). The body is
-            # logged, never passed on (see status_error).
-            logger.warning("malformed answer from %s: %r", target.slug, data[:2000])
-            raise ProviderError(
-                f"malformed answer from {target.slug}",
-                retryable=True,
-                status_code=resp.status,
-                code=FailoverCode.MALFORMED_RESPONSE,
-            ) from exc
+            raise malformed_answer(target, resp.status, data) from exc
 
     def embed(self, target: Target, request: EmbeddingRequest, *, timeout: float) -> Completion:
         body: dict[str, Any] = (
@@ -151,13 +146,7 @@ class OpenAICompatibleAdapter:
                 raw=doc,
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            logger.warning("malformed embeddings answer from %s: %r", target.slug, data[:2000])
-            raise ProviderError(
-                f"malformed embeddings answer from {target.slug}",
-                retryable=True,
-                status_code=resp.status,
-                code=FailoverCode.MALFORMED_RESPONSE,
-            ) from exc
+            raise malformed_answer(target, resp.status, data, "embeddings answer") from exc
 
     def stream(self, target: Target, request: InferenceInput, *, timeout: float) -> Iterator[StreamChunk]:
         wire = _native_responses(target, request)
@@ -181,13 +170,7 @@ class OpenAICompatibleAdapter:
         except ResponseFailed as exc:
             raise _failed(target, exc) from exc
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
-            logger.warning("malformed Responses answer from %s: %r", target.slug, data[:2000])
-            raise ProviderError(
-                f"malformed answer from {target.slug}",
-                retryable=True,
-                status_code=resp.status,
-                code=FailoverCode.MALFORMED_RESPONSE,
-            ) from exc
+            raise malformed_answer(target, resp.status, data) from exc
         choice = raw["choices"][0]
         return Completion(
             text=str(choice["message"]["content"] or ""),

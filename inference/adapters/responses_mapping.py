@@ -25,7 +25,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from inference.adapters.base import StreamChunk
+from inference.adapters.base import StreamChunk, chat_chunk
 
 _INCOMPLETE = {"max_output_tokens": "length", "content_filter": "content_filter"}
 
@@ -123,16 +123,14 @@ class ResponsesStreamMapper:
         self.finished = False
 
     def _chunk(self, choices: list[dict[str, Any]], text: str = "", **fields: Any) -> StreamChunk:
-        raw: dict[str, Any] = {
-            "id": "chatcmpl-responses",
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        }
-        if "usage" in fields:
-            raw["usage"] = fields.pop("usage")
-        return StreamChunk(text=text, raw=raw, **fields)
+        return chat_chunk(
+            ident="chatcmpl-responses",
+            created=self.created,
+            model=self.model,
+            choices=choices,
+            text=text,
+            **fields,
+        )
 
     def _delta(self, delta: dict[str, Any], text: str = "") -> StreamChunk:
         return self._chunk([{"index": 0, "delta": delta, "finish_reason": None}], text)
