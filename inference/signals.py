@@ -13,6 +13,7 @@ from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 
 from billing.models import Budget, PriceBook
+from inference.cache import semantic_forget
 from inference.models import ChaosConfig, GatewayFile
 from inference.retention import retained_prompts_forget
 from inference.selectors import route_cache_invalidate
@@ -42,6 +43,7 @@ def connect() -> None:
         )
     post_save.connect(_forget_prompts, sender=Workflow, dispatch_uid="inference-retention-opt-out")
     post_save.connect(_files_follow_team, sender=Workflow, dispatch_uid="inference-files-follow-team")
+    post_save.connect(_forget_embeddings, sender=Workflow, dispatch_uid="inference-semantic-cache-off")
 
 
 def _files_follow_team(sender: Any, instance: Workflow, created: bool, **kwargs: Any) -> None:
@@ -61,3 +63,11 @@ def _forget_prompts(sender: Any, instance: Workflow, created: bool, **kwargs: An
     (inference.retention), in the transaction that saved the setting."""
     if not created and not instance.retain_prompts:
         retained_prompts_forget(workflow_id=instance.pk)
+
+
+def _forget_embeddings(sender: Any, instance: Workflow, created: bool, **kwargs: Any) -> None:
+    """A workflow without semantic matching keeps no embedding of its prompts (inference.cache.
+    semantic): turning it off forgets them once the setting is committed."""
+    if not created and instance.semantic_cache_threshold is None:
+        workflow_id = instance.pk
+        transaction.on_commit(lambda: semantic_forget(workflow_id))

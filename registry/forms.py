@@ -12,7 +12,7 @@ from django.db.models import Model, QuerySet
 from registry import services
 from registry.auth.roles import Role
 from registry.failover_codes import FailoverCode
-from registry.form_fields import IntegerField, model_formfield
+from registry.form_fields import DecimalField, IntegerField, model_formfield
 from registry.models import (
     MAX_PROMPT_RETENTION_DAYS,
     Cluster,
@@ -258,6 +258,21 @@ class WorkflowRetentionForm(forms.Form):
         initial=1000,
         label="Most cached answers",
     )
+    # Semantic matching (inference.cache.semantic): empty threshold is exact match only.
+    semantic_cache_threshold = DecimalField(
+        required=False,
+        min_value=services.SEMANTIC_THRESHOLD_RANGE[0],
+        max_value=services.SEMANTIC_THRESHOLD_RANGE[1],
+        max_digits=5,
+        decimal_places=4,
+        label="Semantic match from cosine similarity (empty: exact repeats only)",
+    )
+    semantic_cache_deployment = forms.ModelChoiceField(
+        queryset=Deployment.objects.filter(supports_embeddings=True, enabled=True),
+        required=False,
+        to_field_name="slug",
+        label="Embeddings deployment for semantic matching",
+    )
 
 
 class WorkflowChangeForm(ServiceModelForm[Workflow]):
@@ -276,6 +291,8 @@ class WorkflowChangeForm(ServiceModelForm[Workflow]):
             "prompt_retention_days",
             "response_cache_seconds",
             "response_cache_entries",
+            "semantic_cache_threshold",
+            "semantic_cache_deployment",
         ]
         formfield_callback = model_formfield
 

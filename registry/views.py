@@ -300,17 +300,23 @@ class WorkflowDetailView(RoleRequiredMixin, View):
                 k: getattr(workflow, k) if data[k] is None else data[k]
                 for k in ("response_cache_seconds", "response_cache_entries")
             }
+            # The semantic fields are posted by this page's form only: empty is off.
+            semantic = {
+                k: data[k] if k in request.POST else getattr(workflow, k)
+                for k in ("semantic_cache_threshold", "semantic_cache_deployment")
+            }
             try:
-                services.workflow_cache_check(
-                    seconds=cache["response_cache_seconds"], entries=cache["response_cache_entries"]
-                )
                 with transaction.atomic():
-                    services.workflow_retention_set(
-                        workflow=workflow,
+                    # One update, checked as a whole (workflow_check): keeping prompts, the
+                    # cache and semantic matching depend on each other. Opting out of keeping
+                    # prompts deletes the kept ones (inference's post_save receiver).
+                    services.workflow_update(
+                        workflow,
                         retain_prompts=data["retain_prompts"],
                         prompt_retention_days=data["prompt_retention_days"],
+                        **cache,
+                        **semantic,
                     )
-                    services.workflow_update(workflow, **cache)
             except services.RegistryError as exc:
                 retention.add_error(exc.field if exc.field in retention.fields else None, str(exc))
                 return self._render(request, workflow, SwitchPrimaryForm(), status=400, retention=retention)
@@ -345,6 +351,8 @@ class WorkflowDetailView(RoleRequiredMixin, View):
                         "prompt_retention_days": workflow.prompt_retention_days,
                         "response_cache_seconds": workflow.response_cache_seconds,
                         "response_cache_entries": workflow.response_cache_entries,
+                        "semantic_cache_threshold": workflow.semantic_cache_threshold,
+                        "semantic_cache_deployment": workflow.semantic_cache_deployment,
                     }
                 ),
                 "can_write": user_may_change_team_object(request.user, workflow.team_id),

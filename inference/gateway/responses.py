@@ -62,6 +62,8 @@ def answer_headers(
                 response["x-switchyard-cost-avoided"] = f"{result.cost_avoided:f}"
         if result.cost_avoided is not None:
             response["x-switchyard-cache"] = "hit"  # answered from the response cache (inference.cache)
+            if result.cache_similarity is not None:  # for another prompt this similar
+                response["x-switchyard-cache-similarity"] = f"{result.cache_similarity:.4f}"
         if result.request_id is not None:
             response["x-switchyard-request-id"] = str(result.request_id)
         if result.policy_version is not None:

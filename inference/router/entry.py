@@ -2,27 +2,46 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 
+import numpy as np
 from django.db import IntegrityError
 
+from billing.budgets import BudgetExhausted
+from billing.services import NoPriceError
 from inference.adapters.base import (
     Completion,
+    EmbeddingRequest,
     InferenceInput,
     ProviderError,
     RoutedInput,
     StreamChunk,
 )
 from inference.admission import input_tokens
-from inference.cache import CacheAsk, CachedAnswer, cache_get, cache_key, cache_put, cache_seconds
+from inference.cache import (
+    CacheAsk,
+    CachedAnswer,
+    SemanticAsk,
+    cache_get,
+    cache_key,
+    cache_put,
+    cache_seconds,
+    embedding_vector,
+    semantic_ask,
+    semantic_discard,
+    semantic_lookup,
+    semantic_on,
+    semantic_put,
+)
 from inference.models import Endpoint, InferenceAttempt
 from inference.recording import AttemptInfo
 from inference.recording.record import request_id_reserve
 from inference.router.calls import attempt_calls, ok_attempt
 from inference.router.context import Context, prepare
-from inference.router.errors import RouteResult
+from inference.router.errors import CapabilityMissing, CostLimitExceeded, NoRoute, RouteResult
 from inference.router.finish import finish_request, raise_refusal, recorded, replay
 from inference.selectors import (
     PlanEntry,
@@ -30,6 +49,7 @@ from inference.selectors import (
 from registry.models import Deployment, Workflow
 
 Outcome = InferenceAttempt.Outcome
+logger = logging.getLogger(__name__)
 
 
 def route(
@@ -73,10 +93,17 @@ def route(
     ctx.bill_to = bill_to
     ctx.request_digest = request_digest or ""
     key = None
+    semantic: SemanticAsk | None = None
+    vector: np.ndarray | None = None
     if cache is not None and cache_seconds(workflow):
         key = cache_key(cache, workflow=workflow, policy_id=ctx.plan.policy_id)
         hit = cache_get(workflow, key)
         answered = _cached_answer(ctx, hit) if hit is not None else None
+        if answered is not None:
+            return answered
+        semantic = semantic_ask(cache) if semantic_on(workflow) else None
+        vector = _prompt_embedding(ctx, semantic) if semantic is not None else None
+        answered = _semantic_answer(ctx, semantic, vector) if semantic and vector is not None else None
         if answered is not None:
             return answered
     completion: Completion | None = None
@@ -113,7 +140,50 @@ def route(
             key,
             CachedAnswer(winner.deployment_id, result.cost, result.currency, completion, time.time()),
         )
+        if semantic is not None and vector is not None:
+            semantic_put(workflow, ctx.plan.policy_id, semantic, vector, key)
     return result
+
+
+def _prompt_embedding(ctx: Context, ask: SemanticAsk) -> np.ndarray | None:
+    """The prompt's embedding from the workflow's embeddings deployment, asked as a request of
+    its own (recorded and billed like any; the caller's key and budgets apply), or None: a
+    refusal or a failed call is a miss, never the caller's error."""
+    workflow = ctx.workflow
+    embedder = workflow.semantic_cache_deployment
+    if embedder is None:
+        return None
+    try:
+        result = route(
+            workflow=workflow,
+            request=EmbeddingRequest(texts=(ask.text,)),
+            endpoint=Endpoint.EMBEDDING,
+            deployment=embedder,
+            api_key_id=ctx.api_key_id,
+            bill_to=ctx.bill_to,
+        )
+    except (BudgetExhausted, CostLimitExceeded, CapabilityMissing, NoRoute, NoPriceError) as exc:
+        logger.warning("semantic cache of %s: prompt not embedded (%s)", workflow.slug, exc)
+        return None
+    vector = embedding_vector(result.completion.raw) if result.ok and result.completion is not None else None
+    if vector is None:
+        logger.warning("semantic cache of %s: no embedding (%s)", workflow.slug, result.error or "unusable")
+    return vector
+
+
+def _semantic_answer(ctx: Context, ask: SemanticAsk, vector: np.ndarray) -> RouteResult | None:
+    """The cached answer of the most similar prompt at or above the threshold, recorded as a
+    cache hit (_cached_answer) with its similarity; an embedding whose answer is gone is dropped."""
+    for match in semantic_lookup(ctx.workflow, ctx.plan.policy_id, ask, vector):
+        hit = cache_get(ctx.workflow, match.key)
+        if hit is None:
+            semantic_discard(ctx.workflow, ctx.plan.policy_id, ask, match.key)
+            continue
+        answered = _cached_answer(ctx, hit)
+        if answered is not None:
+            answered.cache_similarity = match.similarity
+            return answered
+    return None
 
 
 def _cached_answer(ctx: Context, hit: CachedAnswer) -> RouteResult | None:

@@ -77,6 +77,8 @@ class RouteResult:
     retry_after: float | None = None
     # Answered from the response cache (inference.cache): what the answer cost when bought.
     cost_avoided: Decimal | None = None
+    # Answered by semantic matching (inference.cache.semantic): the prompts' cosine similarity.
+    cache_similarity: float | None = None
     # When nothing answered because an adapter refused the request before calling (a field its
     # provider's format cannot carry): its words, which the caller is shown.
     refusal: str = ""

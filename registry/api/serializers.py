@@ -234,6 +234,11 @@ class WorkflowSerializer(ModelSerializer[Workflow]):
     team = TeamSlugField(required=False, allow_null=True)
     current_policy = serializers.SerializerMethodField()
     route = RouteInputSerializer(write_only=True, required=True)
+    # Semantic matching (inference.cache.semantic): the embeddings deployment by slug; the rules
+    # between it, the threshold, the cache and kept prompts are the service's (workflow_check).
+    semantic_cache_deployment = serializers.SlugRelatedField(
+        slug_field="slug", queryset=Deployment.objects.all(), required=False, allow_null=True
+    )
 
     class Meta:
         model = Workflow
@@ -249,6 +254,8 @@ class WorkflowSerializer(ModelSerializer[Workflow]):
             "prompt_retention_days",
             "response_cache_seconds",
             "response_cache_entries",
+            "semantic_cache_threshold",
+            "semantic_cache_deployment",
             "current_policy",
             "route",
             "created_at",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
@@ -51,6 +52,27 @@ class Workflow(models.Model):
     response_cache_entries = models.PositiveIntegerField(
         default=1000, help_text="Most answers cached for this workflow"
     )
+    # Semantic matching (inference.cache.semantic), opt-in on top of the response cache: a
+    # request whose prompt's embedding (from `semantic_cache_deployment`, an embeddings
+    # deployment, billed as its own request) is at least this cosine similarity to a cached
+    # prompt's, with every other field equal, is answered with that prompt's answer. It stores an
+    # embedding of each prompt, so it needs prompts kept (retain_prompts); null: exact match only.
+    semantic_cache_threshold = models.DecimalField(
+        max_digits=5,
+        decimal_places=4,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(Decimal("0.5")), MaxValueValidator(Decimal("1"))],
+        help_text="Cosine similarity from which a cached answer serves another prompt (empty: exact only)",
+    )
+    semantic_cache_deployment = models.ForeignKey(
+        Deployment,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="The embeddings deployment that embeds prompts for semantic matching",
+    )
 
     class Meta:
         ordering = ["slug"]
@@ -61,6 +83,11 @@ class Workflow(models.Model):
                     prompt_retention_days__gte=1, prompt_retention_days__lte=MAX_PROMPT_RETENTION_DAYS
                 ),
                 name="workflow_retention_days_when_kept",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(semantic_cache_threshold__isnull=True)
+                | models.Q(semantic_cache_deployment__isnull=False, retain_prompts=True),
+                name="workflow_semantic_cache_needs_embedder_and_kept_prompts",
             ),
         ]
 

@@ -82,6 +82,7 @@ from registry.services.tokens import (
 from registry.services.workflows import (
     MAX_CACHE_ENTRIES,
     MAX_CACHE_SECONDS,
+    SEMANTIC_THRESHOLD_RANGE,
     WORKFLOW_FIELDS,
     workflow_cache_check,
     workflow_check,
@@ -89,6 +90,7 @@ from registry.services.workflows import (
     workflow_policy_change,
     workflow_retention_check,
     workflow_retention_set,
+    workflow_semantic_check,
     workflow_switch_primary,
     workflow_update,
 )
@@ -150,12 +152,14 @@ __all__ = [
     "team_memberships_sync_from_claims",
     "MAX_CACHE_ENTRIES",
     "MAX_CACHE_SECONDS",
+    "SEMANTIC_THRESHOLD_RANGE",
     "workflow_cache_check",
     "workflow_check",
     "workflow_create",
     "workflow_policy_change",
     "workflow_retention_check",
     "workflow_retention_set",
+    "workflow_semantic_check",
     "workflow_switch_primary",
     "workflow_update",
 ]

@@ -36,10 +36,14 @@ WORKFLOW_FIELDS = frozenset(
         "prompt_retention_days",
         "response_cache_seconds",
         "response_cache_entries",
+        "semantic_cache_threshold",
+        "semantic_cache_deployment",
     }
 )
 MAX_CACHE_SECONDS = 30 * 86_400  # a cached answer lives at most 30 days
 MAX_CACHE_ENTRIES = 1_000_000
+# Semantic matching's cosine-similarity threshold: below 0.5 two prompts have little in common.
+SEMANTIC_THRESHOLD_RANGE = (Decimal("0.5"), Decimal("1"))
 
 
 def _validate_route(deployments: Sequence[Deployment]) -> None:
@@ -108,6 +112,12 @@ def workflow_retention_set(
     """Opt a workflow in to keeping its prompts (for replays) or out. Opting out deletes the
     kept prompts at once (inference's Workflow post_save receiver, in this transaction)."""
     workflow_retention_check(retain_prompts=retain_prompts, prompt_retention_days=prompt_retention_days)
+    workflow_semantic_check(
+        threshold=workflow.semantic_cache_threshold,
+        deployment=workflow.semantic_cache_deployment,
+        retain_prompts=retain_prompts,
+        cache_seconds=workflow.response_cache_seconds,
+    )
     workflow.retain_prompts = retain_prompts
     workflow.prompt_retention_days = prompt_retention_days
     workflow.save(update_fields=["retain_prompts", "prompt_retention_days"])
@@ -126,6 +136,43 @@ def workflow_cache_check(*, seconds: Any, entries: Any) -> None:
         raise RegistryError("a cache needs room for at least one answer", field="response_cache_entries")
 
 
+def workflow_semantic_check(
+    *,
+    threshold: Any,
+    deployment: Deployment | None,
+    retain_prompts: bool,
+    cache_seconds: int,
+) -> None:
+    """Semantic matching (inference.cache.semantic): a threshold within its range, on a cache that
+    is on, with an enabled embeddings deployment to embed prompts, and prompts kept (it stores an
+    embedding of each prompt, which says more about a prompt than a hash). Each error names its field."""
+    if threshold is None:
+        return
+    low, high = SEMANTIC_THRESHOLD_RANGE
+    number = isinstance(threshold, Decimal) and threshold.is_finite()
+    if not number or not low <= threshold <= high:
+        raise RegistryError(f"must be a number from {low} to {high}", field="semantic_cache_threshold")
+    if not cache_seconds:
+        raise RegistryError(
+            "semantic matching serves cached answers: turn the response cache on (seconds > 0)",
+            field="semantic_cache_threshold",
+        )
+    if not retain_prompts:
+        raise RegistryError(
+            "semantic matching stores an embedding of each prompt: it needs prompts kept",
+            field="semantic_cache_threshold",
+        )
+    if deployment is None:
+        raise RegistryError(
+            "semantic matching needs an embeddings deployment", field="semantic_cache_deployment"
+        )
+    if not deployment.supports_embeddings or not deployment.enabled:
+        raise RegistryError(
+            f"deployment {deployment.slug} is not an enabled embeddings deployment",
+            field="semantic_cache_deployment",
+        )
+
+
 def workflow_check(workflow: Workflow) -> None:
     """A workflow's rules, on the state it would be saved with: rate limits within their columns,
     a retention period when prompts are kept, the cache's bounds."""
@@ -134,6 +181,12 @@ def workflow_check(workflow: Workflow) -> None:
         retain_prompts=workflow.retain_prompts, prompt_retention_days=workflow.prompt_retention_days
     )
     workflow_cache_check(seconds=workflow.response_cache_seconds, entries=workflow.response_cache_entries)
+    workflow_semantic_check(
+        threshold=workflow.semantic_cache_threshold,
+        deployment=workflow.semantic_cache_deployment,
+        retain_prompts=workflow.retain_prompts,
+        cache_seconds=workflow.response_cache_seconds,
+    )
 
 
 def workflow_update(workflow: Workflow, **fields: Any) -> Workflow:
@@ -161,11 +214,19 @@ def workflow_create(
     prompt_retention_days: int | None = None,
     response_cache_seconds: int = 0,
     response_cache_entries: int = 1000,
+    semantic_cache_threshold: Decimal | None = None,
+    semantic_cache_deployment: Deployment | None = None,
 ) -> Workflow:
     _validate_route(deployments)
     rate_limit_check(rpm_limit=rpm_limit, tpm_limit=tpm_limit)
     workflow_retention_check(retain_prompts=retain_prompts, prompt_retention_days=prompt_retention_days)
     workflow_cache_check(seconds=response_cache_seconds, entries=response_cache_entries)
+    workflow_semantic_check(
+        threshold=semantic_cache_threshold,
+        deployment=semantic_cache_deployment,
+        retain_prompts=retain_prompts,
+        cache_seconds=response_cache_seconds,
+    )
     with transaction.atomic():
         workflow = Workflow.objects.create(
             slug=slug,
@@ -178,6 +239,8 @@ def workflow_create(
             prompt_retention_days=prompt_retention_days,
             response_cache_seconds=response_cache_seconds,
             response_cache_entries=response_cache_entries,
+            semantic_cache_threshold=semantic_cache_threshold,
+            semantic_cache_deployment=semantic_cache_deployment,
         )
         workflow_policy_change(
             workflow=workflow,

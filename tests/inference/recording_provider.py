@@ -9,7 +9,7 @@ a finish event per choice, and the usage event when `stream_options.include_usag
 So a client that reassembles a stream must get back exactly the non-streamed answer.
 
 `status` and `headers` make it fail (a 429 with Retry-After); embeddings answer `embedding`
-for every input.
+for every input, or `embed(text)` when the script has that function.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +55,7 @@ class Script:
     headers: dict[str, str] = field(default_factory=dict)
     embedding: list[float] = field(default_factory=lambda: [0.25, -0.5, 0.125])
     embedding_tokens: int = 4
+    embed: Callable[[str], list[float]] | None = None
     bodies: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -142,7 +144,12 @@ class _Handler(KeepAliveHandler):
             inputs = body.get("input")
             inputs = inputs if isinstance(inputs, list) else [inputs]
             data = [
-                {"object": "embedding", "index": i, "embedding": script.embedding} for i in range(len(inputs))
+                {
+                    "object": "embedding",
+                    "index": i,
+                    "embedding": script.embed(text) if script.embed else script.embedding,
+                }
+                for i, text in enumerate(inputs)
             ]
             tokens = script.embedding_tokens * len(inputs)
             usage = {"prompt_tokens": tokens, "total_tokens": tokens}

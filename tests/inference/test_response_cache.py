@@ -19,6 +19,7 @@ from billing.exports import ExportFilters, export_rows
 from billing.exports.columns import COLUMNS
 from billing.models import UsageRecord
 from inference import cache
+from inference.cache import exact
 from inference.models import InferenceRequest
 from inference.ratelimit.limits import rate_limiter_reset
 from registry.models import Workflow
@@ -215,8 +216,8 @@ def test_the_ttl_and_the_size_bound(
     assert _chat(setup, messages=[{"role": "user", "content": "a"}]).headers.get("x-switchyard-cache") is None
     calls = provider.script.calls()
     # Ten minutes later (the TTL), the answers are no longer served.
-    now = cache.time.time()
-    monkeypatch.setattr(cache.time, "time", lambda: now + 601)
+    now = exact.time.time()
+    monkeypatch.setattr(exact.time, "time", lambda: now + 601)
     assert _chat(setup, messages=[{"role": "user", "content": "c"}]).headers.get("x-switchyard-cache") is None
     assert provider.script.calls() == calls + 1
 
@@ -276,9 +277,9 @@ def test_a_workflow_moved_to_another_team_starts_an_empty_cache_and_garbage_is_a
     gateway_caches_clear()
     assert _chat(setup).headers.get("x-switchyard-cache") is None
     workflow = Workflow.objects.get(pk=setup["workflow"].pk)
-    for key in cache._stores[next(iter(cache._stores))].redis.scan_iter(f"{cache.PREFIX}{workflow.pk}:*"):
+    for key in exact._stores[next(iter(exact._stores))].redis.scan_iter(f"{exact.PREFIX}{workflow.pk}:*"):
         if b":idx:" not in key:
-            cache._stores[next(iter(cache._stores))].redis.set(key, b"not json")
+            exact._stores[next(iter(exact._stores))].redis.set(key, b"not json")
     assert _chat(setup).headers.get("x-switchyard-cache") is None  # a corrupt entry: a miss, not a 500
     assert _chat(setup).headers.get("x-switchyard-cache") == "hit"  # and it was overwritten
     assert provider.script.calls() == 3

@@ -1,6 +1,7 @@
-"""The response cache: a workflow that opts in (Workflow.response_cache_seconds > 0) answers an
-exact repeat of a request from the answer bought the first time, for a zero-cost ledger row that
-records the cost it avoided.
+"""The response cache's exact match: a workflow that opts in (Workflow.response_cache_seconds >
+0) answers an exact repeat of a request from the answer bought the first time, for a zero-cost
+ledger row that records the cost it avoided. (Semantic matching, opted in on top of it, is
+inference.cache.semantic.)
 
 What counts as a repeat: the same API (chat, completion, messages, responses) and the same body
 less what cannot change the answer (`stream`, `stream_options`, `user`, `metadata`), for the same
@@ -47,7 +48,7 @@ logger = logging.getLogger(__name__)
 
 PREFIX = "sy:rc:"
 # Body fields that cannot change the answer (how it is delivered, who to attribute it to).
-_NOT_ANSWER = frozenset({"stream", "stream_options", "user", "metadata"})
+NOT_ANSWER = frozenset({"stream", "stream_options", "user", "metadata"})
 REDIS_TIMEOUT_S = 0.25  # a slow Redis is a miss, never a slow answer
 DAY_SECONDS = 86_400
 
@@ -77,12 +78,17 @@ def cache_seconds(workflow: Workflow) -> int:
     return seconds
 
 
+def body_digest(api: str, body: dict[str, Any], *, leave_out: frozenset[str] = frozenset()) -> str:
+    """SHA-256 of the API and the body less NOT_ANSWER (and `leave_out`), keys sorted."""
+    normal = {k: v for k, v in body.items() if k not in NOT_ANSWER and k not in leave_out}
+    text = json.dumps([api, normal], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
 def cache_key(ask: CacheAsk, *, workflow: Workflow, policy_id: int | None) -> str:
     """The workflow, its team (a workflow moved to another team starts an empty cache), the
-    route version and the digest of the API and the body less _NOT_ANSWER."""
-    normal = {k: v for k, v in ask.body.items() if k not in _NOT_ANSWER}
-    text = json.dumps([ask.api, normal], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    route version and the digest of the API and the body less NOT_ANSWER."""
+    digest = body_digest(ask.api, ask.body)
     return f"{PREFIX}{workflow.pk}:{workflow.team_id or 0}:{policy_id or 0}:{digest}"
 
 
@@ -227,8 +233,8 @@ def cache_put(workflow: Workflow, key: str, answer: CachedAnswer) -> None:
         logger.warning("response cache: Redis unreachable, answer of %s not cached", workflow.slug)
 
 
-def cache_clear() -> None:
-    """Forget every cached answer (tests; an operator flushing the cache)."""
+def exact_clear() -> None:
+    """Forget every cached answer, and in Redis every key of the cache (inference.cache.cache_clear)."""
     _local.clear()
     if settings.REDIS_URL:
         _store().clear()
