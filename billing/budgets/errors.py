@@ -12,7 +12,8 @@ class BudgetExhausted(DomainError):
 
     status_code = 402
 
-    def __init__(self, message: str, *, budget_id: int) -> None:
+    def __init__(self, message: str, *, budget_id: int | None) -> None:
+        # budget_id None: a refusal replayed from its record (inference.router.finish.replay).
         super().__init__(message)
         self.budget_id = budget_id
 

@@ -10,6 +10,7 @@ HTTP status, from which `client_error` (400, 413, 422: the request is at fault) 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -306,6 +307,17 @@ def adapter_refusal(target: Target, api: str, message: str) -> ProviderError:
         status_code=400,
         refusal=f"{api}: {message}",
     )
+
+
+# An adapter's refusal as its attempt records it (str of adapter_refusal's error), so that a
+# replayed request (inference.router.finish.replay) shows the caller the same words.
+_REFUSAL_RECORDED = re.compile(r"HTTP 400: \S+ \((?P<api>[^)]*)\): (?P<message>.*)", re.DOTALL)
+
+
+def refusal_recorded(error: str) -> str:
+    """adapter_refusal's `refusal` from its recorded error ("" when `error` is not one)."""
+    found = _REFUSAL_RECORDED.fullmatch(error)
+    return f"{found['api']}: {found['message']}" if found else ""
 
 
 def classify_status(status: int) -> bool:

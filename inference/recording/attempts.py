@@ -14,6 +14,8 @@ from inference.selectors import PlanEntry
 
 MILLION = Decimal(1_000_000)
 Outcome = InferenceAttempt.Outcome
+# The outcomes of attempts that reached their provider (the rest were skipped or refused first).
+CALLED = frozenset({Outcome.OK, Outcome.RETRYABLE, Outcome.NON_RETRYABLE})
 
 
 @dataclass
@@ -50,7 +52,7 @@ class AttemptInfo:
 
     @property
     def called(self) -> bool:
-        return self.outcome in (Outcome.OK, Outcome.RETRYABLE, Outcome.NON_RETRYABLE)
+        return self.outcome in CALLED
 
 
 def db_text(text: str) -> str:

@@ -24,7 +24,7 @@ from inference.breaker.state import breaker_settings, monotonic_now
 from inference.models import Endpoint, InferenceAttempt
 from inference.recording import AttemptInfo
 from inference.router.context import Context, call_target, candidates, cost_estimate, needs_admission
-from inference.router.errors import CostLimitExceeded, NoRoute
+from inference.router.errors import CostLimitExceeded, NoRoute, over_cost_error
 from inference.router.policy import Peek
 from inference.selectors import (
     GENERATION_KEY,
@@ -142,7 +142,7 @@ def attempt_calls(ctx: Context, stack: ExitStack, *, stream: bool) -> Iterator[A
                             outcome=Outcome.OVER_COST,
                             status_code=None,
                             latency_ms=0.0,
-                            error=f"estimated cost {estimate:.9f} over max_cost_per_request {limit:f}",
+                            error=over_cost_error(estimate, limit),
                         )
                     )
                     continue

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from decimal import Decimal
 
@@ -42,6 +43,14 @@ class CapabilityMissing(ValueError):
         self.param = FEATURE_PARAM.get(missing)
 
 
+_OVER_COST = re.compile(r"estimated cost (?P<estimate>[0-9.]+) over max_cost_per_request (?P<limit>[0-9.]+)")
+
+
+def over_cost_error(estimate: Decimal, limit: Decimal) -> str:
+    """An OVER_COST attempt's recorded error (read back by CostLimitExceeded.recorded)."""
+    return f"estimated cost {estimate:.9f} over max_cost_per_request {limit:f}"
+
+
 class CostLimitExceeded(ValueError):
     """Every deployment's estimate for the request is above the policy's max_cost_per_request;
     nothing was called. `estimate` is the lowest estimate, `limit` the policy's limit."""
@@ -53,6 +62,16 @@ class CostLimitExceeded(ValueError):
         )
         self.estimate = estimate
         self.limit = limit
+
+    @classmethod
+    def recorded(cls, errors: list[str], currency: str) -> CostLimitExceeded | None:
+        """The refusal again from its attempts' recorded errors (over_cost_error), the lowest
+        estimate as when it was raised; None when none is one."""
+        found = [m for m in (_OVER_COST.fullmatch(e) for e in errors) if m is not None]
+        if not found:
+            return None
+        low = min(found, key=lambda m: Decimal(m["estimate"]))
+        return cls(estimate=Decimal(low["estimate"]), limit=Decimal(low["limit"]), currency=currency)
 
 
 @dataclass

@@ -7,8 +7,10 @@ from typing import Any
 
 from django.utils import timezone
 
+from billing.budgets import BudgetExhausted
 from inference.adapters.base import (
     Completion,
+    refusal_recorded,
 )
 from inference.breaker.breakers import breakers
 from inference.breaker.state import monotonic_now
@@ -16,9 +18,10 @@ from inference.idempotency import answer_kept, answer_kept_until, replay_check
 from inference.metrics import route_observe
 from inference.models import InferenceAttempt, InferenceRequest
 from inference.recording import inference_request_record
+from inference.recording.attempts import CALLED
 from inference.retention import retained_input
 from inference.router.context import Context
-from inference.router.errors import RouteResult
+from inference.router.errors import CostLimitExceeded, RouteResult
 from inference.selectors import (
     PlanEntry,
 )
@@ -168,6 +171,7 @@ def replay(row: InferenceRequest, *, digest: str | None = None) -> RouteResult:
             finish_reason=finish,
             raw=doc if isinstance(doc, dict) else None,
         )
+    status_code, refusal = (None, "") if completion is not None else _failure_replayed(row)
     return RouteResult(
         ok=row.status == InferenceRequest.Status.SUCCEEDED,
         request_id=row.pk,
@@ -179,8 +183,36 @@ def replay(row: InferenceRequest, *, digest: str | None = None) -> RouteResult:
         latency_ms=row.latency_ms,
         ttft_ms=row.ttft_ms,
         error=row.error,
+        status_code=status_code,
         replayed=True,
+        refusal=refusal,
     )
+
+
+def _failure_replayed(row: InferenceRequest) -> tuple[int | None, str]:
+    """A failed request's answer again, from its recorded attempts (the journal entry while it is
+    pending, else the attempt rows): what finish_request and raise_refusal made of them the first
+    time. A budget's or the cost limit's refusal is raised again (BudgetExhausted,
+    CostLimitExceeded); otherwise (status, adapter refusal) of the last failed attempt."""
+    pending = row.ledger_pending
+    tried: list[tuple[str, int | None, str]]
+    if isinstance(pending, dict) and isinstance(pending.get("attempts"), list):
+        tried = [(str(a[2]), a[3], str(a[7] or "")) for a in pending["attempts"]]  # FoldJob.journal
+    else:
+        rows = InferenceAttempt.objects.filter(request=row).order_by("position")
+        tried = [(o, s, e) for o, s, e in rows.values_list("outcome", "status_code", "error")]
+    budget = [error for outcome, _, error in tried if outcome == Outcome.BUDGET]
+    if budget:
+        raise BudgetExhausted(budget[-1], budget_id=None)
+    called = any(outcome in CALLED for outcome, _, _ in tried)
+    over_cost = CostLimitExceeded.recorded([e for o, _, e in tried if o == Outcome.OVER_COST], row.currency)
+    if over_cost is not None and not called:
+        raise over_cost
+    last = next((t for t in reversed(tried) if t[0] != Outcome.OK), None)
+    if last is None:
+        return None, ""
+    outcome, status_code, error = last
+    return status_code, refusal_recorded(error) if outcome == Outcome.UNSUPPORTED else ""
 
 
 def raise_refusal(ctx: Context, winner: PlanEntry | None) -> None:

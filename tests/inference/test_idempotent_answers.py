@@ -151,6 +151,78 @@ def test_a_retry_of_a_failed_request_gets_the_failure_again_without_a_call(
     assert InferenceRequest.objects.count() == 1
 
 
+def _anthropic_deployment(server: Any) -> Any:
+    from registry.models import Provider
+    from registry.services import provider_set_credentials
+    from tests.factories import make_provider
+
+    provider = make_provider(kind=Provider.Kind.ANTHROPIC, base_url=server.url)
+    provider_set_credentials(provider=provider, credentials="sk-ant-loopback")
+    return priced_deployment(provider=provider, provider_model_id="claude-test")
+
+
+@pytest.mark.parametrize(
+    "failure", ["provider_400", "provider_429", "adapter_refusal", "budget", "cost_limit"]
+)
+def test_a_replayed_failure_answers_as_the_request_did_the_first_time(
+    operator: User, mock_provider: Start, failure: str
+) -> None:
+    """Not a 502 for every failure: the status, the code and (for our own refusals) the words."""
+    from decimal import Decimal
+
+    from billing.models import Budget
+    from tests.inference.anthropic_server import MessagesServer
+
+    body: dict[str, Any] = {"messages": [{"role": "user", "content": "ping"}]}
+    claude = None
+    if failure == "adapter_refusal":
+        claude = MessagesServer()
+        workflow = routed_workflow(operator, [_anthropic_deployment(claude)])
+        body["seed"] = 7  # Messages has no seed: refused by name before any call
+    elif failure == "cost_limit":
+        workflow = routed_workflow(
+            operator, [priced_deployment(mock_provider())], max_cost_per_request=Decimal("0.000000001")
+        )
+    else:
+        status = {"provider_400": 400, "provider_429": 429}.get(failure, 200)
+        workflow = routed_workflow(operator, [priced_deployment(mock_provider(status=status))])
+    if failure == "budget":
+        Budget.objects.create(
+            name="spent", scope=Budget.Scope.WORKFLOW, workflow=workflow, limit_amount=0, hard_limit=True
+        )
+    gateway = _client(operator)
+
+    def ask() -> Any:
+        return gateway.post(
+            "/v1/chat/completions",
+            json.dumps({"model": workflow.slug, **body}),
+            content_type="application/json",
+            HTTP_IDEMPOTENCY_KEY=f"k-{failure}",
+        )
+
+    try:
+        first = ask()
+        assert first.status_code != 200, first.content
+        again = ask()
+    finally:
+        if claude is not None:
+            claude.stop()
+    expected = {
+        "provider_400": (400, "provider_rejected"),
+        "provider_429": (429, "rate_limited"),
+        "adapter_refusal": (400, "provider_rejected"),
+        "budget": (402, "budget_exhausted"),
+        "cost_limit": (400, "max_cost_exceeded"),
+    }[failure]
+    assert (first.status_code, first.json()["error"]["code"]) == expected
+    assert (again.status_code, again.json()["error"]["code"]) == expected
+    if failure in ("adapter_refusal", "budget", "cost_limit"):  # our own words, shown both times
+        assert again.json()["error"]["message"] == first.json()["error"]["message"]
+    assert InferenceRequest.objects.filter(workflow=workflow).count() == 1
+    if claude is not None:
+        assert claude.behaviour.requests == []
+
+
 CALL = {
     "id": "call_1",
     "type": "function",
@@ -211,3 +283,37 @@ def test_a_replayed_answer_is_the_whole_answer_with_its_tool_calls(operator: Use
         assert "get_weather" in json.dumps(again.json())
     finally:
         provider.stop()
+
+
+def test_a_failure_still_in_the_journal_is_replayed_from_its_entry(operator: User) -> None:
+    """Before the folder writes the attempt rows, the journal entry on the request row says how
+    it failed (inference.recording: FoldJob.journal)."""
+    from inference.adapters.base import Target, adapter_refusal
+    from inference.router.finish import replay
+
+    deployment = priced_deployment(base_url="http://127.0.0.1:9/v1")
+    workflow = routed_workflow(operator, [deployment])
+    target = Target(
+        deployment_id=deployment.pk,
+        slug=deployment.slug,
+        kind="anthropic",
+        base_url="http://127.0.0.1:9",
+        provider_model_id="claude-test",
+        credentials="k",
+        allow_private=True,
+    )
+    refused = adapter_refusal(target, "Anthropic Messages", "no seed")
+    entry = {
+        "v": 1,
+        "attempts": [
+            [0, deployment.pk, "retryable", 503, 1.0, 0, 0, "HTTP 503", 0.0, ""],
+            [1, deployment.pk, "unsupported", 400, 0.1, 0, 0, str(refused), 0.0, ""],
+        ],
+        "billed": [],
+    }
+    row = InferenceRequest.objects.create(
+        workflow=workflow, status="failed", ledger_pending=entry, client_request_id="batch:1:journal"
+    )
+    result = replay(row)
+    assert (result.ok, result.status_code, result.refusal) == (False, 400, refused.refusal)
+    assert result.refusal == "Anthropic Messages: no seed"
