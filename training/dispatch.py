@@ -13,6 +13,7 @@ PROBE_JOB_RUN = "training.probe_job_run"
 RUN_PLACE = "training.run_place"
 LEARNER_CHUNK = "training.learner_chunk"
 SYNCER_TICK = "training.syncer_tick"
+VERSIONS_EVALUATE = "training.versions_evaluate"
 RUNS_SUPERVISE = "training.runs_supervise"  # sent by beat (stack.settings.CELERY_BEAT_SCHEDULE)
 
 
@@ -34,3 +35,9 @@ def learner_chunk_enqueue(*, learner_id: int, generation: int, seq: int, cluster
 def syncer_tick_enqueue(*, run_id: int, token: str, countdown: float | None = None) -> None:
     """One tick of a run's syncer chain `token` (the control queue), now or after `countdown` s."""
     task_send(SYNCER_TICK, run_id, token, queue=CONTROL_QUEUE, countdown=countdown)
+
+
+def versions_evaluate_enqueue(*, run_id: int, queue: str) -> None:
+    """Evaluate a run's recorded versions on `queue` (a cluster's, or the control queue when no
+    cluster of the run is live: training.services.evaluation)."""
+    task_send(VERSIONS_EVALUATE, run_id, queue=queue)

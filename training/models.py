@@ -24,8 +24,9 @@ PlacementDecision    why learner i (generation g) went to a cluster: reason init
 LearnerChunk         (learner, generation, seq) unique: one Celery task's worth of inner steps
                      (the idempotency and billing unit; UsageRecord key
                      "training_run:<run>/learner:<i>/g<gen>/c<seq>").
-GlobalVersionRecord  (run, fragment, version) unique: one published global version, recorded once,
-                     with the eval loss of the global parameters and the run's cost so far.
+GlobalVersionRecord  (run, fragment, version) unique: one published global version, recorded once
+                     by the syncer with the run's cost so far; the eval loss of the global
+                     parameters is filled in by the evaluator, on a cluster's queue.
 ModelVersion         one version of the run's RegisteredModel: the global parameters at every
                      k-th global version (config `register_every_versions`) and the final ones,
                      (run, key) unique so a re-run syncer registers a version once; eval loss,
@@ -139,6 +140,12 @@ class TrainingRun(models.Model):
     # Bytes of the run's objects in the store (versions, deltas, checkpoints, exports), as the
     # last retention sweep listed them (training.services.retention); None before the first.
     store_bytes = models.BigIntegerField(null=True, blank=True)
+    # Version evaluation runs on a cluster's queue, one evaluator per run at a time
+    # (training.services.evaluation): it holds the run until this instant, renewed per version;
+    # a lapsed hold (a lost task) lets the next syncer tick send another.
+    evaluator_until = models.DateTimeField(null=True, blank=True)
+    # Where the evaluator was last sent (a cluster slug, or "control" when no cluster was live).
+    evaluator_queue = models.CharField(max_length=80, blank=True)
 
     LIVE_STATES = (State.PLACING, State.RUNNING, State.RECOVERING)
     FINAL_STATES = (State.SUCCEEDED, State.FAILED, State.CANCELLED, State.BUDGET_EXHAUSTED)
@@ -357,7 +364,10 @@ class GlobalVersionRecord(models.Model):
     fragment = models.PositiveIntegerField()
     version = models.PositiveIntegerField()
     published_at = models.DateTimeField()
+    # Filled by the evaluator on a cluster's queue after the version is recorded (null meanwhile;
+    # training.services.evaluation). `eval_note` says why a version was not evaluated.
     eval_loss = models.FloatField(null=True, blank=True)
+    eval_note = models.CharField(max_length=200, blank=True)
     tokens_merged = models.BigIntegerField(default=0)
     tokens_total = models.BigIntegerField(default=0)
     learners_merged = models.JSONField(default=list)

@@ -403,9 +403,10 @@ def syncer_tick_execute(*, run_id: int, token: str) -> None:
         engine=engine,
         transport=transport,
         at_hand={(v.fragment, v.version): v for v in published},
-        newest=syncer.global_params(),
         delta_bytes=sizes,
     )
+    # Their eval losses come from an evaluator on a cluster's queue, not from this worker.
+    services.versions_evaluate_send(run)
     services.model_versions_register_due(run=run, engine=engine, transport=transport)
     if published:
         services.run_store_sweep(run=run, engine=engine, transport=transport, syncer=syncer)

@@ -267,6 +267,13 @@ class RunProgress:
 
 def run_progress(*, run: TrainingRun) -> RunProgress:
     latest = GlobalVersionRecord.objects.filter(run=run).order_by("-published_at", "-id").first()
+    # The newest version the evaluator has scored (it runs behind the syncer, on a cluster).
+    scored = (
+        GlobalVersionRecord.objects.filter(run=run, eval_loss__isnull=False)
+        .order_by("-published_at", "-id")
+        .values_list("eval_loss", flat=True)
+        .first()
+    )
     per_fragment = GlobalVersionRecord.objects.filter(run=run).values("fragment").annotate(v=Count("id"))
     versions = min((r["v"] - 1 for r in per_fragment), default=0)
     tokens = TrainingLearner.objects.filter(run=run).aggregate(t=Sum("tokens"))["t"] or 0
@@ -275,9 +282,7 @@ def run_progress(*, run: TrainingRun) -> RunProgress:
         versions=versions,
         tokens=int(tokens),
         tokens_merged=latest.tokens_total if latest is not None else 0,
-        eval_loss=run.final_eval_loss
-        if run.final_eval_loss is not None
-        else (latest.eval_loss if latest else None),
+        eval_loss=run.final_eval_loss if run.final_eval_loss is not None else scored,
         cost=run_spend(run_id=run.pk),
         currency=run.currency,
         initial_eval_loss=run.initial_eval_loss,

@@ -56,6 +56,11 @@ def syncer_tick_task(run_id: int, token: str) -> None:
     syncer_tick_execute(run_id=run_id, token=token)
 
 
+@shared_task(name=dispatch.VERSIONS_EVALUATE, ignore_result=True)
+def versions_evaluate_task(run_id: int) -> None:
+    services.versions_evaluate(run_id=run_id)
+
+
 @shared_task(name=dispatch.RUNS_SUPERVISE, ignore_result=True)
 def training_runs_supervise_task() -> None:
     services.training_runs_supervise()

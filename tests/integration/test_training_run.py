@@ -154,6 +154,16 @@ def test_a_two_cluster_run_completes_and_its_eval_loss_falls(processes: Processe
         )
     _assert_versions_once(done, store)
     assert not FailoverEvent.objects.filter(training_run_id=done.pk).exists()
+    # Every version's eval loss, filled in by the evaluator on a cluster's worker, not the control one.
+    wait_until(
+        lambda: not GlobalVersionRecord.objects.filter(run=done, eval_loss__isnull=True).exists(),
+        timeout=60,
+        what="every version evaluated\n" + _logs(processes, cheap.slug, dear.slug),
+    )
+    done.refresh_from_db()
+    assert done.evaluator_queue in (cheap.slug, dear.slug)
+    scored = list(GlobalVersionRecord.objects.filter(run=done, fragment=0).order_by("version"))
+    assert scored[-1].eval_loss < scored[0].eval_loss == pytest.approx(done.initial_eval_loss)
     # The result is a registered model with lineage and cost.
     model = done.registered_model
     assert model is not None and model.produced_by_run_id == done.pk and model.family == "gpt-byte"

@@ -213,6 +213,7 @@ def test_a_placed_run_trains_the_brought_llama_on_its_s3_shard_and_exports_it(
         assert chunk.error == "" and chunk.steps > 0
         assert chunk.tokens == chunk.steps * 4 * 16  # batch 4 of 16-token windows
     orchestrator.syncer_tick_execute(run_id=run.pk, token=run.syncer_token)
+    services.versions_evaluate(run_id=run.pk)  # the evaluator, on a cluster's queue in a worker
     v1 = GlobalVersionRecord.objects.get(run=run, fragment=0, version=1)
     assert v1.eval_loss is not None and v1.tokens_merged > 0
 

@@ -106,6 +106,7 @@ def test_syncer_ticks_record_each_version_once_even_when_repeated(placed_run: Tr
     orchestrator._SYNCERS.clear()
     orchestrator.syncer_tick_execute(run_id=placed_run.pk, token=token)
     orchestrator.syncer_tick_execute(run_id=placed_run.pk, token="not-the-current-chain")
+    services.versions_evaluate(run_id=placed_run.pk)  # the evaluator, on a cluster's queue in a worker
     versions = list(GlobalVersionRecord.objects.filter(run=placed_run).values_list("fragment", "version"))
     assert len(versions) == len(set(versions))
     assert (0, 0) in versions and (0, 1) in versions
@@ -119,6 +120,7 @@ def test_progress_reports_cost_per_million_tokens_and_per_unit_of_loss(placed_ru
     for learner in TrainingLearner.objects.filter(run=placed_run):
         orchestrator.learner_chunk_execute(learner_id=learner.pk, generation=0, seq=0, worker_hostname="w@1")
     orchestrator.syncer_tick_execute(run_id=placed_run.pk, token=placed_run.syncer_token)
+    services.versions_evaluate(run_id=placed_run.pk)  # the evaluator, on a cluster's queue in a worker
     placed_run.refresh_from_db()
     progress = run_progress(run=placed_run)
     ledger = UsageRecord.objects.filter(subject_id=str(placed_run.pk)).aggregate(t=Sum("amount"))["t"]

@@ -73,6 +73,7 @@ def test_ticks_keep_registered_and_newest_versions_and_the_page_shows_the_bytes_
         for v in range(8):
             _push(run, seq=v, base=v)
             orchestrator.syncer_tick_execute(run_id=run.pk, token=run.syncer_token)
+            services.versions_evaluate(run_id=run.pk)  # its evaluator, on a cluster's worker
             if v == 4:  # a fresh control worker: the syncer resumes from what the sweep left
                 orchestrator._SYNCERS.clear()
     transport = run_transport(run)

@@ -115,6 +115,12 @@ class RunConfig:
         return int(self.raw.get("register_every_versions", DEFAULTS["register_every_versions"]))
 
     @property
+    def eval_cluster(self) -> str | None:
+        """The cluster named to evaluate versions (placement.eval_cluster), or None."""
+        value = (self.raw.get("placement") or {}).get("eval_cluster")
+        return value if isinstance(value, str) and value else None
+
+    @property
     def keep_versions(self) -> int:
         """K: the newest global versions per fragment that the retention sweep always keeps."""
         # .get: configs stored before the option existed keep the default.

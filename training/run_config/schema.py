@@ -68,7 +68,9 @@ DEFAULTS: dict[str, Any] = {
     "money_budget": None,
     "currency": "USD",
     "team": "",
-    "placement": {"accelerator_type": "", "regions": [], "pins": {}},
+    # eval_cluster: the cluster whose queue evaluates each global version (training.services.
+    # evaluation); None: the run's own clusters, a GPU one first.
+    "placement": {"accelerator_type": "", "regions": [], "pins": {}, "eval_cluster": None},
     "chunk_seconds": 20.0,
     "learner_timeout": 90.0,
     "eval_windows": 128,

@@ -318,6 +318,11 @@ def _check_placement(cfg: dict[str, Any], m: int, errors: Errors) -> None:
     # benchmark's bare-engine learner processes, bench.training.bare), and models cannot load there.
     from registry.models import Cluster
 
+    evaluator = place.get("eval_cluster")
+    if evaluator is not None and (
+        not isinstance(evaluator, str) or not Cluster.objects.filter(slug=evaluator).exists()
+    ):
+        errors.add("placement.eval_cluster", f"no cluster {evaluator!r}")
     normalised: dict[str, str] = {}
     slots = {
         slug: max(1, count // max(1, capacity))  # training.selectors.accelerators_per_learner

@@ -2,7 +2,7 @@
 
 One module per concern: probes (probe jobs), runs (a run's life and state), placing (the first
 placement and version 0), chunks (learner chunks and their bill), syncer (the syncer chain and the
-version records), lineage (model versions: every k-th global version and the final export),
+version records), evaluation (each version's eval loss, on a cluster's queue), lineage (model versions: every k-th global version and the final export),
 retention (what the run keeps in the store: the sweep after each publish), supervision (beat's checks and learner failover). Tasks are sent through
 training.dispatch, never by importing training.tasks.
 """
@@ -22,6 +22,12 @@ from training.services.chunks import (
     learner_chunk_progress,
     learner_chunk_should_stop,
     training_run_budget_reached,
+)
+from training.services.evaluation import (
+    evaluator_queue,
+    pending_evaluation,
+    versions_evaluate,
+    versions_evaluate_send,
 )
 from training.services.lineage import model_version_register_final, model_versions_register_due
 from training.services.placing import training_run_place
@@ -73,6 +79,10 @@ __all__ = [
     "DispatchError",
     "RunStateError",
     "global_versions_record_missing",
+    "evaluator_queue",
+    "pending_evaluation",
+    "versions_evaluate",
+    "versions_evaluate_send",
     "learner_chunk_claim",
     "learner_chunk_finish",
     "learner_chunk_progress",

@@ -10,6 +10,8 @@ learner push, and deletes nothing. `run_store_sweep` keeps, per fragment:
 * every version a registered model version points at (ModelVersion.fragment_versions: the
   run's lineage), and every k-th one not yet registered (``register_every_versions``);
 * every version published but not yet recorded (GlobalVersionRecord);
+* every version a recorded version's evaluation, still to run, will read
+  (training.services.evaluation);
 * for each live learner (placed, running or lost and being re-placed), the base version of its
   newest delta and every version after it, whose down-deltas bring its copy to the newest,
   while that base is within ``syncer.max_staleness`` of the newest (a learner further behind
@@ -31,6 +33,7 @@ from django.db.models import Max
 
 from training.models import GlobalVersionRecord, ModelVersion, TrainingLearner, TrainingRun
 from training.run_engines import RunEngine
+from training.services.evaluation import pinned_for_evaluation
 
 if TYPE_CHECKING:
     from training.engine.syncer import Syncer
@@ -62,6 +65,9 @@ def run_retention(*, run: TrainingRun, engine: RunEngine, syncer: Syncer) -> Ret
     for versions in ModelVersion.objects.filter(run=run).values_list("fragment_versions", flat=True):
         for f, v in enumerate(versions):
             pinned.setdefault(f, set()).add(int(v))
+    # What an evaluation still to run will read (training.services.evaluation).
+    for f, versions in pinned_for_evaluation(run, len(engine.fragments)).items():
+        pinned.setdefault(f, set()).update(versions)
     every = engine.rc.register_every_versions
     if every > 0:  # due for registration once every fragment reaches them
         for f in fragments:

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django.db import transaction
-from django.db.models import Sum
+from django.db.models import Q, Sum
 from django.utils import timezone
 
 from billing.models import Unit
@@ -19,10 +19,11 @@ from registry.failover_codes import FailoverCode
 from registry.models import Cluster, FailoverEvent, WorkerHeartbeat
 from registry.services import failover_event_record
 from training import dispatch, selectors
-from training.models import LearnerChunk, PlacementDecision, TrainingLearner, TrainingRun
+from training.models import GlobalVersionRecord, LearnerChunk, PlacementDecision, TrainingLearner, TrainingRun
 from training.placement import Constraints, place
 from training.run_config import RunConfig
 from training.services.chunks import INTERRUPTED, cluster_interruption_reason, learner_chunk_bill
+from training.services.evaluation import versions_evaluate_send
 from training.services.placing import placement_decision_record
 from training.services.runs import training_run_budget_exhaust, transition_quietly
 from training.services.syncer import SYNCER_STALE_SECONDS, syncer_restart
@@ -35,9 +36,10 @@ INTERRUPTION_STOP_SECONDS = 10.0
 
 
 def training_runs_supervise(*, now: datetime | None = None) -> dict[str, int]:
-    """Beat's periodic check of live runs: restart a silent syncer, fail lost learners over."""
+    """Beat's periodic check of live runs: restart a silent syncer, fail lost learners over; and
+    of every run, send an evaluator where versions wait with none holding the run."""
     now = now or timezone.now()
-    counts = {"runs": 0, "syncers_restarted": 0, "failovers": 0}
+    counts = {"runs": 0, "syncers_restarted": 0, "failovers": 0, "evaluators_sent": 0}
     stuck = TrainingRun.objects.filter(
         state__in=[TrainingRun.State.PENDING, TrainingRun.State.PLACING],
         state_changed_at__lt=now - timedelta(seconds=PLACEMENT_RETRY_SECONDS),
@@ -45,6 +47,16 @@ def training_runs_supervise(*, now: datetime | None = None) -> dict[str, int]:
     for run_id in stuck:
         # The placement task was lost or its worker died: placing again is idempotent.
         dispatch.training_run_place_enqueue(run_id=run_id)
+    # Versions still to evaluate whose evaluator's hold lapsed (its task lost, its worker dead),
+    # of any run, finished ones too: no syncer tick will send another for those.
+    waiting = (
+        GlobalVersionRecord.objects.filter(eval_loss__isnull=True, eval_note="")
+        .filter(Q(run__evaluator_until__isnull=True) | Q(run__evaluator_until__lt=now))
+        .values_list("run_id", flat=True)
+        .distinct()
+    )
+    for run in TrainingRun.objects.filter(pk__in=list(waiting)):
+        counts["evaluators_sent"] += versions_evaluate_send(run)
     for run in selectors.training_runs_live():
         counts["runs"] += 1
         rc = RunConfig(run.config)

@@ -14,11 +14,9 @@ from django.utils import timezone
 from registry.claims import lease_renew
 from training import dispatch, selectors
 from training.models import GlobalVersionRecord, TrainingRun
-from training.run_engines import RunEngine, newest_global
+from training.run_engines import RunEngine
 
 if TYPE_CHECKING:
-    import torch
-
     from training.engine.messages import GlobalVersion
     from training.engine.transport import ObjectStoreTransport
 
@@ -71,15 +69,14 @@ def global_versions_record_missing(
     engine: RunEngine,
     transport: ObjectStoreTransport,
     at_hand: dict[tuple[int, int], GlobalVersion] | None = None,
-    newest: dict[str, torch.Tensor] | None = None,
     delta_bytes: dict[str, int] | None = None,
 ) -> list[GlobalVersionRecord]:
     """Record each published version the database lacks, exactly once (unique per run/fragment/version).
 
-    The eval loss is that of the global parameters right after the version: the version's own
-    fragment with every other fragment at its newest version. The caller may hand over what it
-    already holds (the versions it just published, the syncer's current parameters, the sizes
-    of the deltas it merged) so that nothing is read back from the store twice.
+    Recorded without its eval loss: the evaluator fills that in on a cluster's queue
+    (training.services.evaluation), so the control worker only syncs and supervises. The caller
+    may hand over what it already holds (the versions it just published, the sizes of the
+    deltas it merged) so that nothing is read back from the store twice.
     """
     known: dict[int, set[int]] = {}
     for f, v in GlobalVersionRecord.objects.filter(run=run).values_list("fragment", "version"):
@@ -92,16 +89,12 @@ def global_versions_record_missing(
     ]
     if not missing:
         return []
-    if newest is None:
-        newest, _, _ = newest_global(transport, engine.fragments)
     at_hand = at_hand or {}
     sizes = delta_bytes or {}
     p = max(1, len(engine.fragments))
     made = []
     for f, v in sorted(missing, key=lambda fv: (fv[1], fv[0])):
         version = at_hand.get((f, v)) or transport.get_version(f, v)
-        params = {**newest, **version.params}
-        loss = engine.evaluate(params)
         # Versions record their deltas' bytes (the sweep deletes consumed deltas); older ones
         # are counted from the deltas.
         bytes_in = int(version.meta.get("bytes_in", 0))
@@ -127,7 +120,8 @@ def global_versions_record_missing(
                 version=v,
                 defaults={
                     "published_at": published_at,
-                    "eval_loss": loss,
+                    # Version 0 was evaluated when the run was placed; later ones by the evaluator.
+                    "eval_loss": run.initial_eval_loss if v == 0 else None,
                     "tokens_merged": tokens,
                     # Each fragment's version counts the same tokens: the model saw 1/P of the sum.
                     "tokens_total": (merged_before + tokens) // p,
