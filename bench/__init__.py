@@ -7,6 +7,8 @@ assert on their wall-clock numbers. Kept apart from the apps they measure, above
 - ledger: the ledger's write, rollup, export and verify throughput.
 - gateway: what the router and the /v1 gateway add on top of a provider call.
 - training: multi-cluster training runs end to end against the bare engine, DDP and resume.
+- scale: the syncer and the store at real tensor sizes with tiny compute (peak RSS, bytes per
+  sync, store bytes under retention, resume after a SIGKILL).
 - mockprovider: the loopback OpenAI-compatible provider the gateway bench (and the tests'
   drills) call.
 

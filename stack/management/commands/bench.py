@@ -4,6 +4,7 @@ python manage.py bench diloco --quick --json var/bench-diloco.json
 python manage.py bench ledger --rows 1000000 --json var/bench-ledger.json
 python manage.py bench gateway --json var/bench-gateway.json
 python manage.py bench training --json var/bench-training.json
+python manage.py bench scale --params 5e7 --steps 20 --json var/bench-scale.json
 python manage.py bench figures [--check]
 """
 
@@ -23,6 +24,7 @@ BENCHMARKS = {
     "ledger": "bench.ledger.run:main",
     "gateway": "bench.gateway.run:main",
     "training": "bench.training.runs:main",
+    "scale": "bench.scale.run:main",
     # Not a measurement: renders the docs' figure tables from the committed JSON (--check: compare).
     "figures": "bench.figures:main",
 }
