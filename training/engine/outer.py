@@ -48,6 +48,7 @@ class OuterOptimizer:
         keys = names if names is not None else list(self.momentum)
         return {n: self.momentum[n].clone() for n in keys if n in self.momentum}
 
-    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+    def load_state_dict(self, state: Mapping[str, torch.Tensor], *, owned: bool = False) -> None:
+        """`owned`: the tensors are the optimizer's to keep (not copied)."""
         for n, t in state.items():
-            self.momentum[n] = t.detach().float().clone()
+            self.momentum[n] = t.detach().float() if owned else t.detach().float().clone()

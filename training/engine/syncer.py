@@ -66,14 +66,24 @@ class Syncer:
         publish_initial: bool = True,
         down: CompressionKind = "fp32",
         mirror: Mapping[str, torch.Tensor] | None = None,
+        owned: bool = False,
     ) -> None:
+        """`owned`: `init` and `mirror` are this syncer's to keep (resume read them for it), so
+        they are taken as they are instead of copied; otherwise the caller keeps its tensors."""
         self.cfg = cfg
         self.fragments = fragments
         self.transport = transport
-        self.params = {n: t.detach().float().clone() for n, t in init.items()}
+        own = (lambda t: t.detach().float()) if owned else (lambda t: t.detach().float().clone())
+        self.params = {n: own(t) for n, t in init.items()}
         self.down_kind: CompressionKind = down
-        source = mirror if mirror is not None else self.params
-        self.mirror = {n: source[n].detach().float().clone() for n in self.params}
+        if mirror is not None:
+            # Never one tensor for both: a blob without a mirror has its params as the mirror.
+            self.mirror = {n: own(mirror[n]) for n in self.params}
+            for n, t in self.mirror.items():
+                if t.data_ptr() == self.params[n].data_ptr():
+                    self.mirror[n] = t.clone()
+        else:
+            self.mirror = {n: t.clone() for n, t in self.params.items()}
         self.outer = OuterOptimizer(outer)
         self.version = list(versions) if versions is not None else [0] * len(fragments)
         self.pending: list[list[FragmentDelta]] = [[] for _ in fragments]
@@ -123,8 +133,8 @@ class Syncer:
             if latest is None:
                 if init is None:
                     raise ValueError(f"fragment {f} has no published version and no init")
-                params.update({n: init[n] for n in fragments[f]})
-                mirror.update({n: init[n] for n in fragments[f]})
+                params.update({n: init[n].detach().float().clone() for n in fragments[f]})
+                mirror.update({n: init[n].detach().float().clone() for n in fragments[f]})
                 versions.append(0)
                 continue
             params.update(latest.params)
@@ -147,8 +157,9 @@ class Syncer:
             versions=versions,
             down=down,
             mirror=mirror,
+            owned=True,  # read from the store for it: one copy in memory, not two
         )
-        syncer.outer.load_state_dict(momentum)
+        syncer.outer.load_state_dict(momentum, owned=True)
         syncer.consumed = consumed
         syncer.lag = lags
         syncer.bases = bases
@@ -306,10 +317,12 @@ class Syncer:
     def merge(self, fragment: int, now: float) -> GlobalVersion:
         decision = self.decide(fragment)
         by_id = {d.id: d for d in self.pending[fragment]}
-        names = self.fragments[fragment]
-        parts = [(by_id[i].decoded(), w) for i, w, _ in decision.included]
-        delta = {n: self._combine([(p[n], w) for p, w in parts]) for n in names}
-        self.outer.step(self.params, delta)
+        # Tensor by tensor: each included delta's tensor is decoded, combined and applied before
+        # the next tensor's, so a merge holds one tensor of each delta decoded, not M whole
+        # fragments and their combined delta (the arithmetic is the same, per tensor).
+        for n in self.fragments[fragment]:
+            parts = [(decode(by_id[i].tensors[n]), w) for i, w, _ in decision.included]
+            self.outer.step(self.params, {n: self._combine(parts)})
         merged_ids = [i for i, _, _ in decision.included] + [i for i, _ in decision.dropped]
         tokens = sum(by_id[i].tokens for i, _, _ in decision.included)
         quorum_at = self.quorum_at[fragment]
