@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import transaction
-from django.db.models.signals import post_delete, post_save
+from django.db.models.signals import post_delete, post_save, pre_save
 
 from billing.models import Budget, PriceBook
 from inference.cache import semantic_forget
@@ -43,6 +43,7 @@ def connect() -> None:
         )
     post_save.connect(_forget_prompts, sender=Workflow, dispatch_uid="inference-retention-opt-out")
     post_save.connect(_files_follow_team, sender=Workflow, dispatch_uid="inference-files-follow-team")
+    pre_save.connect(_semantic_was_on, sender=Workflow, dispatch_uid="inference-semantic-cache-was-on")
     post_save.connect(_forget_embeddings, sender=Workflow, dispatch_uid="inference-semantic-cache-off")
 
 
@@ -65,9 +66,19 @@ def _forget_prompts(sender: Any, instance: Workflow, created: bool, **kwargs: An
         retained_prompts_forget(workflow_id=instance.pk)
 
 
+def _semantic_was_on(sender: Any, instance: Workflow, **kwargs: Any) -> None:
+    """Note whether the saved row had semantic matching on (one indexed read, before the save)."""
+    was_on = instance.pk is not None and (
+        Workflow.objects.filter(pk=instance.pk, semantic_cache_threshold__isnull=False).exists()
+    )
+    instance._semantic_was_on = was_on  # type: ignore[attr-defined]
+
+
 def _forget_embeddings(sender: Any, instance: Workflow, created: bool, **kwargs: Any) -> None:
     """A workflow without semantic matching keeps no embedding of its prompts (inference.cache.
-    semantic): turning it off forgets them once the setting is committed."""
-    if not created and instance.semantic_cache_threshold is None:
+    semantic): turning it off forgets them once the setting is committed. (A process that
+    still holds the workflow's row for a few seconds may add one more; it is never read while
+    matching is off and expires with the cache's time.)"""
+    if getattr(instance, "_semantic_was_on", False) and instance.semantic_cache_threshold is None:
         workflow_id = instance.pk
         transaction.on_commit(lambda: semantic_forget(workflow_id))

@@ -300,10 +300,12 @@ class WorkflowDetailView(RoleRequiredMixin, View):
                 k: getattr(workflow, k) if data[k] is None else data[k]
                 for k in ("response_cache_seconds", "response_cache_entries")
             }
-            # The semantic fields are posted by this page's form only: empty is off.
+            # The semantic fields are posted by this page's form (empty: off); only a change is
+            # passed on, so the rest of the form saves while the embedder is, say, disabled.
             semantic = {
-                k: data[k] if k in request.POST else getattr(workflow, k)
+                k: data[k]
                 for k in ("semantic_cache_threshold", "semantic_cache_deployment")
+                if k in request.POST and data[k] != getattr(workflow, k)
             }
             try:
                 with transaction.atomic():

@@ -19,8 +19,10 @@ was stored, under the exact cache's key of its answer (inference.cache.exact hol
 An embedding says more about a prompt than a hash does, so the registry allows semantic
 matching only to a workflow that keeps its prompts (registry.services.workflow_semantic_check),
 and the embeddings live no longer than its answers: the cache's time, which is never longer
-than the prompts' retention. At most response_cache_entries embeddings per scope, oldest
-dropped first. The index names the workflow, its team, the route version and the embeddings
+than the prompts' retention (a lookup drops the scope's embeddings past it; a scope's index
+expires that long after its last write). At most response_cache_entries embeddings per scope
+(and MAX_SCOPE_ENTRIES), oldest dropped first. Like the exact cache, matching ignores `user`:
+an answer serves every end user of the workflow whose prompt is that similar. The index names the workflow, its team, the route version and the embeddings
 deployment, so a route switch, a move to another team or another embedder starts it empty;
 turning matching off forgets it (inference.signals).
 
@@ -57,6 +59,9 @@ PROMPT_FIELDS: dict[str, frozenset[str]] = {
 MAX_PROMPT_CHARS = 8_000  # longer prompts are matched exactly only
 MAX_DIMENSIONS = 16_384
 CANDIDATES = 3  # similar prompts tried, most similar first, when an answer has gone meanwhile
+# Embeddings kept per scope, whatever response_cache_entries allows: a lookup reads them all
+# (10,000 of 1,536 dimensions: 61 MB), so the bound keeps a lookup inside Redis's timeout.
+MAX_SCOPE_ENTRIES = 10_000
 _ROLES = frozenset({"system", "developer", "user", "assistant"})
 _STAMP = struct.Struct("<d")  # when the embedding was stored, before its float32 values
 
@@ -215,9 +220,11 @@ class _LocalIndexes:
             while len(kept) > entries:
                 kept.popitem(last=False)
 
-    def discard(self, index: str, key: str) -> None:
+    def discard(self, index: str, *keys: str) -> None:
         with self._lock:
-            self._indexes.get(index, OrderedDict()).pop(key, None)
+            kept = self._indexes.get(index, OrderedDict())
+            for key in keys:
+                kept.pop(key, None)
 
     def forget(self, prefix: str) -> None:
         with self._lock:
@@ -247,8 +254,8 @@ class _RedisIndexes:
             oldest = sorted(kept, key=lambda k: _STAMP.unpack_from(kept[k])[0] if len(kept[k]) >= 8 else 0.0)
             self.redis.hdel(index, *oldest[: size - entries])
 
-    def discard(self, index: str, key: str) -> None:
-        self.redis.hdel(index, key)
+    def discard(self, index: str, *keys: str) -> None:
+        self.redis.hdel(index, *keys)
 
     def forget(self, prefix: str) -> None:
         keys = list(self.redis.scan_iter(f"{prefix}*"))
@@ -282,12 +289,16 @@ def semantic_lookup(
         kept = _store().entries(_index(workflow, policy_id, ask.scope))
     except REDIS_DOWN_ERRORS:
         return []
-    now, keys, rows = time.time(), [], []
+    now, keys, rows, stale = time.time(), [], [], []
     for key, value in kept.items():
         decoded = _decode(value, vector.shape[0])
         if decoded is not None and decoded[0] + seconds > now:
             keys.append(key)
             rows.append(decoded[1])
+        elif decoded is not None:
+            stale.append(key)  # past the cache's time: dropped now, not only by the size bound
+    if stale:
+        _drop(_index(workflow, policy_id, ask.scope), stale)
     if not rows:
         return []
     similarity = np.stack(rows) @ vector
@@ -310,7 +321,7 @@ def semantic_put(
             key,
             value,
             ttl=seconds,
-            entries=workflow.response_cache_entries,
+            entries=min(workflow.response_cache_entries, MAX_SCOPE_ENTRIES),
         )
     except REDIS_DOWN_ERRORS:
         logger.warning("semantic cache: Redis unreachable, a prompt of %s not indexed", workflow.slug)
@@ -318,11 +329,15 @@ def semantic_put(
 
 def semantic_discard(workflow: Workflow, policy_id: int | None, ask: SemanticAsk, key: str) -> None:
     """Drop an embedding whose answer the exact cache no longer holds."""
+    _drop(_index(workflow, policy_id, ask.scope), [key])
+
+
+def _drop(index: str, keys: list[str]) -> None:
     try:
-        _store().discard(_index(workflow, policy_id, ask.scope), key)
+        _store().discard(index, *keys)
     except REDIS_DOWN_ERRORS:
-        # Dropped by the next lookup that finds its answer gone, or it expires with its index.
-        logger.debug("semantic cache: Redis unreachable, an embedding of %s left to expire", workflow.slug)
+        # Dropped by the next lookup that finds them, or they expire with their index.
+        logger.debug("semantic cache: Redis unreachable, %d embeddings left to expire", len(keys))
 
 
 def semantic_forget(workflow_id: int) -> None:

@@ -50,6 +50,7 @@ from registry.models import Deployment, Workflow
 
 Outcome = InferenceAttempt.Outcome
 logger = logging.getLogger(__name__)
+EMBEDDING_DEADLINE_S = 5.0  # the longest a semantic-cache lookup waits for its embedding
 
 
 def route(
@@ -153,6 +154,11 @@ def _prompt_embedding(ctx: Context, ask: SemanticAsk) -> np.ndarray | None:
     embedder = workflow.semantic_cache_deployment
     if embedder is None:
         return None
+    # A slow embedder may take a quarter of what is left of the request's deadline (at most
+    # EMBEDDING_DEADLINE_S), never the time its answer needs.
+    left = ctx.deadline - time.perf_counter()
+    if left <= 0:
+        return None
     try:
         result = route(
             workflow=workflow,
@@ -161,6 +167,7 @@ def _prompt_embedding(ctx: Context, ask: SemanticAsk) -> np.ndarray | None:
             deployment=embedder,
             api_key_id=ctx.api_key_id,
             bill_to=ctx.bill_to,
+            deadline_s=min(EMBEDDING_DEADLINE_S, left / 4),
         )
     except (BudgetExhausted, CostLimitExceeded, CapabilityMissing, NoRoute, NoPriceError) as exc:
         logger.warning("semantic cache of %s: prompt not embedded (%s)", workflow.slug, exc)

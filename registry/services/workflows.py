@@ -44,6 +44,7 @@ MAX_CACHE_SECONDS = 30 * 86_400  # a cached answer lives at most 30 days
 MAX_CACHE_ENTRIES = 1_000_000
 # Semantic matching's cosine-similarity threshold: below 0.5 two prompts have little in common.
 SEMANTIC_THRESHOLD_RANGE = (Decimal("0.5"), Decimal("1"))
+SEMANTIC_FIELDS = frozenset({"semantic_cache_threshold", "semantic_cache_deployment"})
 
 
 def _validate_route(deployments: Sequence[Deployment]) -> None:
@@ -142,6 +143,7 @@ def workflow_semantic_check(
     deployment: Deployment | None,
     retain_prompts: bool,
     cache_seconds: int,
+    judge_deployment: bool = True,
 ) -> None:
     """Semantic matching (inference.cache.semantic): a threshold within its range, on a cache that
     is on, with an enabled embeddings deployment to embed prompts, and prompts kept (it stores an
@@ -166,16 +168,19 @@ def workflow_semantic_check(
         raise RegistryError(
             "semantic matching needs an embeddings deployment", field="semantic_cache_deployment"
         )
-    if not deployment.supports_embeddings or not deployment.enabled:
+    if judge_deployment and (not deployment.supports_embeddings or not deployment.enabled):
         raise RegistryError(
             f"deployment {deployment.slug} is not an enabled embeddings deployment",
             field="semantic_cache_deployment",
         )
 
 
-def workflow_check(workflow: Workflow) -> None:
+def workflow_check(workflow: Workflow, *, changed: frozenset[str] | None = None) -> None:
     """A workflow's rules, on the state it would be saved with: rate limits within their columns,
-    a retention period when prompts are kept, the cache's bounds."""
+    a retention period when prompts are kept, the cache's bounds and semantic matching's needs.
+    `changed` (an update's fields; None: all): the embeddings deployment is judged (enabled, an
+    embeddings one) only when semantic matching's own fields change, so a deployment disabled
+    later does not block every other edit of the workflow (lookups then miss, and say so)."""
     rate_limit_check(rpm_limit=workflow.rpm_limit, tpm_limit=workflow.tpm_limit)
     workflow_retention_check(
         retain_prompts=workflow.retain_prompts, prompt_retention_days=workflow.prompt_retention_days
@@ -186,6 +191,7 @@ def workflow_check(workflow: Workflow) -> None:
         deployment=workflow.semantic_cache_deployment,
         retain_prompts=workflow.retain_prompts,
         cache_seconds=workflow.response_cache_seconds,
+        judge_deployment=changed is None or bool(changed & SEMANTIC_FIELDS),
     )
 
 
@@ -193,7 +199,7 @@ def workflow_update(workflow: Workflow, **fields: Any) -> Workflow:
     """Change the given fields (WORKFLOW_FIELDS; a PATCH gives some); the rules are checked on
     the result. Opting out of keeping prompts deletes the kept ones (workflow_retention_set)."""
     fields_assign(workflow, fields, WORKFLOW_FIELDS)
-    workflow_check(workflow)
+    workflow_check(workflow, changed=frozenset(fields))
     workflow.save()
     return workflow
 

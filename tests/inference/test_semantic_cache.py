@@ -165,11 +165,19 @@ def test_the_bound_the_ttl_and_turning_it_off_forget_embeddings(
         _ask(setup, f"What is the capital city of {country}?")
     assert _ask(setup, "capital city of Italy: what is the").headers.get("x-switchyard-cache") == "hit"
     assert _ask(setup, "capital city of France: what is the").headers.get("x-switchyard-cache") is None
-    # Ten minutes later (the cache's time) nothing is matched.
+    # Ten minutes later (the cache's time) nothing is matched, and the lookup drops what expired:
+    # the index then holds only the prompt bought then.
     now = semantic.time.time()
     monkeypatch.setattr(semantic.time, "time", lambda: now + 601)
     assert _ask(setup, "what is THE capital city of italy").headers.get("x-switchyard-cache") is None
     monkeypatch.undo()
+    held = semantic._store()
+    indexes = (
+        [k.decode() for k in held.redis.scan_iter(f"{semantic.PREFIX}sem:{setup['workflow'].pk}:*")]
+        if isinstance(held, semantic._RedisIndexes)
+        else [i for i in held._indexes if i.startswith(f"{semantic.PREFIX}sem:{setup['workflow'].pk}:")]
+    )
+    assert [len(held.entries(i)) for i in indexes] == [1]
     # Turned off: the embeddings are forgotten, so turning it on again starts empty.
     index_prefix = f"{semantic.PREFIX}sem:{setup['workflow'].pk}:"
 
@@ -296,3 +304,26 @@ def test_the_study_measures_false_hits_on_the_eval_sets(
         call_command("cache_study", workflow="nope")
     with pytest.raises(CommandError, match="--thresholds"):
         call_command("cache_study", workflow=workflow.slug, thresholds="high")
+
+
+def test_a_disabled_embedder_makes_lookups_miss_and_blocks_no_other_edit(
+    setup: dict[str, Any], provider: RecordingProvider, admin_user: User
+) -> None:
+    _ask(setup)
+    embedder = setup["embedder"]
+    embedder.enabled = False
+    embedder.save()  # as the registry saves it: cached route plans are dropped
+    gateway_caches_clear()
+    answer = _ask(setup, "what is the capital city of france")
+    assert answer.status_code == 200 and answer.headers.get("x-switchyard-cache") is None
+    changed = api_client(admin_user).patch(
+        f"/api/workflows/{setup['workflow'].slug}/", {"description": "still editable"}, format="json"
+    )
+    assert changed.status_code == 200, changed.json()
+    # Choosing it again is judged: refused by name.
+    again = api_client(admin_user).patch(
+        f"/api/workflows/{setup['workflow'].slug}/",
+        {"semantic_cache_deployment": setup["embedder"].slug},
+        format="json",
+    )
+    assert again.status_code == 400 and "semantic_cache_deployment" in again.json()
