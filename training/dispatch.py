@@ -37,7 +37,7 @@ def syncer_tick_enqueue(*, run_id: int, token: str, countdown: float | None = No
     task_send(SYNCER_TICK, run_id, token, queue=CONTROL_QUEUE, countdown=countdown)
 
 
-def versions_evaluate_enqueue(*, run_id: int, queue: str) -> None:
-    """Evaluate a run's recorded versions on `queue` (a cluster's, or the control queue when no
-    cluster of the run is live: training.services.evaluation)."""
-    task_send(VERSIONS_EVALUATE, run_id, queue=queue)
+def versions_evaluate_enqueue(*, run_id: int, token: str, queue: str) -> None:
+    """Evaluate a run's next recorded version on `queue` (a cluster's, or the control queue when
+    no cluster of the run is live), as the evaluator holding `token` (training.services.evaluation)."""
+    task_send(VERSIONS_EVALUATE, run_id, token, queue=queue)

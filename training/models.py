@@ -144,8 +144,10 @@ class TrainingRun(models.Model):
     # (training.services.evaluation): it holds the run until this instant, renewed per version;
     # a lapsed hold (a lost task) lets the next syncer tick send another.
     evaluator_until = models.DateTimeField(null=True, blank=True)
-    # Where the evaluator was last sent (a cluster slug, or "control" when no cluster was live).
+    # Where the evaluator was last sent (a cluster slug, or "control" when no cluster was live),
+    # and the token of the one that holds the run: only it renews and releases the hold.
     evaluator_queue = models.CharField(max_length=80, blank=True)
+    evaluator_token = models.CharField(max_length=32, blank=True)
 
     LIVE_STATES = (State.PLACING, State.RUNNING, State.RECOVERING)
     FINAL_STATES = (State.SUCCEEDED, State.FAILED, State.CANCELLED, State.BUDGET_EXHAUSTED)
@@ -368,6 +370,7 @@ class GlobalVersionRecord(models.Model):
     # training.services.evaluation). `eval_note` says why a version was not evaluated.
     eval_loss = models.FloatField(null=True, blank=True)
     eval_note = models.CharField(max_length=200, blank=True)
+    eval_attempts = models.PositiveSmallIntegerField(default=0)
     tokens_merged = models.BigIntegerField(default=0)
     tokens_total = models.BigIntegerField(default=0)
     learners_merged = models.JSONField(default=list)

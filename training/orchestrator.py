@@ -393,7 +393,13 @@ def syncer_tick_execute(*, run_id: int, token: str) -> None:
     now = time.time()
     syncer.pull(now)
     sizes = {d.id: d.nbytes for queued in syncer.pending for d in queued}
-    published = syncer.poll(now)
+    try:
+        published = syncer.poll(now)
+    except BaseException:
+        # A merge that failed part-way may have applied some tensors: the next tick resumes
+        # from the store rather than trusting this syncer's state.
+        _SYNCERS.pop(run_key(run), None)
+        raise
     if published:
         logger.info("run %s: published %s", run_id, [(v.fragment, v.version) for v in published])
     # Record every stored version the database does not know yet: this tick's and any that an

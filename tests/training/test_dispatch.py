@@ -112,13 +112,15 @@ def test_a_learner_chunk_goes_to_its_clusters_queue_with_learner_generation_and_
 def test_a_runs_evaluator_goes_to_the_queue_it_is_given(published: list[dict[str, Any]]) -> None:
     slug = f"dispatch-{secrets.token_hex(4)}"
 
-    dispatch.versions_evaluate_enqueue(run_id=GONE, queue=f"cluster.{slug}")
+    dispatch.versions_evaluate_enqueue(run_id=GONE, token="t-1", queue=f"cluster.{slug}")
 
     assert [(p["task"], p["routing_key"], p["argsrepr"]) for p in published] == [
-        ("training.versions_evaluate", f"cluster.{slug}", f"({GONE},)")
+        ("training.versions_evaluate", f"cluster.{slug}", f"({GONE}, 't-1')")
     ]
     messages = _drain(f"cluster.{slug}", delete=True)
-    assert [(m.headers["task"], m.payload[0]) for m in messages] == [("training.versions_evaluate", [GONE])]
+    assert [(m.headers["task"], m.payload[0]) for m in messages] == [
+        ("training.versions_evaluate", [GONE, "t-1"])
+    ]
 
 
 def test_placement_and_syncer_ticks_go_to_the_control_queue_a_continued_tick_later(

@@ -66,6 +66,17 @@ def _evaluations(sent: list[tuple[str, tuple[Any, ...], str]]) -> list[tuple[tup
     return [(args, queue) for name, args, queue in sent if name == dispatch.VERSIONS_EVALUATE]
 
 
+def _work_through(sent: list[Any], capture: Any) -> int:
+    """Run the evaluator tasks as a cluster worker would: each sent one, until none is sent."""
+    seen, done = 0, 0
+    while len(_evaluations(sent)) > seen:
+        (run_id, token), _ = _evaluations(sent)[seen]
+        seen += 1
+        with capture(execute=True):
+            done += services.versions_evaluate(run_id=run_id, token=token, limit=1)
+    return done
+
+
 def test_versions_are_recorded_at_once_and_evaluated_on_the_eval_clusters_queue(
     db: Any, tmp_path: Path, sent: list[Any], django_capture_on_commit_callbacks: Any
 ) -> None:
@@ -77,22 +88,23 @@ def test_versions_are_recorded_at_once_and_evaluated_on_the_eval_clusters_queue(
     records = GlobalVersionRecord.objects.filter(run=run, version__gt=0)
     assert records.exists() and all(r.eval_loss is None for r in records)
     # One evaluator for the run, on the named cluster's queue, however many ticks ran.
-    assert _evaluations(sent) == [((run.pk,), cluster_queue(evaluator.slug))]
     run.refresh_from_db()
+    assert _evaluations(sent) == [((run.pk, run.evaluator_token), cluster_queue(evaluator.slug))]
     assert run.evaluator_until is not None and run.evaluator_queue == evaluator.slug
-
-    assert services.versions_evaluate(run_id=run.pk) == records.count()  # version 0: scored at placement
+    # Each task evaluates one version and sends the next; version 0 was scored at placement.
+    assert _work_through(sent, django_capture_on_commit_callbacks) == records.count()
+    assert len(_evaluations(sent)) == records.count()
     engine, transport = run_engine(run), run_transport(run)
     for record in GlobalVersionRecord.objects.filter(run=run):
         params = version_params(transport, engine.fragments, [record.version])
         assert record.eval_loss == pytest.approx(engine.evaluate(params))
     run.refresh_from_db()
-    assert run.evaluator_until is None
+    assert run.evaluator_until is None and run.evaluator_token == ""
     assert services.versions_evaluate(run_id=run.pk) == 0  # nothing evaluated twice
     # Nothing waits: the next tick sends none.
     with django_capture_on_commit_callbacks(execute=True):
         orchestrator.syncer_tick_execute(run_id=run.pk, token=run.syncer_token)
-    assert len(_evaluations(sent)) == 1
+    assert len(_evaluations(sent)) == records.count()
 
 
 def test_the_evaluator_goes_to_a_live_cluster_a_gpu_one_first_else_the_control_queue(db: Any) -> None:
@@ -179,3 +191,53 @@ def test_the_supervisor_sends_an_evaluator_where_versions_wait_unheld_finished_r
     with django_capture_on_commit_callbacks(execute=True):
         counts = services.training_runs_supervise()
     assert counts["evaluators_sent"] == 1 and len(_evaluations(sent)) == 2
+
+
+def test_a_superseded_evaluator_does_nothing_and_a_failing_version_is_noted_after_three_tries(
+    db: Any, sent: list[Any], django_capture_on_commit_callbacks: Any, monkeypatch: Any
+) -> None:
+    _cluster("1.000000")
+    _cluster("2.000000")
+    run = _place()
+    _train_and_tick(run, 1, django_capture_on_commit_callbacks)
+    (_, first), _ = _evaluations(sent)[0]
+    # Its hold lapsed and another was sent: the first one, arriving late, evaluates nothing.
+    TrainingRun.objects.filter(pk=run.pk).update(evaluator_until=timezone.now())
+    with django_capture_on_commit_callbacks(execute=True):
+        assert services.versions_evaluate_send(run)
+    assert services.versions_evaluate(run_id=run.pk, token=first, limit=1) == 0
+    run.refresh_from_db()
+    assert run.evaluator_token not in ("", first)
+    # A version whose evaluation crashes is tried MAX_EVAL_ATTEMPTS times, then noted.
+    engine = run_engine(run)
+
+    def crash(params: Any) -> float:
+        raise MemoryError("out of memory")
+
+    monkeypatch.setattr(engine, "evaluate", crash)
+    for _ in range(services.evaluation.MAX_EVAL_ATTEMPTS):
+        (_, token), _ = _evaluations(sent)[-1]
+        with pytest.raises(MemoryError), django_capture_on_commit_callbacks(execute=True):
+            services.versions_evaluate(run_id=run.pk, token=token, limit=1)
+    (_, token), _ = _evaluations(sent)[-1]
+    with django_capture_on_commit_callbacks(execute=True):
+        services.versions_evaluate(run_id=run.pk, token=token, limit=1)
+    crashed = GlobalVersionRecord.objects.get(run=run, version=1)
+    assert crashed.eval_loss is None and crashed.eval_attempts == services.evaluation.MAX_EVAL_ATTEMPTS
+    assert "failed 3 times" in crashed.eval_note and services.pending_evaluation(run) == []
+
+
+def test_a_backlog_past_its_bound_is_skipped_oldest_first(
+    db: Any, sent: list[Any], django_capture_on_commit_callbacks: Any, monkeypatch: Any
+) -> None:
+    _cluster("1.000000")
+    _cluster("2.000000")
+    monkeypatch.setattr(services.evaluation, "EVAL_BACKLOG", 2)
+    run = _place(syncer={"grace_seconds": 0.0, "keep_versions": 1})
+    _train_and_tick(run, 4, django_capture_on_commit_callbacks)
+    waiting = [r.version for r in services.pending_evaluation(run)]
+    assert len(waiting) == 4
+    services.versions_evaluate(run_id=run.pk)
+    records = {r.version: r for r in GlobalVersionRecord.objects.filter(run=run, version__gt=0)}
+    assert [v for v in waiting if "skipped" in records[v].eval_note] == waiting[:2]
+    assert all(records[v].eval_loss is not None for v in waiting[2:])

@@ -320,6 +320,13 @@ class Syncer:
         # Tensor by tensor: each included delta's tensor is decoded, combined and applied before
         # the next tensor's, so a merge holds one tensor of each delta decoded, not M whole
         # fragments and their combined delta (the arithmetic is the same, per tensor).
+        # Every included delta must carry every tensor before the first one is applied.
+        for i, _, _ in decision.included:
+            missing = [n for n in self.fragments[fragment] if n not in by_id[i].tensors]
+            if missing:
+                raise ValueError(
+                    f"delta {i} lacks {len(missing)} tensors of fragment {fragment}: {missing[:3]}"
+                )
         for n in self.fragments[fragment]:
             parts = [(decode(by_id[i].tensors[n]), w) for i, w, _ in decision.included]
             self.outer.step(self.params, {n: self._combine(parts)})
