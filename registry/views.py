@@ -300,8 +300,7 @@ class WorkflowDetailView(RoleRequiredMixin, View):
                 k: getattr(workflow, k) if data[k] is None else data[k]
                 for k in ("response_cache_seconds", "response_cache_entries")
             }
-            # The semantic fields are posted by this page's form (empty: off); only a change is
-            # passed on, so the rest of the form saves while the embedder is, say, disabled.
+            # Semantic fields: only a change is passed on (the rest saves while the embedder is off).
             semantic = {
                 k: data[k]
                 for k in ("semantic_cache_threshold", "semantic_cache_deployment")
@@ -309,9 +308,8 @@ class WorkflowDetailView(RoleRequiredMixin, View):
             }
             try:
                 with transaction.atomic():
-                    # One update, checked as a whole (workflow_check): keeping prompts, the
-                    # cache and semantic matching depend on each other. Opting out of keeping
-                    # prompts deletes the kept ones (inference's post_save receiver).
+                    # One update checked as a whole (retention, cache and semantic matching depend
+                    # on each other); opting out of keeping prompts deletes the kept ones.
                     services.workflow_update(
                         workflow,
                         retain_prompts=data["retain_prompts"],

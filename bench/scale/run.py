@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any, cast
 
 from bench.meta import run_meta
-from bench.scale.drill import Child, run_drill
+from bench.scale.drill import run_drill
 from bench.scale.model import Shapes, fragments_of, numel, synthetic_shapes
-from bench.scale.workers import Spec, store_server_main
+from bench.scale.workers import Spec, StoreServer
 from storage.multipart import transfer_from_env
 from storage.objectstore import ObjectStore, open_store
 from training.engine.config import CompressionKind
@@ -178,9 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     server_rss: int | None = None
     with _environment(env):
         transfer = transfer_from_env()
-        server = Child("s3-server", store_server_main, BUCKET) if moto else None
+        server = StoreServer(BUCKET) if moto else None
         try:
-            endpoint = cast(str, server.conn.recv()) if server is not None else args.endpoint_url
+            endpoint = server.url if server is not None else args.endpoint_url
             store_url = f"s3://{BUCKET}" if moto else args.store
             store = open_store(store_url, endpoint_url=endpoint)
             for kind in args.compression:
@@ -203,10 +203,10 @@ def main(argv: list[str] | None = None) -> int:
                 finally:
                     _clear(store, spec.prefix)  # the drill's own objects only
             if server is not None:
-                server_rss = server.stop()["peak_rss_bytes"]
+                server_rss = server.peak_rss_bytes()
         finally:
             if server is not None:
-                server.kill()
+                server.stop()
     report = _report(args, shapes, fragments, runs, transfer.part_bytes, transfer.concurrency, server_rss)
     report["wall_seconds"] = round(time.monotonic() - started, 1)
     text = json.dumps(report, indent=2)

@@ -18,8 +18,10 @@ registry's pins and the recorded-version guard, which need the database).
 
 from __future__ import annotations
 
-import logging
 import os
+import socket
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -239,18 +241,48 @@ def syncer_main(conn: Connection, spec: Spec, resume: bool) -> None:
 
 
 # ---- the S3 endpoint ----------------------------------------------------------------------
-def store_server_main(conn: Connection, bucket: str) -> None:
-    """moto's S3 server on loopback (credentials come from the parent's environment)."""
-    import boto3  # lazily, like storage.objectstore
-    from moto.server import ThreadedMotoServer  # a dev requirement: run.py checks it first
+class StoreServer:
+    """moto's S3 server on loopback, run as its own program (`python -m moto.server`: a dev
+    requirement, which run.py checks is installed; nothing here imports it)."""
 
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # not a line per request on stderr
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    url = f"http://{host}:{port}"
-    boto3.client("s3", endpoint_url=url).create_bucket(Bucket=bucket)
-    conn.send(url)
-    conn.recv()
-    conn.send({"peak_rss_bytes": peak_rss_bytes()})
-    server.stop()
+    def __init__(self, bucket: str, *, timeout_s: float = 30.0) -> None:
+        import boto3  # lazily, like storage.objectstore
+
+        with socket.socket() as probe:  # a free port for it (released just before it binds)
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+        self.process = subprocess.Popen(  # noqa: S603 (our interpreter, fixed arguments)
+            argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"moto's S3 server did not start on {self.url}") from None
+                time.sleep(0.1)
+        boto3.client("s3", endpoint_url=self.url).create_bucket(Bucket=bucket)
+
+    def peak_rss_bytes(self) -> int | None:
+        """Its peak resident set (VmHWM), read from /proc while it runs; None elsewhere."""
+        try:
+            with open(f"/proc/{self.process.pid}/status") as fh:
+                lines = fh.readlines()
+        except OSError:
+            return None
+        found = [int(line.split()[1]) * 1024 for line in lines if line.startswith("VmHWM:")]
+        return found[0] if found else None
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
