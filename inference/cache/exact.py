@@ -34,9 +34,10 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 from django.conf import settings
 
@@ -45,6 +46,8 @@ from registry.models import Workflow
 from registry.shared_redis.client import REDIS_DOWN_ERRORS, redis_client
 
 logger = logging.getLogger(__name__)
+L = TypeVar("L")
+R = TypeVar("R")
 
 PREFIX = "sy:rc:"
 # Body fields that cannot change the answer (how it is delivered, who to attribute it to).
@@ -184,9 +187,25 @@ class _RedisStore:
                 self.redis.delete(*evicted)
 
     def clear(self) -> None:
-        keys = list(self.redis.scan_iter(f"{PREFIX}*"))
-        if keys:
-            self.redis.delete(*keys)
+        redis_delete_prefixed(self.redis, PREFIX)
+
+
+def redis_delete_prefixed(redis: Any, prefix: str) -> None:
+    """Delete every key that starts with `prefix` (SCAN, then one DELETE)."""
+    keys = list(redis.scan_iter(f"{prefix}*"))
+    if keys:
+        redis.delete(*keys)
+
+
+def store_for_url(local: L, shared: dict[str, R], make: Callable[[str], R]) -> L | R:
+    """This process's `local` store without REDIS_URL, else the one Redis store per URL."""
+    url = settings.REDIS_URL
+    if not url:
+        return local
+    store = shared.get(url)
+    if store is None:
+        store = shared[url] = make(url)
+    return store
 
 
 _local = _LocalStore()
@@ -194,13 +213,7 @@ _stores: dict[str, _RedisStore] = {}
 
 
 def _store() -> _LocalStore | _RedisStore:
-    url = settings.REDIS_URL
-    if not url:
-        return _local
-    store = _stores.get(url)
-    if store is None:
-        store = _stores[url] = _RedisStore(url)
-    return store
+    return store_for_url(_local, _stores, _RedisStore)
 
 
 def cache_get(workflow: Workflow, key: str) -> CachedAnswer | None:

@@ -43,7 +43,15 @@ from typing import Any
 import numpy as np
 from django.conf import settings
 
-from inference.cache.exact import PREFIX, REDIS_TIMEOUT_S, CacheAsk, body_digest, cache_seconds
+from inference.cache.exact import (
+    PREFIX,
+    REDIS_TIMEOUT_S,
+    CacheAsk,
+    body_digest,
+    cache_seconds,
+    redis_delete_prefixed,
+    store_for_url,
+)
 from registry.models import Workflow
 from registry.shared_redis.client import REDIS_DOWN_ERRORS, redis_client
 
@@ -258,9 +266,7 @@ class _RedisIndexes:
         self.redis.hdel(index, *keys)
 
     def forget(self, prefix: str) -> None:
-        keys = list(self.redis.scan_iter(f"{prefix}*"))
-        if keys:
-            self.redis.delete(*keys)
+        redis_delete_prefixed(self.redis, prefix)
 
 
 _local = _LocalIndexes()
@@ -268,13 +274,7 @@ _stores: dict[str, _RedisIndexes] = {}
 
 
 def _store() -> _LocalIndexes | _RedisIndexes:
-    url = settings.REDIS_URL
-    if not url:
-        return _local
-    store = _stores.get(url)
-    if store is None:
-        store = _stores[url] = _RedisIndexes(url)
-    return store
+    return store_for_url(_local, _stores, _RedisIndexes)
 
 
 def semantic_lookup(
