@@ -58,7 +58,7 @@ def syncer_tick_task(run_id: int, token: str) -> None:
 
 @shared_task(name=dispatch.VERSIONS_EVALUATE, ignore_result=True)
 def versions_evaluate_task(run_id: int, token: str) -> None:
-    services.versions_evaluate(run_id=run_id, token=token, limit=1)
+    services.versions_evaluate(run_id=run_id, token=token, seconds=services.EVAL_TASK_SECONDS)
 
 
 @shared_task(name=dispatch.RUNS_SUPERVISE, ignore_result=True)

@@ -241,3 +241,16 @@ def test_a_backlog_past_its_bound_is_skipped_oldest_first(
     records = {r.version: r for r in GlobalVersionRecord.objects.filter(run=run, version__gt=0)}
     assert [v for v in waiting if "skipped" in records[v].eval_note] == waiting[:2]
     assert all(records[v].eval_loss is not None for v in waiting[2:])
+
+
+def test_a_task_starts_no_version_past_its_seconds_but_always_one(
+    db: Any, sent: list[Any], django_capture_on_commit_callbacks: Any
+) -> None:
+    _cluster("1.000000")
+    _cluster("2.000000")
+    run = _place()
+    _train_and_tick(run, 3, django_capture_on_commit_callbacks)
+    waiting = len(services.pending_evaluation(run))
+    assert waiting >= 3
+    assert services.versions_evaluate(run_id=run.pk, seconds=0.0) == 1
+    assert services.versions_evaluate(run_id=run.pk, seconds=60.0) == waiting - 1

@@ -24,6 +24,7 @@ from training.services.chunks import (
     training_run_budget_reached,
 )
 from training.services.evaluation import (
+    EVAL_TASK_SECONDS,
     evaluator_queue,
     pending_evaluation,
     versions_evaluate,
@@ -79,6 +80,7 @@ __all__ = [
     "DispatchError",
     "RunStateError",
     "global_versions_record_missing",
+    "EVAL_TASK_SECONDS",
     "evaluator_queue",
     "pending_evaluation",
     "versions_evaluate",

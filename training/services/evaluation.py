@@ -5,9 +5,10 @@ Where: the run's `placement.eval_cluster` when it is live; else the live cluster
 learners with the most accelerators, a GPU cluster before a CPU one; else (no cluster of the
 run is live) the control queue, so that versions are still evaluated, with a warning. One
 evaluator per run at a time: sending one takes the run's hold (TrainingRun.evaluator_until,
-under a new evaluator_token). Each task evaluates one version, releases the hold and sends the
-next, so a learner's chunks queued on the same cluster run between two versions (a version's
-evaluation must stay well inside `learner_timeout` there, or name an eval_cluster of its own).
+under a new evaluator_token). Each task evaluates versions for up to EVAL_TASK_SECONDS (one at
+least), releases the hold and sends the next, so a learner's chunks queued on the same cluster
+run between two tasks (a version's evaluation must stay well inside `learner_timeout` there,
+or name an eval_cluster of its own).
 A hold that lapses (a lost task, a dead worker) lets the next syncer tick, or beat for an ended
 run, send another, to wherever is live then; the superseded one, if it still runs, finishes
 its version and stops.
@@ -46,6 +47,8 @@ logger = logging.getLogger(__name__)
 # How long a sent evaluator holds the run before it starts, and then for the version it evaluates.
 EVALUATOR_HOLD_SECONDS = 600.0
 MAX_EVAL_ATTEMPTS = 3
+# An evaluator task starts no version after this many seconds; the next task goes on.
+EVAL_TASK_SECONDS = 5.0
 # At most this many versions (or 2 × keep_versions) wait for evaluation; older ones are skipped.
 EVAL_BACKLOG = 8
 LIVE = (Cluster.Status.HEALTHY, Cluster.Status.DEGRADED)
@@ -125,13 +128,16 @@ def versions_evaluate_send(run: TrainingRun) -> bool:
     return True
 
 
-def versions_evaluate(*, run_id: int, token: str | None = None, limit: int | None = None) -> int:
-    """Evaluate the run's waiting versions, oldest first, at most `limit`; returns how many.
+def versions_evaluate(
+    *, run_id: int, token: str | None = None, limit: int | None = None, seconds: float | None = None
+) -> int:
+    """Evaluate the run's waiting versions, oldest first, at most `limit`, and none started
+    after `seconds` (at least one); returns how many.
 
-    The `training.versions_evaluate` task passes its `token` and a limit of one version: it
-    goes on only while its token holds the run (a lapsed hold sent another, which now holds
-    it), releases the hold after that version and sends the next evaluator, so a learner's
-    chunks queued on the same cluster run between two versions. Without a token (an operator,
+    The `training.versions_evaluate` task passes its `token` and EVAL_TASK_SECONDS: it goes on
+    only while its token holds the run (a lapsed hold sent another, which now holds it), then
+    releases the hold and sends the next evaluator, so a learner's chunks queued on the same
+    cluster run between two tasks, while a small model's versions keep up with publishing. Without a token (an operator,
     a test) it evaluates as asked and leaves the hold alone. Idempotent: a version another
     evaluator filled meanwhile is not written again. A version is tried MAX_EVAL_ATTEMPTS
     times (a crash or a kill counts), then noted; one the store no longer holds is noted at
@@ -144,7 +150,10 @@ def versions_evaluate(*, run_id: int, token: str | None = None, limit: int | Non
     try:
         _skip_backlog(run)
         engine = transport = None
-        while limit is None or done < limit:
+        began = time.monotonic()
+        while (limit is None or done < limit) and (
+            seconds is None or done == 0 or time.monotonic() - began < seconds
+        ):
             waiting = pending_evaluation(run)
             if not waiting:
                 break
