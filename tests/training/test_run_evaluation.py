@@ -51,6 +51,13 @@ def _place(**config: Any) -> TrainingRun:
     return run
 
 
+def _running(**config: Any) -> TrainingRun:
+    """A run placed on two healthy clusters (the learners' own: the evaluator goes to one)."""
+    _cluster("1.000000")
+    _cluster("2.000000")
+    return _place(**config)
+
+
 def _train_and_tick(run: TrainingRun, chunks: int, capture: Any) -> None:
     learner = TrainingLearner.objects.get(run=run, index=0)
     done = learner.chunks.count()
@@ -125,9 +132,7 @@ def test_the_evaluator_goes_to_a_live_cluster_a_gpu_one_first_else_the_control_q
 def test_a_lapsed_evaluator_is_sent_again(
     db: Any, sent: list[Any], django_capture_on_commit_callbacks: Any
 ) -> None:
-    _cluster("1.000000")
-    _cluster("2.000000")
-    run = _place()
+    run = _running()
     _train_and_tick(run, 1, django_capture_on_commit_callbacks)
     assert len(_evaluations(sent)) == 1
     # Its task was lost (the worker died before it started): once the hold lapses, a tick sends another.
@@ -139,9 +144,7 @@ def test_a_lapsed_evaluator_is_sent_again(
 def test_the_store_keeps_what_a_pending_evaluation_reads(
     db: Any, django_capture_on_commit_callbacks: Any, sent: list[Any]
 ) -> None:
-    _cluster("1.000000")
-    _cluster("2.000000")
-    run = _place(syncer={"grace_seconds": 0.0, "keep_versions": 1}, register_every_versions=0)
+    run = _running(syncer={"grace_seconds": 0.0, "keep_versions": 1}, register_every_versions=0)
     _train_and_tick(run, 4, django_capture_on_commit_callbacks)
     transport = run_transport(run)
     recorded = sorted(GlobalVersionRecord.objects.filter(run=run).values_list("version", flat=True))
@@ -156,9 +159,7 @@ def test_the_store_keeps_what_a_pending_evaluation_reads(
 def test_a_version_gone_from_the_store_is_noted_and_not_retried(
     db: Any, django_capture_on_commit_callbacks: Any, sent: list[Any]
 ) -> None:
-    _cluster("1.000000")
-    _cluster("2.000000")
-    run = _place()
+    run = _running()
     _train_and_tick(run, 1, django_capture_on_commit_callbacks)
     gone = GlobalVersionRecord.objects.filter(run=run).order_by("-version").first()
     assert gone is not None and gone.version > 0
@@ -179,9 +180,7 @@ def test_an_unknown_eval_cluster_is_refused_naming_the_field(db: Any) -> None:
 def test_the_supervisor_sends_an_evaluator_where_versions_wait_unheld_finished_runs_too(
     db: Any, sent: list[Any], django_capture_on_commit_callbacks: Any
 ) -> None:
-    _cluster("1.000000")
-    _cluster("2.000000")
-    run = _place()
+    run = _running()
     _train_and_tick(run, 1, django_capture_on_commit_callbacks)
     assert len(_evaluations(sent)) == 1
     assert services.training_runs_supervise()["evaluators_sent"] == 0  # the sent one holds the run
@@ -196,9 +195,7 @@ def test_the_supervisor_sends_an_evaluator_where_versions_wait_unheld_finished_r
 def test_a_superseded_evaluator_does_nothing_and_a_failing_version_is_noted_after_three_tries(
     db: Any, sent: list[Any], django_capture_on_commit_callbacks: Any, monkeypatch: Any
 ) -> None:
-    _cluster("1.000000")
-    _cluster("2.000000")
-    run = _place()
+    run = _running()
     _train_and_tick(run, 1, django_capture_on_commit_callbacks)
     (_, first), _ = _evaluations(sent)[0]
     # Its hold lapsed and another was sent: the first one, arriving late, evaluates nothing.
@@ -246,9 +243,7 @@ def test_a_backlog_past_its_bound_is_skipped_oldest_first(
 def test_a_task_starts_no_version_past_its_seconds_but_always_one(
     db: Any, sent: list[Any], django_capture_on_commit_callbacks: Any
 ) -> None:
-    _cluster("1.000000")
-    _cluster("2.000000")
-    run = _place()
+    run = _running()
     _train_and_tick(run, 3, django_capture_on_commit_callbacks)
     waiting = len(services.pending_evaluation(run))
     assert waiting >= 3
