@@ -23,22 +23,23 @@ TRIGGER = "billing_usage_no_update_delete"
 
 
 def chain_existing_rows(apps, schema_editor):  # type: ignore[no-untyped-def]
+    db = schema_editor.connection.alias  # the database being migrated, not always default
     UsageRecord = apps.get_model("billing", "UsageRecord")
     LedgerHead = apps.get_model("billing", "LedgerHead")
     postgres = schema_editor.connection.vendor == "postgresql"
     if postgres:
         schema_editor.execute(f"ALTER TABLE billing_usagerecord DISABLE TRIGGER {TRIGGER}")
     sequence, prev = 0, GENESIS_HASH
-    for row in UsageRecord.objects.order_by("id").iterator():
+    for row in UsageRecord.objects.using(db).order_by("id").iterator():
         sequence += 1
         row.partition, row.sequence, row.prev_hash = "main", sequence, prev
         row.row_hash = chain_hash({f: getattr(row, f) for f in CHAINED_FIELDS}, prev)
         # The historical model has no append-only guard; this is the one sanctioned rewrite.
-        UsageRecord.objects.filter(pk=row.pk).update(
+        UsageRecord.objects.using(db).filter(pk=row.pk).update(
             partition="main", sequence=sequence, prev_hash=prev, row_hash=row.row_hash
         )
         prev = row.row_hash
-    LedgerHead.objects.update_or_create(
+    LedgerHead.objects.using(db).update_or_create(
         partition="main", defaults={"last_sequence": sequence, "last_hash": prev}
     )
     if postgres:
@@ -78,7 +79,9 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="usagerecord", name="partition", field=models.CharField(default="main", max_length=32)
         ),
-        migrations.AddField(model_name="usagerecord", name="sequence", field=models.BigIntegerField(null=True)),
+        migrations.AddField(
+            model_name="usagerecord", name="sequence", field=models.BigIntegerField(null=True)
+        ),
         migrations.AddField(
             model_name="usagerecord", name="prev_hash", field=models.CharField(default="", max_length=64)
         ),
@@ -87,8 +90,12 @@ class Migration(migrations.Migration):
         ),
         migrations.RunPython(chain_existing_rows, migrations.RunPython.noop),
         migrations.AlterField(model_name="usagerecord", name="sequence", field=models.BigIntegerField()),
-        migrations.AlterField(model_name="usagerecord", name="prev_hash", field=models.CharField(max_length=64)),
-        migrations.AlterField(model_name="usagerecord", name="row_hash", field=models.CharField(max_length=64)),
+        migrations.AlterField(
+            model_name="usagerecord", name="prev_hash", field=models.CharField(max_length=64)
+        ),
+        migrations.AlterField(
+            model_name="usagerecord", name="row_hash", field=models.CharField(max_length=64)
+        ),
         migrations.AddConstraint(
             model_name="usagerecord",
             constraint=models.UniqueConstraint(fields=("partition", "sequence"), name="usage_chain_position"),

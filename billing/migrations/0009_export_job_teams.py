@@ -6,9 +6,10 @@ from django.db import migrations, models
 def teams_from_filters(apps, schema_editor):
     # A job's teams as ExportFilters.team_scope reads its stored filters; a slug that names no
     # team leaves the job the platform's.
+    db = schema_editor.connection.alias  # the database being migrated, not always default
     ExportJob = apps.get_model("billing", "ExportJob")
     Team = apps.get_model("stack", "Team")
-    for job in ExportJob.objects.all().iterator():
+    for job in ExportJob.objects.using(db).all().iterator():
         filters = job.filters or {}
         teams, team = filters.get("teams"), filters.get("team")
         if teams is not None:
@@ -17,23 +18,22 @@ def teams_from_filters(apps, schema_editor):
             scope = {team} if team else set()
         if not scope:
             continue
-        ids = list(Team.objects.filter(slug__in=scope).values_list("pk", flat=True))
+        ids = list(Team.objects.using(db).filter(slug__in=scope).values_list("pk", flat=True))
         if len(ids) == len(scope):
             job.teams.set(ids)
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('billing', '0008_budget_platform_set'),
-        ('stack', '0014_retained_prompts'),
+        ("billing", "0008_budget_platform_set"),
+        ("stack", "0014_retained_prompts"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='exportjob',
-            name='teams',
-            field=models.ManyToManyField(blank=True, related_name='+', to='stack.team'),
+            model_name="exportjob",
+            name="teams",
+            field=models.ManyToManyField(blank=True, related_name="+", to="stack.team"),
         ),
         migrations.RunPython(teams_from_filters, migrations.RunPython.noop),
     ]

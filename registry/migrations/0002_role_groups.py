@@ -8,9 +8,10 @@ ROLES = ["viewer", "operator", "admin", "auditor"]
 
 
 def create_groups(apps, schema_editor):  # type: ignore[no-untyped-def]
+    db = schema_editor.connection.alias  # the database being migrated, not always default
     Group = apps.get_model("auth", "Group")
     for name in ROLES:
-        Group.objects.get_or_create(name=name)
+        Group.objects.using(db).get_or_create(name=name)
 
 
 class Migration(migrations.Migration):

@@ -32,15 +32,17 @@ def endpoints_from_deployments(apps, schema_editor):
     An admin should review the result (Providers page): before this migration any operator could
     set a deployment's base URL, and those URLs are now endpoints that receive the credentials.
     """
+    db = schema_editor.connection.alias  # the database being migrated, not always default
     Provider = apps.get_model("stack", "Provider")
     Deployment = apps.get_model("stack", "Deployment")
-    for provider in Provider.objects.all():
+    for provider in Provider.objects.using(db).all():
         urls = sorted(
             {
                 url.rstrip("/")
-                for url in Deployment.objects.filter(provider=provider).exclude(base_url="").values_list(
-                    "base_url", flat=True
-                )
+                for url in Deployment.objects.using(db)
+                .filter(provider=provider)
+                .exclude(base_url="")
+                .values_list("base_url", flat=True)
             }
         )
         extra = [u for u in urls if not (provider.base_url and _under(u, provider.base_url))]

@@ -55,17 +55,20 @@ def _code(kind: str, reason: str, status: int | None) -> str:
 
 
 def forwards(apps, schema_editor):
+    db = schema_editor.connection.alias  # the database being migrated, not always default
     FailoverEvent = apps.get_model("stack", "FailoverEvent")
     batch = []
-    for event in FailoverEvent.objects.only("pk", "kind", "reason", "status_code").iterator(chunk_size=BATCH):
+    for event in (
+        FailoverEvent.objects.using(db).only("pk", "kind", "reason", "status_code").iterator(chunk_size=BATCH)
+    ):
         event.code = _code(event.kind, event.reason, event.status_code)
         if event.code != "other":
             batch.append(event)
         if len(batch) >= BATCH:
-            FailoverEvent.objects.bulk_update(batch, ["code"])
+            FailoverEvent.objects.using(db).bulk_update(batch, ["code"])
             batch = []
     if batch:
-        FailoverEvent.objects.bulk_update(batch, ["code"])
+        FailoverEvent.objects.using(db).bulk_update(batch, ["code"])
 
 
 class Migration(migrations.Migration):

@@ -7,24 +7,24 @@ from django.db.models import F
 def existing_limits_are_the_platforms(apps, schema_editor):
     # Until now only a platform admin or the team's admin set them, and no row says which:
     # the stricter reading keeps today's limits as caps (a platform admin can lift them).
-    apps.get_model("stack", "Team").objects.update(rpm_cap=F("rpm_limit"), tpm_cap=F("tpm_limit"))
+    db = schema_editor.connection.alias  # the database being migrated, not always default
+    apps.get_model("stack", "Team").objects.using(db).update(rpm_cap=F("rpm_limit"), tpm_cap=F("tpm_limit"))
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('stack', '0015_sso_synced_at'),
+        ("stack", "0015_sso_synced_at"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='team',
-            name='rpm_cap',
+            model_name="team",
+            name="rpm_cap",
             field=models.PositiveIntegerField(blank=True, editable=False, null=True),
         ),
         migrations.AddField(
-            model_name='team',
-            name='tpm_cap',
+            model_name="team",
+            name="tpm_cap",
             field=models.PositiveIntegerField(blank=True, editable=False, null=True),
         ),
         migrations.RunPython(existing_limits_are_the_platforms, migrations.RunPython.noop),

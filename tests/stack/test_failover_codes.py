@@ -6,12 +6,11 @@ from __future__ import annotations
 import csv
 import io
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
 from django.test import Client
 from django.utils import timezone
 
@@ -19,6 +18,7 @@ from registry.failover_codes import FailoverCode
 from registry.models import FailoverEvent
 from registry.services import failover_event_record
 from tests.factories import api_client, make_cluster, make_deployment
+from tests.migration_db import migrate_to, scratch_database
 
 
 def _events() -> tuple[FailoverEvent, FailoverEvent]:
@@ -109,21 +109,16 @@ BEFORE = ("stack", "0011_failover_code")
 AFTER = ("stack", "0012_failover_codes_from_reasons")
 
 
-@pytest.fixture
-def _back_to_the_latest_migrations() -> Any:
-    yield
-    executor = MigrationExecutor(connection)
-    executor.loader.build_graph()
-    executor.migrate(executor.loader.graph.leaf_nodes())
+def test_the_migration_codes_old_events_from_their_reasons_and_leaves_the_rest_other(
+    tmp_path: Path, django_db_blocker: Any
+) -> None:
+    # No django_db mark: the test database is not used, only the scratch one.
+    with django_db_blocker.unblock(), scratch_database(tmp_path) as alias:
+        _migration_codes_old_events(alias)
 
 
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.usefixtures("_back_to_the_latest_migrations")
-def test_the_migration_codes_old_events_from_their_reasons_and_leaves_the_rest_other() -> None:
-    executor = MigrationExecutor(connection)
-    executor.migrate([BEFORE])
-    apps: Any = executor.loader.project_state([BEFORE]).apps
-    Event = apps.get_model("stack", "FailoverEvent")
+def _migration_codes_old_events(alias: str) -> None:
+    Event = migrate_to(alias, BEFORE).get_model("stack", "FailoverEvent")
     now = timezone.now()
     old = [
         ("cluster-health", "degraded → down: no worker heartbeat for 31s", None, "heartbeat_timeout"),
@@ -143,12 +138,11 @@ def test_the_migration_codes_old_events_from_their_reasons_and_leaves_the_rest_o
         ("inference", "something nobody wrote down", None, "other"),
     ]  # fmt: skip
     ids = [
-        Event.objects.create(kind=kind, reason=reason, status_code=status, detected_at=now).pk
+        Event.objects.using(alias).create(kind=kind, reason=reason, status_code=status, detected_at=now).pk
         for kind, reason, status, _ in old
     ]
-    executor = MigrationExecutor(connection)
-    executor.migrate([AFTER])
-    codes = dict(FailoverEvent.objects.filter(pk__in=ids).values_list("pk", "code"))
+    Event = migrate_to(alias, AFTER).get_model("stack", "FailoverEvent")
+    codes = dict(Event.objects.using(alias).filter(pk__in=ids).values_list("pk", "code"))
     assert [codes[pk] for pk in ids] == [expected for *_, expected in old]
 
 

@@ -7,17 +7,18 @@ from django.utils.text import slugify
 
 
 def teams_from_configs(apps, schema_editor):
+    db = schema_editor.connection.alias  # the database being migrated, not always default
     Team = apps.get_model("stack", "Team")
     TrainingRun = apps.get_model("training", "TrainingRun")
-    for run in TrainingRun.objects.all().only("pk", "config"):
+    for run in TrainingRun.objects.using(db).all().only("pk", "config"):
         name = str((run.config or {}).get("team") or "").strip()
         if not name:
             continue
         slug = (slugify(name) or "team")[:64]
-        team, _ = Team.objects.get_or_create(slug=slug, defaults={"name": name[:100]})
+        team, _ = Team.objects.using(db).get_or_create(slug=slug, defaults={"name": name[:100]})
         if run.config.get("team") != slug:
             run.config["team"] = slug  # the ledger and team budgets name teams by slug
-        TrainingRun.objects.filter(pk=run.pk).update(team=team, config=run.config)
+        TrainingRun.objects.using(db).filter(pk=run.pk).update(team=team, config=run.config)
 
 
 class Migration(migrations.Migration):

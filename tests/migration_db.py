@@ -1,0 +1,63 @@
+"""A data migration's test on an empty database of its own, migrated only as far as it needs.
+
+Rolling the test database back to an old migration unapplies every later migration of every app
+that depends on it, and the test must then apply them all again for the tests after it: about
+50 CPU-seconds per migration test here, almost all of it Django rendering the project state at
+each step. An empty database beside the test database is migrated forward to the migration
+before the one under test (only its ancestors), given old rows, and migrated one step on; it
+is dropped afterwards, and the test database is never touched.
+
+    with scratch_database() as alias:
+        apps = migrate_to(alias, BEFORE)
+        ...old rows through apps.get_model(...), .objects.using(alias)...
+        apps = migrate_to(alias, AFTER)
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from django.db import connections
+from django.db.migrations.executor import MigrationExecutor
+
+from tests.template_db import _dsn
+
+
+@contextmanager
+def scratch_database(tmp_path: Path | None = None) -> Iterator[str]:
+    """The alias of a new, empty database of the test database's engine, dropped on exit.
+
+    PostgreSQL: a database on the same server; SQLite: a file under tmp_path."""
+    default = connections["default"].settings_dict
+    alias = f"scratch_{uuid.uuid4().hex[:10]}"
+    postgres = default["ENGINE"].endswith("postgresql")
+    if postgres:
+        name = f"{default['NAME'][:40]}_{alias}"
+        with psycopg.connect(_dsn(default, "postgres"), autocommit=True) as admin:
+            admin.execute(f'CREATE DATABASE "{name}"')
+    else:
+        if tmp_path is None:
+            raise ValueError("SQLite needs tmp_path for the scratch database's file")
+        name = str(tmp_path / f"{alias}.sqlite3")
+    connections.settings[alias] = {**default, "NAME": name, "TEST": {}}
+    try:
+        yield alias
+    finally:
+        connections[alias].close()
+        del connections[alias]
+        del connections.settings[alias]
+        if postgres:
+            with psycopg.connect(_dsn(default, "postgres"), autocommit=True) as admin:
+                admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def migrate_to(alias: str, target: tuple[str, str]) -> Any:
+    """Migrate the scratch database to `target` (its ancestors only); the historical apps there."""
+    executor = MigrationExecutor(connections[alias])
+    executor.migrate([target])
+    return executor.loader.project_state([target]).apps
