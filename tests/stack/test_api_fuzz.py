@@ -7,8 +7,10 @@ bodies name real objects half of the time (its dictionaries) and the requests re
 behind the validation. Schemathesis runs as its CLI in a subprocess (its pytest plugin does not
 load on this pytest), one test per role (the admin's in two halves by path), so that
 pytest-xdist runs them side by side, each against its own worker's server; each with a fixed
-seed, no example database and one request at a time. Every role runs the fuzzing phase
-(EXAMPLES cases per operation); the admin, who may call every operation, also runs the coverage
+seed, no example database and one request at a time. The admin's run covers every operation;
+another role's covers the operations stack.access lets it call (an operation it is refused
+answers 403 before any input is read, and the role matrix proves each refusal). Every role runs
+the fuzzing phase (EXAMPLES cases per operation); the admin also runs the coverage
 phase (every boundary value, wrong type and missing field of every parameter, deterministic),
 with bodies in JSON only (tests/stack/api_fuzz_hooks.py says why). API_FUZZ_DEEP=1 (or a number
 of examples) is a long run by hand: 50 examples, and the coverage phase for every role in every
@@ -36,6 +38,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -51,7 +54,9 @@ import pytest
 from django.contrib.auth.models import User
 from django.core.servers import basehttp
 from django.db import DEFAULT_DB_ALIAS, connections
+from django.urls import resolve
 from django.utils import timezone
+from drf_spectacular.generators import SchemaGenerator
 
 from billing.models import Budget, BudgetAlert, ExportJob, InvoiceImport, InvoiceLine, PriceBook, UsageRecord
 from decisions.models import Recommendation
@@ -67,6 +72,7 @@ from inference.models import (
 from registry.auth.roles import Role
 from registry.models import FailoverEvent, Provider
 from registry.services import api_token_create
+from stack.access import ACCESS
 from stack.celery import app as celery_app
 from tests.factories import (
     fabricate_run,
@@ -500,6 +506,41 @@ SHARDS = {
     "admin-a-e": (Role.ADMIN, ["--include-path-regex", ADMIN_FIRST_HALF]),
     "admin-rest": (Role.ADMIN, ["--exclude-path-regex", ADMIN_FIRST_HALF]),
 }
+WRITES = ("post", "put", "patch", "delete")
+
+
+def _operations_for(role: Role) -> tuple[list[str], int]:
+    """(the operationIds the role may call, the schema's number of operations), by stack.access.
+
+    An operation the table refuses to a role answers 403 from the permission check, before the
+    view reads a path value, a query string or a body: fuzzing its inputs under that role sends
+    thousands of requests whose answer cannot depend on them. The role matrix
+    (tests/stack/test_role_matrix.py) proves every such refusal; the admin's run fuzzes every
+    operation's inputs; each other role fuzzes the operations it may call, where what it is
+    allowed to see and change can differ from the admin's."""
+    schema = SchemaGenerator().get_schema(request=None, public=True)
+    allowed: list[str] = []
+    total = 0
+    for path, item in schema["paths"].items():
+        # The URL name, from the path with every parameter filled in (each converter takes "1").
+        access = ACCESS[resolve(re.sub(r"\{[^}]+\}", "1", path)).url_name]
+        for method, operation in item.items():
+            if method != "get" and method not in WRITES:
+                continue
+            total += 1
+            may = access.may_write if method in WRITES else access.may_read
+            if may(role, authenticated=True):
+                allowed.append(operation["operationId"])
+    return allowed, total
+
+
+def _filters(role: Role, paths: list[str]) -> tuple[list[str], int | None]:
+    """The shard's operation filters for schemathesis, and how many operations they select
+    (None where the path split of the admin's run decides)."""
+    if role == Role.ADMIN:
+        return paths, None
+    allowed, _ = _operations_for(role)
+    return [arg for op in allowed for arg in ("--include-operation-id", op)], len(allowed)
 
 
 @pytest.mark.parametrize("shard", list(SHARDS))
@@ -512,6 +553,7 @@ def test_schemathesis_finds_no_server_error_or_schema_violation_for_the_role(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     role, paths = SHARDS[shard]
+    filters, selected = _filters(role, paths)
     settings.OBJECT_STORE_URL = f"file://{tmp_path / 'objects'}"
     # Thousands of refused requests log a warning each; a server error's traceback (ERROR) is kept.
     caplog.set_level(logging.ERROR, logger="django.request")
@@ -519,7 +561,7 @@ def test_schemathesis_finds_no_server_error_or_schema_violation_for_the_role(
     user = make_user(role, username=f"fuzz-{role.value}")
     world = _seed(user, prefix=f"fz-{role.value}")
     _, token = api_token_create(user=user, name="fuzz")
-    run = _start(fast_live_server, token, role, world, tmp_path / role.value, paths)
+    run = _start(fast_live_server, token, role, world, tmp_path / role.value, filters)
     result = _finish(run, deadline=time.monotonic() + 3600)
     server_cpu = time.process_time() - server_cpu
 
@@ -529,12 +571,13 @@ def test_schemathesis_finds_no_server_error_or_schema_violation_for_the_role(
         result.summary(),
         f"server {server_cpu:.0f} s CPU, {len(dropped_tasks)} Celery messages dropped",
     )
-    # Every operation the shard selects was fuzzed: a whole role's run selects every operation (108
-    # today); the admin's halves select 40 or more each, and together (include and exclude of one
-    # pattern) every operation.
+    # Every operation the shard selects was fuzzed. The admin's halves select 40 or more each,
+    # and together (include and exclude of one pattern) every operation (108 today); another
+    # role selects exactly the operations stack.access lets it call.
     assert result.operations == result.operations_selected, result.failure_report()
-    if paths:
+    assert result.operations_total >= 80, result.failure_report()
+    if selected is None:
         assert 40 <= result.operations_selected < result.operations_total, result.failure_report()
     else:
-        assert result.operations_selected == result.operations_total >= 80, result.failure_report()
+        assert 20 <= result.operations_selected == selected, result.failure_report()
     assert not (result.failures or result.errors), result.failure_report()
