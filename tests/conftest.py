@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from registry.auth.roles import Role
 from tests import fast_flush
 from tests.factories import make_user
 from tests.integration.postgres_server import postgres_bin_dir
+from tests.migration_db import scratch_database
 from tests.template_db import template_db_prepare
 
 # What a `postgres` or `redis` test needs, and the one command that provides it. Such a test
@@ -65,6 +67,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return 1 if item.get_closest_marker("browser") is not None else 2
 
     items.sort(key=rank)
+
+
+@pytest.fixture
+def scratch_db(tmp_path: Path, django_db_blocker: Any) -> Iterator[str]:
+    """The alias of a new, empty database beside the test database, dropped afterwards
+    (tests/migration_db.py): a data migration's test migrates it, the test database is untouched.
+    A test that takes it needs no django_db mark."""
+    with django_db_blocker.unblock(), scratch_database(tmp_path) as alias:
+        yield alias
 
 
 @pytest.fixture(scope="session")

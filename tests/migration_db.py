@@ -7,10 +7,10 @@ each step. An empty database beside the test database is migrated forward to the
 before the one under test (only its ancestors), given old rows, and migrated one step on; it
 is dropped afterwards, and the test database is never touched.
 
-    with scratch_database() as alias:
-        apps = migrate_to(alias, BEFORE)
-        ...old rows through apps.get_model(...), .objects.using(alias)...
-        apps = migrate_to(alias, AFTER)
+    def test_...(scratch_db: str) -> None:  # the fixture (tests/conftest.py) wraps scratch_database
+        apps = migrate_to(scratch_db, BEFORE)
+        ...old rows through apps.get_model(...), .objects.using(scratch_db)...
+        apps = migrate_to(scratch_db, AFTER)
 """
 
 from __future__ import annotations

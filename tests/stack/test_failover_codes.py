@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import io
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +17,7 @@ from registry.failover_codes import FailoverCode
 from registry.models import FailoverEvent
 from registry.services import failover_event_record
 from tests.factories import api_client, make_cluster, make_deployment
-from tests.migration_db import migrate_to, scratch_database
+from tests.migration_db import migrate_to
 
 
 def _events() -> tuple[FailoverEvent, FailoverEvent]:
@@ -109,15 +108,8 @@ BEFORE = ("stack", "0011_failover_code")
 AFTER = ("stack", "0012_failover_codes_from_reasons")
 
 
-def test_the_migration_codes_old_events_from_their_reasons_and_leaves_the_rest_other(
-    tmp_path: Path, django_db_blocker: Any
-) -> None:
-    # No django_db mark: the test database is not used, only the scratch one.
-    with django_db_blocker.unblock(), scratch_database(tmp_path) as alias:
-        _migration_codes_old_events(alias)
-
-
-def _migration_codes_old_events(alias: str) -> None:
+def test_the_migration_codes_old_events_from_their_reasons_and_leaves_the_rest_other(scratch_db: str) -> None:
+    alias = scratch_db  # the test database is not used, only the scratch one
     Event = migrate_to(alias, BEFORE).get_model("stack", "FailoverEvent")
     now = timezone.now()
     old = [

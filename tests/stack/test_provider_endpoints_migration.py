@@ -3,25 +3,15 @@ deployment stops working, and allows private networks only where one of them was
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
 from registry.outbound.endpoints import deployment_endpoint_problem
-from tests.migration_db import migrate_to, scratch_database
+from tests.migration_db import migrate_to
 
 BEFORE = ("stack", "0004_failover_training_inference_fields")
 AFTER = ("stack", "0005_provider_endpoints")
 
 
-def test_the_migration_keeps_existing_deployments_under_their_providers_endpoints(
-    tmp_path: Path, django_db_blocker: Any
-) -> None:
-    # No django_db mark: the test database is not used, only the scratch one.
-    with django_db_blocker.unblock(), scratch_database(tmp_path) as alias:
-        _migration_keeps_deployments(alias)
-
-
-def _migration_keeps_deployments(alias: str) -> None:
+def test_the_migration_keeps_existing_deployments_under_their_providers_endpoints(scratch_db: str) -> None:
+    alias = scratch_db  # the test database is not used, only the scratch one
     apps = migrate_to(alias, BEFORE)
     Provider = apps.get_model("stack", "Provider")
     Deployment = apps.get_model("stack", "Deployment")
