@@ -21,6 +21,7 @@ from inference.recording import journal_folder_stop
 from registry.auth.roles import Role
 from tests import fast_flush
 from tests.factories import make_user
+from tests.helpers import FAST_PASSWORD_HASHERS
 from tests.integration.postgres_server import postgres_bin_dir
 from tests.migration_db import scratch_database
 from tests.template_db import template_db_prepare
@@ -70,11 +71,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture
-def scratch_db(tmp_path: Path, django_db_blocker: Any) -> Iterator[str]:
+def scratch_db(tmp_path: Path, django_db_setup: None, django_db_blocker: Any) -> Iterator[str]:
     """The alias of a new, empty database beside the test database, dropped afterwards
-    (tests/migration_db.py): a data migration's test migrates it, the test database is untouched.
-    A test that takes it needs no django_db mark."""
+    (tests/migration_db.py): a data migration's test migrates it, the test database is untouched
+    (and the default connection names the test database, never the configured one). A test that
+    takes it needs no django_db mark."""
     with django_db_blocker.unblock(), scratch_database(tmp_path) as alias:
+        yield alias
+
+
+@pytest.fixture
+def migrated_scratch_db(tmp_path: Path, django_db_setup: None, django_db_blocker: Any) -> Iterator[str]:
+    """As scratch_db, at the latest migrations."""
+    with django_db_blocker.unblock(), scratch_database(tmp_path, migrated=True) as alias:
         yield alias
 
 
@@ -129,7 +138,7 @@ def _fast_password_hashing(request: pytest.FixtureRequest, settings: Any) -> Non
     Integration tests keep the real hasher: their users log in to separate server processes,
     which would not know MD5."""
     if request.node.get_closest_marker("integration") is None:
-        settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+        settings.PASSWORD_HASHERS = FAST_PASSWORD_HASHERS
 
 
 @pytest.fixture

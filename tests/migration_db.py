@@ -20,32 +20,38 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import psycopg
-from django.db import connections
+from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.migrations.executor import MigrationExecutor
 
 from tests.template_db import _dsn
 
 
 @contextmanager
-def scratch_database(tmp_path: Path | None = None) -> Iterator[str]:
-    """The alias of a new, empty database of the test database's engine, dropped on exit.
+def scratch_database(tmp_path: Path | None = None, *, migrated: bool = False) -> Iterator[str]:
+    """The alias of a new database of the test database's engine, dropped on exit: empty, or
+    with `migrated` at the latest migrations (on PostgreSQL a copy of the test run's migrated
+    template, tests/template_db.py; otherwise migrated here).
 
     PostgreSQL: a database on the same server; SQLite: a file under tmp_path."""
-    default = connections["default"].settings_dict
+    default = connections[DEFAULT_DB_ALIAS].settings_dict
     alias = f"scratch_{uuid.uuid4().hex[:10]}"
     postgres = default["ENGINE"].endswith("postgresql")
+    template = (default.get("TEST") or {}).get("TEMPLATE") if migrated and postgres else None
     if postgres:
         name = f"{default['NAME'][:40]}_{alias}"
         with psycopg.connect(_dsn(default, "postgres"), autocommit=True) as admin:
-            admin.execute(f'CREATE DATABASE "{name}"')
+            admin.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
     else:
         if tmp_path is None:
             raise ValueError("SQLite needs tmp_path for the scratch database's file")
         name = str(tmp_path / f"{alias}.sqlite3")
     connections.settings[alias] = {**default, "NAME": name, "TEST": {}}
     try:
+        if migrated and not template:
+            migrate_to(alias, *MigrationExecutor(connections[alias]).loader.graph.leaf_nodes())
         yield alias
     finally:
         connections[alias].close()
@@ -56,8 +62,26 @@ def scratch_database(tmp_path: Path | None = None) -> Iterator[str]:
                 admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def migrate_to(alias: str, target: tuple[str, str]) -> Any:
-    """Migrate the scratch database to `target` (its ancestors only); the historical apps there."""
+def migrate_to(alias: str, *targets: tuple[str, str]) -> Any:
+    """Migrate the scratch database to `targets` (forwards: their ancestors only; backwards:
+    unapplying everything that depends on them); the historical apps there.
+
+    The default database refuses every query meanwhile, so a migration that reads or writes
+    it instead of `schema_editor.connection.alias` fails here."""
     executor = MigrationExecutor(connections[alias])
-    executor.migrate([target])
-    return executor.loader.project_state([target]).apps
+    with _default_refused(alias):
+        executor.migrate(list(targets))
+    return executor.loader.project_state(list(targets)).apps
+
+
+@contextmanager
+def _default_refused(alias: str) -> Iterator[None]:
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError(
+            f"a migration used the default database while {alias} was migrated: "
+            "use Model.objects.using(schema_editor.connection.alias)"
+        )
+
+    # Every query opens its cursor through ensure_connection, connected or not.
+    with mock.patch.object(connections[DEFAULT_DB_ALIAS], "ensure_connection", refuse):
+        yield
