@@ -7,6 +7,8 @@ import time
 from inference.recording import journal_fold_all, journal_status
 
 LEDGER_SETTLE_TIMEOUT_S = 30.0
+# In-process tests' password hasher (PBKDF2's 10^6 rounds cost about 0.2 s per user).
+FAST_PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 def ledger_settled(*, timeout_s: float = LEDGER_SETTLE_TIMEOUT_S) -> None:

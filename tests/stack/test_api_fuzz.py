@@ -8,8 +8,8 @@ behind the validation. Schemathesis runs as its CLI in a subprocess (its pytest 
 load on this pytest), one test per role (the admin's in two halves by path), so that
 pytest-xdist runs them side by side, each against its own worker's server; each with a fixed
 seed, no example database and one request at a time. The admin's run covers every operation;
-another role's covers the operations stack.access lets it call (an operation it is refused
-answers 403 before any input is read, and the role matrix proves each refusal). Every role runs
+another role's covers the operations stack.access lets it call (the role matrix proves that
+every other operation refuses it, with the documented 403 body). Every role runs
 the fuzzing phase (EXAMPLES cases per operation); the admin also runs the coverage
 phase (every boundary value, wrong type and missing field of every parameter, deterministic),
 with bodies in JSON only (tests/stack/api_fuzz_hooks.py says why). API_FUZZ_DEEP=1 (or a number
@@ -512,10 +512,11 @@ WRITES = ("post", "put", "patch", "delete")
 def _operations_for(role: Role) -> tuple[list[str], int]:
     """(the operationIds the role may call, the schema's number of operations), by stack.access.
 
-    An operation the table refuses to a role answers 403 from the permission check, before the
-    view reads a path value, a query string or a body: fuzzing its inputs under that role sends
-    thousands of requests whose answer cannot depend on them. The role matrix
-    (tests/stack/test_role_matrix.py) proves every such refusal; the admin's run fuzzes every
+    An operation the table refuses to a role answers 403 whatever its inputs (from the
+    permission check, or for a team's writes from the team-admin check after the team is
+    looked up): fuzzing them under that role sent thousands of requests that could only be
+    refused. The role matrix (tests/stack/test_role_matrix.py) proves every such refusal and
+    checks its body against the documented ErrorDetail; the admin's run fuzzes every
     operation's inputs; each other role fuzzes the operations it may call, where what it is
     allowed to see and change can differ from the admin's."""
     schema = SchemaGenerator().get_schema(request=None, public=True)
@@ -572,7 +573,7 @@ def test_schemathesis_finds_no_server_error_or_schema_violation_for_the_role(
         f"server {server_cpu:.0f} s CPU, {len(dropped_tasks)} Celery messages dropped",
     )
     # Every operation the shard selects was fuzzed. The admin's halves select 40 or more each,
-    # and together (include and exclude of one pattern) every operation (108 today); another
+    # and together (include and exclude of one pattern) every operation (109 today); another
     # role selects exactly the operations stack.access lets it call.
     assert result.operations == result.operations_selected, result.failure_report()
     assert result.operations_total >= 80, result.failure_report()
