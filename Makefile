@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-runtime-$(shell sha256sum requirements.txt | cut -c1-16)
 DEV_STAMP := $(VENV)/.installed-dev-$(shell sha256sum requirements-dev.txt | cut -c1-16)
 
-.PHONY: install install-dev lock demo test lint docs docs-check typecheck pytest browser oidc-provider fmt bench-diloco clean focus-validator
+.PHONY: install install-dev lock demo test lint docs docs-check typecheck typecheck-to-log pytest browser oidc-provider fmt bench-diloco clean focus-validator
 
 install: $(STAMP)
 
@@ -57,10 +57,17 @@ demo: install
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py demo
 
-# mypy (one core, about a minute) runs beside pytest, which leaves a third of the 2 cores idle
-# while its tests wait on the processes they start; mypy prints only when it is done.
+MYPY = $(PY) -m mypy stack bench registry billing training inference decisions storage
+
+# mypy (single-threaded, about a minute) runs beside pytest instead of before it, when it would
+# leave one of the 2 cores idle; its report (var/mypy.log) is printed after pytest's.
 test: install-dev lint docs-check browser focus-validator oidc-provider
-	@$(MAKE) --no-print-directory -j2 typecheck pytest
+	@$(MAKE) --no-print-directory -j2 typecheck-to-log pytest; rc=$$?; \
+	  echo "--- mypy"; cat var/mypy.log; exit $$rc
+
+typecheck-to-log: install-dev
+	@mkdir -p var
+	@$(MYPY) > var/mypy.log 2>&1
 
 lint: install-dev
 	$(PY) -m ruff format --check .
@@ -76,7 +83,7 @@ docs-check: install-dev
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir var/site
 
 typecheck: install-dev
-	$(PY) -m mypy stack bench registry billing training inference decisions storage
+	$(MYPY)
 
 # The browser tests drive Debian's chromium through Playwright (never a downloaded browser).
 # As root on Debian it is installed here; elsewhere this says what to run and stops.
