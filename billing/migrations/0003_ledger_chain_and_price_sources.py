@@ -79,9 +79,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="usagerecord", name="partition", field=models.CharField(default="main", max_length=32)
         ),
-        migrations.AddField(
-            model_name="usagerecord", name="sequence", field=models.BigIntegerField(null=True)
-        ),
+        migrations.AddField(model_name="usagerecord", name="sequence", field=models.BigIntegerField(null=True)),
         migrations.AddField(
             model_name="usagerecord", name="prev_hash", field=models.CharField(default="", max_length=64)
         ),
@@ -90,12 +88,8 @@ class Migration(migrations.Migration):
         ),
         migrations.RunPython(chain_existing_rows, migrations.RunPython.noop),
         migrations.AlterField(model_name="usagerecord", name="sequence", field=models.BigIntegerField()),
-        migrations.AlterField(
-            model_name="usagerecord", name="prev_hash", field=models.CharField(max_length=64)
-        ),
-        migrations.AlterField(
-            model_name="usagerecord", name="row_hash", field=models.CharField(max_length=64)
-        ),
+        migrations.AlterField(model_name="usagerecord", name="prev_hash", field=models.CharField(max_length=64)),
+        migrations.AlterField(model_name="usagerecord", name="row_hash", field=models.CharField(max_length=64)),
         migrations.AddConstraint(
             model_name="usagerecord",
             constraint=models.UniqueConstraint(fields=("partition", "sequence"), name="usage_chain_position"),

@@ -24,16 +24,17 @@ def teams_from_filters(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
+
     dependencies = [
-        ("billing", "0008_budget_platform_set"),
-        ("stack", "0014_retained_prompts"),
+        ('billing', '0008_budget_platform_set'),
+        ('stack', '0014_retained_prompts'),
     ]
 
     operations = [
         migrations.AddField(
-            model_name="exportjob",
-            name="teams",
-            field=models.ManyToManyField(blank=True, related_name="+", to="stack.team"),
+            model_name='exportjob',
+            name='teams',
+            field=models.ManyToManyField(blank=True, related_name='+', to='stack.team'),
         ),
         migrations.RunPython(teams_from_filters, migrations.RunPython.noop),
     ]

@@ -7,35 +7,32 @@ def forget_kept_answers(apps, schema_editor):
     # /v1 Idempotency-Key answers were kept with no opt-in and no expiry: none is kept now.
     db = schema_editor.connection.alias  # the database being migrated, not always default
     InferenceRequest = apps.get_model("inference", "InferenceRequest")
-    InferenceRequest.objects.using(db).filter(client_request_id__startswith="v1:").exclude(
+    InferenceRequest.objects.using(db).filter(client_request_id__startswith="v1:").exclude(response_text="").update(
         response_text=""
-    ).update(response_text="")
+    )
 
 
 class Migration(migrations.Migration):
+
     dependencies = [
-        ("inference", "0007_batch_replay_fields"),
-        ("stack", "0014_retained_prompts"),
+        ('inference', '0007_batch_replay_fields'),
+        ('stack', '0014_retained_prompts'),
     ]
 
     operations = [
         migrations.AddField(
-            model_name="inferencerequest",
-            name="answer_kept_until",
+            model_name='inferencerequest',
+            name='answer_kept_until',
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name="inferencerequest",
-            name="request_digest",
-            field=models.CharField(blank=True, default="", max_length=64),
+            model_name='inferencerequest',
+            name='request_digest',
+            field=models.CharField(blank=True, default='', max_length=64),
         ),
         migrations.AddIndex(
-            model_name="inferencerequest",
-            index=models.Index(
-                condition=models.Q(("answer_kept_until__isnull", False)),
-                fields=["answer_kept_until"],
-                name="infreq_answer_kept_idx",
-            ),
+            model_name='inferencerequest',
+            index=models.Index(condition=models.Q(('answer_kept_until__isnull', False)), fields=['answer_kept_until'], name='infreq_answer_kept_idx'),
         ),
         migrations.RunPython(forget_kept_answers, migrations.RunPython.noop),
     ]

@@ -39,10 +39,9 @@ def endpoints_from_deployments(apps, schema_editor):
         urls = sorted(
             {
                 url.rstrip("/")
-                for url in Deployment.objects.using(db)
-                .filter(provider=provider)
-                .exclude(base_url="")
-                .values_list("base_url", flat=True)
+                for url in Deployment.objects.using(db).filter(provider=provider).exclude(base_url="").values_list(
+                    "base_url", flat=True
+                )
             }
         )
         extra = [u for u in urls if not (provider.base_url and _under(u, provider.base_url))]

@@ -40,65 +40,31 @@ class Migration(migrations.Migration):
         migrations.CreateModel(
             name="Team",
             fields=[
-                (
-                    "id",
-                    models.BigAutoField(
-                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
-                    ),
-                ),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
                 ("slug", models.SlugField(max_length=64, unique=True)),
                 ("name", models.CharField(max_length=100)),
                 ("created_at", models.DateTimeField(default=django.utils.timezone.now, editable=False)),
-                (
-                    "rpm_limit",
-                    models.PositiveIntegerField(
-                        blank=True, help_text="Requests per minute, all keys", null=True
-                    ),
-                ),
-                (
-                    "tpm_limit",
-                    models.PositiveIntegerField(
-                        blank=True, help_text="Tokens per minute, all keys", null=True
-                    ),
-                ),
+                ("rpm_limit", models.PositiveIntegerField(blank=True, help_text="Requests per minute, all keys", null=True)),
+                ("tpm_limit", models.PositiveIntegerField(blank=True, help_text="Tokens per minute, all keys", null=True)),
             ],
             options={"ordering": ["slug"]},
         ),
         migrations.CreateModel(
             name="TeamMembership",
             fields=[
-                (
-                    "id",
-                    models.BigAutoField(
-                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
-                    ),
-                ),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
                 (
                     "role",
                     models.CharField(
-                        choices=[
-                            ("viewer", "Viewer"),
-                            ("operator", "Operator"),
-                            ("admin", "Admin"),
-                            ("auditor", "Auditor"),
-                        ],
+                        choices=[("viewer", "Viewer"), ("operator", "Operator"), ("admin", "Admin"), ("auditor", "Auditor")],
                         max_length=16,
                     ),
                 ),
-                (
-                    "source",
-                    models.CharField(
-                        choices=[("manual", "Manual"), ("sso", "SSO")], default="manual", max_length=8
-                    ),
-                ),
+                ("source", models.CharField(choices=[("manual", "Manual"), ("sso", "SSO")], default="manual", max_length=8)),
                 ("created_at", models.DateTimeField(default=django.utils.timezone.now, editable=False)),
                 (
                     "team",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.CASCADE,
-                        related_name="memberships",
-                        to="stack.team",
-                    ),
+                    models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name="memberships", to="stack.team"),
                 ),
                 (
                     "user",
@@ -111,9 +77,7 @@ class Migration(migrations.Migration):
             ],
             options={
                 "ordering": ["team__slug", "user__username"],
-                "constraints": [
-                    models.UniqueConstraint(fields=("team", "user"), name="one_membership_per_team_and_user")
-                ],
+                "constraints": [models.UniqueConstraint(fields=("team", "user"), name="one_membership_per_team_and_user")],
             },
         ),
         migrations.RenameField(model_name="workflow", old_name="team", new_name="team_name"),
@@ -121,11 +85,7 @@ class Migration(migrations.Migration):
             model_name="workflow",
             name="team",
             field=models.ForeignKey(
-                blank=True,
-                null=True,
-                on_delete=django.db.models.deletion.PROTECT,
-                related_name="workflows",
-                to="stack.team",
+                blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name="workflows", to="stack.team"
             ),
         ),
         migrations.RunPython(teams_from_old_names, team_names_back),
@@ -134,11 +94,7 @@ class Migration(migrations.Migration):
             model_name="apitoken",
             name="team",
             field=models.ForeignKey(
-                blank=True,
-                null=True,
-                on_delete=django.db.models.deletion.PROTECT,
-                related_name="api_tokens",
-                to="stack.team",
+                blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name="api_tokens", to="stack.team"
             ),
         ),
     ]

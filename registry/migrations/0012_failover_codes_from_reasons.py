@@ -58,9 +58,7 @@ def forwards(apps, schema_editor):
     db = schema_editor.connection.alias  # the database being migrated, not always default
     FailoverEvent = apps.get_model("stack", "FailoverEvent")
     batch = []
-    for event in (
-        FailoverEvent.objects.using(db).only("pk", "kind", "reason", "status_code").iterator(chunk_size=BATCH)
-    ):
+    for event in FailoverEvent.objects.using(db).only("pk", "kind", "reason", "status_code").iterator(chunk_size=BATCH):
         event.code = _code(event.kind, event.reason, event.status_code)
         if event.code != "other":
             batch.append(event)

@@ -12,19 +12,20 @@ def existing_limits_are_the_platforms(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
+
     dependencies = [
-        ("stack", "0015_sso_synced_at"),
+        ('stack', '0015_sso_synced_at'),
     ]
 
     operations = [
         migrations.AddField(
-            model_name="team",
-            name="rpm_cap",
+            model_name='team',
+            name='rpm_cap',
             field=models.PositiveIntegerField(blank=True, editable=False, null=True),
         ),
         migrations.AddField(
-            model_name="team",
-            name="tpm_cap",
+            model_name='team',
+            name='tpm_cap',
             field=models.PositiveIntegerField(blank=True, editable=False, null=True),
         ),
         migrations.RunPython(existing_limits_are_the_platforms, migrations.RunPython.noop),
