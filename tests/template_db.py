@@ -36,7 +36,7 @@ def _fingerprint() -> str:
     return digest.hexdigest()[:12]
 
 
-def _dsn(settings_dict: dict[str, Any], dbname: str) -> str:
+def dsn(settings_dict: dict[str, Any], dbname: str) -> str:
     parts = {
         "dbname": dbname,
         "user": settings_dict.get("USER") or "",
@@ -82,7 +82,7 @@ def template_db_prepare() -> None:
         return
     prefix = f"test_{settings_dict['NAME']}_tpl_"
     name = prefix + _fingerprint()
-    with psycopg.connect(_dsn(settings_dict, "postgres"), autocommit=True) as admin:
+    with psycopg.connect(dsn(settings_dict, "postgres"), autocommit=True) as admin:
         admin.execute("SELECT pg_advisory_lock(hashtext(%s))", [prefix])
         try:
             exists = admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
