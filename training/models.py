@@ -339,6 +339,15 @@ class LearnerChunk(models.Model):
     checkpoint_key = models.CharField(max_length=500, blank=True)
     billed = models.BooleanField(default=False)
     error = models.TextField(blank=True)
+
+    class RankStart(models.TextChoices):
+        STARTED = "started", "helpers started for this chunk"
+        KEPT = "kept", "the group this worker kept from the learner's previous chunk"
+
+    # A learner of several ranks: how this chunk got its ranks 1..N-1 and the seconds that took
+    # (training.engine.distributed keeps a learner's group between its chunks); "" for one rank.
+    ranks_start = models.CharField(max_length=8, choices=RankStart.choices, blank=True)
+    ranks_start_seconds = models.FloatField(null=True, blank=True)
     # Why the chunk stopped before its time was up ("" when it ran its chunk_seconds): the run
     # ended, the learner moved, or "interrupted: ..." (a spot interruption notice: it pushed its
     # delta and wrote its checkpoint first, so nothing it trained is lost).

@@ -51,7 +51,7 @@ from training.run_engines import (
     torch_threads_limit,
 )
 from training.run_pushes import LearnerSlot, push, push_before_interruption, pushes_record, reconcile_pushes
-from training.run_ranks import chunk_devices, learner_ranks_start
+from training.run_ranks import chunk_devices, learner_ranks_release, learner_ranks_start
 from training.services import ChunkOutcome
 
 if TYPE_CHECKING:
@@ -205,6 +205,7 @@ def forget_run(run: TrainingRun) -> None:
     for cached in [k for k in _LEARNERS if k[0] == key]:
         del _LEARNERS[cached]
     _SYNCERS.pop(key, None)
+    learner_ranks_release(key)
     run_engine_forget(run)
 
 
@@ -245,6 +246,7 @@ def learner_chunk_execute(
         first_seq = (generation * CHUNK_SPACE + seq) * PUSH_SPACE
         reconcile_pushes(slot, transport, index, first_seq, rejoined=begin.source == "rejoin")
         ranks = learner_ranks_start(
+            run=run_key(run),
             engine=engine,
             learner=learner,
             index=index,
@@ -253,6 +255,11 @@ def learner_chunk_execute(
             devices=devices,
         )
         learner.rank_skip = 0  # the ranks that started skipped them
+        if ranks is not None:
+            outcome.ranks_start = (
+                LearnerChunk.RankStart.KEPT if ranks.kept else LearnerChunk.RankStart.STARTED
+            )
+            outcome.ranks_start_seconds = round(ranks.start_seconds, 3)
         h = rc.h
         frag_offsets = offsets(rc.fragment_count, h)
         alpha = float(rc.raw["fragments"]["alpha"])
@@ -317,6 +324,7 @@ def learner_chunk_execute(
                 break
         if ranks is not None:
             ranks.finish()  # their sampler positions go into the checkpoint below
+            ranks = None  # the session is over; this process keeps the group for the next chunk
         if not outcome.stopped_by.startswith("run "):
             # Before the chunk is recorded as finished: a finished chunk always has its checkpoint.
             checkpoints = run_checkpoints(run)
@@ -325,7 +333,9 @@ def learner_chunk_execute(
     except Exception as exc:
         logger.exception("learner %s g%s chunk %s failed", learner_id, generation, seq)
         if ranks is not None:
-            ranks.abort()
+            ranks.abort()  # kill the helpers of the session under way
+        else:
+            learner_ranks_release(run_key(run))  # a group kept here is not trusted after a failure
         _LEARNERS.pop((run_key(run), index), None)
         services.learner_chunk_finish(
             chunk_id=chunk.pk,

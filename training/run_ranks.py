@@ -1,16 +1,19 @@
 """A learner chunk's other ranks, for runs whose learners are process groups (learners.ranks > 1).
 
 The chunk's own process is rank 0 (training.orchestrator); ranks 1..N-1 are helper processes
-that training.engine.distributed starts for the length of the chunk and stops at its end. This
-module only tells them what to read: each rank's sampler recipe, from the run's engine objects
-(training.run_engines.sampler_spec). No database access here.
+that training.engine.distributed starts for the learner's first chunk in this process and keeps
+for its next ones (the key: run, learner, generation), until the run ends here
+(``learner_ranks_release``), the learner moves, a chunk fails or the group idles out. This
+module only names the group and tells the ranks what to read: each rank's sampler recipe, from
+the run's engine objects (training.run_engines.sampler_spec). No database access here.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING
 
-from training.run_engines import RunEngine, sampler_spec
+from training.run_engines import RunEngine, RunKey, sampler_spec
 
 if TYPE_CHECKING:
     import torch
@@ -32,6 +35,7 @@ def chunk_devices(owned: list[int]) -> list[torch.device] | None:
 
 def learner_ranks_start(
     *,
+    run: RunKey,
     engine: RunEngine,
     learner: Learner,
     index: int,
@@ -39,7 +43,8 @@ def learner_ranks_start(
     steps_done: int,
     devices: list[torch.device] | None = None,
 ) -> LeaderGroup | None:
-    """Start the learner's ranks 1..N-1 and join them as rank 0; None for a one-rank learner.
+    """Begin a session of the learner's ranks 1..N-1 with this process as rank 0 (the group
+    kept from its previous chunk here, or one started now); None for a one-rank learner.
 
     A rank whose sampler position the learner kept (``Learner.rank_samplers``: the previous
     chunk's, or its checkpoint's) continues from it; the others start their stream as rank 0's
@@ -58,4 +63,13 @@ def learner_ranks_start(
             engine, index=index, generation=generation, steps_done=0 if saved else steps_done, rank=rank
         )
         specs.append((meta, tensors))
-    return group_start(learner, samplers=specs, devices=devices)
+    return group_start(learner, samplers=specs, devices=devices, key=(run, index, generation))
+
+
+def learner_ranks_release(run: RunKey) -> None:
+    """The run is over in this process: end the rank group it kept here, if any."""
+    if "training.engine.distributed" not in sys.modules:
+        return  # no group was ever started here (and the web process never imports torch)
+    from training.engine.distributed import group_release
+
+    group_release(lambda key: key[0] == run)

@@ -36,6 +36,9 @@ sees the same background load on this shared machine as the plain run did, and r
 * loss_ratio_with_failure: final eval loss with the failure ÷ without;
 * ddp_loss_ratio: a learner of 2 gloo ranks ÷ 1 rank, eval loss at the same global batch and
   steps (bench.training.ddp; no workers involved);
+* ddp_group_start_s / ddp_group_start_kept_s: seconds a chunk of that 2-rank learner waits for
+  its other rank, when the helper is started for it / when the worker kept the learner's group
+  from its previous chunk (measured, same process);
 * resume_loss_ratio: a learner stopped half-way, checkpointed and resumed in a fresh Learner ÷
   the same learner uninterrupted, same tokens (bench.training.resume; no workers;
   ``--ddp-only`` runs just these two figures).
@@ -298,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
         resume = resume_bench(cfg)
         summary = {
             "ddp_loss_ratio": ddp["ddp_loss_ratio"],
+            "ddp_group_start_s": ddp["group_start_s"],
+            "ddp_group_start_kept_s": ddp["group_start_kept_s"],
             "resume_loss_ratio": resume["resume_loss_ratio"],
             "bench_seconds": round(time.monotonic() - began, 1),
         }
@@ -417,6 +422,8 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "failover_events": len(out["failover_events"]),
         "ddp_loss_ratio": out["ddp"]["ddp_loss_ratio"],
+        "ddp_group_start_s": out["ddp"]["group_start_s"],
+        "ddp_group_start_kept_s": out["ddp"]["group_start_kept_s"],
         "resume_loss_ratio": out["resume"]["resume_loss_ratio"],
         "bench_seconds": round(time.monotonic() - began, 1),
     }

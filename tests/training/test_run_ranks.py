@@ -1,8 +1,11 @@
 """A run whose learners are process groups (learners.ranks = 2): a chunk runs through the normal
-chunk path on 2 gloo ranks, bills the 2 devices it used, and a rank that fails fails the chunk."""
+chunk path on 2 gloo ranks, bills the 2 devices it used, and a rank that fails fails the chunk.
+The learner's next chunk in the same process keeps the group (the same helper, no start-up), and
+the group ends with the run, after a failed chunk, or when the learner moves."""
 
 from __future__ import annotations
 
+import os
 import time
 from decimal import Decimal
 from pathlib import Path
@@ -15,6 +18,7 @@ from billing.models import UsageRecord
 from registry.models import Cluster
 from tests.factories import make_cluster, tiny_run_config
 from training import orchestrator, run_ranks, services
+from training.engine.distributed import group_release, kept_group
 from training.models import LearnerChunk, TrainingLearner, TrainingRun
 from training.run_engines import run_checkpoints
 
@@ -24,6 +28,12 @@ def _healthy(price: str) -> Cluster:
     cluster = make_cluster(price=Decimal(price), accelerator_count=4, capacity=2)
     Cluster.objects.filter(pk=cluster.pk).update(status="healthy", last_heartbeat_at=timezone.now())
     return cluster
+
+
+@pytest.fixture(autouse=True)
+def _no_kept_group() -> Any:
+    yield
+    group_release()  # each test starts its groups afresh
 
 
 @pytest.fixture
@@ -98,3 +108,57 @@ def test_a_chunk_trains_for_chunk_seconds_after_its_ranks_have_started(
     assert chunk.error == "" and chunk.steps > 1
     # Billing still counts the whole chunk, rank start included.
     assert chunk.accelerator_seconds > Decimal(str(chunk_seconds + 0.5))
+
+
+def _chunk(learner: TrainingLearner, seq: int, generation: int = 0) -> LearnerChunk:
+    orchestrator.learner_chunk_execute(
+        learner_id=learner.pk, generation=generation, seq=seq, worker_hostname="w@1"
+    )
+    return LearnerChunk.objects.get(learner=learner, generation=generation, seq=seq)
+
+
+def _helper() -> int:
+    kept = kept_group()
+    assert kept is not None
+    return kept.pids[0]
+
+
+def test_the_next_chunk_of_a_learner_keeps_its_rank_group_and_the_run_s_end_releases_it(
+    ranked_run: TrainingRun,
+) -> None:
+    learner = TrainingLearner.objects.get(run=ranked_run, index=0)
+    first = _chunk(learner, 0)
+    assert first.error == "" and first.ranks_start == LearnerChunk.RankStart.STARTED
+    assert first.ranks_start_seconds is not None and first.ranks_start_seconds > 0
+    helper = _helper()
+    second = _chunk(learner, 1)
+    assert second.error == "" and second.steps >= 1
+    assert second.ranks_start == LearnerChunk.RankStart.KEPT and _helper() == helper
+    # Nothing of the learner's state was lost on the way: both ranks' positions checkpointed,
+    # the step count goes on.
+    meta, tensors = run_checkpoints(ranked_run).read(0, 0, 1)
+    assert meta["learner"]["step_count"] == first.steps + second.steps and "sampler@1" in tensors
+    # The run ends in this process: its group ends with it, and its helper has left.
+    orchestrator.forget_run(ranked_run)
+    assert kept_group() is None
+    with pytest.raises(ProcessLookupError):
+        os.kill(helper, 0)
+
+
+def test_a_failed_chunk_ends_the_group_it_kept_and_the_next_chunk_starts_ranks_afresh(
+    ranked_run: TrainingRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    learner = TrainingLearner.objects.get(run=ranked_run, index=0)
+    _chunk(learner, 0)
+    helper = _helper()
+
+    def full_disk(*args: Any, **kwargs: Any) -> None:
+        raise OSError("no space left on device")
+
+    monkeypatch.setattr(type(run_checkpoints(ranked_run)), "write", full_disk)
+    failed = _chunk(learner, 1)
+    assert failed.error == "OSError: no space left on device"
+    assert failed.ranks_start == LearnerChunk.RankStart.KEPT  # it trained on the kept group...
+    assert kept_group() is None  # ...which is not kept after the failure
+    with pytest.raises(ProcessLookupError):
+        os.kill(helper, 0)

@@ -116,6 +116,8 @@ class ChunkOutcome:
     stopped_by: str = ""  # "" (time up) or the run/learner state that stopped it
     stopped_at: float | None = None  # wall time the stop was seen
     first_step_at: datetime | None = None  # when the first inner step finished (training again)
+    ranks_start: str = ""  # LearnerChunk.RankStart: how its other ranks came ("" for one rank)
+    ranks_start_seconds: float | None = None
 
 
 def _learner_stopped(learner: TrainingLearner, run: TrainingRun, generation: int) -> str:
@@ -392,6 +394,8 @@ def learner_chunk_finish(
         chunk.bytes_received = outcome.bytes_received
         chunk.state_source = outcome.state_source
         chunk.checkpoint_key = outcome.checkpoint_key[:500]
+        chunk.ranks_start = outcome.ranks_start
+        chunk.ranks_start_seconds = outcome.ranks_start_seconds
         chunk.accelerator_seconds = Decimal(str(round(seconds, 3)))
         chunk.progress_at = finished_at
         chunk.error = error[:5000]

@@ -1,7 +1,16 @@
 """A learner as a process group: 2 gloo ranks train as 1 rank with the same global batch, keep
-every rank's sampler position across a checkpoint, and a rank that fails fails the group cleanly."""
+every rank's sampler position across a checkpoint, and a rank that fails fails the group cleanly.
+A keyed group lives between sessions: the same helpers train on, exactly as a fresh group would,
+and it ends when another key needs the process, when released, when idle, or when it broke."""
 
 from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -10,7 +19,17 @@ import torch.distributed as dist
 from storage.tensorblob import pack, unpack
 from training.engine.config import InnerConfig, ModelConfig
 from training.engine.data import BatchSampler, Corpus, eval_batches, evaluate
-from training.engine.distributed import _GROUP_LOCK, RankError, _helper_learner, group_start, replica_blob
+from training.engine.distributed import (
+    RankError,
+    group_release,
+    group_start,
+    helper_learner,
+    kept_group,
+    replica_blob,
+)
+from training.engine.distributed.group import END
+from training.engine.distributed.helper import _next_word
+from training.engine.distributed.leader import _GROUP_LOCK
 from training.engine.learner import Learner
 from training.engine.model import build_model, make_model
 
@@ -97,6 +116,8 @@ def test_two_gloo_ranks_give_the_loss_of_one_rank_at_the_same_global_batch_throu
     finally:
         group.finish()
     assert two.group is None and two.net is two.model  # unwrapped again
+    # A group started without a key ends with its session: the helper has left.
+    assert all(p.poll() == 0 for p in group.procs) and not dist.is_initialized()
     assert set(two.rank_samplers) == {1}
     meta, tensors = two.state_dict()
     assert "sampler@1" in tensors and "sampler" in tensors
@@ -111,7 +132,7 @@ def test_two_gloo_ranks_give_the_loss_of_one_rank_at_the_same_global_batch_throu
     # its next batch is the one rank 1 of the uninterrupted run (the union's second half) draws.
     again = _ranked(data, init)
     again.load_state_dict(*unpack(pack(meta, tensors)))
-    rank1 = _helper_learner(replica_blob(again, rank=1, sampler=_spec(data, 1)), torch.device("cpu"))
+    rank1 = helper_learner(replica_blob(again, rank=1, sampler=_spec(data, 1)), torch.device("cpu"))
     assert rank1.step_count == again.step_count == 4
     x1, _ = rank1.sampler.next()
     x, _ = _union_after(data, steps=4).next()
@@ -126,7 +147,7 @@ def test_two_gloo_ranks_give_the_loss_of_one_rank_at_the_same_global_batch_throu
     again.load_state_dict(*unpack(pack(meta, tensors)))
     again.skip_windows(2)
     assert (again.windows, again.step_count) == (4 + 2, 4)
-    rank1 = _helper_learner(replica_blob(again, rank=1, sampler=_spec(data, 1)), torch.device("cpu"))
+    rank1 = helper_learner(replica_blob(again, rank=1, sampler=_spec(data, 1)), torch.device("cpu"))
     assert (rank1.windows, rank1.step_count) == (2, 4)
     x0, _ = again.sampler.next()
     x1, _ = rank1.sampler.next()
@@ -159,3 +180,141 @@ def test_a_rank_that_cannot_start_fails_the_group_with_its_reason_and_frees_the_
         group_start(learner, samplers=[broken])
     # The process may start another group at once: the lock and the default group are released.
     assert learner.group is None and not _GROUP_LOCK.locked() and not dist.is_initialized()
+
+
+@pytest.fixture
+def no_kept_group() -> object:
+    yield
+    group_release()  # whatever a test kept, the next test starts without it
+    assert kept_group() is None and not dist.is_initialized()
+
+
+def _session(learner: Learner, data: torch.Tensor, steps: int, *, key: object = None, **kw: object) -> tuple:
+    """One session of ``steps`` inner steps; (its losses, whether the group was kept, whether
+    the helper went on with its replica, the helper's pid)."""
+    group = group_start(learner, samplers=[_spec(data, 1)], key=key, **kw)  # type: ignore[arg-type]
+    try:
+        losses = learner.train(steps)
+    finally:
+        group.finish()
+    return losses, group.kept, group.continued, group.pids[0]
+
+
+def _exited(pid: int) -> Callable[[], bool]:
+    def gone() -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        # A child of this process that exited stays a zombie until it is reaped.
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] == "Z"
+
+    return gone
+
+
+def _until(check: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_a_kept_group_trains_its_next_sessions_with_the_same_helper_as_a_fresh_group_would(
+    stdlib_small: Corpus, no_kept_group: object
+) -> None:
+    data, init = stdlib_small.train, _init()
+    # The reference: a group started afresh for each session (the replica sent whole each time).
+    fresh = _ranked(data, init)
+    expected, _, _, first = _session(fresh, data, 3)
+    more, kept, _, second = _session(fresh, data, 3)
+    assert not kept and second != first
+    expected += more
+
+    kept_learner = _ranked(data, init)
+    got, kept, went_on, pid = _session(kept_learner, data, 3, key="learner-0")
+    assert not kept and not went_on and kept_group() is not None and dist.is_initialized()
+    more, kept, went_on, again = _session(kept_learner, data, 3, key="learner-0")
+    assert kept and went_on and again == pid  # no new process, no new rendezvous
+    got += more
+    assert got == expected, (got, expected)  # bit for bit: the same batches, the same steps
+    for name, p in fresh.params.items():
+        assert torch.equal(kept_learner.params[name], p), name
+    assert kept_learner.rank_samplers[1].tolist() == fresh.rank_samplers[1].tolist()
+
+    # A learner restored elsewhere (another object: a checkpoint) is sent whole to the same helper.
+    restored = _ranked(data, init)
+    restored.load_state_dict(*unpack(pack(*kept_learner.state_dict())))
+    _, kept, went_on, same = _session(restored, data, 1, key="learner-0")
+    assert kept and not went_on and same == pid
+
+    # Another key (another learner, or this one re-placed) needs the process: the old helper leaves.
+    _, kept, _, other = _session(_ranked(data, init), data, 1, key="learner-1")
+    assert not kept and other != pid
+    _until(_exited(pid))
+    assert group_release(lambda key: key == "learner-0") is False  # not the group kept now
+    assert group_release(lambda key: key == "learner-1") is True
+    _until(_exited(other))
+
+
+def test_a_kept_group_whose_helper_died_between_sessions_is_started_again_for_the_next(
+    stdlib_small: Corpus, no_kept_group: object
+) -> None:
+    data, init = stdlib_small.train, _init()
+    learner = _ranked(data, init)
+    _, _, _, pid = _session(learner, data, 2, key="k")
+    os.kill(pid, signal.SIGKILL)
+    _until(_exited(pid))
+    losses, kept, went_on, new = _session(learner, data, 2, key="k")
+    assert not kept and not went_on and new != pid and len(losses) == 2
+    assert learner.step_count == 4 and set(learner.rank_samplers) == {1}
+
+
+def test_a_kept_group_ends_by_itself_when_no_session_comes(
+    stdlib_small: Corpus, no_kept_group: object
+) -> None:
+    data, init = stdlib_small.train, _init()
+    _, _, _, pid = _session(_ranked(data, init), data, 1, key="k", idle_s=2.0)
+    assert kept_group() is not None
+    _until(lambda: kept_group() is None)  # rank 0's timer, at idle_s / 2, ends it
+    _until(_exited(pid))
+    _until(lambda: not dist.is_initialized())  # and leaves the process group, on its thread
+    assert not _GROUP_LOCK.locked()
+
+
+def test_a_waiting_helper_leaves_when_its_parent_or_its_store_is_gone() -> None:
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
+    started = time.monotonic()
+    assert _next_word(store, 0, idle_s=0.3, parent=os.getppid()) == END  # nothing came: idle
+    assert time.monotonic() - started >= 0.3
+    assert _next_word(store, 0, idle_s=60, parent=-1) == END  # not its parent any more
+    store.set("go/0", "load")
+    assert _next_word(store, 0, idle_s=60, parent=os.getppid()) == b"load"
+    # A helper whose rank 0 was killed: its store is gone, it leaves (exit code 0) at once.
+    # "rank 0" prints its store's port, then "connected" once the helper's client is in.
+    script = (
+        "import time, torch.distributed as d\n"
+        "s = d.TCPStore('127.0.0.1', 0, 2, True, wait_for_workers=False)\n"
+        "print(s.port, flush=True)\n"
+        "while s.num_keys() == 0: time.sleep(0.05)\n"
+        "print('connected', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    rank0 = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)  # noqa: S603
+    helper = None
+    try:
+        assert rank0.stdout is not None
+        port = int(rank0.stdout.readline())
+        helper = subprocess.Popen(  # noqa: S603
+            [sys.executable, "-m", "training.engine.distributed.helper", "--rank", "1", "--world", "2"]
+            + ["--port", str(port), "--idle", "120"],
+        )
+        assert rank0.stdout.readline().strip() == b"connected"
+        assert helper.poll() is None  # waiting for session 0
+        rank0.kill()
+        assert helper.wait(timeout=60) == 0
+    finally:
+        for proc in (rank0, helper):
+            if proc is not None:
+                proc.kill()
+                proc.wait()
