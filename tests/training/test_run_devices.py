@@ -98,6 +98,21 @@ def test_two_learners_on_one_worker_own_disjoint_devices_and_a_third_claim_waits
     assert _claim(run, 1, seq=1).devices == [0, 1]
 
 
+def test_a_learner_s_next_chunk_on_a_worker_takes_its_previous_devices_back_when_they_are_free(
+    two_rank_run: TrainingRun,
+) -> None:
+    """The worker kept the learner's rank group on those devices (training.engine.distributed):
+    the next chunk finds it there instead of starting ranks on other GPUs beside it."""
+    run = two_rank_run
+    _offer(run, [0, 1, 2, 3])
+    first, second = _claim(run, 0), _claim(run, 1)
+    assert (first.devices, second.devices) == ([0, 1], [2, 3])
+    LearnerChunk.objects.filter(pk__in=[first.pk, second.pk]).update(finished_at=timezone.now())
+    # Learner 1 claims first: [0, 1] are free too, but it takes back its own [2, 3].
+    assert _claim(run, 1, seq=1).devices == [2, 3]
+    assert _claim(run, 0, seq=1).devices == [0, 1]
+
+
 def test_chunks_that_will_never_finish_own_nothing(two_rank_run: TrainingRun) -> None:
     """A chunk left unfinished by a worker that died, or by a run that was cancelled, does not
     keep its devices: only live chunks of the worker's current process own any."""

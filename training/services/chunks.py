@@ -52,7 +52,8 @@ def _chunk_devices(
     *, learner: TrainingLearner, worker_hostname: str, ranks: int, redelivered: int | None
 ) -> list[int]:
     """The device ordinals the chunk owns while it runs: the first `ranks` its worker offers
-    (registry.worker_signals) that no live chunk of that worker owns; [] on a worker that offers
+    (registry.worker_signals) that no live chunk of that worker owns, or the ones the learner's
+    previous chunk there owned if they are all free; [] on a worker that offers
     none (CPU). Live: unfinished, started since the worker's process started (a restarted worker
     owns nothing of its dead predecessor's), of its learner's current generation in a live run
     (a cancelled run's or a moved learner's chunk owns nothing). Chosen under a transaction lock
@@ -83,6 +84,21 @@ def _chunk_devices(
         raise DevicesBusy(
             f"worker {hostname} offers devices {beat.devices}, of which {sorted(held)} are owned"
         )
+    # The devices of the learner's previous chunk on this worker, when they are all free: its
+    # rank group (training.engine.distributed) was kept on them, with its replicas in their memory.
+    previous = (
+        LearnerChunk.objects.filter(
+            learner=learner,
+            generation=learner.generation,
+            worker_hostname=hostname,
+            finished_at__isnull=False,
+        )
+        .order_by("-seq")
+        .values_list("devices", flat=True)
+        .first()
+    )
+    if previous and len(previous) == ranks and set(previous) <= set(free):
+        return list(previous)
     return free[:ranks]
 
 
