@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Sum
+from django.db.models import Count, Sum
 
 from billing.money import ledger_text_or_none
 from registry.auth.costs import without_money
 from registry.auth.teams import filter_by_team
-from training.models import TrainingLearner, TrainingRun, TrainingRunTransition
+from training.models import LearnerChunk, TrainingLearner, TrainingRun, TrainingRunTransition
 from training.selectors import (
     RunProgress,
     run_chunks,
@@ -151,3 +151,31 @@ def run_metrics_payload(*, run: TrainingRun, costs: bool = True) -> dict[str, An
         "events": [{**e, "at": e["at"].isoformat()} for e in run_timeline(run=run, costs=costs)],
     }
     return payload if costs else without_money(payload)
+
+
+@dataclass(frozen=True)
+class RankStarts:
+    """How a multi-rank run's chunks got their other ranks: started for the chunk, or the group
+    its worker kept from the learner's previous chunk (training.engine.distributed)."""
+
+    started: int
+    started_seconds: float
+    kept: int
+    kept_seconds: float
+
+
+def run_rank_starts(*, run: TrainingRun) -> RankStarts | None:
+    """Counts and summed seconds of each kind of rank start; None for a run of one-rank learners."""
+    rows = {
+        kind: (count, seconds or 0.0)
+        for kind, count, seconds in run_chunks(run=run)
+        .exclude(ranks_start="")
+        .values("ranks_start")
+        .annotate(n=Count("id"), s=Sum("ranks_start_seconds"))
+        .values_list("ranks_start", "n", "s")
+    }
+    if not rows:
+        return None
+    started = rows.get(LearnerChunk.RankStart.STARTED, (0, 0.0))
+    kept = rows.get(LearnerChunk.RankStart.KEPT, (0, 0.0))
+    return RankStarts(started=started[0], started_seconds=started[1], kept=kept[0], kept_seconds=kept[1])

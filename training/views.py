@@ -34,6 +34,7 @@ from training.run_selectors import (
     run_learners,
     run_metric_series,
     run_metrics_payload,
+    run_rank_starts,
     run_rows,
     run_timeline,
 )
@@ -104,6 +105,7 @@ class RunDetailView(RoleRequiredMixin, View):
                 "placements": run_placements(run=run),
                 "model_versions": run_model_versions(run=run),
                 "keep_versions": RunConfig(run.config).keep_versions,
+                "rank_starts": run_rank_starts(run=run),
                 "timeline": run_timeline(run=run, costs=costs),
                 "charts": charts_shown(costs=costs),
                 "initial": _figures_payload(run, costs=costs),

@@ -38,6 +38,7 @@ def test_list_and_detail_render_for_every_role(role: str, request: pytest.Fixtur
     assert ("4.50 USD" in html) is sees_costs  # ledger cost so far
     assert ("1125.000000" in html) is sees_costs  # cost per 1M tokens
     assert "Cancel run" in html if role in ("operator", "admin_user") else "Cancel run" not in html
+    assert 'id="run-rank-starts"' not in html  # its learners have one rank: no rank starts to show
 
 
 @pytest.mark.django_db

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import User
+from django.test import Client
 from django.utils import timezone
 
 from billing.models import UsageRecord
@@ -21,6 +23,7 @@ from training import orchestrator, run_ranks, services
 from training.engine.distributed import group_release, kept_group
 from training.models import LearnerChunk, TrainingLearner, TrainingRun
 from training.run_engines import run_checkpoints
+from training.run_selectors import run_rank_starts
 
 
 def _healthy(price: str) -> Cluster:
@@ -138,6 +141,17 @@ def test_the_next_chunk_of_a_learner_keeps_its_rank_group_and_the_run_s_end_rele
     # the step count goes on.
     meta, tensors = run_checkpoints(ranked_run).read(0, 0, 1)
     assert meta["learner"]["step_count"] == first.steps + second.steps and "sampler@1" in tensors
+    # The run's page says how its chunks got their ranks.
+    starts = run_rank_starts(run=ranked_run)
+    assert starts is not None and (starts.started, starts.kept) == (1, 1)
+    assert starts.started_seconds == pytest.approx(first.ranks_start_seconds)
+    client = Client()
+    client.force_login(User.objects.create_superuser("ranks-admin", password="x"))  # noqa: S106
+    page = client.get(f"/training/{ranked_run.pk}/").content.decode()
+    assert (
+        "started for <strong>1</strong> chunk (" in page
+        and "previous chunk on its worker for <strong>1</strong>" in page
+    )
     # The run ends in this process: its group ends with it, and its helper has left.
     orchestrator.forget_run(ranked_run)
     assert kept_group() is None
