@@ -76,7 +76,7 @@ def served(transactional_db: Any, tmp_path: Path) -> Iterator[tuple[Any, str, st
 
     from storage.artifacts import model_artifact_write
     from tests.factories import make_model
-    from tests.integration.processes import session_database_url
+    from tests.integration.processes import session_database_url, stop_process
     from training.engine.config import ModelConfig
     from training.engine.model import GPT
 
@@ -118,8 +118,7 @@ def served(transactional_db: Any, tmp_path: Path) -> Iterator[tuple[Any, str, st
                 time.sleep(0.2)
         yield model, uri, f"{base}/v1"
     finally:
-        process.terminate()
-        process.wait(timeout=10)
+        stop_process(process, what="serve_model")
 
 
 @pytest.fixture

@@ -45,6 +45,22 @@ def session_database_url() -> str:
     raise RuntimeError(f"unsupported test database vendor {connection.vendor}")
 
 
+def stop_process(process: subprocess.Popen[Any], *, what: str, grace_s: float = 60.0) -> None:
+    """SIGTERM a server the test started and wait for it to exit; a minute without exiting is a
+    hang: it is then killed and the test fails, naming it. A slow exit is not: a process with
+    torch loaded takes about 1 s to exit on a quiet machine and took over 10 s twice on the loaded
+    2-core one (fresh-clone `make test`, 7 December 2026), which a 10 s wait failed."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        raise AssertionError(f"{what} did not stop within {grace_s:g} s of SIGTERM") from None
+
+
 class Processes:
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = log_dir

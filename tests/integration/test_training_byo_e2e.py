@@ -35,7 +35,7 @@ from inference.serving.local import local_server_for_artifact
 from registry.models import Cluster, FailoverEvent
 from storage.objectstore import open_store
 from tests.factories import make_cluster, tiny_run_config
-from tests.integration.processes import Processes, session_database_url, wait_until
+from tests.integration.processes import Processes, session_database_url, stop_process, wait_until
 from tests.training.engine.tiny_open_weights import (
     jsonl,
     random_weights,
@@ -162,16 +162,7 @@ def _chat(model_slug: str, content: str) -> dict[str, Any]:
         with urllib.request.urlopen(request, timeout=60) as answer:  # noqa: S310 (loopback)
             return dict(json.loads(answer.read()))
     finally:
-        # SIGTERM stops it like Ctrl-C (serve_model bills its last interval first). Its exit, a
-        # process with torch loaded, took over 10 s once on the loaded 2-core machine (CI, 7
-        # December 2026): a minute is a hang, not a slow exit.
-        process.terminate()
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-            raise AssertionError("serve_model did not stop within 60 s of SIGTERM") from None
+        stop_process(process, what="serve_model")
 
 
 def test_a_brought_llama_trains_on_two_clusters_of_two_ranks_survives_a_kill_resumes_and_serves(

@@ -26,6 +26,7 @@ import torch
 from storage.multipart import MIB, Transfer, transfer_from_env
 from storage.objectstore import ObjectNotFoundError, S3Store, open_store
 from storage.tensorblob import blob_read, blob_write, pack, pack_stream, unpack
+from tests.integration.processes import stop_process
 
 PART = 5 * MIB  # S3's smallest part
 BUCKET = "switchyard-streaming"
@@ -98,8 +99,7 @@ def s3_child() -> Iterator[str]:
             boto3.client("s3", endpoint_url=url).create_bucket(Bucket=BUCKET)
             yield url
     finally:
-        server.terminate()
-        server.wait(timeout=10)
+        stop_process(server, what="moto's S3 server")
 
 
 def _s3_store(url: str, prefix: str, *, concurrency: int = 1) -> S3Store:

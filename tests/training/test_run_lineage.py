@@ -33,7 +33,7 @@ from inference.serving.local import local_server_for_artifact
 from registry.models import Cluster, RegisteredModel
 from storage.objectstore import open_store
 from tests.factories import make_cluster, tiny_run_config
-from tests.integration.processes import session_database_url
+from tests.integration.processes import session_database_url, stop_process
 from tests.training.engine.tiny_open_weights import (
     jsonl,
     random_weights,
@@ -234,8 +234,7 @@ def test_versions_register_every_k_a_run_continues_from_one_and_serve_model_answ
         body = {"messages": [{"role": "user", "content": "the cat sees"}], "max_tokens": 8}
         answer = _post_json(f"{base}/chat/completions", body)
     finally:
-        process.terminate()
-        process.wait(timeout=10)
+        stop_process(process, what="serve_model")
     reference = local_server_for_artifact(uri=final.artifact_uri, name="ref")
     try:
         generator = reference.generator

@@ -291,13 +291,15 @@ def test_a_waiting_helper_leaves_when_its_parent_or_its_store_is_gone() -> None:
     store.set("go/0", "load")
     assert _next_word(store, 0, idle_s=60, parent=os.getppid()) == b"load"
     # A helper whose rank 0 was killed: its store is gone, it leaves (exit code 0) at once.
-    # "rank 0" prints its store's port, then "connected" once the helper's client is in.
+    # "rank 0" prints its store's port, then "connected" once the helper's client is in (or
+    # "nobody" after two minutes, so that a helper that cannot start fails the test, not hangs it).
     script = (
         "import time, torch.distributed as d\n"
         "s = d.TCPStore('127.0.0.1', 0, 2, True, wait_for_workers=False)\n"
         "print(s.port, flush=True)\n"
-        "while s.num_keys() == 0: time.sleep(0.05)\n"
-        "print('connected', flush=True)\n"
+        "deadline = time.monotonic() + 120\n"
+        "while s.num_keys() == 0 and time.monotonic() < deadline: time.sleep(0.05)\n"
+        "print('connected' if s.num_keys() else 'nobody', flush=True)\n"
         "time.sleep(120)\n"
     )
     rank0 = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)  # noqa: S603
