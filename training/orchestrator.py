@@ -335,7 +335,7 @@ def learner_chunk_execute(
         if ranks is not None:
             ranks.abort()  # kill the helpers of the session under way
         else:
-            learner_ranks_release(run_key(run))  # a group kept here is not trusted after a failure
+            learner_ranks_release(run_key(run), index)  # its kept group is not trusted after a failure
         _LEARNERS.pop((run_key(run), index), None)
         services.learner_chunk_finish(
             chunk_id=chunk.pk,

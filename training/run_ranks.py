@@ -66,10 +66,11 @@ def learner_ranks_start(
     return group_start(learner, samplers=specs, devices=devices, key=(run, index, generation))
 
 
-def learner_ranks_release(run: RunKey) -> None:
-    """The run is over in this process: end the rank group it kept here, if any."""
+def learner_ranks_release(run: RunKey, index: int | None = None) -> None:
+    """End the rank group this process kept for the run (for its learner ``index`` only, when
+    given), if any: the run is over here, or a chunk of that learner failed."""
     if "training.engine.distributed" not in sys.modules:
         return  # no group was ever started here (and the web process never imports torch)
     from training.engine.distributed import group_release
 
-    group_release(lambda key: key[0] == run)
+    group_release(lambda key: key[0] == run and (index is None or key[1] == index))
