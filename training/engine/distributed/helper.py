@@ -20,6 +20,7 @@ no helper behind.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import os
 import sys
@@ -98,11 +99,9 @@ def helper_main(*, rank: int, world: int, port: int, device: str, timeout_s: flo
                 init_group(group, store, timeout)
                 joined = True
             wrap(learner, group)
-            try:
+            with contextlib.suppress(GroupStopped):  # rank 0's control word ends the session
                 while True:
                     learner.train_step()
-            except GroupStopped:
-                pass
             unwrap(learner)
             tensors = {}
             state = learner.sampler_state()
