@@ -423,45 +423,4 @@ def price_book_publish(
         )
 
 
-# --- Accelerator time ----------------------------------------------------------------------
-
-SECONDS_PER_HOUR = Decimal(3600)
-
-
-def accelerator_time_bill(
-    *,
-    cluster: Cluster,
-    seconds: Decimal,
-    accelerators: int,
-    subject_type: str,
-    subject_id: str,
-    idempotency_key: str,
-    at: datetime,
-    description: str,
-    deployment: Deployment | None = None,
-    model: RegisteredModel | None = None,
-    team: str = "",
-) -> UsageRecord:
-    """Bill `accelerators` accelerators of `cluster` held for `seconds` as accelerator-hours.
-
-    The one place accelerator time becomes a ledger row (probe jobs, training chunks,
-    self-hosted serving). The quantity is seconds / 3600 × accelerators, in that order, and
-    `usage_record` prices it at the accelerator-hour price in force at `at` for the cluster (or
-    the deployment), keeping that price-book version on the row. `seconds` is what the caller
-    measured and stores on its own row (rounded to the millisecond), so the bill reproduces it.
-    Idempotent on `idempotency_key`: a retried call returns the row written the first time.
-    Raises NoPriceError, writing nothing, when no price is in force.
-    """
-    return usage_record(
-        unit=Unit.ACCELERATOR_HOUR,
-        quantity=seconds / SECONDS_PER_HOUR * accelerators,
-        occurred_at=at,
-        idempotency_key=idempotency_key,
-        subject_type=subject_type,
-        subject_id=subject_id,
-        cluster=cluster,
-        deployment=deployment,
-        model=model,
-        team=team,  # a training run's team: its team budgets count the run's accelerator time
-        description=description,
-    )
+SECONDS_PER_HOUR = Decimal(3600)  # accelerator time is billed per hour (billing.resource_bills)

@@ -142,16 +142,46 @@ class ProviderForm(ServiceModelForm[Provider]):
 
 
 class ClusterForm(ServiceModelForm[Cluster]):
+    field_checks = {
+        "object_store_url": services.cluster_store_url_check,
+        "object_store_endpoint_url": services.cluster_store_endpoint_check,
+        "object_store_credentials": services.cluster_store_credentials_check,
+    }
+    object_store_credentials = forms.CharField(
+        required=False,
+        strip=False,
+        max_length=400,
+        label="Object store credentials",
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
+        help_text="ACCESS_KEY_ID:SECRET_ACCESS_KEY. Write-only: stored encrypted and never shown again. "
+        "Leave empty to keep the current value.",
+    )
+    clear_object_store_credentials = forms.BooleanField(
+        required=False, label="Clear stored store credentials"
+    )
+
     class Meta:
         model = Cluster
         fields = list(services.CLUSTER_FIELDS)
         formfield_callback = model_formfield
 
+    def credentials_change(self) -> str | None:
+        """'' to clear, a new value to store, None to keep what is stored."""
+        if self.cleaned_data.get("clear_object_store_credentials"):
+            return ""
+        value: str = self.cleaned_data.get("object_store_credentials") or ""
+        return value or None
+
     def create(self, fields: dict[str, Any]) -> Cluster:
-        return services.cluster_create(**fields)
+        return services.cluster_create(object_store_credentials=self.credentials_change(), **fields)
 
     def update(self, fields: dict[str, Any]) -> Cluster:
-        return services.cluster_update(self.instance, **fields)
+        return services.cluster_update(
+            self.instance, object_store_credentials=self.credentials_change(), **fields
+        )
+
+    def check(self) -> None:
+        services.cluster_check(self.instance)
 
 
 class RegisteredModelForm(ServiceModelForm[RegisteredModel]):

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from django.urls import URLPattern, path
 
-from registry import views
+from registry import failover_views, views
 from registry.models import Workflow
 
 urlpatterns: list[URLPattern] = [
-    path("failovers/", views.FailoverEventListView.as_view(), name="failovers"),
+    path("failovers/", failover_views.FailoverEventListView.as_view(), name="failovers"),
     path(
         "workflows/",
         views.RegistryListView.as_view(

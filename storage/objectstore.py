@@ -59,11 +59,17 @@ def _guarded(request: Any, **kwargs: Any) -> None:
         _request_guard(request=request, **kwargs)
 
 
-def s3_client(endpoint_url: str | None = None) -> Any:
-    """A boto3 S3 client whose requests pass the installed request guard."""
+def s3_client(endpoint_url: str | None = None, credentials: tuple[str, str] | None = None) -> Any:
+    """A boto3 S3 client whose requests pass the installed request guard.
+
+    `credentials` (access key id, secret access key) are this client's own (a cluster's store);
+    without them boto3 finds the process's (environment, profile, instance role)."""
     import boto3  # imported lazily: only S3 users need it
 
-    client = boto3.client("s3", endpoint_url=endpoint_url)
+    keys = {}
+    if credentials is not None:
+        keys = {"aws_access_key_id": credentials[0], "aws_secret_access_key": credentials[1]}
+    client = boto3.client("s3", endpoint_url=endpoint_url, **keys)
     client.meta.events.register("before-send", _guarded)
     return client
 
@@ -78,6 +84,10 @@ class ObjectStore(Protocol):
     def get(self, key: str) -> bytes: ...
 
     def exists(self, key: str) -> bool: ...
+
+    def size(self, key: str) -> int:
+        """The object's size in bytes; ObjectNotFoundError if it is missing."""
+        ...
 
     def list(self, prefix: str = "") -> list[str]: ...
 
@@ -170,6 +180,12 @@ class FileStore:
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 
+    def size(self, key: str) -> int:
+        path = self._path(key)
+        if not path.is_file():
+            raise ObjectNotFoundError(key)
+        return path.stat().st_size
+
     def list(self, prefix: str = "") -> list[str]:
         keys = []
         # Walk only the deepest directory the prefix names, not the whole store.
@@ -212,8 +228,9 @@ class S3Store:
         endpoint_url: str | None = None,
         client: Any = None,
         transfer: Transfer | None = None,
+        credentials: tuple[str, str] | None = None,
     ) -> None:
-        self.client = client if client is not None else s3_client(endpoint_url)
+        self.client = client if client is not None else s3_client(endpoint_url, credentials)
         self.transfer = transfer if transfer is not None else transfer_from_env()
         self.bucket = bucket
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
@@ -271,6 +288,16 @@ class S3Store:
                 return False
             raise
 
+    def size(self, key: str) -> int:
+        from botocore.exceptions import ClientError
+
+        try:
+            return int(self.client.head_object(Bucket=self.bucket, Key=self._key(key))["ContentLength"])
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                raise ObjectNotFoundError(key) from None
+            raise
+
     def delete(self, key: str) -> None:
         # S3 answers 204 for a key that does not exist: deleting twice is harmless.
         self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
@@ -287,6 +314,21 @@ class S3Store:
         return self.put_stream_if_absent(key, (data,))
 
 
+def copy_between(source: ObjectStore, target: ObjectStore, key: str, *, block: int = FILE_BLOCK) -> int:
+    """Stream object `key` from `source` into `target` (same key) a block at a time, never whole
+    in memory; returns the bytes that crossed. ObjectNotFoundError if `source` lacks it."""
+    crossed = 0
+
+    def counted() -> Iterator[bytes]:
+        nonlocal crossed
+        for data in source.iter_chunks(key, block):
+            crossed += len(data)
+            yield data
+
+    target.put_stream(key, counted())
+    return crossed
+
+
 def _file_blocks(path: Path, block: int) -> Iterator[bytes]:
     with path.open("rb") as fh:
         while data := fh.read(block):
@@ -301,14 +343,23 @@ def _closing(chunks: Iterator[bytes], body: Any) -> Iterator[bytes]:
         body.close()
 
 
-def open_store(url: str, *, endpoint_url: str | None = None, transfer: Transfer | None = None) -> ObjectStore:
+def open_store(
+    url: str,
+    *,
+    endpoint_url: str | None = None,
+    transfer: Transfer | None = None,
+    credentials: tuple[str, str] | None = None,
+) -> ObjectStore:
     """A store for ``file:///abs/dir``, ``file://rel/dir`` or ``s3://bucket[/prefix]``; S3 transfers
-    use `transfer` (default: the environment's settings, storage.multipart.transfer_from_env)."""
+    use `transfer` (default: the environment's settings, storage.multipart.transfer_from_env) and
+    `credentials` (access key id, secret; default: the process's own)."""
     parsed = urlparse(url)
     if parsed.scheme == "file":
         return FileStore(unquote(parsed.netloc + parsed.path))
     if parsed.scheme == "s3":
         if not parsed.netloc:
             raise ValueError(f"s3 url needs a bucket: {url!r}")
-        return S3Store(parsed.netloc, parsed.path, endpoint_url=endpoint_url, transfer=transfer)
+        return S3Store(
+            parsed.netloc, parsed.path, endpoint_url=endpoint_url, transfer=transfer, credentials=credentials
+        )
     raise ValueError(f"unsupported object store url: {url!r}")

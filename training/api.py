@@ -140,6 +140,9 @@ class RunPlacementSerializer(ResponseSerializer):
 
 class RunClusterCostSerializer(ResponseSerializer):
     cluster = serializers.CharField(allow_null=True)
+    unit = serializers.CharField(
+        help_text="accelerator_hour (compute) or egress_gb (data moved out of the cluster)"
+    )
     amount = serializers.CharField(allow_null=True)
     quantity = serializers.CharField(allow_null=True)
 
@@ -339,6 +342,7 @@ class TrainingRunDetailSerializer(TrainingRunSerializer):
         return [
             {
                 "cluster": r["cluster"],
+                "unit": r["unit"],
                 "amount": ledger_text_or_none(r["amount"]),
                 "quantity": ledger_text_or_none(r["quantity"]),
             }

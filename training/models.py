@@ -337,6 +337,15 @@ class LearnerChunk(models.Model):
 
     state_source = models.CharField(max_length=16, choices=StateSource.choices, blank=True)
     checkpoint_key = models.CharField(max_length=500, blank=True)
+    # The checkpoint came from another store than this cluster's (the learner moved between
+    # clusters with stores of their own): the bytes copied in, and the cluster whose store held
+    # it (None: the installation's store). Billed as that cluster's egress (training.services.transfers).
+    checkpoint_moved_bytes = models.BigIntegerField(default=0)
+    checkpoint_moved_from = models.ForeignKey(
+        Cluster, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    # The bytes of the checkpoint this chunk wrote at its end (what moving the learner would carry).
+    checkpoint_bytes = models.BigIntegerField(default=0)
     billed = models.BooleanField(default=False)
     error = models.TextField(blank=True)
 

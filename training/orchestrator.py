@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 from django.utils import timezone
 
+from registry.models import Cluster
 from registry.tracing import span_attributes
 from storage.objectstore import ObjectNotFoundError
 from training import services
@@ -90,6 +91,7 @@ class LearnerStart:
     source: str  # LearnerChunk.StateSource
     checkpoint_key: str = ""
     bytes_received: int = 0  # a rejoin downloads the full global version
+    moved: services.CheckpointMove | None = None  # the checkpoint came from another cluster's store
 
 
 _LEARNERS: dict[tuple[RunKey, int], LearnerSlot] = {}
@@ -101,14 +103,16 @@ def _learner_for(
     generation: int,
     seq: int,
     steps_done: int,
+    cluster: Cluster,
     device: torch.device | None = None,
 ) -> LearnerStart:
-    """The learner as chunk (generation, seq) must start it, on `device` (None: the default):
-    the state the previous chunk ended with.
+    """The learner as chunk (generation, seq) on `cluster` must start it, on `device` (None:
+    the default): the state the previous chunk ended with.
 
     From this process's memory when it ran that chunk, else from the newest checkpoint written
-    by an earlier chunk (of this generation or, for a re-placed learner, an earlier one), else
-    rejoined from the newest global versions with a fresh optimizer.
+    by an earlier chunk (of this generation or, for a re-placed learner, an earlier one; copied
+    into this cluster's store first when another cluster's store holds it), else rejoined from
+    the newest global versions with a fresh optimizer.
     """
     key = (run_key(run), index)
     cached = _LEARNERS.get(key)
@@ -138,7 +142,10 @@ def _learner_for(
         ranks=rc.ranks,
         device=device,
     )
-    checkpoints = run_checkpoints(run)
+    moved = services.learner_checkpoint_bring(
+        run=run, index=index, generation=generation, seq=seq, cluster=cluster
+    )
+    checkpoints = run_checkpoints(run, cluster)
     found = checkpoints.latest_before(index, generation, seq)
     if found is not None:
         extra = checkpoints.load(index, *found, learner)
@@ -152,6 +159,7 @@ def _learner_for(
             slot=slot,
             source=LearnerChunk.StateSource.CHECKPOINT,
             checkpoint_key=checkpoints.key(index, *found),
+            moved=moved,
         )
     else:
         transport = run_transport(run)
@@ -235,10 +243,17 @@ def learner_chunk_execute(
     try:
         torch_threads_limit()
         devices = chunk_devices(chunk.devices)  # the GPUs its worker let it own, rank by rank
-        begin = _learner_for(run, index, generation, seq, learner_row.steps, devices[0] if devices else None)
+        begin = _learner_for(
+            run, index, generation, seq, learner_row.steps, chunk.cluster, devices[0] if devices else None
+        )
         slot = begin.slot
         outcome.state_source, outcome.checkpoint_key = begin.source, begin.checkpoint_key
         outcome.bytes_received = begin.bytes_received
+        if begin.moved is not None:
+            outcome.checkpoint_moved_bytes = begin.moved.nbytes
+            outcome.checkpoint_moved_from_id = (
+                begin.moved.from_cluster.pk if begin.moved.from_cluster else None
+            )
         engine = run_engine(run)
         rc = engine.rc
         transport = run_transport(run)
@@ -327,8 +342,12 @@ def learner_chunk_execute(
             ranks = None  # the session is over; this process keeps the group for the next chunk
         if not outcome.stopped_by.startswith("run "):
             # Before the chunk is recorded as finished: a finished chunk always has its checkpoint.
-            checkpoints = run_checkpoints(run)
-            checkpoints.write(index, generation, seq, learner, slot.extra())
+            checkpoints = run_checkpoints(run, chunk.cluster)  # its cluster's store, if it has one
+            from storage.tensorblob import Meter  # lazily: imports torch
+
+            written = Meter()
+            checkpoints.write(index, generation, seq, learner, slot.extra(), meter=written)
+            outcome.checkpoint_bytes = written.written
             checkpoints.prune(index, keep=2)
     except Exception as exc:
         logger.exception("learner %s g%s chunk %s failed", learner_id, generation, seq)

@@ -15,12 +15,18 @@ Rules, in order:
    slots before moving on, except that when more than one candidate has room, the learners are
    spread over at least two clusters: losing one cluster then costs a fraction of the run, not
    all of it (the reason to train across clusters at all).
+4. A learner that already has a checkpoint (re-placement) weighs moving it: a cluster whose store
+   is not the one holding the checkpoint pays its egress once (GB × the holding cluster's
+   egress price), against `horizon_hours` of each cluster's accelerator-hour price. "Cheapest"
+   is then price × horizon + that move; both figures are recorded for every candidate.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from decimal import Decimal
+
+BYTES_PER_GB = Decimal(10**9)  # as billing.resource_bills.egress_bill bills it
 
 
 @dataclass(frozen=True)
@@ -36,6 +42,24 @@ class ClusterOption:
     currency: str = "USD"
     budget_refusal: str = ""  # why a hard budget forbids spending here ("" when none does)
     devices: int = 1  # accelerators a learner slot holds (accelerator_count // capacity)
+    store: str = ""  # which store its learners keep checkpoints in ('' = the installation's)
+
+
+@dataclass(frozen=True)
+class CheckpointAt:
+    """Where a re-placed learner's newest checkpoint lies and what moving it out costs."""
+
+    store: str  # the store holding it (ClusterOption.store's terms)
+    nbytes: int
+    egress_price: Decimal | None  # per GB, of the cluster whose store holds it (None: not billed)
+    cluster: str = ""  # that cluster's slug ('' for the installation's store)
+
+    def move(self, option: ClusterOption) -> tuple[Decimal, Decimal]:
+        """(GB that would cross, their egress cost) to resume the learner on `option`."""
+        if option.store == self.store:
+            return Decimal(0), Decimal(0)
+        gb = Decimal(self.nbytes) / BYTES_PER_GB
+        return gb, gb * (self.egress_price or Decimal(0))
 
 
 @dataclass(frozen=True)
@@ -92,16 +116,25 @@ def place(
     options: list[ClusterOption],
     constraints: Constraints,
     avoid: frozenset[int] = frozenset(),
+    checkpoint: CheckpointAt | None = None,
+    horizon_hours: Decimal = Decimal(1),
 ) -> PlacementResult:
     """Assign each learner index to a cluster (see the module docstring for the rules).
 
     `avoid` holds cluster ids to use only when nothing else fits (a failover prefers a cluster
     other than the one its learner was just lost on, even while heartbeats still call it healthy).
+    `checkpoint` is where the (one) re-placed learner's state lies: rule 4 weighs moving it.
     """
     rejected = {o.cluster_id: _rejection(o, constraints) for o in options}
     candidates = [o for o in options if not rejected[o.cluster_id]]
-    record: list[dict[str, object]] = [
-        {
+
+    def cost(o: ClusterOption) -> Decimal:
+        """What choosing `o` costs for the horizon: its hours, plus moving the checkpoint there."""
+        hours = (o.price or Decimal(0)) * horizon_hours
+        return hours + (checkpoint.move(o)[1] if checkpoint is not None else Decimal(0))
+
+    def row(o: ClusterOption) -> dict[str, object]:
+        found: dict[str, object] = {
             "cluster": o.slug,
             "cluster_id": o.cluster_id,
             "status": o.status,
@@ -110,8 +143,17 @@ def place(
             "free": o.free,
             "rejected": rejected[o.cluster_id],
         }
-        for o in sorted(options, key=lambda o: (o.price is None, o.price or Decimal(0), o.slug))
-    ]
+        if checkpoint is not None:
+            gb, egress = checkpoint.move(o)
+            found.update(
+                checkpoint_gb=str(gb),
+                egress_cost=str(egress),
+                horizon_hours=str(horizon_hours),
+                horizon_cost=str((o.price or Decimal(0)) * horizon_hours),
+            )
+        return found
+
+    record = [row(o) for o in sorted(options, key=lambda o: (o.price is None, cost(o), o.slug))]
     free = {o.cluster_id: o.free for o in candidates}
     by_slug = {o.slug: o for o in options}
     assignments: list[Assignment] = []
@@ -137,8 +179,8 @@ def place(
             free[option.cluster_id] -= 1
             assignments.append(Assignment(index, option, pinned=True))
 
-    def order(o: ClusterOption) -> tuple[bool, Decimal, str]:
-        return (o.cluster_id in avoid, o.price or Decimal(0), o.slug)
+    def order(o: ClusterOption) -> tuple[bool, Decimal, Decimal, str]:
+        return (o.cluster_id in avoid, cost(o), o.price or Decimal(0), o.slug)
 
     ranked = sorted(candidates, key=order)
     used = {a.option.cluster_id for a in assignments}

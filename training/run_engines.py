@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
+from registry.models import Cluster
+from registry.store.cluster_stores import cluster_store
 from registry.store.objectstore import configured_store
 from storage.artifacts import model_artifact_read, model_artifact_write
 from storage.objectstore import ObjectStore, open_store
@@ -106,12 +108,14 @@ def _inside(path: Path, root: Path) -> bool:
     return path == root or root in path.parents
 
 
-def run_checkpoints(run: TrainingRun) -> CheckpointStore:
-    """The run's learner checkpoints (`runs/<id>/learners/` of object_store_url)."""
+def run_checkpoints(run: TrainingRun, cluster: Cluster | None = None) -> CheckpointStore:
+    """The run's learner checkpoints kept by `cluster`'s learners (`runs/<id>/learners/`): in the
+    cluster's own store when it has one (registry.store.cluster_stores), else in the run's."""
     from training.engine.checkpoint import CheckpointStore  # lazily: imports torch
 
-    rc = RunConfig(run.config)
-    store = configured_store(rc.object_store_url)
+    store = cluster_store(cluster) if cluster is not None else None
+    if store is None:
+        store = configured_store(RunConfig(run.config).object_store_url)
     return CheckpointStore(store, prefix=f"runs/{run.pk}")
 
 

@@ -15,6 +15,7 @@ from billing.models import Unit
 from billing.selectors import PriceResolver, spend_grouped, spend_total, usage_for_subject
 from billing.services import SECONDS_PER_HOUR
 from registry.models import Cluster, FailoverEvent, WorkerHeartbeat
+from registry.store.cluster_stores import store_identity
 from registry.validation import id_parse
 from training.models import (
     GlobalVersionRecord,
@@ -25,7 +26,7 @@ from training.models import (
     TrainingLearner,
     TrainingRun,
 )
-from training.placement import ClusterOption
+from training.placement import CheckpointAt, ClusterOption
 
 RUN_SUBJECT_TYPE = "training_run"
 
@@ -226,9 +227,36 @@ def cluster_options(
                 currency=price.currency if price is not None else "USD",
                 budget_refusal=blocked,
                 devices=accelerators_per_learner(cluster),
+                store=store_identity(cluster),
             )
         )
     return out
+
+
+def learner_checkpoint_at(*, run: TrainingRun, index: int, at: datetime) -> CheckpointAt | None:
+    """Where learner `index`'s newest checkpoint lies (the last chunk that wrote one: its
+    cluster's store, its size) and that cluster's egress price, for placement's rule 4."""
+    chunk = (
+        LearnerChunk.objects.filter(learner__run=run, learner__index=index, checkpoint_bytes__gt=0)
+        .select_related("cluster")
+        .order_by("-generation", "-seq")
+        .first()
+    )
+    if chunk is None:
+        return None
+    store = store_identity(chunk.cluster)
+    price = None
+    if store:
+        found = PriceResolver().resolve(
+            unit=Unit.EGRESS_GB, at=at, cluster_id=chunk.cluster_id, provider_id=chunk.cluster.provider_id
+        )
+        price = found.unit_price if found is not None else None
+    return CheckpointAt(
+        store=store,
+        nbytes=chunk.checkpoint_bytes,
+        egress_price=price,
+        cluster=chunk.cluster.slug if store else "",
+    )
 
 
 def accelerators_per_learner(cluster: Cluster) -> int:
@@ -321,19 +349,24 @@ def run_chunks(*, run: TrainingRun) -> QuerySet[LearnerChunk]:
 
 class ClusterCost(TypedDict):
     cluster: str
+    unit: str  # billing Unit: accelerator_hour (compute) or egress_gb (data that left the cluster)
     amount: Decimal
     quantity: Decimal
 
 
 def run_cost_per_cluster(*, run: TrainingRun) -> list[ClusterCost]:
-    """Ledger spend of the run per cluster: [{cluster, amount, quantity}]."""
+    """Ledger spend of the run per cluster and unit: [{cluster, unit, amount, quantity}], so
+    that data movement (egress_gb) shows beside compute (accelerator_hour)."""
     rows = (
         usage_for_subject(subject_type=RUN_SUBJECT_TYPE, subject_id=str(run.pk))
-        .values("cluster__slug")
+        .values("cluster__slug", "unit")
         .annotate(amount=Sum("amount"), quantity=Sum("quantity"))
-        .order_by("cluster__slug")
+        .order_by("cluster__slug", "unit")
     )
-    return [ClusterCost(cluster=r["cluster__slug"], amount=r["amount"], quantity=r["quantity"]) for r in rows]
+    return [
+        ClusterCost(cluster=r["cluster__slug"], unit=r["unit"], amount=r["amount"], quantity=r["quantity"])
+        for r in rows
+    ]
 
 
 def learner_inflight_chunk(*, learner: TrainingLearner) -> LearnerChunk | None:

@@ -156,6 +156,9 @@ class CountingStore:
         self.objects_read += 1
         return self.inner.get(key)
 
+    def size(self, key: str) -> int:
+        return self.inner.size(key)
+
     def iter_chunks(self, key: str, block: int = BLOCK) -> Iterator[bytes]:
         self.objects_read += 1
         return self.inner.iter_chunks(key, block)

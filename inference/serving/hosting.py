@@ -11,7 +11,7 @@ from datetime import datetime
 from decimal import Decimal
 
 from billing.models import UsageRecord
-from billing.services import accelerator_time_bill
+from billing.resource_bills import accelerator_time_bill
 from registry.models import Deployment
 
 

@@ -8,10 +8,12 @@ from decimal import Decimal
 from typing import Any, TypeVar
 
 from drf_spectacular.utils import extend_schema_field
-from rest_framework import serializers
+from rest_framework import exceptions, serializers
 
 from registry import services
 from registry.api.fields import DateTimeField, DecimalField, ModelSerializer
+from registry.auth.fields import fields_refused
+from registry.auth.principal import principal_of
 from registry.auth.scoping import TeamSlugField
 from registry.models import (
     Cluster,
@@ -86,6 +88,17 @@ class ProviderSerializer(ModelSerializer[Provider]):
 class ClusterSerializer(ModelSerializer[Cluster]):
     provider = serializers.SlugRelatedField(slug_field="slug", queryset=Provider.objects.all())
     queue = serializers.CharField(read_only=True)
+    object_store_credentials = serializers.CharField(
+        write_only=True,
+        required=False,
+        allow_blank=True,
+        trim_whitespace=False,
+        max_length=400,
+        style={"input_type": "password"},
+        help_text="ACCESS_KEY_ID:SECRET_ACCESS_KEY of the cluster's store; write-only, an empty string "
+        "clears them, never returned",
+    )
+    has_object_store_credentials = serializers.BooleanField(read_only=True)
 
     class Meta:
         model = Cluster
@@ -99,6 +112,10 @@ class ClusterSerializer(ModelSerializer[Cluster]):
             "memory_per_node_gb",
             "capacity_type",
             "capacity",
+            "object_store_url",
+            "object_store_endpoint_url",
+            "object_store_credentials",
+            "has_object_store_credentials",
             "queue",
             "status",
             "status_changed_at",
@@ -116,6 +133,23 @@ class ClusterSerializer(ModelSerializer[Cluster]):
             "interruption_deadline",
             "created_at",
         ]
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        request = self.context.get("request")
+        if request is not None:
+            refused = fields_refused(Cluster, principal_of(request), attrs, self.instance)
+            if refused:
+                raise exceptions.PermissionDenied(f"only an admin may set {', '.join(refused)}")
+        return attrs
+
+    def validate_object_store_url(self, value: str) -> str:
+        return field_rule(services.cluster_store_url_check, value)
+
+    def validate_object_store_endpoint_url(self, value: str) -> str:
+        return field_rule(services.cluster_store_endpoint_check, value)
+
+    def validate_object_store_credentials(self, value: str) -> str:
+        return field_rule(services.cluster_store_credentials_check, value)
 
     def create(self, validated_data: dict[str, Any]) -> Cluster:
         return services.cluster_create(**validated_data)

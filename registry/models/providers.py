@@ -89,6 +89,20 @@ class Cluster(models.Model):
     # them before the deadline. Cleared when an operator resumes the cluster.
     interruption_noticed_at = models.DateTimeField(null=True, blank=True)
     interruption_deadline = models.DateTimeField(null=True, blank=True)
+    # The cluster's own object store (registry.store.cluster_stores): its learners' checkpoints
+    # live there instead of in the installation's store (OBJECT_STORE_URL), and what crosses
+    # between the two is measured and billed as the cluster's egress. Blank: the installation's.
+    object_store_url = models.CharField(
+        max_length=500,
+        blank=True,
+        help_text="s3://bucket[/prefix] or file:///dir under CLUSTER_STORE_FILE_ROOT; blank: the installation's store",
+    )
+    object_store_endpoint_url = models.URLField(
+        blank=True,
+        help_text="the S3 endpoint of the cluster's store (blank: AWS, or the installation's endpoint)",
+    )
+    # Fernet token (registry.crypto) of "ACCESS_KEY_ID:SECRET_ACCESS_KEY"; never returned or shown.
+    object_store_credentials_encrypted = models.TextField(blank=True, editable=False)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
 
     class Meta:
@@ -104,6 +118,10 @@ class Cluster(models.Model):
     @property
     def queue(self) -> str:
         return cluster_queue(self.slug)
+
+    @property
+    def has_object_store_credentials(self) -> bool:
+        return bool(self.object_store_credentials_encrypted)
 
     @property
     def interrupted(self) -> bool:

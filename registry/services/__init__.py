@@ -11,11 +11,15 @@ from registry.services.clusters import (
     INTERRUPTION_DEFAULT_SECONDS,
     INTERRUPTION_MAX_SECONDS,
     HealthTransition,
+    cluster_check,
     cluster_create,
     cluster_health_check,
     cluster_heartbeat,
     cluster_interruption_notice,
     cluster_set_draining,
+    cluster_store_credentials_check,
+    cluster_store_endpoint_check,
+    cluster_store_url_check,
     cluster_update,
 )
 from registry.services.deployments import (
@@ -98,6 +102,10 @@ from registry.services.workflows import (
 __all__ = [
     "WORKFLOW_FIELDS",
     "CLUSTER_FIELDS",
+    "cluster_check",
+    "cluster_store_credentials_check",
+    "cluster_store_endpoint_check",
+    "cluster_store_url_check",
     "REGISTERED_MODEL_FIELDS",
     "DEPLOYMENT_FIELDS",
     "HealthTransition",

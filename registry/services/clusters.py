@@ -4,6 +4,7 @@ their health: worker heartbeats, the health check, draining and interruption not
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -13,15 +14,21 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from registry.crypto import encrypt_secret
 from registry.failover_codes import FailoverCode
 from registry.models import (
     Cluster,
     FailoverEvent,
     WorkerHeartbeat,
 )
-from registry.services.errors import RegistryError
+from registry.services.errors import RegistryError, RegistryFieldsError
 from registry.services.failovers import failover_event_record, failover_event_recover
 from registry.services.records import fields_assign
+from registry.store.cluster_stores import (
+    cluster_store_credentials_problem,
+    cluster_store_endpoint_problem,
+    cluster_store_url_problem,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -196,19 +203,65 @@ CLUSTER_FIELDS = (
     "memory_per_node_gb",
     "capacity_type",
     "capacity",
+    "object_store_url",
+    "object_store_endpoint_url",
 )
 
 
-def cluster_create(**fields: Any) -> Cluster:
-    """A new cluster of `fields` (CLUSTER_FIELDS); its status follows its workers' heartbeats."""
-    cluster = fields_assign(Cluster(), fields, CLUSTER_FIELDS)
+def cluster_store_url_check(url: str) -> None:
+    """A cluster's own store is an s3:// bucket or a directory under CLUSTER_STORE_FILE_ROOT."""
+    if problem := cluster_store_url_problem(url):
+        raise RegistryError(problem, field="object_store_url")
+
+
+def cluster_store_endpoint_check(url: str) -> None:
+    """A cluster store's endpoint is an http(s) URL without credentials, query or fragment."""
+    if problem := cluster_store_endpoint_problem(url):
+        raise RegistryError(problem, field="object_store_endpoint_url")
+
+
+def cluster_store_credentials_check(credentials: str | None) -> None:
+    """The store's credentials are ACCESS_KEY_ID:SECRET_ACCESS_KEY ('' clears, None keeps them)."""
+    if credentials and (problem := cluster_store_credentials_problem(credentials)):
+        raise RegistryError(problem, field="object_store_credentials")
+
+
+def cluster_check(cluster: Cluster, *, credentials: str | None = None) -> None:
+    """A cluster's rules, on the state it would be saved with; every refused field is named."""
+    errors: dict[str, list[str]] = {}
+    checks: list[Callable[[], None]] = [
+        lambda: cluster_store_url_check(cluster.object_store_url),
+        lambda: cluster_store_endpoint_check(cluster.object_store_endpoint_url),
+        lambda: cluster_store_credentials_check(credentials),
+    ]
+    for check in checks:
+        try:
+            check()
+        except RegistryError as exc:
+            errors.update(exc.field_errors())
+    if cluster.object_store_endpoint_url and not cluster.object_store_url.startswith("s3://"):
+        errors.setdefault("object_store_endpoint_url", []).append("only an s3:// store has an endpoint")
+    if errors:
+        raise RegistryFieldsError(errors)
+
+
+def _cluster_save(cluster: Cluster, credentials: str | None) -> Cluster:
+    cluster_check(cluster, credentials=credentials)
+    if credentials is not None:
+        cluster.object_store_credentials_encrypted = encrypt_secret(credentials) if credentials else ""
     cluster.save()
     return cluster
 
 
-def cluster_update(cluster: Cluster, **fields: Any) -> Cluster:
-    """Change the given fields; the status changes only through heartbeats, draining and
-    interruption notices (above)."""
-    fields_assign(cluster, fields, CLUSTER_FIELDS)
-    cluster.save()
-    return cluster
+def cluster_create(*, object_store_credentials: str | None = None, **fields: Any) -> Cluster:
+    """A new cluster of `fields` (CLUSTER_FIELDS); its status follows its workers' heartbeats.
+    `object_store_credentials` (ACCESS_KEY_ID:SECRET) are stored encrypted, never shown again."""
+    return _cluster_save(fields_assign(Cluster(), fields, CLUSTER_FIELDS), object_store_credentials)
+
+
+def cluster_update(
+    cluster: Cluster, *, object_store_credentials: str | None = None, **fields: Any
+) -> Cluster:
+    """Change the given fields (`object_store_credentials`: '' clears them, None keeps them);
+    the status changes only through heartbeats, draining and interruption notices (above)."""
+    return _cluster_save(fields_assign(cluster, fields, CLUSTER_FIELDS), object_store_credentials)

@@ -452,6 +452,16 @@ try:
 except ValueError as exc:
     raise ImproperlyConfigured(str(exc)) from None
 
+# A cluster's own store (Cluster.object_store_url) on file:// must lie under this directory: the
+# workers write checkpoints there with their own file access, so an operator names a place
+# inside it, never any path of the machine. s3:// stores are reached through the outbound guard.
+CLUSTER_STORE_FILE_ROOT = Path(env_str("SWITCHYARD_CLUSTER_STORE_FILE_ROOT", str(VAR_DIR / "cluster-stores")))
+# Placement weighs moving a learner's checkpoint to another cluster's store (its egress, paid
+# once) against this many hours of the clusters' accelerator prices.
+PLACEMENT_EGRESS_HORIZON_HOURS = env_decimal(
+    "SWITCHYARD_PLACEMENT_EGRESS_HORIZON_HOURS", "1", minimum=Decimal("0")
+)
+
 # --- Outbound requests and data sources (registry/outbound/guard.py, training/run_config/) ---
 # Networks every outbound request may reach although they are loopback, private or link-local
 # (an internal webhook receiver); providers allow private networks one by one, on their record.

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from billing.models import LedgerHead, Unit, UsageRecord
-from billing.services import NoPriceError, accelerator_time_bill
+from billing.resource_bills import accelerator_time_bill
+from billing.services import NoPriceError
 from registry.models import Cluster
 from tests.factories import make_cluster, make_deployment, make_price
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 from decimal import Decimal
 
-from training.placement import ClusterOption, Constraints, place
+from training.placement import CheckpointAt, ClusterOption, Constraints, place
 
 
 def _opt(
@@ -141,3 +142,49 @@ def test_a_learner_of_n_ranks_goes_only_where_a_slot_holds_n_accelerators() -> N
     assert (
         result.candidates[0]["rejected"] == "1 accelerator(s) per learner slot, fewer than learners.ranks (2)"
     )
+
+
+def _stored(cid: int, price: str, store: str) -> ClusterOption:
+    return dataclasses.replace(_opt(cid, price), store=store)
+
+
+def test_re_placement_weighs_moving_the_checkpoint_against_the_horizon_of_compute() -> None:
+    # The learner's 30 GB checkpoint is in store "a" (cluster c1's, which bills 0.09/GB out).
+    # c2 is 0.50/h cheaper but keeps its checkpoints elsewhere: over one hour moving costs more
+    # (2.70) than it saves, over ten hours it pays for itself (5.00 saved).
+    options = [_stored(1, "2.00", "a"), _stored(2, "1.50", "b"), _stored(3, "2.00", "a")]
+    checkpoint = CheckpointAt(store="a", nbytes=30 * 10**9, egress_price=Decimal("0.09"), cluster="c1")
+    short = place(
+        learners=[0],
+        options=options,
+        constraints=Constraints(),
+        avoid=frozenset({1}),
+        checkpoint=checkpoint,
+        horizon_hours=Decimal(1),
+    )
+    assert _where(short) == {0: "c3"}
+    rows = {r["cluster"]: r for r in short.candidates}
+    assert rows["c2"]["checkpoint_gb"] == "30" and Decimal(str(rows["c2"]["egress_cost"])) == Decimal("2.70")
+    assert Decimal(str(rows["c3"]["egress_cost"])) == 0 and rows["c3"]["horizon_cost"] == "2.00"
+    long = place(
+        learners=[0],
+        options=options,
+        constraints=Constraints(),
+        avoid=frozenset({1}),
+        checkpoint=checkpoint,
+        horizon_hours=Decimal(10),
+    )
+    assert _where(long) == {0: "c2"}
+
+
+def test_a_checkpoint_in_the_installations_store_moves_for_free_but_its_size_is_recorded() -> None:
+    checkpoint = CheckpointAt(store="", nbytes=2 * 10**9, egress_price=None)
+    result = place(
+        learners=[0],
+        options=[_stored(1, "2.00", ""), _stored(2, "1.00", "b")],
+        constraints=Constraints(),
+        checkpoint=checkpoint,
+    )
+    assert _where(result) == {0: "c2"}  # cheapest: nothing is billed for leaving that store
+    rows = {r["cluster"]: r for r in result.candidates}
+    assert rows["c2"]["checkpoint_gb"] == "2" and Decimal(str(rows["c2"]["egress_cost"])) == 0

@@ -188,7 +188,7 @@ def test_a_chunk_in_another_process_continues_from_the_checkpoint_with_its_adamw
 
     orchestrator._LEARNERS.clear()  # the next chunk lands on another worker process
     learner.refresh_from_db()
-    start = orchestrator._learner_for(run, 0, 0, seq, learner.steps)
+    start = orchestrator._learner_for(run, 0, 0, seq, learner.steps, learner.cluster)
     assert start.source == "checkpoint"
     assert start.checkpoint_key == f"runs/{run.pk}/learners/l0000/g000000-c{seq - 1:08d}.syd"
     restored_meta, restored = _state(start.slot.learner)

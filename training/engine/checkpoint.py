@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from storage.objectstore import ObjectStore
-from storage.tensorblob import blob_read, blob_write
+from storage.tensorblob import Meter, blob_read, blob_write
 from training.engine.learner import Learner
 
 _KEY = re.compile(r"g(\d+)-c(\d+)\.syd$")
@@ -49,12 +49,20 @@ class CheckpointStore:
         return f"{self._dir(learner)}g{generation:06d}-c{chunk:08d}.syd"
 
     def write(
-        self, learner: int, generation: int, chunk: int, state: Learner, extra: dict[str, Any] | None = None
+        self,
+        learner: int,
+        generation: int,
+        chunk: int,
+        state: Learner,
+        extra: dict[str, Any] | None = None,
+        *,
+        meter: Meter | None = None,
     ) -> str:
-        """Stream learner ``state`` (and ``extra``) to the checkpoint of (generation, chunk); its key."""
+        """Stream learner ``state`` (and ``extra``) to the checkpoint of (generation, chunk); its key.
+        ``meter`` counts the bytes the store took."""
         key = self.key(learner, generation, chunk)
         meta, tensors = state.state_dict()
-        blob_write(self.store, key, {"learner": meta, "extra": extra or {}}, tensors)
+        blob_write(self.store, key, {"learner": meta, "extra": extra or {}}, tensors, meter=meter)
         return key
 
     def read(

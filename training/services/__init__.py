@@ -3,7 +3,7 @@
 One module per concern: probes (probe jobs), runs (a run's life and state), placing (the first
 placement and version 0), chunks (learner chunks and their bill), syncer (the syncer chain and the
 version records), evaluation (each version's eval loss, on a cluster's queue), lineage (model versions: every k-th global version and the final export),
-retention (what the run keeps in the store: the sweep after each publish), supervision (beat's checks and learner failover). Tasks are sent through
+retention (what the run keeps in the store: the sweep after each publish), transfers (checkpoints and deltas crossing between cluster stores, billed as egress), supervision (beat's checks and learner failover). Tasks are sent through
 training.dispatch, never by importing training.tasks.
 """
 
@@ -65,8 +65,12 @@ from training.services.syncer import (
     syncer_tick_claim,
     syncer_tick_continue,
 )
+from training.services.transfers import CheckpointMove, chunk_egress_bill, learner_checkpoint_bring
 
 __all__ = [
+    "CheckpointMove",
+    "chunk_egress_bill",
+    "learner_checkpoint_bring",
     "BUDGET_REACHED",
     "INTERRUPTED",
     "DevicesBusy",

@@ -11,13 +11,15 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from billing.services import NoPriceError, accelerator_time_bill
+from billing.resource_bills import accelerator_time_bill
+from billing.services import NoPriceError
 from registry.models import Cluster, RegisteredModel, WorkerHeartbeat
 from registry.services import failover_event_recover
 from training import dispatch, selectors
 from training.models import LearnerChunk, TrainingLearner, TrainingRun
 from training.run_config import RunConfig
 from training.services.runs import training_run_budget_exhaust, training_run_fail
+from training.services.transfers import chunk_egress_bill
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +136,9 @@ class ChunkOutcome:
     first_step_at: datetime | None = None  # when the first inner step finished (training again)
     ranks_start: str = ""  # LearnerChunk.RankStart: how its other ranks came ("" for one rank)
     ranks_start_seconds: float | None = None
+    checkpoint_bytes: int = 0  # the checkpoint it wrote at its end
+    checkpoint_moved_bytes: int = 0  # the checkpoint copied in from another cluster's store
+    checkpoint_moved_from_id: int | None = None  # that cluster (None: the installation's store)
 
 
 def _learner_stopped(learner: TrainingLearner, run: TrainingRun, generation: int) -> str:
@@ -412,12 +417,16 @@ def learner_chunk_finish(
         chunk.checkpoint_key = outcome.checkpoint_key[:500]
         chunk.ranks_start = outcome.ranks_start
         chunk.ranks_start_seconds = outcome.ranks_start_seconds
+        chunk.checkpoint_bytes = outcome.checkpoint_bytes
+        chunk.checkpoint_moved_bytes = outcome.checkpoint_moved_bytes
+        chunk.checkpoint_moved_from_id = outcome.checkpoint_moved_from_id
         chunk.accelerator_seconds = Decimal(str(round(seconds, 3)))
         chunk.progress_at = finished_at
         chunk.error = error[:5000]
         chunk.stopped_by = outcome.stopped_by[:200]
         chunk.save()
         learner_chunk_bill(chunk=chunk, learner=learner, occurred_at=finished_at)
+        chunk_egress_bill(chunk=chunk, learner=learner, occurred_at=finished_at)
         current = learner.generation == chunk.generation
         learner.tokens += outcome.tokens
         learner.steps += outcome.steps

@@ -14,8 +14,9 @@ from django.utils import timezone
 
 from billing.budgets import budget_may_spend, spend_target
 from billing.models import Unit
+from billing.resource_bills import accelerator_time_bill
 from billing.selectors import price_in_force
-from billing.services import NoPriceError, accelerator_time_bill
+from billing.services import NoPriceError
 from registry.claims import row_claim
 from registry.errors import DomainError
 from registry.models import Cluster

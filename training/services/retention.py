@@ -21,7 +21,8 @@ and deletes the rest, with the consumed deltas except each learner's newest
 (training.engine.syncer.Syncer.spent_deltas). Learner checkpoints are pruned by the chunk that
 writes one (the newest per learner, and the one before it, which a re-run of the chunk that
 wrote the newest reads: training.engine.checkpoint). The sweep logs what it freed and records
-the bytes the run's prefix still holds on the run (TrainingRun.store_bytes, shown on its page).
+the bytes the run's prefix still holds on the run (TrainingRun.store_bytes, shown on its page),
+in the run's store and in the stores of its clusters that keep their own (checkpoints).
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ from typing import TYPE_CHECKING
 
 from django.db.models import Max
 
-from training.models import GlobalVersionRecord, ModelVersion, TrainingLearner, TrainingRun
+from registry.models import Cluster
+from registry.store.cluster_stores import cluster_store, store_identity
+from training.models import GlobalVersionRecord, LearnerChunk, ModelVersion, TrainingLearner, TrainingRun
 from training.run_engines import RunEngine
 from training.services.evaluation import pinned_for_evaluation
 
@@ -103,5 +106,26 @@ def run_store_sweep(
             swept.deltas,
             swept.bytes_kept,
         )
-    TrainingRun.objects.filter(pk=run.pk).update(store_bytes=swept.bytes_kept)
+    held = swept.bytes_kept + cluster_store_bytes(run=run)
+    TrainingRun.objects.filter(pk=run.pk).update(store_bytes=held)
     return swept
+
+
+def cluster_store_bytes(*, run: TrainingRun) -> int:
+    """What the run holds in its clusters' own stores (their learners' checkpoints): the sizes
+    under ``runs/<id>/`` of each store a cluster that ran one of its chunks keeps."""
+    from training.engine.transport import object_sizes  # lazily: the engine imports torch
+
+    clusters = Cluster.objects.filter(
+        pk__in=LearnerChunk.objects.filter(learner__run=run).values("cluster_id")
+    )
+    seen: set[str] = set()
+    total = 0
+    for cluster in clusters.exclude(object_store_url=""):
+        identity = store_identity(cluster)
+        store = cluster_store(cluster)
+        if identity in seen or store is None:
+            continue
+        seen.add(identity)
+        total += sum(object_sizes(store, f"runs/{run.pk}/").values())
+    return total

@@ -8,6 +8,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Q, Sum
 from django.utils import timezone
@@ -27,6 +28,7 @@ from training.services.evaluation import versions_evaluate_send
 from training.services.placing import placement_decision_record
 from training.services.runs import training_run_budget_exhaust, transition_quietly
 from training.services.syncer import SYNCER_STALE_SECONDS, syncer_restart
+from training.services.transfers import chunk_egress_bill
 
 PLACEMENT_RETRY_SECONDS = 60.0
 # A chunk on a cluster under a spot interruption notice sees it within a second (its stop check)
@@ -232,6 +234,9 @@ def learner_failover(
             options=selectors.cluster_options(at=now, team=run.team_slug, training_run_id=str(run.pk)),
             constraints=_failover_constraints(rc),
             avoid=frozenset({from_cluster.pk}) if from_cluster is not None else frozenset(),
+            # Moving its checkpoint to another store is paid once, as egress: weighed (rule 4).
+            checkpoint=selectors.learner_checkpoint_at(run=run, index=learner.index, at=now),
+            horizon_hours=settings.PLACEMENT_EGRESS_HORIZON_HOURS,
         )
         assignment = result.assignments[0] if result.assignments else None
         to_cluster = Cluster.objects.get(pk=assignment.option.cluster_id) if assignment else None
@@ -314,6 +319,7 @@ def _close_lost_chunks(*, learner: TrainingLearner, reason: str, now: datetime) 
         chunk.error = f"lost: {reason}"[:5000]
         chunk.save(update_fields=["finished_at", "accelerator_seconds", "error"])
         learner_chunk_bill(chunk=chunk, learner=learner, occurred_at=end)
+        chunk_egress_bill(chunk=chunk, learner=learner, occurred_at=end)  # the pushes it reported
         learner.tokens += chunk.tokens
         learner.steps += chunk.steps
         if chunk.generation == learner.generation:
