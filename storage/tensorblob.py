@@ -122,6 +122,15 @@ def _read(stream: Readable, n: int) -> bytes:
     return bytes(buf)
 
 
+def read_header(stream: Readable) -> dict[str, Any]:
+    """The meta of the blob at the stream's position, without reading its tensors."""
+    if stream.read(4) != _MAGIC:
+        raise ValueError("not a Switchyard tensor blob")
+    (hlen,) = struct.unpack("<I", _read(stream, 4))
+    meta: dict[str, Any] = json.loads(_read(stream, hlen))["meta"]
+    return meta
+
+
 def read(stream: Readable) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """(meta, tensors) of the blob at the stream's position; ValueError for anything else."""
     if stream.read(4) != _MAGIC:
@@ -171,3 +180,10 @@ def blob_read(
     `meter` counts the bytes read from the store."""
     with store.open_read(key) as stream:
         return read(stream if meter is None else _MeteredReader(stream, meter))
+
+
+def blob_meta(store: ObjectStore, key: str, *, meter: Meter | None = None) -> dict[str, Any]:
+    """The meta of the blob at `key`, read from its header only (a few KiB however large the
+    blob); ObjectNotFoundError if it is missing. `meter` counts the bytes read."""
+    with store.open_read(key) as stream:
+        return read_header(stream if meter is None else _MeteredReader(stream, meter))

@@ -405,6 +405,9 @@ def _syncer_for(run: TrainingRun, engine: RunEngine, transport: ObjectStoreTrans
         transport=transport,
         init=engine.init,
         down=engine.rc.compression_config().down_kind,
+        # A fragment's state is read from its newest version for each merge and let go of
+        # after: the control worker holds one fragment, not every running run's whole model 3×.
+        offload=True,
     )
     _SYNCERS[run_key(run)] = syncer
     return syncer

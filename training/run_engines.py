@@ -407,6 +407,7 @@ def run_initialise(run: TrainingRun) -> float:
         init=engine.init,
         transport=transport,
         down=engine.rc.compression_config().down_kind,
+        offload=True,  # version 0 straight from engine.init, no copy kept
     )
     params, _, _ = newest_global(transport, engine.fragments)
     return engine.evaluate(params)

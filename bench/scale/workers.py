@@ -188,7 +188,12 @@ def syncer_main(conn: Connection, spec: Spec, resume: bool) -> None:
     t0 = time.monotonic()
     if resume:
         syncer = Syncer.resume(
-            cfg=cfg, outer=OuterConfig(), fragments=spec.fragments, transport=transport, down=spec.kind
+            cfg=cfg,
+            outer=OuterConfig(),
+            fragments=spec.fragments,
+            transport=transport,
+            down=spec.kind,
+            offload=True,
         )
     else:
         syncer = Syncer(
@@ -198,6 +203,7 @@ def syncer_main(conn: Connection, spec: Spec, resume: bool) -> None:
             init=initial_params(spec.shapes, spec.seed),
             transport=transport,
             down=spec.kind,
+            offload=True,  # as the control worker runs it (training.orchestrator)
         )
     conn.send(
         {

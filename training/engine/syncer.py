@@ -24,6 +24,13 @@ Per fragment f at global version v the syncer keeps the deltas that arrived. A d
 * The way down is compressed too: each version carries ``down``, the difference between the
   new parameters and the *mirror* (the copy every learner holds), quantised like the Δs, and
   the new mirror (old mirror + decoded ``down``). See :meth:`Syncer._down`.
+* Offloaded state (``offload=True``, with a transport): a fragment's parameters, mirror and
+  momentum are exactly what its newest published version holds, so the syncer keeps none of
+  them between merges. A merge reads the fragment's newest version, applies the merge, publishes
+  the next one and lets go of it: memory is one fragment's state (3 × its fp32 size) instead of
+  the whole model's three times over, and a resume reads each version's header only. The price
+  is one read of the fragment's version blob per merge. ``merge`` then returns the version
+  without its tensors (they are in the store).
 
 Time is whatever the caller says it is (virtual seconds in the simulator, ``time.time()``
 in a worker); the syncer never sleeps and never reads a clock.
@@ -41,7 +48,8 @@ from training.engine.compression import EncodedTensor, decode, encode
 from training.engine.config import CompressionKind, OuterConfig, SyncerConfig
 from training.engine.messages import FragmentDelta, GlobalVersion
 from training.engine.outer import OuterOptimizer
-from training.engine.transport import Transport, latest_version
+from training.engine.syncer_resume import resume_offloaded, resume_resident
+from training.engine.transport import Transport
 
 
 @dataclass(frozen=True)
@@ -67,16 +75,23 @@ class Syncer:
         down: CompressionKind = "fp32",
         mirror: Mapping[str, torch.Tensor] | None = None,
         owned: bool = False,
+        offload: bool = False,
     ) -> None:
         """`owned`: `init` and `mirror` are this syncer's to keep (resume read them for it), so
-        they are taken as they are instead of copied; otherwise the caller keeps its tensors."""
+        they are taken as they are instead of copied; otherwise the caller keeps its tensors.
+        `offload` (with a transport): keep no fragment's state between merges (module docstring);
+        `init` is then read only to publish the version 0s."""
         self.cfg = cfg
         self.fragments = fragments
         self.transport = transport
+        self.offload = offload and transport is not None
+        self.resident: set[int] = set()  # offloaded: the fragments whose state is loaded now
         own = (lambda t: t.detach().float()) if owned else (lambda t: t.detach().float().clone())
-        self.params = {n: own(t) for n, t in init.items()}
+        self.params = {} if self.offload else {n: own(t) for n, t in init.items()}
         self.down_kind: CompressionKind = down
-        if mirror is not None:
+        if self.offload:
+            self.mirror: dict[str, torch.Tensor] = {}
+        elif mirror is not None:
             # Never one tensor for both: a blob without a mirror has its params as the mirror.
             self.mirror = {n: own(mirror[n]) for n in self.params}
             for n, t in self.mirror.items():
@@ -101,9 +116,49 @@ class Syncer:
         if transport is not None and publish_initial:
             for f in range(len(fragments)):
                 if self.version[f] == 0:
-                    transport.publish(self._snapshot(f, [], {"time": 0.0}))
+                    first = self.initial_version(f, init, mirror) if self.offload else None
+                    transport.publish(first or self._snapshot(f, [], {"time": 0.0}))
 
-    # ---- resume -------------------------------------------------------------------------
+    def initial_version(
+        self, fragment: int, init: Mapping[str, torch.Tensor], mirror: Mapping[str, torch.Tensor] | None
+    ) -> GlobalVersion:
+        """Version 0 of a fragment straight from the caller's tensors (offloaded: nothing kept)."""
+        names = self.fragments[fragment]
+        return GlobalVersion(
+            fragment=fragment,
+            version=0,
+            params={n: init[n].detach().float() for n in names},
+            momentum={},
+            meta={"time": 0.0},
+            mirror={n: (mirror if mirror is not None else init)[n].detach().float() for n in names},
+        )
+
+    # ---- offloaded state ----------------------------------------------------------------
+    def _load(self, fragment: int) -> None:
+        """Offloaded: read the fragment's state from its newest version (no-op when resident)."""
+        if not self.offload or fragment in self.resident:
+            return
+        assert self.transport is not None  # noqa: S101 (offload needs one)
+        stored = self.transport.get_version(fragment, self.version[fragment])
+        self.params.update({n: t.float() for n, t in stored.params.items()})
+        # Never one tensor for both: params change in place, the mirror by replacement.
+        self.mirror.update(
+            {n: t.float() if stored.mirror else t.float().clone() for n, t in stored.held.items()}
+        )
+        self.outer.load_state_dict(stored.momentum, owned=True)
+        self.resident.add(fragment)
+
+    def _evict(self, fragment: int) -> None:
+        """Offloaded: let go of a fragment's state (its newest version holds it)."""
+        if not self.offload:
+            return
+        for n in self.fragments[fragment]:
+            self.params.pop(n, None)
+            self.mirror.pop(n, None)
+            self.outer.momentum.pop(n, None)
+        self.resident.discard(fragment)
+
+    # ---- resume (training.engine.syncer_resume) ------------------------------------------
     @classmethod
     def resume(
         cls,
@@ -114,56 +169,17 @@ class Syncer:
         transport: Transport,
         init: Mapping[str, torch.Tensor] | None = None,
         down: CompressionKind = "fp32",
+        offload: bool = False,
     ) -> Syncer:
         """A syncer rebuilt from the newest published version of every fragment.
 
-        It reads that one version per fragment: the version lists the consumed deltas still in
-        the store (``meta["consumed"]``), so the first ``pull`` reads only the pending ones.
-        Versions written before that list existed are all read for their ``merged`` ids.
+        It reads that one version per fragment (offloaded: its header only): the version lists
+        the consumed deltas still in the store (``meta["consumed"]``), so the first ``pull``
+        reads only the pending ones. Versions written before that list existed are all read
+        for their ``merged`` ids.
         """
-        params: dict[str, torch.Tensor] = {}
-        mirror: dict[str, torch.Tensor] = {}
-        momentum: dict[str, torch.Tensor] = {}
-        versions: list[int] = []
-        consumed: set[str] = set()
-        lags: dict[int, float] = {}
-        bases: list[dict[int, tuple[int, int]]] = [{} for _ in fragments]
-        for f in range(len(fragments)):
-            latest = latest_version(transport, f)
-            if latest is None:
-                if init is None:
-                    raise ValueError(f"fragment {f} has no published version and no init")
-                params.update({n: init[n].detach().float().clone() for n in fragments[f]})
-                mirror.update({n: init[n].detach().float().clone() for n in fragments[f]})
-                versions.append(0)
-                continue
-            params.update(latest.params)
-            mirror.update(latest.held)
-            momentum.update(latest.momentum)
-            versions.append(latest.version)
-            lags.update({int(k): float(v) for k, v in latest.meta.get("lags", {}).items()})
-            bases[f] = {int(j): (int(sb[0]), int(sb[1])) for j, sb in latest.meta.get("bases", {}).items()}
-            if "consumed" in latest.meta:
-                consumed.update(latest.meta["consumed"])
-                continue
-            for v in transport.versions(f):
-                consumed.update(transport.get_version(f, v).merged)
-        syncer = cls(
-            cfg=cfg,
-            outer=outer,
-            fragments=fragments,
-            init=params,
-            transport=transport,
-            versions=versions,
-            down=down,
-            mirror=mirror,
-            owned=True,  # read from the store for it: one copy in memory, not two
-        )
-        syncer.outer.load_state_dict(momentum, owned=True)
-        syncer.consumed = consumed
-        syncer.lag = lags
-        syncer.bases = bases
-        return syncer
+        how = resume_offloaded if offload else resume_resident
+        return how(cls, cfg=cfg, outer=outer, fragments=fragments, transport=transport, init=init, down=down)
 
     # ---- intake -------------------------------------------------------------------------
     def submit(self, delta: FragmentDelta, now: float) -> bool:
@@ -316,6 +332,7 @@ class Syncer:
     @torch.no_grad()
     def merge(self, fragment: int, now: float) -> GlobalVersion:
         decision = self.decide(fragment)
+        self._load(fragment)
         by_id = {d.id: d for d in self.pending[fragment]}
         # Tensor by tensor: each included delta's tensor is decoded, combined and applied before
         # the next tensor's, so a merge holds one tensor of each delta decoded, not M whole
@@ -354,17 +371,24 @@ class Syncer:
                     del self.round_quorum_at[key]
         self.version[fragment] += 1
         down = self._down(fragment)
-        snap = self._snapshot(fragment, merged_ids, meta, down)
+        # Offloaded, the state is let go of right after publishing: the snapshot need not copy it.
+        snap = self._snapshot(fragment, merged_ids, meta, down, copy=not self.offload)
         if self.transport is not None and not self.transport.publish(snap):
             # Someone (an earlier incarnation of this syncer) already wrote this version:
             # the stored one is the truth, ours is discarded.
-            snap = self.transport.get_version(fragment, self.version[fragment])
-            for n, t in snap.params.items():
-                self.params[n] = t.float().clone()
-            for n, t in snap.held.items():
-                self.mirror[n] = t.float().clone()
-            self.outer.load_state_dict(snap.momentum)
+            if self.offload:
+                snap = self.transport.version_header(fragment, self.version[fragment])
+            else:
+                snap = self.transport.get_version(fragment, self.version[fragment])
+                for n, t in snap.params.items():
+                    self.params[n] = t.float().clone()
+                for n, t in snap.held.items():
+                    self.mirror[n] = t.float().clone()
+                self.outer.load_state_dict(snap.momentum)
             merged_ids = snap.merged
+        if self.offload:
+            self._evict(fragment)
+            snap = GlobalVersion(snap.fragment, snap.version, {}, {}, list(snap.merged), dict(snap.meta))
         self.consumed.update(merged_ids)
         self.pending[fragment] = [d for d in self.pending[fragment] if d.id not in self.consumed]
         self.quorum_at[fragment] = None
@@ -417,18 +441,29 @@ class Syncer:
         merged: list[str],
         meta: dict[str, Any],
         down: dict[str, EncodedTensor] | None = None,
+        *,
+        copy: bool = True,
     ) -> GlobalVersion:
+        """The fragment's state as a version; `copy=False` shares the tensors (for a state the
+        syncer lets go of right after publishing it)."""
         names = self.fragments[fragment]
+        keep = (lambda t: t.clone()) if copy else (lambda t: t)
         return GlobalVersion(
             fragment=fragment,
             version=self.version[fragment],
-            params={n: self.params[n].clone() for n in names},
-            momentum=self.outer.state_dict(names),
+            params={n: keep(self.params[n]) for n in names},
+            momentum={n: keep(self.outer.momentum[n]) for n in names if n in self.outer.momentum},
             merged=list(merged),
             meta=dict(meta),
-            mirror={n: self.mirror[n].clone() for n in names},
+            mirror={n: keep(self.mirror[n]) for n in names},
             down=dict(down or {}),
         )
 
     def global_params(self) -> dict[str, torch.Tensor]:
+        if self.offload:
+            assert self.transport is not None  # noqa: S101 (offload needs one)
+            found: dict[str, torch.Tensor] = {}
+            for f, v in enumerate(self.version):
+                found.update(self.transport.get_version(f, v).params)
+            return found
         return {n: t.clone() for n, t in self.params.items()}

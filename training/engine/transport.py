@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Protocol
 
 from storage.objectstore import FileStore, ObjectNotFoundError, ObjectStore, S3Store
-from storage.tensorblob import Meter, blob_read, blob_write
+from storage.tensorblob import Meter, blob_meta, blob_read, blob_write
 from training.engine.messages import (
     DownDelta,
     FragmentDelta,
@@ -71,6 +71,10 @@ class Transport(Protocol):
     def versions(self, fragment: int) -> list[int]: ...
 
     def get_version(self, fragment: int, version: int) -> GlobalVersion: ...
+
+    def version_header(self, fragment: int, version: int) -> GlobalVersion:
+        """Version v's fragment, version, merged ids and meta, without its tensors."""
+        ...
 
     def get_down(self, fragment: int, version: int) -> DownDelta:
         """Version v as a difference from v − 1 of the learners' copy; LookupError if it has none."""
@@ -198,6 +202,10 @@ class InMemoryTransport:
         self.bytes_down += v.nbytes
         return copy.deepcopy(v)
 
+    def version_header(self, fragment: int, version: int) -> GlobalVersion:
+        v = self._versions[fragment][version]
+        return GlobalVersion(v.fragment, v.version, {}, {}, list(v.merged), copy.deepcopy(v.meta))
+
     def get_down(self, fragment: int, version: int) -> DownDelta:
         v = self._versions[fragment][version]
         if not v.down:
@@ -270,6 +278,12 @@ class ObjectStoreTransport:
     def get_version(self, fragment: int, version: int) -> GlobalVersion:
         return version_from_parts(
             *blob_read(self.store, self._version_key(fragment, version), meter=self.meter)
+        )
+
+    def version_header(self, fragment: int, version: int) -> GlobalVersion:
+        head = blob_meta(self.store, self._version_key(fragment, version), meter=self.meter)
+        return GlobalVersion(
+            head["fragment"], head["version"], {}, {}, list(head["merged"]), dict(head["meta"])
         )
 
     def delete_version(self, fragment: int, version: int) -> None:
