@@ -19,7 +19,7 @@ from __future__ import annotations
 import io
 import json
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Container, Iterator
 from typing import Any, Protocol
 
 import torch
@@ -131,14 +131,33 @@ def read_header(stream: Readable) -> dict[str, Any]:
     return meta
 
 
-def read(stream: Readable) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """(meta, tensors) of the blob at the stream's position; ValueError for anything else."""
+SKIP_BLOCK = 1 << 20  # bytes read at a time past a tensor the reader does not keep
+
+
+def read(
+    stream: Readable, keep: Callable[[list[str]], Container[str]] | None = None
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """(meta, tensors) of the blob at the stream's position; ValueError for anything else.
+
+    `keep`, given the names of the blob's tensors, says which to return: the others are read
+    past a block at a time and never held (a learner wants a version's mirror, not its params
+    and momentum)."""
     if stream.read(4) != _MAGIC:
         raise ValueError("not a Switchyard tensor blob")
     (hlen,) = struct.unpack("<I", _read(stream, 4))
     header = json.loads(_read(stream, hlen))
+    wanted = keep([item["name"] for item in header["tensors"]]) if keep is not None else None
+    scratch = memoryview(bytearray(SKIP_BLOCK)) if wanted is not None else None
     tensors: dict[str, torch.Tensor] = {}
     for item in header["tensors"]:
+        if wanted is not None and item["name"] not in wanted:
+            assert scratch is not None  # noqa: S101 (made with wanted)
+            left = int(item["n"])
+            while left:
+                step = min(left, SKIP_BLOCK)
+                _fill(stream, scratch[:step])
+                left -= step
+            continue
         t = torch.empty(item["shape"], dtype=_DTYPES[item["dtype"]])
         if t.numel() * t.element_size() != item["n"]:
             raise ValueError(f"tensor {item['name']!r}: {item['n']} bytes do not fit shape {item['shape']}")
@@ -174,12 +193,16 @@ def blob_write(
 
 
 def blob_read(
-    store: ObjectStore, key: str, *, meter: Meter | None = None
+    store: ObjectStore,
+    key: str,
+    *,
+    meter: Meter | None = None,
+    keep: Callable[[list[str]], Container[str]] | None = None,
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """(meta, tensors) of the blob at `key`, streamed; ObjectNotFoundError if it is missing.
-    `meter` counts the bytes read from the store."""
+    `meter` counts the bytes read from the store; `keep` selects the tensors returned (`read`)."""
     with store.open_read(key) as stream:
-        return read(stream if meter is None else _MeteredReader(stream, meter))
+        return read(stream if meter is None else _MeteredReader(stream, meter), keep)
 
 
 def blob_meta(store: ObjectStore, key: str, *, meter: Meter | None = None) -> dict[str, Any]:

@@ -197,7 +197,7 @@ def _fetch_versions(
             except LookupError:  # a version without a down-delta (written before they
                 pass  # existed), or one the retention sweep deleted: the full newest instead
         try:
-            full = transport.get_version(fragment, newest)
+            full = transport.get_held(fragment, newest)  # its mirror only, not params and momentum
         except ObjectNotFoundError:
             if attempt == 2:
                 raise

@@ -368,15 +368,15 @@ def newest_global(
     With `held`, the learners' copy (the syncer's mirror, which the down-deltas extend) instead
     of the exact parameters: what a (re)joining learner must start from to follow the chain.
     """
-    from training.engine.transport import latest_version  # lazily: imports torch
-
     params: dict[str, torch.Tensor] = {}
     versions: list[int] = []
     metas: list[dict[str, Any]] = []
     for f in range(len(fragments)):
-        v = latest_version(transport, f)
-        if v is None:
+        found = transport.versions(f)
+        if not found:
             raise LookupError(f"fragment {f} has no published version")
+        # The learners' copy alone is read when that is what is wanted (not params and momentum).
+        v = transport.get_held(f, max(found)) if held else transport.get_version(f, max(found))
         params.update(v.held if held else v.params)
         versions.append(v.version)
         metas.append(v.meta)

@@ -36,7 +36,7 @@ from training.engine.compression import Compressor
 from training.engine.config import CompressionConfig, CompressionKind, OuterConfig, SyncerConfig
 from training.engine.messages import FragmentDelta, GlobalVersion
 from training.engine.syncer import Syncer
-from training.engine.transport import ObjectStoreTransport, Retention, latest_version
+from training.engine.transport import ObjectStoreTransport, Retention
 
 NOISE_STD = 1e-3  # the synthetic Δ: about what an outer gradient of a trained model looks like
 
@@ -104,9 +104,10 @@ class DrillLearner:
             self._take_full(f)
 
     def _take_full(self, f: int) -> None:
-        found = latest_version(self.transport, f)
-        if found is None:
+        stored = self.transport.versions(f)
+        if not stored:
             raise RuntimeError(f"fragment {f} has no published version to join from")
+        found = self.transport.get_held(f, max(stored))  # the mirror only, as a learner reads it
         self.held.update({n: found.held[n].float() for n in self.spec.fragments[f]})
         self.held_version[f] = found.version
 

@@ -76,6 +76,10 @@ class Transport(Protocol):
         """Version v's fragment, version, merged ids and meta, without its tensors."""
         ...
 
+    def get_held(self, fragment: int, version: int) -> GlobalVersion:
+        """Version v with only what learners hold (``held``): no params, momentum or down."""
+        ...
+
     def get_down(self, fragment: int, version: int) -> DownDelta:
         """Version v as a difference from v − 1 of the learners' copy; LookupError if it has none."""
         ...
@@ -206,12 +210,25 @@ class InMemoryTransport:
         v = self._versions[fragment][version]
         return GlobalVersion(v.fragment, v.version, {}, {}, list(v.merged), copy.deepcopy(v.meta))
 
+    def get_held(self, fragment: int, version: int) -> GlobalVersion:
+        v = self._versions[fragment][version]
+        self.bytes_down += v.nbytes
+        return GlobalVersion(
+            v.fragment, v.version, {}, {}, list(v.merged), copy.deepcopy(v.meta), copy.deepcopy(dict(v.held))
+        )
+
     def get_down(self, fragment: int, version: int) -> DownDelta:
         v = self._versions[fragment][version]
         if not v.down:
             raise LookupError(f"fragment {fragment} version {version} has no down-delta")
         self.bytes_down += v.down_delta().nbytes
         return copy.deepcopy(v.down_delta())
+
+
+def _held_tensors(names: list[str]) -> set[str]:
+    """Of a version blob's tensors, those that make the learners' copy (version_parts' prefixes)."""
+    mirror = {n for n in names if n.startswith("h:")}
+    return mirror or {n for n in names if n.startswith("p:")}
 
 
 _STORED = re.compile(r"(?P<kind>versions|down)/f(?P<fragment>\d+)/v(?P<version>\d+)\.syd$")
@@ -278,6 +295,22 @@ class ObjectStoreTransport:
     def get_version(self, fragment: int, version: int) -> GlobalVersion:
         return version_from_parts(
             *blob_read(self.store, self._version_key(fragment, version), meter=self.meter)
+        )
+
+    def get_held(self, fragment: int, version: int) -> GlobalVersion:
+        """Version v with only the learners' copy (its mirror; the params of a blob written
+        before mirrors existed): the params, momentum and down-delta are read past, not held."""
+        meta, tensors = blob_read(
+            self.store, self._version_key(fragment, version), meter=self.meter, keep=_held_tensors
+        )
+        return GlobalVersion(
+            meta["fragment"],
+            meta["version"],
+            params={k[2:]: t for k, t in tensors.items() if k.startswith("p:")},
+            momentum={},
+            merged=list(meta["merged"]),
+            meta=dict(meta["meta"]),
+            mirror={k[2:]: t for k, t in tensors.items() if k.startswith("h:")},
         )
 
     def version_header(self, fragment: int, version: int) -> GlobalVersion:

@@ -12,7 +12,7 @@ import torch
 from storage.objectstore import open_store
 from training.engine.compression import Compressor
 from training.engine.config import CompressionConfig, OuterConfig, SyncerConfig
-from training.engine.messages import FragmentDelta
+from training.engine.messages import FragmentDelta, GlobalVersion
 from training.engine.syncer import Syncer
 from training.engine.transport import InMemoryTransport, ObjectStoreTransport
 
@@ -125,3 +125,37 @@ def test_resuming_offloaded_before_any_version_publishes_version_zero_from_init(
     )
     assert syncer.version == [0, 0] and syncer.params == {}
     assert torch.equal(transport.get_version(1, 0).params["c"], init["c"])
+
+
+def test_a_learner_reads_a_versions_mirror_without_holding_its_params_and_momentum(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from storage import tensorblob
+
+    w = torch.randn(512, 1024)  # 2 MiB in fp32
+    transport = ObjectStoreTransport(open_store(f"file://{tmp_path}"), prefix="runs/1")
+    version = GlobalVersion(
+        fragment=0, version=1, params={"w": w}, momentum={"w": w * 0.5}, mirror={"w": w + 1.0}
+    )
+    assert transport.publish(version)
+    # Every tensor the blob reader makes, by bytes (torch's allocator is not Python's: counted here).
+    made: list[int] = []
+    real_empty = torch.empty
+
+    def counted_empty(*args, **kwargs):
+        t = real_empty(*args, **kwargs)
+        made.append(t.numel() * t.element_size())
+        return t
+
+    monkeypatch.setattr(tensorblob.torch, "empty", counted_empty)
+    before = transport.bytes_down
+    held = transport.get_held(0, 1)
+    assert held.params == {} and held.momentum == {} and torch.equal(held.held["w"], w + 1.0)
+    assert made == [w.numel() * 4]  # the mirror only: params and momentum were read past
+    assert transport.bytes_down - before > 3 * w.numel() * 4  # what crossed is still the whole blob
+    made.clear()
+    transport.get_version(0, 1)
+    assert made == [w.numel() * 4] * 3
+    # A blob written before mirrors existed: its params are the learners' copy.
+    assert transport.publish(GlobalVersion(fragment=1, version=1, params={"w": w}, momentum={}))
+    assert torch.equal(transport.get_held(1, 1).held["w"], w)
