@@ -48,9 +48,11 @@ BUCKET = "switchyard-bench-scale"
 KINDS = ("fp32", "bf16", "int8", "4bit", "fp4_e3m0")
 ALIASES = {"int4": "4bit", "fp4": "fp4_e3m0"}
 # Peak RSS per fp32 byte of the model, measured by this drill at 1e8 parameters in 4 fragments
-# (bench scale --params 1e8 --steps 5): the syncer about 9.7x, moto's server 6.6x, a learner
-# 2.6x. Used only to refuse a drill that would not fit in this machine's memory (--force runs it).
-RSS_PER_FP32 = {"syncer": 9.7, "store_server": 6.6, "learner": 2.6}
+# (bench scale --params 1e8 --steps 5, 7 December 2026, the syncer offloaded and learners reading
+# mirrors only): the syncer 3.1x, moto's server 5.6x, a learner 2.6x (each with its process's
+# torch baseline, so an overestimate at larger sizes). Used only to refuse a drill that would
+# not fit in this machine's memory (--force runs it).
+RSS_PER_FP32 = {"syncer": 3.1, "store_server": 5.6, "learner": 2.6}
 UPLOADER = (
     "none: there is no separate uploader process; each learner and the syncer put their own "
     "blobs (storage.multipart sends a large object's parts on a thread pool inside that process)"
