@@ -119,6 +119,11 @@ $(OIDC_PROVIDER_STAMP): tests/oidc_provider/package-lock.json
 # database); DATABASE_URL / REDIS_URL are used when set, else scripts/with_test_services.sh starts
 # a throwaway PostgreSQL and Redis for the run. The 20 slowest tests are listed at the end.
 PYTEST_WORKERS ?= 3
+# The suite starts a few hundred Python processes (workers, rank helpers, servers, commands), and
+# three pytest workers each rewrite every test module's asserts. With PYTHONDONTWRITEBYTECODE set
+# (as on this machine and in the Docker image) each of them compiled the project's modules from
+# source again, about 1 s of CPU a process: the test run writes __pycache__ (git ignores it).
+pytest: export PYTHONDONTWRITEBYTECODE :=
 pytest: install-dev focus-validator oidc-provider
 	scripts/with_test_services.sh $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --durations=20
 
