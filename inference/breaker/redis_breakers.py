@@ -15,9 +15,10 @@ if TYPE_CHECKING:
     from inference.breaker.state import BreakerSettings
 
 
-# What a peek answers for one breaker hash, as a Lua function shared by the two peek scripts.
+# What a peek answers for one breaker hash, as a Lua function shared by the two peek scripts and
+# the rate limits' script (inference.ratelimit.redis_counters, which reads a PeekAsk in its call).
 # The numbers are inference.router.policy.Peek's, named here from the enum itself.
-_PEEK_ONE = f"""
+PEEK_LUA = f"""
 local OPEN, CLOSED, HALF_OPEN = {Peek.OPEN:d}, {Peek.CLOSED:d}, {Peek.HALF_OPEN:d}  -- inference.router.policy.Peek
 local function peek(key, now, cooldown)
   local h = redis.call('HMGET', key, 'state', 'opened', 'probe', 'cool')
@@ -33,7 +34,7 @@ end
 
 # KEYS: breaker hash per candidate. ARGV: now, cooldown. Read-only: a Peek per breaker.
 _PEEK = (
-    _PEEK_ONE
+    PEEK_LUA
     + """
 local out = {}
 local now = tonumber(ARGV[1]); local cooldown = tonumber(ARGV[2])
@@ -45,7 +46,7 @@ return out
 # The same, with the route-cache generation first: KEYS[1] is the generation key, the breakers
 # follow; returns {generation, Peek per breaker}.
 _PEEK_GEN = (
-    _PEEK_ONE
+    PEEK_LUA
     + """
 local out = {tonumber(redis.call('GET', KEYS[1]) or '0')}
 local now = tonumber(ARGV[1]); local cooldown = tonumber(ARGV[2])
@@ -119,7 +120,8 @@ return 1
 """
 
 
-def _key(deployment_id: int) -> str:
+def breaker_key(deployment_id: int) -> str:
+    """The Redis hash of a deployment's breaker."""
     return f"sy:cb:{deployment_id}"
 
 
@@ -147,7 +149,7 @@ class RedisBreakers:
 
     def peek(self, deployment_ids: Sequence[int], *, now: float, cfg: BreakerSettings) -> list[Peek]:
         try:
-            out = self._peek(keys=[_key(d) for d in deployment_ids], args=[now, cfg.cooldown_s])
+            out = self._peek(keys=[breaker_key(d) for d in deployment_ids], args=[now, cfg.cooldown_s])
         except self.down_errors:
             redis_unreachable("peek")
             return [Peek.CLOSED] * len(deployment_ids)
@@ -157,7 +159,7 @@ class RedisBreakers:
         self, generation_key: str, deployment_ids: Sequence[int], *, now: float, cfg: BreakerSettings
     ) -> tuple[int, list[Peek]]:
         """(route-cache generation, peek per breaker) in one round trip."""
-        keys = [generation_key, *(_key(d) for d in deployment_ids)]
+        keys = [generation_key, *(breaker_key(d) for d in deployment_ids)]
         try:
             out = [int(x) for x in self._peek_gen(keys=keys, args=[now, cfg.cooldown_s])]
         except self.down_errors:
@@ -167,7 +169,7 @@ class RedisBreakers:
 
     def claim_probe(self, deployment_id: int, *, now: float, cfg: BreakerSettings) -> bool:
         try:
-            return bool(self._claim(keys=[_key(deployment_id)], args=[now, cfg.cooldown_s]))
+            return bool(self._claim(keys=[breaker_key(deployment_id)], args=[now, cfg.cooldown_s]))
         except self.down_errors:
             redis_unreachable("claim a probe")
             return False
@@ -177,7 +179,7 @@ class RedisBreakers:
     ) -> tuple[str, str]:
         try:
             state, transition = self._record(
-                keys=[_key(deployment_id), _lat_key(deployment_id), _calls_key(deployment_id)],
+                keys=[breaker_key(deployment_id), _lat_key(deployment_id), _calls_key(deployment_id)],
                 args=[
                     f"{now:.6f}",
                     1 if ok else 0,
@@ -198,7 +200,7 @@ class RedisBreakers:
         """Skip the deployment until `until` (a 429's Retry-After), whatever its circuit says."""
         try:
             # Only ever moves later: two 429s answered at once keep the longer wait.
-            self._cool(keys=[_key(deployment_id)], args=[f"{until:.6f}"])
+            self._cool(keys=[breaker_key(deployment_id)], args=[f"{until:.6f}"])
         except self.down_errors:
             redis_unreachable("cool a deployment down")
 
@@ -206,7 +208,7 @@ class RedisBreakers:
         """Seconds left of each cooling deployment's wait (the failure path only)."""
         pipe = self.redis.pipeline(transaction=False)
         for d in deployment_ids:
-            pipe.hget(_key(d), "cool")
+            pipe.hget(breaker_key(d), "cool")
         try:
             values = pipe.execute()
         except self.down_errors:
@@ -218,7 +220,7 @@ class RedisBreakers:
 
     def state(self, deployment_id: int) -> dict[str, str]:
         try:
-            raw = self.redis.hgetall(_key(deployment_id))
+            raw = self.redis.hgetall(breaker_key(deployment_id))
         except self.down_errors:
             redis_unreachable("read a breaker")
             return {}
@@ -228,7 +230,7 @@ class RedisBreakers:
         """closed / open / half_open per deployment, in one round trip (for /metrics)."""
         pipe = self.redis.pipeline(transaction=False)
         for d in deployment_ids:
-            pipe.hget(_key(d), "state")
+            pipe.hget(breaker_key(d), "state")
         try:
             values = pipe.execute()
         except self.down_errors:

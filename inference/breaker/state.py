@@ -6,8 +6,12 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from django.conf import settings
+
+if TYPE_CHECKING:
+    from inference.router.policy import Peek
 
 CLOSED = "closed"
 OPEN = "open"
@@ -54,3 +58,23 @@ def redis_unreachable(what: str) -> None:
 def monotonic_now() -> float:
     """Wall-clock seconds: breakers compare times across processes, so not time.monotonic()."""
     return time.time()
+
+
+@dataclass(frozen=True)
+class PeekAsk:
+    """A route's breakers and the route-cache generation, read inside another Redis script's
+    call (the rate limits': inference.ratelimit.redis_counters) so that a /v1 request makes one
+    round trip for both; the router then peeks no more (inference.router.calls)."""
+
+    generation_key: str
+    deployment_ids: tuple[int, ...]
+    now: float
+    cooldown_s: float
+
+
+@dataclass(frozen=True)
+class PeekAnswer:
+    """What that call read: the generation, and each breaker's Peek at `PeekAsk.now`."""
+
+    generation: int
+    states: dict[int, Peek]

@@ -54,6 +54,7 @@ def stream_response(
         endpoint=endpoint,
         api_key_id=caller.token_id,
         retain=workflow.retain_prompts,
+        peeked=limits.peeked,
     )
     if not routed.ok:
         assert routed.result is not None  # noqa: S101 (route_stream records a failure at once)

@@ -57,6 +57,7 @@ from inference.gateway.translated.messages_request import API_VERSION, messages_
 from inference.idempotency import IdempotencyConflict, caller_key_problem, request_digest, v1_request_id
 from inference.models import Endpoint
 from inference.ratelimit.limits import RateCheck, RateLimited, StaleGrant, version_check
+from inference.router.calls import route_peek_ask
 from inference.router.context import context_tokens
 from inference.router.entry import route
 from inference.router.errors import CapabilityMissing, CostLimitExceeded, NoRoute
@@ -207,7 +208,13 @@ def _complete_checked(
         # Before routing: a refused request reaches no provider and the ledger records nothing.
         # (With `verify`, the same Redis call checks the grant's version: StaleGrant if it moved.)
         try:
-            limits.check(caller=caller, workflow=workflow, tokens=context_tokens(payload), verify=verify)
+            limits.check(
+                caller=caller,
+                workflow=workflow,
+                tokens=context_tokens(payload),
+                verify=verify,
+                peek=lambda: route_peek_ask(workflow),
+            )
         finally:
             verify = None
         endpoint = Endpoint.CHAT if chat else Endpoint.COMPLETION
@@ -226,6 +233,7 @@ def _complete_checked(
             workflow=workflow,
             request=payload,
             endpoint=endpoint,
+            peeked=limits.peeked,
             client_request_id=client_request_id,
             request_digest=request_digest(document) if key is not None else None,
             api_key_id=caller.token_id,
@@ -349,9 +357,18 @@ def _embeddings_checked(request: HttpRequest, limits: RateCheck) -> HttpResponse
         workflow = caller_workflow(parsed.model, caller)
         caller_authorize(caller, workflow)
         # The inputs counted as every request's are (inference.admission); nothing is generated.
-        limits.check(caller=caller, workflow=workflow, tokens=context_tokens(parsed.request))
+        limits.check(
+            caller=caller,
+            workflow=workflow,
+            tokens=context_tokens(parsed.request),
+            peek=lambda: route_peek_ask(workflow),
+        )
         result = route(
-            workflow=workflow, request=parsed.request, endpoint=Endpoint.EMBEDDING, api_key_id=caller.token_id
+            workflow=workflow,
+            request=parsed.request,
+            endpoint=Endpoint.EMBEDDING,
+            api_key_id=caller.token_id,
+            peeked=limits.peeked,
         )
     except _REFUSALS as exc:
         return _refusal(exc)

@@ -25,7 +25,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from django.conf import settings
@@ -37,6 +37,7 @@ from registry.auth.version import AUTH_VERSION_KEY, auth_version
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from inference.breaker.state import PeekAnswer, PeekAsk
     from registry.auth.access import TokenGrant
     from registry.models import Workflow
 
@@ -45,7 +46,12 @@ logger = logging.getLogger(__name__)
 
 class _Store(Protocol):
     def decide(
-        self, limits: Sequence[Limit], costs: Sequence[int], *, version_key: str | None = None
+        self,
+        limits: Sequence[Limit],
+        costs: Sequence[int],
+        *,
+        version_key: str | None = None,
+        peek: PeekAsk | None = None,
     ) -> Decision: ...
     def correct(self, limit: Limit, slot: int, delta: int) -> None: ...
 
@@ -109,14 +115,17 @@ class RateStoreDown(Exception):  # noqa: N818 (the store's own error, wrapped)
     """The rate-limit store cannot be reached: the caller fails open or closed as it must."""
 
 
-def rate_decide(limits: Sequence[Limit], tokens: int, *, version_key: str | None = None) -> Decision:
+def rate_decide(
+    limits: Sequence[Limit], tokens: int, *, version_key: str | None = None, peek: PeekAsk | None = None
+) -> Decision:
     """Count one provider call (1 request, `tokens` tokens) against every limit, all or nothing:
     the one place a call is counted, for /v1 (RateCheck, which refuses) and for jobs
-    (inference.admission.call_pace, which waits). RateStoreDown when the store is unreachable."""
+    (inference.admission.call_pace, which waits). RateStoreDown when the store is unreachable.
+    `version_key` and `peek`: read in the same call where the store is the shared Redis."""
     store = rate_limiter()
     costs = [1 if limit.unit == REQUESTS else tokens for limit in limits]
     try:
-        return store.decide(limits, costs, version_key=version_key)
+        return store.decide(limits, costs, version_key=version_key, peek=peek)
     except getattr(store, "down_errors", ()) as exc:
         raise RateStoreDown(str(exc)) from exc
 
@@ -164,9 +173,17 @@ class RateCheck:
     def __init__(self) -> None:
         self.decision: Decision | None = None
         self._limits: list[Limit] = []
+        # The route's breakers and generation, when the check's script call read them.
+        self.peeked: PeekAnswer | None = None
 
     def check(
-        self, *, caller: TokenGrant, workflow: Workflow, tokens: int, verify: bytes | None = None
+        self,
+        *,
+        caller: TokenGrant,
+        workflow: Workflow,
+        tokens: int,
+        verify: bytes | None = None,
+        peek: Callable[[], PeekAsk | None] | None = None,
     ) -> None:
         """Count the request against every applicable limit, or raise RateLimited.
 
@@ -174,15 +191,21 @@ class RateCheck:
         since (registry.auth.access.cached_grant_unverified); the version is read in the same
         script call as the limits (one Redis round trip for both) and StaleGrant raised when it
         moved. The limits were counted with the stale grant then: an over-count of one request
-        at the moment some authorisation changed."""
+        at the moment some authorisation changed.
+
+        `peek`: what the router will read of the route's breakers (inference.router.calls
+        .route_peek_ask); when this check makes a script call to the Redis the breakers live in,
+        they are read in it too (`peeked`), so that the request makes one round trip for the
+        version, the limits, the generation and the breakers."""
         limits = request_limits(caller, workflow)
         fold = verify is not None and version_folded()
         if not limits and not fold:
             if verify is not None:
                 version_check(verify)
             return
+        ask = peek() if peek is not None and version_folded() else None
         try:
-            decision = rate_decide(limits, tokens, version_key=AUTH_VERSION_KEY if fold else None)
+            decision = rate_decide(limits, tokens, version_key=AUTH_VERSION_KEY if fold else None, peek=ask)
         except RateStoreDown as exc:
             if verify is not None:
                 raise StaleGrant from exc  # the version is unknown: read the grant afresh
@@ -194,6 +217,7 @@ class RateCheck:
                     raise StaleGrant
             else:
                 version_check(verify)
+        self.peeked = decision.peek
         if not limits:
             return
         self.decision, self._limits = decision, limits

@@ -26,26 +26,36 @@ from typing import Any
 
 import redis
 
+from inference.breaker.redis_breakers import PEEK_LUA, breaker_key
+from inference.breaker.state import PeekAnswer, PeekAsk
 from inference.ratelimit.window import Decision, Limit, Usage, window_ms
+from inference.router.policy import Peek
 from registry.shared_redis.client import redis_client
 
 # KEYS: one hash per limit (field: slot number, value: what was counted in it), then, when
 # ARGV[3] is 1, the authorisation version's key (registry.auth.version), read here so the
-# gateway needs no GET of its own.
-# ARGV: slot_ms, nslots, 0/1, then per limit: limit, cost, m, and m pairs (slot, delta) of
-# corrections.
+# gateway needs no GET of its own; then, when ARGV[4] (n) is above 0, the route-cache generation's
+# key and n breaker hashes (a PeekAsk: inference.breaker.state), read here so the router needs no
+# peek of its own. Nothing but the limits is written.
+# ARGV: slot_ms, nslots, 0/1, n, the breakers' clock and cooldown (0 0 when n is 0), then per
+# limit: limit, cost, m, and m pairs (slot, delta) of corrections.
 # Returns: allowed (1/0), the current slot, retry-after ms (-1: never), then per limit used, reset
-# ms, then (when asked) the version ("" when the key is missing).
-SCRIPT = """
+# ms, then (when asked) the version ("" when the key is missing), then (when asked) the
+# generation and a Peek per breaker.
+SCRIPT = (
+    PEEK_LUA
+    + """
 local slot_ms = tonumber(ARGV[1])
 local nslots = tonumber(ARGV[2])
 local nver = tonumber(ARGV[3])
+local npeek = tonumber(ARGV[4])
 local nlim = #KEYS - nver
+if npeek > 0 then nlim = nlim - npeek - 1 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local cur = math.floor(now / slot_ms)
 local oldest = cur - nslots + 1
-local a = 4
+local a = 7
 local limits, costs, used, live = {}, {}, {}, {}
 local allowed = 1
 for i = 1, nlim do
@@ -102,11 +112,18 @@ for i = 1, nlim do
   out[#out + 1] = used[i]; out[#out + 1] = reset
 end
 if nver == 1 then
-  local v = redis.call('GET', KEYS[#KEYS])
+  local v = redis.call('GET', KEYS[nlim + 1])
   if v then out[#out + 1] = v else out[#out + 1] = '' end
+end
+if npeek > 0 then
+  local g = nlim + nver + 1
+  out[#out + 1] = tonumber(redis.call('GET', KEYS[g]) or '0')
+  local pnow = tonumber(ARGV[5]); local cooldown = tonumber(ARGV[6])
+  for i = g + 1, #KEYS do out[#out + 1] = peek(KEYS[i], pnow, cooldown) end
 end
 return out
 """
+)
 
 
 DOWN_BACKOFF_SECONDS = 1.0
@@ -129,20 +146,31 @@ class RedisWindows:
         self._connection_error = redis.exceptions.ConnectionError
 
     def decide(
-        self, limits: Sequence[Limit], costs: Sequence[int], *, version_key: str | None = None
+        self,
+        limits: Sequence[Limit],
+        costs: Sequence[int],
+        *,
+        version_key: str | None = None,
+        peek: PeekAsk | None = None,
     ) -> Decision:
+        """`peek`: read a route's breakers and the route-cache generation in the same call (only
+        when the breakers live in this Redis: the caller checks)."""
         # After a failure, answer "unreachable" at once for a second instead of making every
         # request wait for a connect timeout against a Redis that is not there.
         if time.monotonic() < self._down_until:
             raise self._connection_error("rate-limit Redis unreachable a moment ago")
         try:
-            return self._decide(limits, costs, version_key)
+            return self._decide(limits, costs, version_key, peek)
         except self.down_errors:
             self._down_until = time.monotonic() + DOWN_BACKOFF_SECONDS
             raise
 
-    def _decide(self, limits: Sequence[Limit], costs: Sequence[int], version_key: str | None) -> Decision:
-        args: list[int] = [self._slot_ms, self._nslots, 1 if version_key else 0]
+    def _decide(
+        self, limits: Sequence[Limit], costs: Sequence[int], version_key: str | None, peek: PeekAsk | None
+    ) -> Decision:
+        peeked = peek.deployment_ids if peek is not None else ()
+        args: list[int | float | str] = [self._slot_ms, self._nslots, 1 if version_key else 0, len(peeked)]
+        args += [f"{peek.now:.6f}", peek.cooldown_s] if peek is not None and peeked else [0, 0]
         with self._lock:
             corrections = [self._pending.pop(limit.store_key, {}) for limit in limits]
         for limit, cost, fixes in zip(limits, costs, corrections, strict=True):
@@ -150,6 +178,8 @@ class RedisWindows:
             for slot, delta in fixes.items():
                 args += [slot, delta]
         keys = [limit.store_key for limit in limits] + ([version_key] if version_key else [])
+        if peek is not None and peeked:
+            keys += [peek.generation_key, *(breaker_key(d) for d in peeked)]
         out = self._script(keys=keys, args=args)
         allowed, slot, wait = bool(out[0]), int(out[1]), int(out[2])
         usages = [
@@ -157,8 +187,17 @@ class RedisWindows:
             for i, limit in enumerate(limits)
         ]
         retry = None if allowed or wait < 0 else wait / 1000
-        version = bytes(out[3 + 2 * len(limits)]) if version_key else None
-        return Decision(allowed, slot, usages, list(costs), retry_after_s=retry, auth_version=version)
+        at = 3 + 2 * len(limits)
+        version = bytes(out[at]) if version_key else None
+        at += 1 if version_key else 0
+        answer = (
+            PeekAnswer(int(out[at]), {d: Peek(int(x)) for d, x in zip(peeked, out[at + 1 :], strict=True)})
+            if peeked
+            else None
+        )
+        return Decision(
+            allowed, slot, usages, list(costs), retry_after_s=retry, auth_version=version, peek=answer
+        )
 
     def correct(self, limit: Limit, slot: int, delta: int) -> None:
         with self._lock:

@@ -21,6 +21,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from inference.breaker.state import PeekAnswer, PeekAsk
 
 SLOTS = 20
 REQUESTS = "requests"
@@ -64,6 +68,8 @@ class Decision:
     corrected: bool = field(default=False)
     # The authorisation version read in the same call (inference.ratelimit.redis_counters); None: not read.
     auth_version: bytes | None = None
+    # A route's breakers and the route-cache generation read in the same call; None: not read.
+    peek: PeekAnswer | None = None
 
 
 def window_ms(window_s: float) -> tuple[int, int]:
@@ -132,9 +138,15 @@ class LocalWindows:
         self._lock = threading.Lock()
 
     def decide(
-        self, limits: Sequence[Limit], costs: Sequence[int], *, version_key: str | None = None
+        self,
+        limits: Sequence[Limit],
+        costs: Sequence[int],
+        *,
+        version_key: str | None = None,
+        peek: PeekAsk | None = None,
     ) -> Decision:
-        # No Redis here: no shared authorisation version either (version_key is not read).
+        # No Redis here: no shared authorisation version or breakers either (version_key and
+        # peek are not read).
         now_ms = int(self._clock() * 1000)
         with self._lock:
             maps = [self._slots.setdefault(limit.store_key, {}) for limit in limits]

@@ -20,7 +20,7 @@ from inference.adapters.base import (
 from inference.adapters.registry import adapter_for
 from inference.breaker.breakers import breakers, record_success
 from inference.breaker.redis_breakers import RedisBreakers
-from inference.breaker.state import breaker_settings, monotonic_now
+from inference.breaker.state import PeekAsk, breaker_settings, monotonic_now
 from inference.models import Endpoint, InferenceAttempt
 from inference.recording import AttemptInfo
 from inference.router.context import Context, call_target, candidates, cost_estimate, needs_admission
@@ -31,8 +31,10 @@ from inference.selectors import (
     PlanEntry,
     deployment_plan,
     generation,
+    route_plan_cached,
     route_plan_refresh,
 )
+from registry.models import Workflow
 
 Outcome = InferenceAttempt.Outcome
 _rng = random.Random()  # noqa: S311 (backoff jitter, not security)
@@ -65,6 +67,24 @@ class Answer:
     probe: bool = False  # the call was a half-open probe
 
 
+def route_peek_ask(workflow: Workflow) -> PeekAsk | None:
+    """What `attempt_calls` will read first, for another script's call to read instead (the
+    gateway's rate-limit check: inference.ratelimit.limits.RateCheck): the route-cache generation
+    and the breakers of every deployment of the workflow's cached plan. None without shared
+    breakers or a cached plan (the router then peeks as usual)."""
+    if not isinstance(breakers(), RedisBreakers):
+        return None
+    plan = route_plan_cached(workflow_id=workflow.pk)
+    if plan is None or not plan.entries:
+        return None
+    return PeekAsk(
+        generation_key=GENERATION_KEY,
+        deployment_ids=tuple(e.deployment_id for e in plan.entries),
+        now=monotonic_now(),
+        cooldown_s=breaker_settings().cooldown_s,
+    )
+
+
 def attempt_calls(ctx: Context, stack: ExitStack, *, stream: bool) -> Iterator[Answer]:
     """Walk the route, yielding (entry, answer) for each successful call.
 
@@ -76,9 +96,13 @@ def attempt_calls(ctx: Context, stack: ExitStack, *, stream: bool) -> Iterator[A
     gen = generation()
     # One Redis round trip answers both "is the cached plan current?" and "which circuits are
     # open?"; a moved generation (a switch, a price, a chaos drill) rebuilds the plan first.
+    # The gateway's rate-limit call may have read both already (ctx.peeked, route_peek_ask).
     order = candidates(ctx)
     ids = [e.deployment_id for e in order]
-    if isinstance(store, RedisBreakers):
+    peeked, ctx.peeked = ctx.peeked, None
+    if peeked is not None and all(i in peeked.states for i in ids):
+        current, states = peeked.generation, [peeked.states[i] for i in ids]
+    elif isinstance(store, RedisBreakers):
         current, states = store.peek_with_generation(GENERATION_KEY, ids, now=monotonic_now(), cfg=cfg)
     else:
         current, states = gen.read(), store.peek(ids, now=monotonic_now(), cfg=cfg)

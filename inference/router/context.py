@@ -15,6 +15,7 @@ from inference.adapters.base import (
     request_features,
 )
 from inference.admission import request_tokens, worst_case_cost
+from inference.breaker.state import PeekAnswer
 from inference.models import InferenceAttempt
 from inference.recording import AttemptInfo
 from inference.router.errors import CapabilityMissing, CostLimitExceeded, NoRoute
@@ -83,6 +84,9 @@ class Context:
     retain: bool = False
     # A /v1 Idempotency-Key request's body hash (inference.idempotency); "" for the others.
     request_digest: str = ""
+    # The generation and breakers the gateway's rate-limit call read for this request
+    # (inference.router.calls.route_peek_ask); the route's first peek uses them instead.
+    peeked: PeekAnswer | None = None
 
 
 def prepare(

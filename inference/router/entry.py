@@ -21,6 +21,7 @@ from inference.adapters.base import (
     StreamChunk,
 )
 from inference.admission import input_tokens
+from inference.breaker.state import PeekAnswer
 from inference.cache import (
     CacheAsk,
     CachedAnswer,
@@ -66,6 +67,7 @@ def route(
     retain: bool = False,
     request_digest: str | None = None,
     cache: CacheAsk | None = None,
+    peeked: PeekAnswer | None = None,
 ) -> RouteResult:
     """Serve `request` for `workflow` by its current policy version (see the module docstring).
 
@@ -81,6 +83,7 @@ def route(
     (inference.idempotency; IdempotencyConflict otherwise). `cache`: the gateway's API and body
     of a request the workflow's response cache may answer (inference.cache): a hit is recorded
     at no cost with the cost it avoided; an answer bought here is cached for the next one.
+    `peeked`: the generation and breakers the gateway's rate-limit call read (RateCheck.peeked).
     """
     if client_request_id:
         # A replay answers only inside the key's own scope: the key names its namespace
@@ -93,6 +96,7 @@ def route(
     )
     ctx.bill_to = bill_to
     ctx.request_digest = request_digest or ""
+    ctx.peeked = peeked
     key = None
     semantic: SemanticAsk | None = None
     vector: np.ndarray | None = None
@@ -331,6 +335,7 @@ def route_stream(
     deadline_s: float | None = None,
     api_key_id: int | None = None,
     retain: bool = False,
+    peeked: PeekAnswer | None = None,
 ) -> RouteStream:
     """Choose a deployment by receiving its first chunk (failing over until one answers).
 
@@ -338,6 +343,7 @@ def route_stream(
     `result` says why); BudgetExhausted is raised as in `route`.
     """
     ctx = prepare(workflow, request, endpoint, deadline_s, api_key_id=api_key_id, retain=retain)
+    ctx.peeked = peeked
     stack = ExitStack()
     out = RouteStream(ctx, stack)
     try:

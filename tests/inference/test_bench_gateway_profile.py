@@ -12,6 +12,7 @@ from bench.gateway.profile import OTHER, STAGES, _stage, stage_profile
 from bench.gateway.run import RATIO_TARGETS, _ratios
 from bench.mockprovider import MockProviderServer
 from registry.auth.roles import Role
+from registry.models import Workflow
 from registry.services import api_token_create
 from tests.factories import make_deployment, make_user, make_workflow
 
@@ -80,3 +81,17 @@ def test_the_targets_are_ratios_to_the_same_runs_direct_call() -> None:
     assert met["gateway_overhead_to_direct"] is False and met["failover_overhead_to_direct"] is True
     assert met["limits_and_budgets_added_to_direct"] is False  # 2.0 against 0.5
     assert met["gateway_rps_16_to_direct"] is True and met["gateway_cpu_ms_per_request"] is False
+
+
+@pytest.mark.parametrize("limited", [False, True], ids=["no-limits", "rate-limited"])
+def test_a_call_reads_its_grant_version_limits_generation_and_breakers_in_one_redis_round_trip(
+    mock_provider: Callable[..., MockProviderServer], limited: bool
+) -> None:
+    """The rate limits' script call also reads the route's breakers and the route-cache
+    generation (inference.router.calls.route_peek_ask), so the router peeks no more."""
+    token, slug = _workflow_token(mock_provider().base_url)
+    if limited:
+        Workflow.objects.filter(slug=slug).update(rpm_limit=10_000, tpm_limit=10_000_000)
+    figures = stage_profile(token=token, model=slug, n=4, warmup=1, conn_max_age=0)
+    assert figures["round_trips_per_request"]["redis"] == 1.0
+    assert figures["round_trips_per_request"]["http"] == 1.0
