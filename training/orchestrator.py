@@ -52,7 +52,7 @@ from training.run_engines import (
     torch_threads_limit,
 )
 from training.run_pushes import LearnerSlot, push, push_before_interruption, pushes_record, reconcile_pushes
-from training.run_ranks import chunk_devices, learner_ranks_release, learner_ranks_start
+from training.run_ranks import chunk_devices, learner_device, learner_ranks_release, learner_ranks_start
 from training.services import ChunkOutcome
 
 if TYPE_CHECKING:
@@ -244,7 +244,13 @@ def learner_chunk_execute(
         torch_threads_limit()
         devices = chunk_devices(chunk.devices)  # the GPUs its worker let it own, rank by rank
         begin = _learner_for(
-            run, index, generation, seq, learner_row.steps, chunk.cluster, devices[0] if devices else None
+            run,
+            index,
+            generation,
+            seq,
+            learner_row.steps,
+            chunk.cluster,
+            learner_device(run_engine(run), devices),
         )
         slot = begin.slot
         outcome.state_source, outcome.checkpoint_key = begin.source, begin.checkpoint_key

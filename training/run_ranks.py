@@ -1,4 +1,5 @@
-"""A learner chunk's other ranks, for runs whose learners are process groups (learners.ranks > 1).
+"""A learner chunk's other ranks, for runs whose learners are process groups (learners.ranks > 1),
+data-parallel (DDP) or sharded (FSDP2, learners.sharding: fsdp).
 
 The chunk's own process is rank 0 (training.orchestrator); ranks 1..N-1 are helper processes
 that training.engine.distributed starts for the learner's first chunk in this process and keeps
@@ -33,6 +34,17 @@ def chunk_devices(owned: list[int]) -> list[torch.device] | None:
     return [torch.device("cuda", d) for d in owned]
 
 
+def learner_device(engine: RunEngine, devices: list[torch.device] | None) -> torch.device | None:
+    """Where the chunk's learner (rank 0's whole state) lives: on the host for a sharded run
+    (``learners.sharding: fsdp``; its shards train on ``devices``), else on rank 0's device
+    (None: the default one)."""
+    import torch  # noqa: PLC0415 (the web process imports this module without torch)
+
+    if engine.rc.ranks > 1 and engine.rc.sharding == "fsdp":
+        return torch.device("cpu")
+    return devices[0] if devices else None
+
+
 def learner_ranks_start(
     *,
     run: RunKey,
@@ -63,7 +75,9 @@ def learner_ranks_start(
             engine, index=index, generation=generation, steps_done=0 if saved else steps_done, rank=rank
         )
         specs.append((meta, tensors))
-    return group_start(learner, samplers=specs, devices=devices, key=(run, index, generation))
+    return group_start(
+        learner, samplers=specs, devices=devices, key=(run, index, generation), sharding=engine.rc.sharding
+    )
 
 
 def learner_ranks_release(run: RunKey, index: int | None = None) -> None:

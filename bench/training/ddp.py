@@ -1,7 +1,8 @@
-"""Benchmark figure: a learner of 2 gloo ranks against 1 rank at the same global batch.
+"""Benchmark figures: a learner of 2 gloo ranks against 1 rank at the same global batch.
 
-`python manage.py bench training` reports it as ``ddp_loss_ratio`` (``--ddp-only`` runs just
-this part). Both learners start from the same weights and train the same number of inner steps
+`python manage.py bench training` reports it as ``ddp_loss_ratio``, and with the ranks sharding
+the learner (FSDP2, learners.sharding: fsdp) as ``fsdp_loss_ratio`` (``--ddp-only`` runs just
+these parts). Both learners start from the same weights and train the same number of inner steps
 on the benchmark run's model and stdlib corpus with a global batch of B windows: one process
 drawing B windows per step, or two ranks (training.engine.distributed, DDP over gloo) drawing
 B/2 each from their own seeded streams, exactly as a run with learners.ranks = 2 does. The
@@ -19,8 +20,11 @@ import time
 from typing import Any
 
 
-def ddp_bench(cfg: dict[str, Any], *, steps: int = 150, ranks: int = 2) -> dict[str, Any]:
-    """Train one learner with 1 rank and one with ``ranks`` ranks; their eval losses and times."""
+def ddp_bench(
+    cfg: dict[str, Any], *, steps: int = 150, ranks: int = 2, sharding: str = "ddp"
+) -> dict[str, Any]:
+    """Train one learner with 1 rank and one with ``ranks`` ranks (DDP, or FSDP2 with
+    ``sharding="fsdp"``); their eval losses and times, and ``{sharding}_loss_ratio``."""
     import torch  # lazily: the bench command's other parts do not need torch here
 
     from training.engine.config import DataConfig, InnerConfig, ModelConfig
@@ -85,7 +89,7 @@ def ddp_bench(cfg: dict[str, Any], *, steps: int = 150, ranks: int = 2) -> dict[
     many_losses: list[float] = []
     starts = []
     for part in (steps // 2, steps - steps // 2):
-        group = group_start(many, samplers=specs, key="bench")
+        group = group_start(many, samplers=specs, key="bench", sharding=sharding)
         starts.append(group.start_seconds)
         try:
             many_losses += many.train(part)
@@ -99,6 +103,7 @@ def ddp_bench(cfg: dict[str, Any], *, steps: int = 150, ranks: int = 2) -> dict[
         "steps": steps,
         "global_batch": batch,
         "ranks": ranks,
+        "sharding": sharding,
         "eval_loss_1_rank": round(one_eval, 5),
         f"eval_loss_{ranks}_ranks": round(many_eval, 5),
         "train_loss_last_tenth_1_rank": round(sum(one_losses[-tail:]) / tail, 5),
@@ -107,5 +112,5 @@ def ddp_bench(cfg: dict[str, Any], *, steps: int = 150, ranks: int = 2) -> dict[
         f"seconds_{ranks}_ranks": round(many_s, 2),
         "group_start_s": round(starts[0], 3),  # a chunk that starts its helpers
         "group_start_kept_s": round(starts[1], 3),  # the learner's next chunk on the same worker
-        "ddp_loss_ratio": round(many_eval / one_eval, 4),
+        f"{sharding}_loss_ratio": round(many_eval / one_eval, 4),
     }

@@ -36,12 +36,14 @@ sees the same background load on this shared machine as the plain run did, and r
 * loss_ratio_with_failure: final eval loss with the failure ÷ without;
 * ddp_loss_ratio: a learner of 2 gloo ranks ÷ 1 rank, eval loss at the same global batch and
   steps (bench.training.ddp; no workers involved);
+* fsdp_loss_ratio: the same with the 2 ranks sharding the learner (FSDP2 over gloo,
+  learners.sharding: fsdp): each rank holds half of the parameters and AdamW state;
 * ddp_group_start_s / ddp_group_start_kept_s: seconds a chunk of that 2-rank learner waits for
   its other rank, when the helper is started for it / when the worker kept the learner's group
   from its previous chunk (measured, same process);
 * resume_loss_ratio: a learner stopped half-way, checkpointed and resumed in a fresh Learner ÷
   the same learner uninterrupted, same tokens (bench.training.resume; no workers;
-  ``--ddp-only`` runs just these two figures).
+  ``--ddp-only`` runs just these three figures).
 
 The scratch clusters are marked draining at the end so they take no later work (--keep leaves
 them as they are). Benchmarks measure; tests never assert on these figures.
@@ -284,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--ddp-only",
         action="store_true",
-        help="only ddp_loss_ratio and resume_loss_ratio (no workers, no runs)",
+        help="only ddp_loss_ratio, fsdp_loss_ratio and resume_loss_ratio (no workers, no runs)",
     )
     parser.add_argument(
         "--fast-health",
@@ -298,15 +300,17 @@ def main(argv: list[str] | None = None) -> int:
         began = time.monotonic()
         cfg = bench_config(outer_steps=args.outer_steps, region="none")
         ddp = ddp_bench(cfg)
+        fsdp = ddp_bench(cfg, sharding="fsdp")
         resume = resume_bench(cfg)
         summary = {
             "ddp_loss_ratio": ddp["ddp_loss_ratio"],
+            "fsdp_loss_ratio": fsdp["fsdp_loss_ratio"],
             "ddp_group_start_s": ddp["group_start_s"],
             "ddp_group_start_kept_s": ddp["group_start_kept_s"],
             "resume_loss_ratio": resume["resume_loss_ratio"],
             "bench_seconds": round(time.monotonic() - began, 1),
         }
-        _write(args.json, {"ddp": ddp, "resume": resume, "summary": summary})
+        _write(args.json, {"ddp": ddp, "fsdp": fsdp, "resume": resume, "summary": summary})
         return 0
 
     # The bench may be pointed at a fresh scratch database: bring its schema up to date first.
@@ -383,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         out["ddp"] = ddp_bench(cfg)  # the runs are over: the workers sit idle meanwhile
         print("ddp", json.dumps(out["ddp"]), flush=True)
+        out["fsdp"] = ddp_bench(cfg, sharding="fsdp")
+        print("fsdp", json.dumps(out["fsdp"]), flush=True)
         out["resume"] = resume_bench(cfg)
         print("resume", json.dumps(out["resume"]), flush=True)
         out["failover_events"] = [
@@ -422,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "failover_events": len(out["failover_events"]),
         "ddp_loss_ratio": out["ddp"]["ddp_loss_ratio"],
+        "fsdp_loss_ratio": out["fsdp"]["fsdp_loss_ratio"],
         "ddp_group_start_s": out["ddp"]["group_start_s"],
         "ddp_group_start_kept_s": out["ddp"]["group_start_kept_s"],
         "resume_loss_ratio": out["resume"]["resume_loss_ratio"],

@@ -18,7 +18,7 @@ def _errors(raw: Any) -> dict[str, list[str]]:
 
 def test_a_minimal_config_gets_every_default_and_a_schedule_length() -> None:
     cfg = run_config_validate({"stop": {"outer_steps": 10}})
-    assert cfg["learners"] == {"count": 2, "quorum": 2, "batch_size": 16, "ranks": 1}
+    assert cfg["learners"] == {"count": 2, "quorum": 2, "batch_size": 16, "ranks": 1, "sharding": "ddp"}
     assert cfg["inner"]["total_steps"] == 10 * cfg["h"]
     assert "object_store_url" not in cfg  # every run uses the installation's store
     rc = RunConfig(cfg)
@@ -157,4 +157,18 @@ def test_ranks_per_learner_must_divide_its_batch_and_fit_a_pinned_clusters_slots
     )
     assert errors == {
         "learners.ranks": [f"learner 0 is pinned to {small.slug}, whose learner slots hold 1 accelerator(s)"]
+    }
+
+
+@pytest.mark.django_db
+def test_a_learner_is_sharded_with_fsdp_only_over_two_ranks_or_more() -> None:
+    cfg = run_config_validate({"stop": {"outer_steps": 1}, "learners": {"ranks": 2, "sharding": "fsdp"}})
+    assert RunConfig(cfg).sharding == "fsdp"
+    assert RunConfig({"learners": {"count": 1}}).sharding == "ddp"  # a config stored before it
+    assert RunConfig(run_config_validate({"stop": {"outer_steps": 1}})).sharding == "ddp"
+    assert _errors({"stop": {"outer_steps": 1}, "learners": {"sharding": "fsdp"}}) == {
+        "learners.sharding": ["fsdp shards a learner over its ranks: set learners.ranks to 2 or more"]
+    }
+    assert _errors({"stop": {"outer_steps": 1}, "learners": {"ranks": 2, "sharding": "zero3"}}) == {
+        "learners.sharding": ["must be one of ddp, fsdp"]
     }

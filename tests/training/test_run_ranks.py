@@ -176,3 +176,34 @@ def test_a_failed_chunk_ends_the_group_it_kept_and_the_next_chunk_starts_ranks_a
     assert kept_group() is None  # ...which is not kept after the failure
     with pytest.raises(ProcessLookupError):
         os.kill(helper, 0)
+
+
+def test_a_sharded_learner_trains_pushes_and_checkpoints_whole_through_the_chunk_path(
+    db: Any, tmp_path: Path
+) -> None:
+    _healthy("1.250000")
+    learners = {"count": 1, "quorum": 1, "batch_size": 4, "ranks": 2, "sharding": "fsdp"}
+    config = tiny_run_config(learners=learners, h=2, chunk_seconds=2.0)
+    run = services.training_run_create(config=config, created_by=None, name="fsdp")
+    services.training_run_place(run_id=run.pk)
+    run.refresh_from_db()
+    learner = TrainingLearner.objects.get(run=run, index=0)
+    first = _chunk(learner, 0)
+    # The syncer merges the Δ the chunk gathered from the two ranks' shards (h = 2: it pushed
+    # after 2 steps) and publishes version 1; the next chunk adopts it into both ranks' shards
+    # and pushes again.
+    orchestrator.syncer_tick_execute(run_id=run.pk, token=run.syncer_token)
+    second = _chunk(learner, 1)
+    assert first.error == second.error == "" and second.ranks_start == LearnerChunk.RankStart.KEPT
+    assert first.steps >= 2 and first.bytes_sent > 0
+    assert second.bytes_received > 0 and second.bytes_sent > 0
+    assert first.tokens == first.steps * 4 * 16
+    # The checkpoint is the learner whole again, on the host: both ranks' stream positions, the
+    # step count of both chunks, parameters of the model's full shapes.
+    meta, tensors = run_checkpoints(run).read(0, 0, 1)
+    assert meta["learner"]["step_count"] == first.steps + second.steps and "sampler@1" in tensors
+    assert tensors["param:wte.weight"].shape == (256, 16)
+    slot = orchestrator._LEARNERS[(orchestrator.run_key(run), 0)]
+    assert slot.learner.sharded is None and slot.learner.device.type == "cpu"
+    assert slot.learner.base_version == [1]
+    assert kept_group() is not None and kept_group().group.sharded  # type: ignore[union-attr]

@@ -30,7 +30,9 @@ sampler's generator), so a learner restored in another process continues bit for
 A learner may be a process group of ``ranks`` processes (training.engine.distributed): each
 rank draws ``batch / ranks`` windows, ``net`` is the DistributedDataParallel wrapper of
 ``model`` and ``group`` broadcasts rank 0's parameters after it adopted a version. The
-learner's other ranks' sampler positions are kept in ``rank_samplers`` and checkpointed.
+learner's other ranks' sampler positions are kept in ``rank_samplers`` and checkpointed. In a
+sharded group (FSDP2), ``net`` is the sharded module and, while its session runs, ``params``,
+``anchor`` and ``opt`` hold this rank's shards (training.engine.distributed.sharding).
 """
 
 from __future__ import annotations
@@ -61,6 +63,17 @@ def lr_at(step: int, cfg: InnerConfig) -> float:
     progress = min(1.0, (step - cfg.warmup_steps) / span)
     min_lr = cfg.lr * cfg.min_lr_ratio
     return min_lr + 0.5 * (cfg.lr - min_lr) * (1.0 + math.cos(math.pi * progress))
+
+
+@torch.no_grad()
+def apply_adoption(p: torch.Tensor, g: torch.Tensor, anchor: torch.Tensor, how: Adopt, alpha: float) -> None:
+    """θ takes the global ``g`` (in place): replace, mix (α·θ + (1 − α)·g) or rebase (g + θ − anchor)."""
+    if how == "replace":
+        p.copy_(g)
+    elif how == "mix":
+        p.mul_(alpha).add_(g, alpha=1.0 - alpha)
+    else:  # rebase: keep the progress since the last push on top of the new global
+        p.add_(g - anchor)
 
 
 def make_inner_optimizer(params: Sequence[torch.nn.Parameter], cfg: InnerConfig) -> torch.optim.Optimizer:
@@ -102,6 +115,9 @@ class Learner:
         # trains as a process group (then `group` is its training.engine.distributed.RankGroup).
         self.net: torch.nn.Module = self.model
         self.group: Any = None
+        # While a sharded group's session runs (training.engine.distributed.sharding): the host
+        # state it replaced. Then `params`, `anchor` and `opt` are this rank's shards.
+        self.sharded: Any = None
         self.ranks = ranks
         self.params_changed = False  # adopted since the group's last step (rank 0 broadcasts)
         self.rank_samplers: dict[int, torch.Tensor] = {}  # rank -> its sampler's saved position
@@ -153,7 +169,7 @@ class Learner:
             loss = self.net(x, y)
         loss.backward()  # under DDP the gradients come out averaged over the ranks
         if self.inner.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.inner.grad_clip)
+            torch.nn.utils.clip_grad_norm_(list(self.params.values()), self.inner.grad_clip)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         self.step_count += 1
@@ -171,11 +187,14 @@ class Learner:
     @torch.no_grad()
     def make_delta(self, fragment: int, *, now: float = 0.0) -> FragmentDelta:
         """Δ = anchor − θ_local for one fragment; the anchor moves to θ_local afterwards."""
-        raw: dict[str, torch.Tensor] = {}
-        for name in self.fragments[fragment]:
-            local = self.params[name].detach().float()
-            raw[name] = (self.anchor[name] - local).cpu()
-            self.anchor[name] = local.clone()
+        if self.sharded is not None:
+            raw = self.group.delta(self, fragment)  # from every rank's shards
+        else:
+            raw = {}
+            for name in self.fragments[fragment]:
+                local = self.params[name].detach().float()
+                raw[name] = (self.anchor[name] - local).cpu()
+                self.anchor[name] = local.clone()
         delta = FragmentDelta(
             learner=self.id,
             fragment=fragment,
@@ -238,16 +257,13 @@ class Learner:
         alpha: float = 0.0,
     ) -> None:
         """Take a published fragment; the anchor becomes the global parameters."""
-        for name in self.fragments[fragment]:
-            g = params[name].to(self.device, torch.float32)
-            p = self.params[name]
-            if how == "replace":
-                p.copy_(g)
-            elif how == "mix":
-                p.mul_(alpha).add_(g, alpha=1.0 - alpha)
-            else:  # rebase: keep the progress since the last push on top of the new global
-                p.add_(g - self.anchor[name])
-            self.anchor[name] = g.clone()
+        if self.sharded is not None:
+            self.group.adopt(self, fragment, params, how, alpha)  # into every rank's shards
+        else:
+            for name in self.fragments[fragment]:
+                g = params[name].to(self.device, torch.float32)
+                apply_adoption(self.params[name], g, self.anchor[name], how, alpha)
+                self.anchor[name] = g.clone()
         self.params_changed = True
         self.base_version[fragment] = version
         if version > self.held_version[fragment]:  # adopted from outside the held copy
@@ -343,9 +359,11 @@ class Learner:
     def load_replica(self, meta: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]) -> None:
         """Become a training replica of a learner (another rank of its group): its parameters,
         AdamW state and schedule position, and this rank's sampler position if one was saved.
-        Anchors, the held copy and the push bookkeeping stay with rank 0."""
+        Anchors, the held copy and the push bookkeeping stay with rank 0. A sharded group's
+        replica comes without parameters (its shards come from rank 0 as a session starts)."""
         for n, p in self.params.items():
-            p.copy_(tensors[f"param:{n}"].to(p.device))
+            if f"param:{n}" in tensors:
+                p.copy_(tensors[f"param:{n}"].to(p.device))
         self._load_optimizer(meta, tensors)
         if "sampler" in tensors:
             _sampler_load(self.sampler, tensors["sampler"])

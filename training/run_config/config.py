@@ -86,6 +86,11 @@ class RunConfig:
         return int(self.raw["learners"].get("ranks", 1))
 
     @property
+    def sharding(self) -> str:
+        """How a learner's ranks split it: "ddp" or "fsdp"; a config stored before it: "ddp"."""
+        return str(self.raw["learners"].get("sharding", "ddp"))
+
+    @property
     def seed(self) -> int:
         return int(self.raw["seed"])
 

@@ -39,7 +39,9 @@ DEFAULTS: dict[str, Any] = {
         "sharding": "iid",
         "seed": 0,
     },
-    "learners": {"count": 2, "quorum": None, "batch_size": 16, "ranks": 1},
+    # sharding: how a learner's ranks split it: "ddp" (a whole replica each) or "fsdp" (FSDP2:
+    # parameters, gradients and AdamW state sharded over the ranks; training.engine.distributed).
+    "learners": {"count": 2, "quorum": None, "batch_size": 16, "ranks": 1, "sharding": "ddp"},
     "h": 25,
     "fragments": {"count": 1, "assignment": "strided", "overlap": 0, "alpha": 0.0},
     "inner": {
@@ -87,6 +89,7 @@ DATA_FORMATS = ("bytes", "text", "jsonl", "parquet")
 CHOICES = {
     "data.format": DATA_FORMATS,
     "data.sharding": ("iid", "noniid"),
+    "learners.sharding": ("ddp", "fsdp"),
     "fragments.assignment": ("strided", "sequential"),
     "inner.schedule": ("cosine", "constant"),
     "compression.kind": ("fp32", "bf16", "int8", "4bit", "fp4_e3m0"),

@@ -99,6 +99,10 @@ def run_config_validate(raw: Any, *, reach: ObjectReach | None = None) -> dict[s
     elif not 1 <= learners["quorum"] <= m:
         errors.add("learners.quorum", f"must be between 1 and learners.count ({m})")
     ranks, batch = learners["ranks"], learners["batch_size"]
+    if learners["sharding"] == "fsdp" and not errors.has("learners.ranks") and ranks < 2:
+        errors.add(
+            "learners.sharding", "fsdp shards a learner over its ranks: set learners.ranks to 2 or more"
+        )
     if not errors.has("learners.ranks") and not errors.has("learners.batch_size") and batch % ranks:
         errors.add(
             "learners.ranks", f"must divide learners.batch_size ({batch}): each rank draws batch_size / ranks"

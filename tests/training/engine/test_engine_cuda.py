@@ -141,3 +141,54 @@ def test_two_nccl_ranks_train_as_one_rank_at_the_same_global_batch(stdlib_small:
     expected = one.train(5)
     # bf16 matmuls on both sides, summed in another order: within 1%, as on the CPU.
     assert all(abs(a - b) <= 0.01 * abs(b) for a, b in zip(got, expected, strict=True)), (got, expected)
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available() and torch.cuda.device_count() < 2, reason="two NCCL ranks need two GPUs"
+)
+def test_two_fsdp_nccl_ranks_shard_the_learner_on_the_gpus_and_train_as_one_rank(
+    stdlib_small: Corpus,
+) -> None:
+    from torch.distributed.tensor import DTensor
+
+    from training.engine.distributed import group_start
+
+    init = _init()
+    sharded = Learner(
+        learner_id=0,
+        model_cfg=CFG,
+        inner=INNER,
+        fragments=[list(init)],
+        sampler=BatchSampler(stdlib_small.train, block_size=CFG.block_size, batch_size=4, seed=100),
+        init=init,
+        ranks=2,
+        device="cpu",  # whole on the host; its shards train on cuda:0 and cuda:1
+    )
+    spec = {"kind": "bytes", "block_size": CFG.block_size, "batch_size": 4, "seed": 101}
+    group = group_start(sharded, samplers=[(spec, {"data": stdlib_small.train})], sharding="fsdp")
+    try:
+        got = sharded.train(5)
+        p = next(iter(sharded.params.values()))
+        assert isinstance(p, DTensor) and p.to_local().device.type == "cuda"
+        delta = sharded.make_delta(0).decoded()
+    finally:
+        group.finish()
+    assert sharded.device.type == "cpu" and all(t.device.type == "cpu" for t in delta.values())
+    parts = [
+        BatchSampler(stdlib_small.train, block_size=CFG.block_size, batch_size=4, seed=s) for s in (100, 101)
+    ]
+
+    class Union:
+        batch_size, block_size = 8, CFG.block_size
+
+        def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+            xs, ys = zip(*(p.next() for p in parts), strict=True)
+            return torch.cat(xs), torch.cat(ys)
+
+    one = Learner(
+        learner_id=0, model_cfg=CFG, inner=INNER, fragments=[list(init)], sampler=Union(), init=init
+    )
+    expected = one.train(5)
+    assert all(abs(a - b) <= 0.01 * abs(b) for a, b in zip(got, expected, strict=True)), (got, expected)
+    for name, t in one.make_delta(0).decoded().items():
+        torch.testing.assert_close(delta[name], t, atol=5e-3, rtol=5e-2, msg=name)

@@ -1,4 +1,6 @@
-"""A learner as a process group: N ranks train one replica each, data-parallel (DDP) inside it.
+"""A learner as a process group: N ranks train one replica each, data-parallel (DDP) inside it,
+or, with ``learners.sharding: fsdp``, one replica sharded over them (FSDP2: see
+training.engine.distributed.sharding, whose outer step works on the shards).
 
 DiLoCo runs across learners as before; inside a learner, its inner steps are split over N
 ranks with ``torch.distributed`` (gloo on CPU, NCCL on CUDA) and

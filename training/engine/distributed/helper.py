@@ -11,7 +11,8 @@ numbered 0, 1, 2, ...: for session n it waits for the word under ``go/n``.
 * ``end``: leave the group and exit.
 
 It then says ``s{n}/ready/{rank}``, joins the process group on its first session, trains
-through DDP until rank 0's control word says stop, and leaves its sampler's position under
+through DDP (or FSDP2, with ``--sharding fsdp``: it joins the outer step's collectives too)
+until rank 0's control word says stop, and leaves its sampler's position under
 ``s{n}/result/{rank}``. Between sessions it waits at most ``--idle`` seconds, and no longer
 than its parent (rank 0) lives: a worker that was killed or moved its learner elsewhere leaves
 no helper behind.
@@ -71,7 +72,9 @@ def _next_word(store: Any, session: int, *, idle_s: float, parent: int) -> bytes
         time.sleep(0.002 if waited < 1.0 else 0.05)
 
 
-def helper_main(*, rank: int, world: int, port: int, device: str, timeout_s: float, idle_s: float) -> int:
+def helper_main(
+    *, rank: int, world: int, port: int, device: str, timeout_s: float, idle_s: float, sharding: str = "ddp"
+) -> int:
     """Rank ``rank`` of a learner's group: serve sessions until rank 0 says end (or goes away,
     or none comes within ``idle_s``). Returns the exit code."""
     torch.set_num_threads(1)  # as the worker processes: the cores are shared
@@ -79,7 +82,9 @@ def helper_main(*, rank: int, world: int, port: int, device: str, timeout_s: flo
     timeout = datetime.timedelta(seconds=timeout_s)
     store = dist.TCPStore(ADDR, port, world, False, timeout=timeout)
     dev = rank_device(rank, torch.device(device))
-    group = RankGroup(rank=rank, world=world, device=dev)
+    sharded = sharding == "fsdp"
+    group = RankGroup(rank=rank, world=world, device=dev, sharded=sharded)
+    host = torch.device("cpu") if sharded else dev  # a sharded replica is whole on the host only
     learner: Learner | None = None
     joined = False
     session = 0
@@ -90,7 +95,7 @@ def helper_main(*, rank: int, world: int, port: int, device: str, timeout_s: flo
                 return 0
             if word == LOAD:
                 spec = f"s{session}/spec/{rank}"
-                learner = helper_learner(store.get(spec), dev)
+                learner = helper_learner(store.get(spec), host)
                 store.delete_key(spec)  # a replica is model-sized: the store keeps no old one
             elif word != CONTINUE or learner is None:
                 raise RuntimeError(f"session {session}: unexpected word {word!r}")
@@ -102,7 +107,7 @@ def helper_main(*, rank: int, world: int, port: int, device: str, timeout_s: flo
             with contextlib.suppress(GroupStopped):  # rank 0's control word ends the session
                 while True:
                     learner.train_step()
-            unwrap(learner)
+            unwrap(learner)  # a sharded replica gathers its shards with the other ranks
             tensors = {}
             state = learner.sampler_state()
             if state is not None:
@@ -124,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--timeout", type=float, default=RANK_TIMEOUT_S)
     parser.add_argument("--idle", type=float, default=RANK_IDLE_S)
+    parser.add_argument("--sharding", choices=("ddp", "fsdp"), default="ddp")
     args = parser.parse_args(argv)
     try:
         return helper_main(
@@ -133,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             device=args.device,
             timeout_s=args.timeout,
             idle_s=args.idle,
+            sharding=args.sharding,
         )
     except Exception:
         traceback.print_exc()

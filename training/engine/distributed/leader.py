@@ -48,8 +48,8 @@ _GROUP_LOCK = threading.Lock()
 
 
 # A kept group's identity: the caller's key (the orchestrator's: run, learner, generation),
-# the world size, the ranks' devices and the learner's device type.
-GroupKey = tuple[Hashable, int, tuple[str, ...], str]
+# the world size, the ranks' devices, the learner's device type and the sharding (ddp, fsdp).
+GroupKey = tuple[Hashable, int, tuple[str, ...], str, str]
 
 
 class LeaderGroup:
@@ -59,14 +59,21 @@ class LeaderGroup:
     key); ``abort`` kills it."""
 
     def __init__(
-        self, *, key: GroupKey | None, device: torch.device, world: int, timeout_s: float, idle_s: float
+        self,
+        *,
+        key: GroupKey | None,
+        device: torch.device,
+        world: int,
+        timeout_s: float,
+        idle_s: float,
+        sharded: bool = False,
     ) -> None:
         self.key, self.idle_s = key, idle_s
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.procs: list[subprocess.Popen[bytes]] = []
         self.logs: list[IO[bytes]] = []
         self.store: Any = None
-        self.group = RankGroup(rank=0, world=world, device=device, watch=self.check)
+        self.group = RankGroup(rank=0, world=world, device=device, watch=self.check, sharded=sharded)
         self.session = 0  # the session under way, or the next one
         self.learner: Learner | None = None  # the learner of the session under way
         self.joined = False  # rank 0 is in the default process group
@@ -116,6 +123,7 @@ class LeaderGroup:
             cmd += ["--world", str(self.group.world), "--port", str(self.store.port)]
             cmd += ["--device", devices[r - 1]]
             cmd += ["--timeout", str(self.timeout.total_seconds()), "--idle", str(self.idle_s)]
+            cmd += ["--sharding", "fsdp" if self.group.sharded else "ddp"]
             self.procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))  # noqa: S603
 
     def may_continue(self, key: GroupKey | None) -> bool:
@@ -131,7 +139,8 @@ class LeaderGroup:
         self.continued = self.continued and learner.rank_skip == 0
         if not self.continued:
             for r, spec in enumerate(samplers, start=1):
-                put(self.store, f"s{n}/spec/{r}", replica_blob(learner, rank=r, sampler=spec))
+                blob = replica_blob(learner, rank=r, sampler=spec, shapes_only=self.group.sharded)
+                put(self.store, f"s{n}/spec/{r}", blob)
         put(self.store, f"go/{n}", CONTINUE if self.continued else LOAD)
         # init_process_group (and DDP's first broadcast) blocks until every rank arrived; a
         # helper that failed to start would make rank 0 wait the whole timeout. Wait for their
@@ -158,6 +167,7 @@ class LeaderGroup:
         try:
             self.check()
             self.group.stop()
+            unwrap(learner)  # a sharded learner gathers its shards with the helpers here
             keys = [f"s{n}/result/{r}" for r in range(1, self.group.world)]
             self.store.wait(keys, self.timeout)
             for r in range(1, self.group.world):
@@ -172,7 +182,6 @@ class LeaderGroup:
         except Exception as exc:  # a collective or the store failed: a helper is gone
             self.abort()
             raise RankError(f"process group failed: {exc}") from exc
-        unwrap(learner)
         self.learner = None
         self._left = (weakref.ref(learner), learner.step_count)
         self.session += 1
@@ -212,7 +221,7 @@ class LeaderGroup:
             self._timer.cancel()
             self._timer = None
         if self.learner is not None:
-            unwrap(self.learner)
+            unwrap(self.learner, gather=False)  # its group failed: nothing to gather from
             self.learner = None
         for proc in self.procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -293,6 +302,7 @@ def group_start(
     devices: list[torch.device] | None = None,
     key: Hashable | None = None,
     idle_s: float = RANK_IDLE_S,
+    sharding: str = "ddp",
 ) -> LeaderGroup:
     """Begin a session of ranks 1..N-1 (``samplers[r - 1]`` is rank r's recipe) with this
     process as rank 0. Rank r runs on ``devices[r]`` (the learner, rank 0, is on ``devices[0]``
@@ -300,14 +310,18 @@ def group_start(
 
     With a ``key``, the group this process kept from a session of the same key (and world and
     devices) is used again, and ``finish`` keeps it; without one, ``finish`` ends it. The
-    learner trains through DDP until ``finish`` (or ``abort``) is called on the result.
+    learner trains through DDP (``sharding="ddp"``) or FSDP2 (``"fsdp"``: the learner stays
+    whole on its host device, the CPU, and rank r trains on ``devices[r]``, else on CUDA when
+    there is one) until ``finish`` (or ``abort``) is called on the result.
     """
     global _KEPT
     world = len(samplers) + 1
     if not _GROUP_LOCK.acquire(timeout=timeout_s):
         raise RankError("another process group is still running in this process")
     began = time.monotonic()
-    full_key = None if key is None else (key, world, tuple(map(str, devices or ())), learner.device.type)
+    full_key = None
+    if key is not None:
+        full_key = (key, world, tuple(map(str, devices or ())), learner.device.type, sharding)
     leader, _KEPT = _KEPT, None
     kept = leader is not None and leader.may_continue(full_key)
     try:
@@ -325,7 +339,13 @@ def group_start(
                 kept = False
         if not kept:
             leader = _spawn(
-                learner, world=world, key=full_key, devices=devices, timeout_s=timeout_s, idle_s=idle_s
+                learner,
+                world=world,
+                key=full_key,
+                devices=devices,
+                timeout_s=timeout_s,
+                idle_s=idle_s,
+                sharded=sharding == "fsdp",
             )
             leader.begin(learner, samplers)
     except Exception as exc:
@@ -349,16 +369,21 @@ def _spawn(
     devices: list[torch.device] | None,
     timeout_s: float,
     idle_s: float,
+    sharded: bool,
 ) -> LeaderGroup:
     device = learner.device
+    if sharded:  # the learner is whole on the host; its shards train on the devices
+        device = devices[0] if devices else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    leader = LeaderGroup(key=key, device=device, world=world, timeout_s=timeout_s, idle_s=idle_s)
+    leader = LeaderGroup(
+        key=key, device=device, world=world, timeout_s=timeout_s, idle_s=idle_s, sharded=sharded
+    )
     # The helpers import this package from the same checkout, whatever the worker's cwd.
     root = str(Path(__file__).resolve().parents[3])
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "PYTHONPATH": path}
-    rank_devices = [str(devices[r]) if devices else learner.device.type for r in range(1, world)]
+    rank_devices = [str(devices[r]) if devices else device.type for r in range(1, world)]
     try:
         leader.launch(env, rank_devices)
     except Exception:

@@ -19,16 +19,22 @@ from storage.tensorblob import pack, unpack
 from training.engine.config import InnerConfig
 from training.engine.data import BatchSampler, Sampler
 from training.engine.learner import Learner
-from training.engine.model import AnyModelConfig, model_config_from_dict, model_config_to_dict
+from training.engine.model import AnyModelConfig, make_model, model_config_from_dict, model_config_to_dict
 
 SamplerSpec = tuple[dict[str, Any], dict[str, torch.Tensor]]
 
 
-def replica_blob(learner: Learner, *, rank: int, sampler: SamplerSpec) -> bytes:
+def replica_blob(learner: Learner, *, rank: int, sampler: SamplerSpec, shapes_only: bool = False) -> bytes:
     """Everything helper ``rank`` needs: model and inner config, parameters, AdamW state, the
-    schedule position, and its sampler's recipe (and saved position, if the learner has one)."""
+    schedule position, and its sampler's recipe (and saved position, if the learner has one).
+
+    ``shapes_only`` (a sharded group): no parameters and no AdamW state; the helper builds the
+    model's shapes and takes its shards from rank 0 as the session starts (sharding.shard)."""
     meta, tensors = learner.state_dict()
-    keep = {k: t for k, t in tensors.items() if k.startswith(("param:", "opt:"))}
+    wanted = () if shapes_only else ("param:", "opt:")
+    keep = {k: t for k, t in tensors.items() if wanted and k.startswith(wanted)}
+    if shapes_only:
+        meta = {**meta, "opt_keys": {}}
     sampler_meta, sampler_tensors = sampler
     keep.update({f"sampler_spec:{k}": t for k, t in sampler_tensors.items()})
     saved = learner.rank_samplers.get(rank)
@@ -96,6 +102,8 @@ def helper_learner(blob: bytes, device: torch.device) -> Learner:
     sampler = sampler_from_spec(header["sampler"], spec)
     model_cfg: AnyModelConfig = model_config_from_dict(header["model"])
     init = {k[len("param:") :]: t for k, t in tensors.items() if k.startswith("param:")}
+    if not init:  # a sharded group's replica: shapes only, its values come as shards
+        init = {n: p.detach() for n, p in make_model(model_cfg).named_parameters()}
     learner = Learner(
         learner_id=int(header["learner"]["learner"]),
         model_cfg=model_cfg,
