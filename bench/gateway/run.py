@@ -48,6 +48,12 @@ database, and measures sequential p50/p95 over --requests calls after --warmup:
   included. Null where the process is not on this machine (a remote database). The block
   ends once the journal is empty (journal_drain_s after the last answer), so the folder
   threads' work is counted.
+- journal_backlog_after_60s_at_rps16: whether the folder keeps up with sustained traffic. 16
+  clients call the gateway for --backlog-seconds (60) while this process counts the journal's
+  pending rows every second; the figure is the last count, taken within a second of the end
+  with the traffic still flowing (rows answered in the last fold delay are pending by design),
+  with journal_backlog_max_at_rps16, the first and last thirds' maxima (a backlog that grows
+  shows as a last third above the first) and the block's own rate, journal_backlog_rps.
 
 Issue 29's figures, for messages (POST /v1/messages with x-api-key) and responses (POST
 /v1/responses): <api>_p50_ms and <api>_overhead_p50_ms (minus direct), measured in turn with the
@@ -104,14 +110,17 @@ from bench.gateway.handlers import middleware_saved
 from bench.gateway.metrics_cost import gateway_metrics_cost, router_metrics_cost
 from bench.gateway.profile import stage_profile
 from bench.gateway.server import (
+    SERVERS,
     cpu_per_request,
     cpu_snapshot,
     free_port,
     gunicorn_env,
     gunicorn_start,
+    journal_backlog,
     requests_per_second,
     web_server_config,
 )
+from bench.gateway.targets import target_ratios
 from bench.gateway.translated import cache_figures, translated_api_figures
 from bench.meta import run_meta
 from bench.mockprovider import Behaviour, MockProviderServer
@@ -204,43 +213,23 @@ def _seed(ok_url: str, failing_url: str) -> dict[str, Any]:
     }
 
 
-# Issue 28's targets, as ratios to direct_p50_ms, the same run's call straight to the mock (this
-# machine's speed drifts 2x from day to day; the ratios do not): figure -> (ratio key, the
-# ratio's upper bound). The rate is a lower bound on the gateway's share of the mock's own
-# rate at 16 clients; the CPU target is absolute (ms per request, web + PostgreSQL + Redis).
-RATIO_TARGETS: dict[str, tuple[str, float]] = {
-    "gateway_overhead_p50_ms": ("gateway_overhead_to_direct", 3.0),
-    "gateway_overhead_p99_ms": ("gateway_overhead_p99_to_direct", 10.0),
-    "failover_overhead_p50_ms": ("failover_overhead_to_direct", 4.0),
-    "circuit_open_overhead_p50_ms": ("circuit_open_overhead_to_direct", 3.0),
-    "limits_and_budgets_added_paired_p50_ms": ("limits_and_budgets_added_to_direct", 0.5),
-    "stream_ttfb_overhead_p50_ms": ("stream_ttfb_overhead_to_direct", 3.0),
-}
-
-
-def _ratios(out: dict[str, Any]) -> dict[str, Any]:
-    """Each target figure over direct_p50_ms, and whether each target is met."""
-    ratios: dict[str, Any] = {}
-    met: dict[str, bool] = {}
-    for figure, (key, bound) in RATIO_TARGETS.items():
-        ratios[key] = round(out[figure] / out["direct_p50_ms"], 2)
-        met[key] = ratios[key] <= bound
-    ratios["gateway_rps_16_to_direct"] = round(out["gateway_rps_16"] / out["direct_rps_16"], 3)
-    met["gateway_rps_16_to_direct"] = (
-        ratios["gateway_rps_16_to_direct"] >= 0.5 and not out["gateway_rps_16_errors"]
-    )
-    met["gateway_cpu_ms_per_request"] = out["gateway_cpu_ms_per_request"] <= 2.0
-    return {**ratios, "targets_met": met}
-
-
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="manage.py bench gateway", description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--rps-seconds", type=float, default=10.0)
+    parser.add_argument(
+        "--backlog-seconds", type=float, default=60.0, help="sustained 16-client block (0: skip it)"
+    )
     parser.add_argument("--gunicorn-workers", type=int, help="default: stack/gunicorn_conf.py's")
     parser.add_argument("--gunicorn-threads", type=int, help="default: stack/gunicorn_conf.py's")
+    parser.add_argument(
+        "--server",
+        choices=SERVERS,
+        default="gunicorn",
+        help="the web server: gunicorn (what ships) or granian (a comparison, the same sizing)",
+    )
     args = parser.parse_args(argv)
     if args.requests < 500:
         print("--requests must be at least 500", file=sys.stderr)
@@ -318,7 +307,13 @@ def main(argv: list[str]) -> int:
         # REDIS_URL each keeps its own).
         port = free_port()
         env = gunicorn_env(port, args.gunicorn_workers, args.gunicorn_threads)
-        out["web_server"] = {"config": "stack/gunicorn_conf.py", **web_server_config(env)}
+        out["web_server"] = {
+            "config": "stack/gunicorn_conf.py",
+            "server": args.server,
+            **web_server_config(env),
+        }
+        if args.server == "granian":  # the same sizing; its threads are granian's blocking threads
+            out["web_server"]["worker_class"] = "granian wsgi"
         # What /v1 saves by skipping the pages' middleware chain (stack.dataplane), in this
         # process with the web server's database connection lifetime.
         out.update(
@@ -341,14 +336,14 @@ def main(argv: list[str]) -> int:
         # How requests are recorded (the bench process's settings, inherited by gunicorn).
         out["recording"] = settings.INFERENCE_RECORDING
         out["ledger_partitions"] = settings.LEDGER_PARTITIONS
-        gunicorn = gunicorn_start(port, env)
+        gunicorn = gunicorn_start(port, env, args.server)
         # The same server with the router's metrics off, for metrics_added_p50_ms.
         off_port = free_port()
         off_env = {
             **gunicorn_env(off_port, args.gunicorn_workers, args.gunicorn_threads),
             "SWITCHYARD_METRICS": "false",
         }
-        gunicorn_off = gunicorn_start(off_port, off_env)
+        gunicorn_off = gunicorn_start(off_port, off_env, args.server)
         auth = {"Authorization": f"Bearer {seeded['token']}"}
         gateway = Client(port, "/v1/chat/completions", auth)
 
@@ -473,8 +468,10 @@ def main(argv: list[str]) -> int:
         cpu = cpu_per_request(before, after, answered + errors)
         out.update(cpu)
         out["gateway_cpu_cores_16"] = cpu["gateway_cpu_ms_per_request"] * (answered + errors) / seconds / 1000
+        if args.backlog_seconds > 0:
+            out.update(journal_backlog(port, seeded["token"], wfs["ok"].slug, seconds=args.backlog_seconds))
         out["loadavg_end"] = round(os.getloadavg()[0], 2)
-        out.update(_ratios(out))
+        out.update(target_ratios(out))
         for key, value in list(out.items()):
             if isinstance(value, float):
                 out[key] = round(value, 3)

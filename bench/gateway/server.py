@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping
@@ -21,6 +22,7 @@ from django.db import connection
 
 from bench.gateway.client import BODY, Client
 from bench.gateway.proc_stat import ProcStat, all_processes, ticks_to_ms, tree_cpu_ticks
+from inference.recording import journal_status
 
 
 def free_port() -> int:
@@ -53,8 +55,32 @@ def gunicorn_env(port: int, workers: int | None, threads: int | None) -> dict[st
     return env
 
 
-def gunicorn_start(port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
+SERVERS = ("gunicorn", "granian")
+
+
+def gunicorn_start(port: int, env: dict[str, str], server: str = "gunicorn") -> subprocess.Popen[bytes]:
+    """The web server on `port`: gunicorn with stack/gunicorn_conf.py, or (``server="granian"``,
+    a comparison, not what ships) granian's WSGI server given the same sizing from that file's
+    definition: its workers, a blocking thread per gunicorn thread, and the same database
+    connection lifetime and metrics directory."""
     args = [sys.executable, "-m", "gunicorn", "-c", str(GUNICORN_CONF), "stack.wsgi:application"]
+    if server == "granian":
+        cfg = web_server_config(env)
+        metrics_dir = tempfile.mkdtemp(prefix="switchyard-bench-metrics-")
+        env = {**env, "DB_CONN_MAX_AGE": str(cfg["db_conn_max_age"]), "PROMETHEUS_MULTIPROC_DIR": metrics_dir}
+        args = [
+            sys.executable,
+            "-m",
+            "granian",
+            "--interface",
+            "wsgi",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ]
+        args += ["--workers", str(cfg["workers"]), "--blocking-threads", str(cfg["threads"])]
+        args += ["--log-level", "warning", "--no-ws", "stack.wsgi:application"]
     process = subprocess.Popen(  # noqa: S603 (our own interpreter and fixed arguments)
         args, env=env, cwd=str(Path(settings.BASE_DIR)), start_new_session=True
     )
@@ -150,3 +176,33 @@ def requests_per_second(
     for t in threads:
         t.join()
     return sum(counts), sum(errors), time.monotonic() - started
+
+
+def journal_backlog(port: int, token: str, workflow: str, *, seconds: float) -> dict[str, Any]:
+    """16 clients for `seconds` while the journal's pending rows are counted every second."""
+    samples: list[int] = []
+    stop = threading.Event()
+
+    def count() -> None:
+        try:
+            while not stop.wait(1.0):
+                samples.append(int(journal_status()["pending"]))  # type: ignore[call-overload]
+        finally:
+            connection.close()  # this thread's own connection
+
+    sampler = threading.Thread(target=count, daemon=True)
+    sampler.start()
+    answered, errors, took = requests_per_second(port, token, workflow, clients=16, seconds=seconds)
+    stop.set()
+    sampler.join(timeout=10)
+    third = max(1, len(samples) // 3)
+    return {
+        "journal_backlog_seconds": seconds,
+        "journal_backlog_rps": answered / took,
+        "journal_backlog_errors": errors,
+        "journal_backlog_after_60s_at_rps16": samples[-1] if samples else None,
+        "journal_backlog_max_at_rps16": max(samples, default=None),
+        "journal_backlog_first_third_max": max(samples[:third], default=None),
+        "journal_backlog_last_third_max": max(samples[-third:], default=None),
+        "journal_backlog_samples": samples,
+    }

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from bench.gateway.profile import OTHER, STAGES, _stage, stage_profile
-from bench.gateway.run import RATIO_TARGETS, _ratios
+from bench.gateway.targets import RATIO_TARGETS, target_ratios
 from bench.mockprovider import MockProviderServer
 from registry.auth.roles import Role
 from registry.models import Workflow
@@ -73,7 +73,7 @@ def test_the_targets_are_ratios_to_the_same_runs_direct_call() -> None:
         gateway_rps_16_errors=0,
         gateway_cpu_ms_per_request=2.5,
     )
-    ratios = _ratios(out)
+    ratios = target_ratios(out)
     assert ratios["gateway_overhead_to_direct"] == 3.2
     assert ratios["failover_overhead_to_direct"] == 2.0
     assert ratios["gateway_rps_16_to_direct"] == 0.6
