@@ -18,7 +18,10 @@ How the numbers stay exact:
   cost counts twice, which errs on the side of refusing. Requests racing for
   the last cents therefore overspend by at most the cost of one request: each
   is admitted only while spent + reserved < limit, and every admitted request
-  is counted in `reserved` until its real cost is in `spent`.
+  is counted in `reserved` until its real cost is in `spent`. A caller whose spend is
+  written later by someone else (a journaled /v1 request, written by the journal's fold)
+  hands its reservations over (`budget_hand_off`); the writer releases them
+  (`budget_holds_release`) once the spend is committed.
 
 Lock order, to stay free of deadlocks: ledger head, then budget periods by id.
 A caller must not write the ledger in the same transaction after `budget_admit`
@@ -40,7 +43,9 @@ from billing.budgets.admission import (
     Admission,
     budget_admission,
     budget_admit,
+    budget_hand_off,
     budget_headroom,
+    budget_holds_release,
     budget_may_spend,
     budget_settle,
 )
@@ -76,8 +81,10 @@ __all__ = [
     "budget_delete",
     "budget_errors",
     "budget_forecast",
+    "budget_hand_off",
     "budget_hard_limit_keys",
     "budget_headroom",
+    "budget_holds_release",
     "budget_may_spend",
     "budget_period_bounds",
     "budget_record_spend",

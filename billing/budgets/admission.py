@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -98,6 +98,7 @@ def budget_admit(
                         end=period.end,
                     ),
                     budget_id=budget.pk,
+                    reserved=period.reserved,
                 )
         reservations = [
             (period.pk, estimate)
@@ -122,16 +123,36 @@ def budget_settle(*, admission: Admission) -> None:
     Settling twice is a no-op. Call it after the usage is recorded, also when
     the spend failed (then nothing was recorded and the room comes back).
     """
-    if admission.settled or not admission.reservations:
-        admission.settled = True
+    if not admission.settled:
+        budget_holds_release(admission.reservations)
+    admission.settled = True
+
+
+def budget_hand_off(admission: Admission) -> tuple[tuple[int, Decimal], ...]:
+    """Hand an admission's reservations over to whoever writes its spend to the ledger later
+    (a journaled request's fold): the admission counts as settled here (``budget_settle`` on it
+    is a no-op), and the holds returned must reach ``budget_holds_release`` once the spend is
+    committed in the ledger. Until then the room stays reserved."""
+    holds = () if admission.settled else admission.reservations
+    admission.settled = True
+    return holds
+
+
+def budget_holds_release(holds: Sequence[tuple[int, Decimal]]) -> None:
+    """Release reservations, (BudgetPeriod id, amount) pairs: those of a settled admission, or
+    those handed off (``budget_hand_off``) once their spend is committed in the ledger. Call
+    it after that commit, not in the same transaction: between the two the cost counts twice,
+    which errs on the side of refusing, and the periods' locks are taken in id order alone."""
+    amounts: dict[int, Decimal] = {}
+    for pk, amount in holds:
+        amounts[pk] = amounts.get(pk, ZERO) + amount
+    if not amounts:
         return
-    amounts = dict(admission.reservations)
     with transaction.atomic():
         # One UPDATE per period, in id order (each takes its row's lock: the module's lock
         # order), never below zero: a period reset by hand must not go negative.
         for pk in sorted(amounts):
             BudgetPeriod.objects.filter(pk=pk).update(reserved=Greatest(F("reserved") - amounts[pk], ZERO))
-    admission.settled = True
 
 
 @contextmanager

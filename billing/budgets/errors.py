@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 from registry.errors import DomainError, MultiFieldError
 
 
@@ -12,10 +14,12 @@ class BudgetExhausted(DomainError):
 
     status_code = 402
 
-    def __init__(self, message: str, *, budget_id: int | None) -> None:
+    def __init__(self, message: str, *, budget_id: int | None, reserved: Decimal = Decimal(0)) -> None:
         # budget_id None: a refusal replayed from its record (inference.router.finish.replay).
+        # reserved: what requests in flight held in the budget's period when it refused.
         super().__init__(message)
         self.budget_id = budget_id
+        self.reserved = reserved
 
     def api_body(self) -> dict[str, object]:
         return {"detail": str(self), "code": "budget_exhausted"}

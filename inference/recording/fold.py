@@ -76,6 +76,9 @@ class FoldJob:
     kept: dict[str, Any] | None = None
     # A response-cache hit: the cost it avoided, carried onto its ledger row.
     cost_avoided: Decimal | None = None
+    # Hard budgets' reservations the request still holds, (BudgetPeriod id, amount): released
+    # by the journal's fold once the spend is committed (billing.budgets.budget_holds_release).
+    holds: list[tuple[int, Decimal]] = field(default_factory=list)
 
     def journal(self) -> dict[str, Any]:
         """The journal entry (JSON) kept on the request row until the job is folded."""
@@ -110,6 +113,7 @@ class FoldJob:
             # Only for a workflow that opted in to keeping prompts; cleared with the entry.
             **({"kept": self.kept} if self.kept is not None else {}),
             **({"avoided": str(self.cost_avoided)} if self.cost_avoided is not None else {}),
+            **({"holds": [[pk, str(amount)] for pk, amount in self.holds]} if self.holds else {}),
         }
 
     @classmethod
@@ -143,6 +147,8 @@ class FoldJob:
             bill_to=str(doc.get("bill_to") or ""),
             cost_avoided=Decimal(doc["avoided"]) if doc.get("avoided") is not None else None,
             kept=doc.get("kept"),
+            # Entries journaled before holds were handed to the fold (or with none) hold nothing.
+            holds=[(int(pk), Decimal(amount)) for pk, amount in doc.get("holds", [])],
         )
 
 

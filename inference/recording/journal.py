@@ -33,12 +33,17 @@ import threading
 import time
 from datetime import datetime
 from decimal import Decimal
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from billing.budgets import budget_holds_release
 from inference.models import InferenceRequest
+
+if TYPE_CHECKING:
+    from inference.recording.fold import FoldJob
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +58,18 @@ def _pending(*, retry_failed: bool = False):  # type: ignore[no-untyped-def]
 
 
 def journal_fold(*, limit: int = FOLD_BATCH, retry_failed: bool = False) -> int:
-    """Fold up to `limit` journaled requests into the ledger; returns how many were folded."""
+    """Fold up to `limit` journaled requests into the ledger; returns how many were folded.
+
+    The hard budgets' reservations the folded requests held are released once the fold has
+    committed their spend (billing.budgets.budget_holds_release): until then they count twice,
+    which errs on the side of refusing. An entry that cannot be folded keeps its holds."""
+    folded = _fold_batch(limit=limit, retry_failed=retry_failed)
+    budget_holds_release([hold for job in folded for hold in job.holds])
+    return len(folded)
+
+
+def _fold_batch(*, limit: int, retry_failed: bool) -> list[FoldJob]:
+    """One transaction's fold (see journal_fold); the jobs it folded."""
     from inference.recording.fold import FoldJob, fold_jobs  # noqa: PLC0415 (fold imports billing's writers)
 
     # Not registry.claims: the fold picks up a batch of rows, not one row by id, and skips the
@@ -67,7 +83,7 @@ def journal_fold(*, limit: int = FOLD_BATCH, retry_failed: bool = False) -> int:
             .values_list("pk", "workflow_id", "created_at", "cost", "currency", "ledger_pending")[:limit]
         )
         if not rows:
-            return 0
+            return []
         jobs = [
             FoldJob.from_journal(
                 request_id=pk,
@@ -85,19 +101,19 @@ def journal_fold(*, limit: int = FOLD_BATCH, retry_failed: bool = False) -> int:
         except Exception:  # noqa: BLE001 (which entry is bad is found below; each keeps its own error)
             if len(jobs) == 1:
                 _mark_failed(jobs[0].request_id, rows[0][5])
-                return 0
-            folded = 0
+                return []
+            folded = []
             for job, row in zip(jobs, rows, strict=True):
                 try:
                     with transaction.atomic():
                         fold_jobs([job])
                     InferenceRequest.objects.filter(pk=job.request_id).update(ledger_pending=None)
-                    folded += 1
+                    folded.append(job)
                 except Exception:  # noqa: BLE001 (recorded on the entry, logged, and skipped)
                     _mark_failed(job.request_id, row[5])
             return folded
         InferenceRequest.objects.filter(pk__in=[job.request_id for job in jobs]).update(ledger_pending=None)
-    return len(rows)
+    return jobs
 
 
 def _mark_failed(request_id: int, doc: dict) -> None:  # type: ignore[type-arg]

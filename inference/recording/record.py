@@ -15,6 +15,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from billing.budgets import Admission, budget_hand_off
 from inference.models import InferenceRequest
 from inference.recording.attempts import (
     AttemptInfo,
@@ -48,6 +49,7 @@ def inference_request_record(
     answer_kept_until: datetime | None = None,
     demoted: Sequence[tuple[PlanEntry, float]] = (),
     inline: bool = False,
+    holds: Sequence[Admission] = (),
     breaker_transitions: Sequence[tuple[int, str, str]] = (),
     api_key_id: int | None = None,
     bill_to: str = "",
@@ -66,9 +68,12 @@ def inference_request_record(
     - inline: the same writes in the request's own transaction; requests recorded at the same
       time by threads of one process share a transaction (group commit).
 
-    `inline=True` forces the second way: a request that holds a hard budget's admission must
-    have its spend in the ledger before the admission is released, or the budget could be
-    overrun in between. Inside a caller's transaction the recording is inline as well.
+    `inline=True` forces the second way; inside a caller's transaction the recording is inline
+    as well. `holds`: the hard budgets' admissions the request holds. Their reservations must
+    last until its spend is in the ledger, or the budget could be overrun in between: a
+    journaled request hands them to its fold (they travel in the journal entry, and the fold
+    releases them once it has committed the spend); after an inline recording the caller
+    settles them.
 
     `kept`: the request's input and answer for a workflow that keeps prompts (inference.retention);
     the fold writes it as a RetainedPrompt with the ledger rows.
@@ -153,8 +158,11 @@ def inference_request_record(
     if not (inline or settings.INFERENCE_RECORDING == "inline" or connection.in_atomic_block):
         # One statement in autocommit: the row and its journal entry are durable (committed)
         # before the caller answers; the folder writes the rest within moments.
+        fold.holds = [hold for admission in holds for hold in admission.reservations if not admission.settled]
         values["ledger_pending"] = fold.journal()
         row = _request_insert(values)
+        for admission in holds:  # durable in the entry now: the fold releases them
+            budget_hand_off(admission)
         journal_nudge()
         return row
     job = _Job(workflow, plan, attempts, values, fold)

@@ -9,8 +9,9 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 
 from django.conf import settings
+from django.db import connection
 
-from billing.budgets import BudgetExhausted, budget_admission
+from billing.budgets import BudgetExhausted, SpendTarget, budget_admit, budget_settle
 from inference.adapters.base import (
     Completion,
     EmbeddingRequest,
@@ -22,7 +23,7 @@ from inference.breaker.breakers import breakers, record_success
 from inference.breaker.redis_breakers import RedisBreakers
 from inference.breaker.state import PeekAsk, breaker_settings, monotonic_now
 from inference.models import Endpoint, InferenceAttempt
-from inference.recording import AttemptInfo
+from inference.recording import AttemptInfo, journal_fold
 from inference.router.context import Context, call_target, candidates, cost_estimate, needs_admission
 from inference.router.errors import CostLimitExceeded, NoRoute, over_cost_error
 from inference.router.policy import Peek
@@ -65,6 +66,32 @@ class Answer:
     first: StreamChunk | None = None
     chunks: Iterator[StreamChunk] | None = None
     probe: bool = False  # the call was a half-open probe
+
+
+def hold_admission(ctx: Context, entry: PlanEntry, target: SpendTarget, stack: ExitStack) -> None:
+    """Admit a call under the hard budgets of `target`, holding its worst case until its spend
+    is in the ledger: the stack settles it after an inline recording; a journaled request hands
+    it to its fold (Context.holds). Raises BudgetExhausted.
+
+    A refusal that holds contributed to (requests in flight, or answered and journaled but not
+    folded yet, whose worst cases stand in for their real costs) is asked once more after this
+    process folds the journal, which puts the real costs in and releases those holds: so a
+    budget refuses at its limit rather than at the unfolded worst cases, and only a request near
+    the limit pays for a fold."""
+    estimate = cost_estimate(entry, ctx.request, batch=ctx.endpoint == Endpoint.BATCH)
+    try:
+        admission = budget_admit(
+            estimate=estimate, target=target, currency=entry.currency, cached_budgets=True
+        )
+    except BudgetExhausted as exc:
+        if not exc.reserved or connection.in_atomic_block:
+            raise
+        journal_fold()
+        admission = budget_admit(
+            estimate=estimate, target=target, currency=entry.currency, cached_budgets=True
+        )
+    stack.callback(budget_settle, admission=admission)
+    ctx.holds.append(admission)
 
 
 def route_peek_ask(workflow: Workflow) -> PeekAsk | None:
@@ -173,16 +200,7 @@ def attempt_calls(ctx: Context, stack: ExitStack, *, stream: bool) -> Iterator[A
             try:
                 target = call_target(ctx, entry)
                 if needs_admission(ctx, target):
-                    stack.enter_context(
-                        budget_admission(
-                            estimate=cost_estimate(entry, ctx.request, batch=ctx.endpoint == Endpoint.BATCH),
-                            target=target,
-                            currency=entry.currency,
-                            cached_budgets=True,
-                        )
-                    )
-                    # The worst case is held until the spend is in the ledger (inline recording).
-                    ctx.admitted = True
+                    hold_admission(ctx, entry, target, stack)
             except BudgetExhausted as exc:
                 ctx.budget_error = exc
                 ctx.attempts.append(

@@ -8,7 +8,7 @@ from decimal import Decimal
 
 from django.conf import settings
 
-from billing.budgets import BudgetExhausted, SpendTarget, spend_target
+from billing.budgets import Admission, BudgetExhausted, SpendTarget, spend_target
 from inference.adapters.base import (
     EmbeddingRequest,
     RoutedInput,
@@ -65,9 +65,9 @@ class Context:
     demoted: list[tuple[PlanEntry, float]] = field(default_factory=list)
     budget_error: BudgetExhausted | None = None
     cost_error: CostLimitExceeded | None = None
-    # A hard budget's admission is held: the spend must reach the ledger before it is released,
-    # so the request is recorded inline rather than journaled (inference.recording).
-    admitted: bool = False
+    # Hard budgets' admissions this request holds: released once its spend is in the ledger,
+    # by the router after an inline recording, else by the journal's fold (inference.recording).
+    holds: list[Admission] = field(default_factory=list)
     # Circuit transitions this request's calls caused: (deployment id, "opened"/"closed", the
     # failover code of the call that decided it). Recorded as failover events with the request
     # (by its fold, so the journal keeps them off the answer's path), once per transition: the

@@ -83,7 +83,7 @@ def finish_request(
         if completion is not None and keep_answer
         else None,
         demoted=ctx.demoted,
-        inline=ctx.admitted,
+        holds=ctx.holds,
         breaker_transitions=ctx.breaker_transitions,
         api_key_id=ctx.api_key_id,
         bill_to=ctx.bill_to,

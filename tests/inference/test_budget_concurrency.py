@@ -19,6 +19,7 @@ from bench.mockprovider import MockProviderServer
 from billing.models import UsageRecord
 from stack.keys import KeyBudget, api_key_issue
 from tests.factories import make_team
+from tests.helpers import ledger_settled
 from tests.inference.helpers import priced_deployment, routed_workflow
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -77,6 +78,7 @@ def test_twenty_concurrent_calls_overspend_a_hard_key_budget_by_at_most_one_call
         thread.join(timeout=120)
     assert not errors, errors
     assert len(statuses) == THREADS
+    ledger_settled()  # the journaled answers' spend, folded as the folder thread would
     spent = UsageRecord.objects.filter(api_key_id=issued.token.pk).aggregate(t=Sum("amount"))["t"]
     answered = statuses.count(200)
     assert answered >= 1

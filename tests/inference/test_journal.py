@@ -14,7 +14,8 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 
 from bench.mockprovider import MockProviderServer
-from billing.models import Budget, PriceBook, UsageRecord
+from billing.budgets import BudgetExhausted
+from billing.models import Budget, BudgetPeriod, PriceBook, UsageRecord
 from billing.selectors import ledger_verify
 from inference import tasks
 from inference.adapters.base import ChatMessage, ChatRequest
@@ -168,7 +169,7 @@ def test_an_entry_that_cannot_be_folded_is_marked_and_does_not_hold_up_the_other
     assert InferenceRequest.objects.get(pk=bad).ledger_pending is None and _ledger_rows(bad) != []
 
 
-def test_a_request_under_a_hard_budget_is_recorded_inline(
+def test_a_request_under_a_hard_budget_is_journaled_and_its_hold_lasts_until_the_fold(
     journal: list[int], owner: User, mock_provider: Callable[..., MockProviderServer]
 ) -> None:
     server = mock_provider(tokens_in=1_000_000, tokens_out=0)
@@ -181,10 +182,51 @@ def test_a_request_under_a_hard_budget_is_recorded_inline(
         hard_limit=True,
     )
     result = route(workflow=workflow, request=PING)
-    # The admission is released only once the spend is in the ledger: no journal, no nudge.
+    # Journaled like any request (one INSERT before the answer, the folder nudged), carrying
+    # the reservation it still holds: the spend is not in the ledger yet, the hold is.
     row = InferenceRequest.objects.get(pk=result.request_id)
-    assert row.ledger_pending is None and journal == []
+    period = BudgetPeriod.objects.get(budget__name="cap")
+    assert journal == [1] and row.ledger_pending is not None
+    assert period.spent == 0 and period.reserved > 0  # the call's worst case, from its request
+    assert row.ledger_pending["holds"] == [[period.pk, str(period.reserved)]]
+    # The fold commits the spend, then releases the hold: the cost is never counted zero times.
+    assert journal_fold() == 1
+    period.refresh_from_db()
+    assert (period.spent, period.reserved) == (Decimal("1.000000000"), Decimal("0"))
     assert _ledger_rows(row.pk) == [("input_tokens_1m", Decimal("1.000000000"))]
+
+
+def test_a_request_refused_by_an_unfolded_hold_folds_the_journal_and_is_admitted_at_the_real_cost(
+    journal: list[int], owner: User, mock_provider: Callable[..., MockProviderServer]
+) -> None:
+    # A call's worst case (its 4,096 output tokens at 3 USD a million: about 0.0123) is held
+    # until its fold; it really costs 0.000025. Under a limit of 0.01 the hold alone fills the
+    # budget: the next request's router folds the journal, which puts the real cost in and
+    # releases the hold, and asks again. The budget refuses at its limit, not at worst cases.
+    server = mock_provider(tokens_in=10, tokens_out=5)
+    workflow = routed_workflow(owner, [priced_deployment(server)])
+    Budget.objects.create(
+        name="cap",
+        scope=Budget.Scope.WORKFLOW,
+        workflow=workflow,
+        limit_amount=Decimal("0.01"),
+        hard_limit=True,
+    )
+    first = route(workflow=workflow, request=PING).request_id
+    period = BudgetPeriod.objects.get(budget__name="cap")
+    assert period.reserved >= Decimal("0.01") and period.spent == 0
+    assert route(workflow=workflow, request=PING).ok
+    assert InferenceRequest.objects.get(pk=first).ledger_pending is None  # folded by the second
+    assert _ledger_rows(first) != []
+    assert journal_fold() == 1  # the second's own entry
+    period.refresh_from_db()
+    assert (period.spent, period.reserved) == (Decimal("0.000050000"), Decimal("0"))
+    # Spent to the limit, a request is refused (after the same fold, which finds nothing held).
+    budget = Budget.objects.get(name="cap")
+    budget.limit_amount = Decimal("0.00005")
+    budget.save()
+    with pytest.raises(BudgetExhausted):
+        route(workflow=workflow, request=PING)
 
 
 def test_the_beat_task_and_the_command_fold_what_a_dead_process_left(

@@ -61,6 +61,7 @@ def test_a_key_with_a_5_dollar_daily_hard_budget_gets_402_once_the_ledger_shows_
     other = api_key_issue(user=operator, name="uncapped", team=team)
     assert _ask(issued.secret, workflow.slug).status_code == 200
     assert _ask(issued.secret, workflow.slug).status_code == 200
+    ledger_settled()
     rows = UsageRecord.objects.filter(api_key=issued.token)
     assert sum(r.amount for r in rows) == Decimal("5")
 
