@@ -22,7 +22,7 @@ from inference.adapters.base import ChatMessage, ChatRequest
 from inference.models import InferenceAttempt, InferenceRequest
 from inference.recording import journal_fold, journal_fold_all, journal_status
 from inference.router.entry import route
-from registry.models import FailoverEvent
+from registry.models import FailoverEvent, Workflow
 from tests.factories import make_user
 from tests.inference.helpers import priced_deployment, routed_workflow
 
@@ -44,6 +44,13 @@ def journal(settings: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int
 @pytest.fixture
 def owner() -> User:
     return make_user(username="journal-owner")
+
+
+def _cap(workflow: Workflow, limit: Decimal) -> Budget:
+    """The workflow's hard budget "cap" of `limit` USD."""
+    return Budget.objects.create(
+        name="cap", scope=Budget.Scope.WORKFLOW, workflow=workflow, limit_amount=limit, hard_limit=True
+    )
 
 
 def _ledger_rows(request_id: int) -> list[tuple[str, Decimal]]:
@@ -174,13 +181,7 @@ def test_a_request_under_a_hard_budget_is_journaled_and_its_hold_lasts_until_the
 ) -> None:
     server = mock_provider(tokens_in=1_000_000, tokens_out=0)
     workflow = routed_workflow(owner, [priced_deployment(server)])
-    Budget.objects.create(
-        name="cap",
-        scope=Budget.Scope.WORKFLOW,
-        workflow=workflow,
-        limit_amount=Decimal("10"),
-        hard_limit=True,
-    )
+    _cap(workflow, Decimal("10"))
     result = route(workflow=workflow, request=PING)
     # Journaled like any request (one INSERT before the answer, the folder nudged), carrying
     # the reservation it still holds: the spend is not in the ledger yet, the hold is.
@@ -205,13 +206,7 @@ def test_a_request_refused_by_an_unfolded_hold_folds_the_journal_and_is_admitted
     # releases the hold, and asks again. The budget refuses at its limit, not at worst cases.
     server = mock_provider(tokens_in=10, tokens_out=5)
     workflow = routed_workflow(owner, [priced_deployment(server)])
-    Budget.objects.create(
-        name="cap",
-        scope=Budget.Scope.WORKFLOW,
-        workflow=workflow,
-        limit_amount=Decimal("0.01"),
-        hard_limit=True,
-    )
+    _cap(workflow, Decimal("0.01"))
     first = route(workflow=workflow, request=PING).request_id
     period = BudgetPeriod.objects.get(budget__name="cap")
     assert period.reserved >= Decimal("0.01") and period.spent == 0

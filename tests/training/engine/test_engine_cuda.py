@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.training.engine.rank_samplers import SamplerSpec, UnionSampler, bytes_spec
 from training.engine.config import CompressionConfig, InnerConfig, ModelConfig, OuterConfig, SyncerConfig
 from training.engine.data import BatchSampler, Corpus
 from training.engine.learner import Learner
@@ -42,6 +43,23 @@ def _learner(corpus: Corpus, init: dict[str, torch.Tensor], *, seed: int = 0, **
         init=init,
         **kw,  # type: ignore[arg-type]
     )
+
+
+def _two_ranks(
+    corpus: Corpus, init: dict[str, torch.Tensor], **kw: object
+) -> tuple[Learner, list[SamplerSpec]]:
+    """Rank 0 of a learner of 2 ranks (4 windows each, seeds 100 and 101) and rank 1's recipe."""
+    learner = Learner(
+        learner_id=0,
+        model_cfg=CFG,
+        inner=INNER,
+        fragments=[list(init)],
+        sampler=BatchSampler(corpus.train, block_size=CFG.block_size, batch_size=4, seed=100),
+        init=init,
+        ranks=2,
+        **kw,  # type: ignore[arg-type]
+    )
+    return learner, [bytes_spec(corpus.train, block_size=CFG.block_size, batch_size=4, seed=101)]
 
 
 def test_a_learner_trains_in_bf16_autocast_on_the_gpu_and_keeps_its_state_in_fp32(
@@ -109,35 +127,14 @@ def test_two_nccl_ranks_train_as_one_rank_at_the_same_global_batch(stdlib_small:
     from training.engine.distributed import group_start
 
     init = _init()
-    ranked = Learner(
-        learner_id=0,
-        model_cfg=CFG,
-        inner=INNER,
-        fragments=[list(init)],
-        sampler=BatchSampler(stdlib_small.train, block_size=CFG.block_size, batch_size=4, seed=100),
-        init=init,
-        ranks=2,
-    )
-    spec = {"kind": "bytes", "block_size": CFG.block_size, "batch_size": 4, "seed": 101}
-    group = group_start(ranked, samplers=[(spec, {"data": stdlib_small.train})])
+    ranked, specs = _two_ranks(stdlib_small, init)
+    group = group_start(ranked, samplers=specs)
     try:
         got = ranked.train(5)
     finally:
         group.finish()
-    parts = [
-        BatchSampler(stdlib_small.train, block_size=CFG.block_size, batch_size=4, seed=s) for s in (100, 101)
-    ]
-
-    class Union:
-        batch_size, block_size = 8, CFG.block_size
-
-        def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-            xs, ys = zip(*(p.next() for p in parts), strict=True)
-            return torch.cat(xs), torch.cat(ys)
-
-    one = Learner(
-        learner_id=0, model_cfg=CFG, inner=INNER, fragments=[list(init)], sampler=Union(), init=init
-    )
+    union = UnionSampler(stdlib_small.train, block_size=CFG.block_size, batch_size=4, seeds=(100, 101))
+    one = Learner(learner_id=0, model_cfg=CFG, inner=INNER, fragments=[list(init)], sampler=union, init=init)
     expected = one.train(5)
     # bf16 matmuls on both sides, summed in another order: within 1%, as on the CPU.
     assert all(abs(a - b) <= 0.01 * abs(b) for a, b in zip(got, expected, strict=True)), (got, expected)
@@ -154,18 +151,8 @@ def test_two_fsdp_nccl_ranks_shard_the_learner_on_the_gpus_and_train_as_one_rank
     from training.engine.distributed import group_start
 
     init = _init()
-    sharded = Learner(
-        learner_id=0,
-        model_cfg=CFG,
-        inner=INNER,
-        fragments=[list(init)],
-        sampler=BatchSampler(stdlib_small.train, block_size=CFG.block_size, batch_size=4, seed=100),
-        init=init,
-        ranks=2,
-        device="cpu",  # whole on the host; its shards train on cuda:0 and cuda:1
-    )
-    spec = {"kind": "bytes", "block_size": CFG.block_size, "batch_size": 4, "seed": 101}
-    group = group_start(sharded, samplers=[(spec, {"data": stdlib_small.train})], sharding="fsdp")
+    sharded, specs = _two_ranks(stdlib_small, init, device="cpu")  # shards on cuda:0 and cuda:1
+    group = group_start(sharded, samplers=specs, sharding="fsdp")
     try:
         got = sharded.train(5)
         p = next(iter(sharded.params.values()))
@@ -174,20 +161,8 @@ def test_two_fsdp_nccl_ranks_shard_the_learner_on_the_gpus_and_train_as_one_rank
     finally:
         group.finish()
     assert sharded.device.type == "cpu" and all(t.device.type == "cpu" for t in delta.values())
-    parts = [
-        BatchSampler(stdlib_small.train, block_size=CFG.block_size, batch_size=4, seed=s) for s in (100, 101)
-    ]
-
-    class Union:
-        batch_size, block_size = 8, CFG.block_size
-
-        def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-            xs, ys = zip(*(p.next() for p in parts), strict=True)
-            return torch.cat(xs), torch.cat(ys)
-
-    one = Learner(
-        learner_id=0, model_cfg=CFG, inner=INNER, fragments=[list(init)], sampler=Union(), init=init
-    )
+    union = UnionSampler(stdlib_small.train, block_size=CFG.block_size, batch_size=4, seeds=(100, 101))
+    one = Learner(learner_id=0, model_cfg=CFG, inner=INNER, fragments=[list(init)], sampler=union, init=init)
     expected = one.train(5)
     assert all(abs(a - b) <= 0.01 * abs(b) for a, b in zip(got, expected, strict=True)), (got, expected)
     for name, t in one.make_delta(0).decoded().items():

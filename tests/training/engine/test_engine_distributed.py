@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from storage.tensorblob import pack, unpack
+from tests.training.engine.rank_samplers import SamplerSpec, UnionSampler, bytes_spec
 from training.engine.config import InnerConfig, ModelConfig
 from training.engine.data import BatchSampler, Corpus, eval_batches, evaluate
 from training.engine.distributed import (
@@ -42,25 +43,13 @@ def _init() -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in build_model(CFG, seed=3).named_parameters()}
 
 
-def _spec(data: torch.Tensor, rank: int) -> tuple[dict[str, object], dict[str, torch.Tensor]]:
-    return {"kind": "bytes", "block_size": CFG.block_size, "batch_size": HALF, "seed": 100 + rank}, {
-        "data": data
-    }
+def _spec(data: torch.Tensor, rank: int) -> SamplerSpec:
+    return bytes_spec(data, block_size=CFG.block_size, batch_size=HALF, seed=100 + rank)
 
 
-class _Union:
+def _union(data: torch.Tensor) -> UnionSampler:
     """One rank drawing what ranks 0 and 1 draw together: the same global batch of 8."""
-
-    batch_size, block_size = 2 * HALF, CFG.block_size
-
-    def __init__(self, data: torch.Tensor) -> None:
-        self.parts = [
-            BatchSampler(data, block_size=CFG.block_size, batch_size=HALF, seed=100 + r) for r in (0, 1)
-        ]
-
-    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        xs, ys = zip(*(p.next() for p in self.parts), strict=True)
-        return torch.cat(xs), torch.cat(ys)
+    return UnionSampler(data, block_size=CFG.block_size, batch_size=HALF, seeds=(100, 101))
 
 
 def _learner(sampler: object, *, ranks: int, init: dict[str, torch.Tensor]) -> Learner:
@@ -100,7 +89,7 @@ def test_two_gloo_ranks_give_the_loss_of_one_rank_at_the_same_global_batch_throu
     stdlib_small: Corpus,
 ) -> None:
     data, init = stdlib_small.train, _init()
-    one = _learner(_Union(data), ranks=1, init=init)
+    one = _learner(_union(data), ranks=1, init=init)
     two = _ranked(data, init)
     assert two.tokens_per_step == one.tokens_per_step == 8 * CFG.block_size
     shifted = {n: t + 0.01 for n, t in init.items()}  # a "global version" adopted mid-chunk
@@ -155,9 +144,9 @@ def test_two_gloo_ranks_give_the_loss_of_one_rank_at_the_same_global_batch_throu
     assert torch.equal(x0, x[:HALF]) and torch.equal(x1, x[HALF:])
 
 
-def _union_after(data: torch.Tensor, *, steps: int) -> _Union:
+def _union_after(data: torch.Tensor, *, steps: int) -> UnionSampler:
     """The one-rank sampler after ``steps`` batches."""
-    union = _Union(data)
+    union = _union(data)
     for _ in range(steps):
         union.next()
     return union

@@ -13,6 +13,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from storage.tensorblob import pack, unpack
+from tests.training.engine.rank_samplers import SamplerSpec, UnionSampler, bytes_spec
 from training.engine.config import InnerConfig, ModelConfig
 from training.engine.data import BatchSampler, Corpus
 from training.engine.distributed import group_release, group_start, kept_group
@@ -30,25 +31,13 @@ def _init() -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in build_model(CFG, seed=5).named_parameters()}
 
 
-def _spec(data: torch.Tensor, rank: int) -> tuple[dict[str, object], dict[str, torch.Tensor]]:
-    return {"kind": "bytes", "block_size": CFG.block_size, "batch_size": HALF, "seed": 200 + rank}, {
-        "data": data
-    }
+def _spec(data: torch.Tensor, rank: int) -> SamplerSpec:
+    return bytes_spec(data, block_size=CFG.block_size, batch_size=HALF, seed=200 + rank)
 
 
-class _Union:
+def _union(data: torch.Tensor) -> UnionSampler:
     """One rank drawing what ranks 0 and 1 draw together: the same global batch of 8."""
-
-    batch_size, block_size = 2 * HALF, CFG.block_size
-
-    def __init__(self, data: torch.Tensor) -> None:
-        self.parts = [
-            BatchSampler(data, block_size=CFG.block_size, batch_size=HALF, seed=200 + r) for r in (0, 1)
-        ]
-
-    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        xs, ys = zip(*(p.next() for p in self.parts), strict=True)
-        return torch.cat(xs), torch.cat(ys)
+    return UnionSampler(data, block_size=CFG.block_size, batch_size=HALF, seeds=(200, 201))
 
 
 def _learner(sampler: object, *, ranks: int, init: dict[str, torch.Tensor]) -> Learner:
@@ -107,7 +96,7 @@ def test_two_fsdp_ranks_hold_half_the_state_and_train_push_and_adopt_as_one_rank
 ) -> None:
     data, init = stdlib_small.train, _init()
     shifted = {n: t + 0.01 for n, t in init.items()}  # a "global version"
-    one = _learner(_Union(data), ranks=1, init=init)
+    one = _learner(_union(data), ranks=1, init=init)
     expected = one.train(1)
     more, want_deltas = _script(one, shifted)
     expected += more
