@@ -45,7 +45,6 @@ if TYPE_CHECKING:
 
     from training.engine.learner import Adopt, Learner
 
-SHARDINGS = ("ddp", "fsdp")
 HOW = {"replace": 0, "mix": 1, "rebase": 2}  # an adoption's kind in the control word
 
 
@@ -189,4 +188,4 @@ def local_numel(learner: Learner) -> int:
     return sum(p.to_local().numel() if isinstance(p, DTensor) else p.numel() for p in learner.params.values())
 
 
-__all__ = ["HOW", "SHARDINGS", "fragment_adopt", "fragment_delta", "local_numel", "shard", "unshard"]
+__all__ = ["HOW", "fragment_adopt", "fragment_delta", "local_numel", "shard", "unshard"]
