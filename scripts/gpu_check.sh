@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU readiness: the tests marked `cuda` (the learner in bf16 on the GPU, a DiLoCo round with
-# a CPU syncer, 2 NCCL ranks when there are two GPUs), then a short training bench on the GPU
+# a CPU syncer, 2 NCCL ranks, DDP and FSDP2, when there are two GPUs), then a short training bench on the GPU
 # (bench/gpu.py). Meant for a GPU machine with the project installed
 # (`make install`: PyPI's torch wheel for Linux x86-64 carries CUDA); about 2-3 minutes in
 # all, each step capped so the whole stays under 5. Needs no database, broker or store.
