@@ -132,7 +132,7 @@ from inference.breaker.breakers import breakers
 from inference.breaker.state import breaker_settings
 from inference.ratelimit.limits import rate_limiter
 from inference.ratelimit.window import REQUESTS, TOKENS, Limit
-from inference.recording import journal_status
+from inference.recording import journal_pending_count
 from inference.router.entry import route
 from registry.auth.roles import Role
 from registry.auth.version import AUTH_VERSION_KEY
@@ -459,9 +459,9 @@ def main(argv: list[str]) -> int:
         # The workers' folder threads write the ledger rows just after each answer: wait until
         # the journal is empty, so their CPU is in the figure and the delay is reported.
         drain_started = time.perf_counter()
-        while journal_status()["pending"] and time.perf_counter() - drain_started < 60:
+        while journal_pending_count() and time.perf_counter() - drain_started < 60:
             time.sleep(0.01)
-        out["journal_pending_after_16"] = journal_status()["pending"]
+        out["journal_pending_after_16"] = journal_pending_count()
         out["journal_drain_s"] = time.perf_counter() - drain_started
         after = cpu_snapshot(gunicorn.pid)
         out["gateway_rps_16"], out["gateway_rps_16_errors"] = answered / seconds, errors

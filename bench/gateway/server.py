@@ -22,7 +22,7 @@ from django.db import connection
 
 from bench.gateway.client import BODY, Client
 from bench.gateway.proc_stat import ProcStat, all_processes, ticks_to_ms, tree_cpu_ticks
-from inference.recording import journal_status
+from inference.recording import journal_pending_count
 
 
 def free_port() -> int:
@@ -186,7 +186,7 @@ def journal_backlog(port: int, token: str, workflow: str, *, seconds: float) -> 
     def count() -> None:
         try:
             while not stop.wait(1.0):
-                samples.append(int(journal_status()["pending"]))  # type: ignore[call-overload]
+                samples.append(journal_pending_count())
         finally:
             connection.close()  # this thread's own connection
 

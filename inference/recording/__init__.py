@@ -8,6 +8,7 @@ from inference.recording.journal import (
     journal_fold_all,
     journal_folder_stop,
     journal_nudge,
+    journal_pending_count,
     journal_status,
 )
 from inference.recording.record import inference_request_record
@@ -22,5 +23,6 @@ __all__ = [
     "journal_fold_all",
     "journal_folder_stop",
     "journal_nudge",
+    "journal_pending_count",
     "journal_status",
 ]

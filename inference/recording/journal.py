@@ -133,13 +133,18 @@ def journal_fold_all(*, retry_failed: bool = False) -> int:
             return total
 
 
+def journal_pending_count() -> int:
+    """How many entries wait to be folded (one count over the pending rows' partial index)."""
+    return int(_pending().count())
+
+
 def journal_status() -> dict[str, object]:
     """How many entries are pending, how many failed, and the oldest pending one's time."""
     pending = _pending()
     failed = InferenceRequest.objects.filter(ledger_pending__has_key="error")
     oldest: datetime | None = pending.order_by("pk").values_list("created_at", flat=True).first()
     return {
-        "pending": pending.count(),
+        "pending": journal_pending_count(),
         "failed": failed.count(),
         "oldest_pending_at": oldest.isoformat() if oldest else None,
         "predicted_cost_pending": str(sum(pending.values_list("cost", flat=True), Decimal(0))),

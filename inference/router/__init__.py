@@ -23,7 +23,8 @@ How a request moves along the route:
 - the strategy orders the deployments (inference.router.policy.order_candidates); a deployment whose
   rolling quality is below the policy's floor is skipped;
 - a deployment whose circuit is open is skipped; after its cooldown one request probes it;
-- before each call the budget is asked (billing.budgets.budget_admission) when a hard-limit
+- before each call the budget is asked (calls.hold_admission: billing.budgets.budget_admit, the
+  hold released by the journal's fold or after an inline recording) when a hard-limit
   budget covers the spend; a refused call is not made (fail closed), and the route goes on only
   where another budget scope leaves room (another provider or cluster);
 - a retryable error (connect error, timeout, 429, 5xx, malformed answer) moves on to the next

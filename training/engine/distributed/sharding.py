@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
@@ -56,7 +56,6 @@ class _Host:
     anchor: dict[str, torch.Tensor]
     opt: torch.optim.Optimizer
     device: torch.device
-    mesh: DeviceMesh
 
 
 def _blocks(model: nn.Module) -> list[nn.Module]:
@@ -76,7 +75,7 @@ def _scatter(full: torch.Tensor | None, like: DTensor) -> DTensor:
 def shard(learner: Learner, *, rank: int, world: int, device: torch.device) -> None:
     """Start a sharded session on every rank (each calls it, rank 0 with the real state)."""
     mesh = init_device_mesh(device.type, (world,))
-    host = _Host(dict(learner.params), dict(learner.anchor), learner.opt, learner.device, mesh)
+    host = _Host(dict(learner.params), dict(learner.anchor), learner.opt, learner.device)
     net = copy.deepcopy(learner.model)
     for block in _blocks(net):
         fully_shard(block, mesh=mesh)
